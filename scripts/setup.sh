@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what deepio needs on a fresh Debian 12 machine: the toolchain and optional native
+# libraries from Debian, the Python build and test dependencies from PyPI. Idempotent: packages
+# already present are skipped, so CI and the README commands can call it every time.
+set -euo pipefail
+
+apt_pkgs=(build-essential cmake ninja-build pkg-config
+          liburing-dev libaio-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libopenmpi-dev openmpi-bin fio iproute2)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+py=${PYTHON:-python3}
+pip_pkgs=(nanobind scikit-build-core numpy pytest hypothesis mpi4py "torch==2.13.0")
+need=()
+for p in "${pip_pkgs[@]}"; do
+  name=${p%%=*}
+  "$py" -m pip show -q "$name" >/dev/null 2>&1 || need+=("$p")
+done
+if ((${#need[@]})); then
+  "$py" -m pip install -q "${need[@]}"
+fi
