@@ -1,0 +1,130 @@
+// deepio::comm — 1-bit compressed allreduce with error feedback (DeepSpeed's MpiBackend
+// algorithm, "DoubleSqueeze" with scaled sign as the compressor), on any MPI communicator.
+//
+// The algorithm, bit for bit (docs/comm.md has the long version):
+//
+//   N0 = buffer length, N = worker_error length (the padded length), W = ranks in comm,
+//   C = N / W elements per chunk, B = C / 8 bytes of signs per chunk.
+//
+//   worker, rank r:  x = pad(buffer, N) + worker_error           (padding is +0.0f)
+//                    s_w = ||x||_2 / sqrt(N)
+//                    worker_error = x - s_w * sgn(x)
+//                    send the signs of chunk j and s_w to rank j  (one all-to-all)
+//   server, rank r:  c = sum_{j=0..W-1} (s_w[j] * (1/W)) * sgn_j   (left to right, fp32)
+//                    c = c + server_error
+//                    s_s = ||c||_2 / sqrt(C)
+//                    server_error = c - s_s * sgn(c)
+//                    send the signs of c and s_s to every rank    (one all-gather)
+//   everyone:        buffer[i] = s_s[k] * sgn(c_k)[i - kC]  for i < N0, k = i / C
+//
+//   sgn(x) = +1 if x >= 0 (including -0.0 and NaN), else -1; a sign bit is 1 for +1.
+//   Packing is MSB first: element 8k+j is bit (7-j) of byte k (numpy/cupy bitorder='big').
+//   All arithmetic is fp32 except the sum of squares inside ||.||, which is accumulated in
+//   fp64 in a fixed order (8 interleaved lanes, lane l takes the elements i with i % 8 == l,
+//   combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))); sqrt of that is rounded to fp32 and
+//   divided in fp32 by (float)sqrt(n). The result is therefore deterministic and identical on
+//   every rank, and independent of the instruction set used.
+//
+// Sizes: N must be a multiple of 8*W, server_error must have N/W elements, and N0 <= N.
+// Every rank must pass the same N0 and N. A violation on any rank raises ArgumentError on
+// every rank of comm (the sizes are agreed with one small MPI_Allreduce before any data
+// moves), so a mistake never hangs the job.
+//
+// Empty input (N0 == 0): both error buffers are zeroed and no data is exchanged (the size
+// agreement collective still runs, so that "empty here, not there" is an error, not a hang).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+
+namespace deepio::comm {
+
+// The error category of codes that come from MPI (value = the MPI error class).
+const std::error_category& mpi_category() noexcept;
+
+// Every failure of deepio::comm is an Error. code() is std::errc::invalid_argument (in the
+// generic category) for bad arguments, or an MPI error class in mpi_category() when an MPI
+// call returned an error (only possible when comm's error handler is not MPI_ERRORS_ARE_FATAL,
+// which is MPI's default: with it, MPI aborts the job itself).
+class Error : public std::system_error {
+public:
+    using std::system_error::system_error;
+};
+
+// Bad sizes, aliasing buffers, or a communicator we cannot use. Raised on every rank of the
+// communicator when any rank's arguments are bad (what() names the lowest such rank and its
+// reason); raised on the calling rank only when comm itself is unusable (MPI_COMM_NULL).
+class ArgumentError : public Error {
+public:
+    explicit ArgumentError(const std::string& what)
+        : Error(std::make_error_code(std::errc::invalid_argument), what) {}
+};
+
+// The packing/unpacking code paths. `best` picks AVX2 when the CPU has it (checked once at
+// run time), else the portable scalar code. Both give identical bytes and floats.
+enum class Kernel { best, scalar, avx2 };
+
+// True when `kernel` can run on this CPU (best and scalar: always).
+bool kernel_available(Kernel kernel) noexcept;
+
+// The kernel that Kernel::best resolves to on this machine.
+Kernel best_kernel() noexcept;
+
+// Packs sign bits: bit = 1 iff !(x < 0) (so +0, -0 and NaN give 1), MSB first. packed must
+// hold at least ceil(x.size() / 8) bytes; the unused low bits of the last byte are written 0
+// (as numpy.packbits does) and bytes after ceil(x.size() / 8) are left alone.
+// Throws ArgumentError if packed is too small or `kernel` is unavailable. Thread-safe (pure).
+void pack_signs(std::span<const float> x, std::span<std::uint8_t> packed, Kernel kernel = Kernel::best);
+
+// Unpacks: out[i] = bit(i) ? scale : -scale (the sign flip is exact, so -scale is bitwise
+// scale with its sign bit flipped). packed must hold at least ceil(out.size() / 8) bytes.
+// Throws ArgumentError if packed is too small or `kernel` is unavailable. Thread-safe (pure).
+void unpack_signs(std::span<const std::uint8_t> packed, std::span<float> out, float scale = 1.0f,
+                  Kernel kernel = Kernel::best);
+
+// The 1-bit compressed allreduce described at the top of this file, writing into `output`.
+//
+// input          this rank's values (N0 = input.size()); only read.
+// output         receives the first N0 elements of the averaged result; output.size() must
+//                equal input.size(). output may be the same memory as input (exactly the same
+//                span: in place); any other overlap is an ArgumentError.
+// worker_error   N floats of persistent worker residual; updated in place (the same memory
+//                holds the new residual, so views of it stay valid; DeepSpeed instead rebinds
+//                the tensor to new storage). Must not overlap any other argument.
+// server_error   N/W floats of persistent server residual for this rank's chunk; updated in
+//                place. Must not overlap any other argument.
+// comm           any intracommunicator (MPI_COMM_WORLD or a sub-communicator). The call is
+//                collective: every rank of comm must call it, in the same order relative to
+//                other collectives on comm.
+//
+// All ranks end with the same output bytes. Padding positions (N0..N) take part in the
+// norms and keep their residual in worker_error, as in DeepSpeed.
+//
+// Errors: ArgumentError (see above) on every rank; Error with mpi_category() if an MPI call
+// fails under a non-fatal error handler (then the residuals are unspecified).
+// Thread-safety: calls on different communicators may run concurrently if MPI was
+// initialised with MPI_THREAD_MULTIPLE; calls on one communicator must not overlap. Each
+// thread keeps a scratch workspace of about 3N/8 bytes that it reuses across calls and frees
+// at thread exit.
+// Buffer lifetimes: all spans are used only during the call; nothing is retained.
+void compressed_allreduce(std::span<const float> input, std::span<float> output,
+                          std::span<float> worker_error, std::span<float> server_error, MPI_Comm comm);
+
+// In-place form: buffer is both input and output (DeepSpeed's unpadded case, N0 == N, where
+// the caller's tensor ends up holding the result; here it does for any N0 <= N).
+inline void compressed_allreduce(std::span<float> buffer, std::span<float> worker_error,
+                                 std::span<float> server_error, MPI_Comm comm) {
+    compressed_allreduce(std::span<const float>(buffer), buffer, worker_error, server_error, comm);
+}
+
+// The smallest valid worker_error length for n elements on w ranks: n rounded up to a
+// multiple of 8*w (the rule DeepSpeed's tests use; its optimizers round further, to a
+// multiple of w*lcm(w, 8), which is also valid). w must be >= 1.
+std::size_t padded_size(std::size_t n, std::size_t w);
+
+}  // namespace deepio::comm

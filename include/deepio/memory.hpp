@@ -1,0 +1,73 @@
+// Page-locked host memory and the process-wide registry of it.
+//
+// allocate_locked() returns page-aligned memory and tries to mlock it. Where mlock is refused
+// (RLIMIT_MEMLOCK, 8 MiB by default on many machines) the allocation still succeeds as aligned,
+// unlocked memory and says so in LockedBuffer::locked / lock_errno: never hidden.
+// The registry is process-wide and thread-safe: memory allocated anywhere in the process is
+// recognised by is_pinned() everywhere, and survives the handles that allocated it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deepio {
+
+struct LockedBuffer {
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+  bool locked = false;  ///< mlock succeeded
+  int lock_errno = 0;   ///< why mlock failed (EPERM, ENOMEM, EAGAIN), 0 when locked
+};
+
+/// Allocates nbytes (0 allowed: a one-page allocation) page-aligned, not zeroed, and tries to
+/// lock it. Throws deepio::Error(ENOMEM) when no memory is available. Thread-safe.
+LockedBuffer allocate_locked(std::size_t nbytes);
+
+/// Unlocks and frees an allocation given its base address. Returns false (and does nothing)
+/// for any pointer that is not the base of a live allocation (a view, foreign memory, a
+/// second free). Thread-safe.
+bool free_locked(void* data) noexcept;
+
+/// True iff [data, data + nbytes) lies inside one live allocation made by allocate_locked()
+/// (views and slices count). Thread-safe.
+[[nodiscard]] bool is_pinned(const void* data, std::size_t nbytes) noexcept;
+
+struct LockedMemoryStats {
+  std::size_t allocations = 0;
+  std::size_t bytes = 0;
+  std::size_t locked_bytes = 0;
+};
+[[nodiscard]] LockedMemoryStats locked_memory_stats() noexcept;
+
+/// RAII owner of one allocate_locked() allocation. Move-only.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t nbytes) : buf_(allocate_locked(nbytes)) {}
+  ~PinnedBuffer() { reset(); }
+  PinnedBuffer(PinnedBuffer&& other) noexcept : buf_(other.buf_) { other.buf_ = {}; }
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      buf_ = other.buf_;
+      other.buf_ = {};
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  [[nodiscard]] void* data() const noexcept { return buf_.data; }
+  [[nodiscard]] std::byte* bytes() const noexcept { return static_cast<std::byte*>(buf_.data); }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.nbytes; }
+  [[nodiscard]] bool locked() const noexcept { return buf_.locked; }
+  void reset() noexcept {
+    if (buf_.data != nullptr) free_locked(buf_.data);
+    buf_ = {};
+  }
+
+ private:
+  LockedBuffer buf_;
+};
+
+}  // namespace deepio

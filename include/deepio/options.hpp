@@ -1,0 +1,49 @@
+// Options of an I/O handle. Defaults are DeepNVMe's aio_handle defaults.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+namespace deepio {
+
+/// The kernel interface a handle's workers use.
+enum class BackendKind {
+  Auto,     ///< io_uring, else libaio, else threads; capabilities() says why one was skipped
+  IoUring,  ///< liburing, one ring per worker
+  Libaio,   ///< Linux native AIO, one context per worker
+  Threads,  ///< each worker runs pread/pwrite itself (queue_depth has no effect)
+};
+
+/// Whether file data bypasses the page cache.
+enum class DirectIo {
+  Auto,  ///< O_DIRECT where the file system accepts it, buffered I/O where it refuses (tmpfs)
+  On,    ///< O_DIRECT or an error (EINVAL) for files that refuse it
+  Off,   ///< buffered I/O only
+};
+
+struct HandleOptions {
+  /// Largest single request a worker submits. Direct-I/O requests are rounded to the file's
+  /// alignment unit (so a block_size below the alignment acts as the alignment). Must be > 0.
+  std::size_t block_size = 1 << 20;
+  /// Most requests one worker keeps in flight. Must be > 0.
+  std::size_t queue_depth = 128;
+  /// Submit each request with its own system call instead of one call per batch.
+  bool single_submit = false;
+  /// true: keep the queue topped up as completions arrive. false: submit a batch of up to
+  /// queue_depth requests and wait for the whole batch before the next (DeepNVMe's default).
+  bool overlap_events = false;
+  /// Worker threads; every request is split across them. Any size works with any value. Must be > 0.
+  std::size_t intra_op_parallelism = 1;
+  BackendKind backend = BackendKind::Auto;
+  DirectIo direct_io = DirectIo::Auto;
+};
+
+/// "auto", "io_uring", "libaio", "threads".
+[[nodiscard]] std::string_view to_string(BackendKind kind) noexcept;
+[[nodiscard]] std::optional<BackendKind> parse_backend(std::string_view name) noexcept;
+/// "auto", "on", "off".
+[[nodiscard]] std::string_view to_string(DirectIo mode) noexcept;
+[[nodiscard]] std::optional<DirectIo> parse_direct_io(std::string_view name) noexcept;
+
+}  // namespace deepio

@@ -1,0 +1,6 @@
+#pragma once
+
+namespace deepio {
+/// The library's version, "MAJOR.MINOR.PATCH".
+[[nodiscard]] const char* version() noexcept;
+}  // namespace deepio

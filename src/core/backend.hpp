@@ -1,0 +1,45 @@
+// The interface every I/O backend implements: submit requests, reap completions.
+//
+// One Backend instance belongs to one worker thread and is only ever used by it, so
+// implementations need no locking. Results follow the kernel's convention: a completion's
+// res is the byte count moved, or a negative errno. Backends do not retry, loop on short
+// transfers or interpret results: the worker does that, identically for all of them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace deepio::detail {
+
+struct Request {
+  int fd = -1;
+  void* buf = nullptr;
+  std::uint32_t len = 0;
+  std::uint64_t offset = 0;
+  bool write = false;
+  std::uint64_t tag = 0;  ///< returned unchanged in the completion
+};
+
+struct Completion {
+  std::uint64_t tag = 0;
+  std::int64_t res = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  [[nodiscard]] virtual const char* name() const noexcept = 0;
+  /// Queues the requests with one system call where the backend can (single_submit callers
+  /// pass one at a time). Returns how many were accepted (a prefix of reqs), or a negative
+  /// errno when none could be. Accepted requests each produce exactly one completion.
+  virtual int submit(std::span<const Request> reqs) = 0;
+  /// Waits until at least `min` completions are available (min may be 0, and is never more
+  /// than the number in flight), then stores up to out.size() of them. Returns the count
+  /// stored or a negative errno (EINTR is handled inside).
+  virtual int reap(std::span<Completion> out, std::size_t min) = 0;
+};
+
+}  // namespace deepio::detail

@@ -1,0 +1,115 @@
+#include "core/op.hpp"
+
+#include <fcntl.h>
+
+#include "platform/sys.hpp"
+
+namespace deepio::detail {
+
+Status OpState::buffered_fd(int* out) {
+  std::lock_guard lock(mutex_);
+  if (buffered_fd_ < 0) {
+    UniqueFd fd;
+    const int flags = write_ ? O_WRONLY : O_RDONLY;
+    Status s;
+    if (borrowed_source_ >= 0) {
+      s = open_file("/proc/self/fd/" + std::to_string(borrowed_source_), flags, 0, &fd);
+      if (!s.ok()) s.message = "cannot reopen the caller's descriptor without O_DIRECT";
+    } else {
+      s = open_file(path_, flags, 0, &fd);
+    }
+    if (!s.ok()) return s;
+    owned_buffered_ = std::move(fd);
+    buffered_fd_ = owned_buffered_.get();
+  }
+  *out = buffered_fd_;
+  return Status::success();
+}
+
+void OpState::fail(Status status) {
+  std::lock_guard lock(mutex_);
+  if (error_.ok()) error_ = std::move(status);
+  failed_.store(true, std::memory_order_relaxed);
+}
+
+void OpState::slice_done() noexcept {
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+}
+
+void OpState::complete_now() noexcept { finish(); }
+
+void OpState::finish() noexcept {
+  bool failed;
+  {
+    std::lock_guard lock(mutex_);
+    // Close what deepio opened before anyone can observe completion: a caller who waits
+    // and then reopens or unlinks the file sees no stray descriptor, and an open() waiting
+    // for a free descriptor (EMFILE back-pressure) finds one.
+    owned_direct_.reset();
+    owned_buffered_.reset();
+    failed = !error_.ok();
+  }
+  // Engine-owned objects are touched before done_ is published, so an engine that waits for
+  // its ops and is then destroyed never races with this function.
+  if (counters_ != nullptr) {
+    (failed ? counters_->ops_failed : counters_->ops_completed).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (signal_ != nullptr) {
+    {
+      std::lock_guard lock(signal_->mutex);
+      ++signal_->finished;
+    }
+    signal_->cv.notify_all();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool OpState::done() const noexcept {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void OpState::wait() const noexcept {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+}
+
+bool OpState::wait_for(std::chrono::nanoseconds timeout) const noexcept {
+  std::unique_lock lock(mutex_);
+  return cv_.wait_for(lock, timeout, [&] { return done_; });
+}
+
+Status OpState::take_result() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  future_claimed_ = true;
+  error_observed_ = true;
+  return error_;
+}
+
+bool OpState::claim(Status* error) {
+  std::lock_guard lock(mutex_);
+  if (claimed_) return false;
+  claimed_ = true;
+  if (!error_.ok() && !error_observed_) {
+    error_observed_ = true;
+    *error = error_;
+  }
+  return true;
+}
+
+bool OpState::claimed() const noexcept {
+  std::lock_guard lock(mutex_);
+  return claimed_;
+}
+
+bool OpState::claimed_by_future() const noexcept {
+  std::lock_guard lock(mutex_);
+  return future_claimed_;
+}
+
+}  // namespace deepio::detail

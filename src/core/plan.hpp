@@ -1,0 +1,53 @@
+// Request planning: how one read or write is cut into per-worker slices of segments.
+//
+// Given the file's direct-I/O alignment, a request [offset, offset + nbytes) becomes
+//   head  [offset, A0)   buffered (not a whole alignment unit)
+//   body  [A0, A1)       direct: straight to the caller's buffer when its address is aligned,
+//                         through an aligned bounce buffer when it is not
+//   tail  [A1, end)      buffered
+// where A0/A1 round inward to the unit G = max(offset alignment, page size). Using whole
+// pages (not just the device's 512-byte sectors) keeps buffered head/tail pages and direct
+// body pages disjoint, so the page cache and direct writes never race over one page.
+// The body is divided among the workers at multiples of G; the head goes to the first
+// worker and the tail to the last. Without direct I/O the whole request is buffered and is
+// divided at page multiples. Pure function: no I/O, unit-tested directly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace deepio::detail {
+
+enum class SegmentMode : std::uint8_t { Direct, Bounce, Buffered };
+
+struct Segment {
+  std::uint64_t file_offset = 0;
+  std::byte* buf = nullptr;
+  std::size_t nbytes = 0;
+  SegmentMode mode = SegmentMode::Buffered;
+  std::size_t chunk = 0;  ///< largest request to cut from this segment
+};
+
+struct Slice {
+  std::size_t worker = 0;
+  std::vector<Segment> segments;
+};
+
+struct PlanInput {
+  std::byte* buf = nullptr;
+  std::size_t nbytes = 0;
+  std::uint64_t file_offset = 0;
+  bool direct = false;             ///< an O_DIRECT descriptor is available
+  std::size_t mem_align = 1;       ///< buffer alignment O_DIRECT needs
+  std::size_t offset_align = 1;    ///< file offset/length alignment O_DIRECT needs
+  std::size_t page = 4096;
+  std::size_t block_size = 1 << 20;
+  std::size_t workers = 1;
+  std::size_t bounce_bytes = 1 << 20;  ///< size of one bounce slot; 0: no bouncing possible
+};
+
+/// Slices in worker order; workers with nothing to do get no slice. Empty for nbytes == 0.
+std::vector<Slice> plan_request(const PlanInput& in);
+
+}  // namespace deepio::detail

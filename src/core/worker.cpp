@@ -1,0 +1,331 @@
+#include "core/worker.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <new>
+
+#include "memory/aligned.hpp"
+#include "platform/fault.hpp"
+
+namespace deepio::detail {
+
+namespace {
+
+constexpr int kMaxRetries = 1000;  // EINTR/EAGAIN resubmissions of one request before giving up
+
+struct Active {
+  SliceTask task;
+  std::list<Active>::iterator self;
+  std::size_t seg = 0;     // next segment to issue from
+  std::uint64_t pos = 0;   // bytes of segments[seg] already issued
+  std::size_t outstanding = 0;
+  [[nodiscard]] bool issued_all() const { return seg >= task.segments.size(); }
+};
+
+struct Slot {
+  Active* owner = nullptr;
+  Request req;              // what is (re)submitted next
+  SegmentMode mode = SegmentMode::Buffered;
+  bool buffered = false;    // req.fd is the buffered descriptor
+  std::byte* user = nullptr;  // caller's memory for the whole original request
+  std::size_t len = 0;        // original length
+  int bounce = -1;            // bounce slot index, or -1
+  int retries = 0;
+};
+
+}  // namespace
+
+struct Worker::Impl {
+  Worker& w;
+  std::list<Active> active;
+  std::list<Active>::iterator cursor;  // first Active with unissued segments, or end
+  std::vector<Slot> slots;
+  std::vector<std::uint32_t> free_slots;
+  std::vector<std::uint32_t> resubmit;  // slots to submit again (retry, short, fallback)
+  std::vector<Request> batch;
+  std::vector<std::uint32_t> batch_slots;
+  std::vector<Completion> completions;
+  std::vector<Completion> synthetic;  // submission failures, handled like completions
+  AlignedBuffer bounce_mem;
+  std::vector<int> free_bounce;
+  std::size_t inflight = 0;
+
+  explicit Impl(Worker& worker) : w(worker), cursor(active.end()) {
+    const std::size_t qd = w.config_.queue_depth;
+    slots.resize(qd);
+    free_slots.reserve(qd);
+    for (std::size_t i = qd; i-- > 0;) free_slots.push_back(static_cast<std::uint32_t>(i));
+    resubmit.reserve(qd);
+    batch.reserve(qd);
+    batch_slots.reserve(qd);
+    completions.resize(qd);
+    synthetic.reserve(qd);
+  }
+
+  // Takes the next slice from the queue into `active`. Returns false if the queue is empty.
+  bool pull() {
+    std::lock_guard lock(w.mutex_);
+    if (w.queue_.empty()) return false;
+    active.emplace_back(Active{std::move(w.queue_.front()), {}});
+    w.queue_.pop_front();
+    auto it = std::prev(active.end());
+    it->self = it;
+    if (cursor == active.end()) cursor = it;
+    return true;
+  }
+
+  void retire(Active* a) {
+    a->task.op->slice_done();
+    active.erase(a->self);
+  }
+
+  void release(std::uint32_t id) {
+    Slot& s = slots[id];
+    if (s.bounce >= 0) free_bounce.push_back(s.bounce);
+    Active* a = s.owner;
+    s = Slot{};
+    free_slots.push_back(id);
+    if (--a->outstanding == 0 && a->issued_all() && cursor != a->self) retire(a);
+  }
+
+  bool ensure_bounce() {
+    if (!free_bounce.empty() || bounce_mem.data() != nullptr) return true;
+    try {
+      bounce_mem = AlignedBuffer(w.config_.bounce_slot_bytes * w.config_.bounce_slots, 4096);
+    } catch (...) {
+      return false;
+    }
+    for (std::size_t i = w.config_.bounce_slots; i-- > 0;) free_bounce.push_back(static_cast<int>(i));
+    return true;
+  }
+
+  // Cuts the next request from the slice at the cursor into `batch`. Returns false when there
+  // is nothing to issue now (no work, or waiting for a bounce slot).
+  bool next_request() {
+    for (;;) {
+      if (cursor == active.end() && !pull()) return false;
+      Active& a = *cursor;
+      OpState& op = *a.task.op;
+      if (op.failed() || a.issued_all()) {
+        a.seg = a.task.segments.size();
+        auto next = std::next(cursor);
+        Active* done = a.outstanding == 0 ? &a : nullptr;
+        cursor = next;
+        if (done != nullptr) retire(done);
+        continue;
+      }
+      const Segment& seg = a.task.segments[a.seg];
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(seg.chunk, seg.nbytes - a.pos));
+      Slot s;
+      s.owner = &a;
+      s.mode = seg.mode;
+      s.user = seg.buf + a.pos;
+      s.len = len;
+      s.req.len = static_cast<std::uint32_t>(len);
+      s.req.offset = seg.file_offset + a.pos;
+      s.req.write = op.write();
+      if (seg.mode == SegmentMode::Buffered) {
+        int fd = -1;
+        Status st = op.buffered_fd(&fd);
+        if (!st.ok()) {
+          op.fail(std::move(st));
+          continue;  // the failed op is skipped at the top of the loop
+        }
+        s.req.fd = fd;
+        s.buffered = true;
+        s.req.buf = s.user;
+      } else {
+        s.req.fd = op.direct_fd();
+        if (seg.mode == SegmentMode::Bounce) {
+          if (!ensure_bounce()) {
+            op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
+            continue;
+          }
+          if (free_bounce.empty()) return false;  // wait for a slot to come back
+          s.bounce = free_bounce.back();
+          free_bounce.pop_back();
+          std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
+          if (op.write()) std::memcpy(b, s.user, len);
+          s.req.buf = b;
+        } else {
+          s.req.buf = s.user;
+        }
+      }
+      a.pos += len;
+      if (a.pos == seg.nbytes) {
+        ++a.seg;
+        a.pos = 0;
+      }
+      ++a.outstanding;
+      const std::uint32_t id = free_slots.back();
+      free_slots.pop_back();
+      s.req.tag = id;
+      slots[id] = s;
+      batch.push_back(s.req);
+      batch_slots.push_back(id);
+      return true;
+    }
+  }
+
+  void submit_batch() {
+    std::size_t i = 0;
+    while (i < batch.size()) {
+      const std::size_t n = w.config_.single_submit ? 1 : batch.size() - i;
+      const int r = w.backend_->submit(std::span<const Request>(batch).subspan(i, n));
+      if (r > 0) {
+        inflight += static_cast<std::size_t>(r);
+        i += static_cast<std::size_t>(r);
+      } else {
+        // Nothing accepted: report the first request as failed with the submission's errno
+        // (EAGAIN is retried by the completion logic), then try the rest.
+        synthetic.push_back({batch[i].tag, r < 0 ? r : -EIO});
+        ++i;
+      }
+    }
+    batch.clear();
+    batch_slots.clear();
+  }
+
+  void complete(const Completion& c) {
+    const auto id = static_cast<std::uint32_t>(c.tag);
+    Slot& s = slots[id];
+    OpState& op = *s.owner->task.op;
+    std::int64_t res = c.res;
+    if (auto injected = consult_fault_hook({op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr,
+                                            s.req.fd, s.req.offset, s.req.len, res})) {
+      res = *injected;
+    }
+    if (res < 0) {
+      const int err = static_cast<int>(-res);
+      if ((err == EINTR || err == EAGAIN) && ++s.retries < kMaxRetries) {
+        w.counters_->retries.fetch_add(1, std::memory_order_relaxed);
+        resubmit.push_back(id);
+        return;
+      }
+      if (err == EINVAL && !s.buffered) {
+        // The file system refused this O_DIRECT request: redo it through the page cache.
+        int fd = -1;
+        if (op.buffered_fd(&fd).ok()) {
+          w.counters_->direct_refused.fetch_add(1, std::memory_order_relaxed);
+          s.req.fd = fd;
+          s.buffered = true;
+          resubmit.push_back(id);
+          return;
+        }
+      }
+      op.fail(Status::failure(err, op.write() ? "write failed" : "read failed", op.path(), s.req.offset,
+                              s.req.len));
+      release(id);
+      return;
+    }
+    const auto got = static_cast<std::size_t>(res);
+    if (got < s.req.len) {
+      if (got == 0) {
+        op.fail(op.write() ? Status::failure(EIO, "write made no progress", op.path(), s.req.offset, s.req.len)
+                           : Status::failure(ENODATA, "unexpected end of file", op.path(), s.req.offset,
+                                             s.req.len));
+        release(id);
+        return;
+      }
+      // Short transfer: the rest is resubmitted. Its offset may no longer be aligned, so a
+      // direct request finishes through the page cache.
+      w.counters_->short_transfers.fetch_add(1, std::memory_order_relaxed);
+      s.req.buf = static_cast<std::byte*>(s.req.buf) + got;
+      s.req.offset += got;
+      s.req.len -= static_cast<std::uint32_t>(got);
+      if (!s.buffered) {
+        int fd = -1;
+        Status st = op.buffered_fd(&fd);
+        if (!st.ok()) {
+          op.fail(std::move(st));
+          release(id);
+          return;
+        }
+        s.req.fd = fd;
+        s.buffered = true;
+      }
+      resubmit.push_back(id);
+      return;
+    }
+    if (s.bounce >= 0 && !op.write()) {
+      std::memcpy(s.user, bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes,
+                  s.len);
+    }
+    auto& counter = s.mode == SegmentMode::Bounce ? w.counters_->bytes_bounced
+                    : (s.mode == SegmentMode::Direct && !s.buffered) ? w.counters_->bytes_direct
+                                                                      : w.counters_->bytes_buffered;
+    counter.fetch_add(s.len, std::memory_order_relaxed);
+    release(id);
+  }
+
+  void run() {
+    const std::size_t qd = w.config_.queue_depth;
+    for (;;) {
+      while (inflight + batch.size() < qd) {
+        if (!resubmit.empty()) {
+          const std::uint32_t id = resubmit.back();
+          resubmit.pop_back();
+          batch.push_back(slots[id].req);
+          batch_slots.push_back(id);
+          continue;
+        }
+        if (!next_request()) break;
+      }
+      if (!batch.empty()) submit_batch();
+
+      if (!synthetic.empty()) {
+        std::vector<Completion> now;
+        now.swap(synthetic);
+        for (const auto& c : now) complete(c);
+        continue;
+      }
+      if (inflight == 0) {
+        if (!resubmit.empty() || cursor != active.end()) continue;
+        std::unique_lock lock(w.mutex_);
+        w.cv_.wait(lock, [&] { return !w.queue_.empty() || w.stopping_; });
+        if (w.queue_.empty() && w.stopping_ && active.empty()) return;
+        continue;
+      }
+      const std::size_t min = w.config_.overlap_events ? 1 : inflight;
+      const int n = w.backend_->reap(completions, min);
+      if (n < 0) continue;  // EINTR handled inside; anything else: try again
+      inflight -= static_cast<std::size_t>(n);
+      for (int i = 0; i < n; ++i) complete(completions[static_cast<std::size_t>(i)]);
+    }
+  }
+};
+
+Worker::Worker(std::unique_ptr<Backend> backend, const WorkerConfig& config, Counters* counters)
+    : backend_(std::move(backend)), config_(config), counters_(counters) {
+  config_.queue_depth = std::max<std::size_t>(1, config_.queue_depth);
+  config_.bounce_slots = std::clamp<std::size_t>(config_.bounce_slots, 1, config_.queue_depth);
+  thread_ = std::thread([this] { run(); });
+}
+
+Worker::~Worker() { stop(); }
+
+void Worker::enqueue(SliceTask task) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void Worker::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::run() noexcept {
+  Impl impl(*this);
+  impl.run();
+}
+
+}  // namespace deepio::detail

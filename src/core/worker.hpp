@@ -1,0 +1,68 @@
+// Worker: one thread, one backend queue, a FIFO of slices to run.
+//
+// Protocol: the engine enqueue()s slices; the worker cuts each slice's segments into
+// requests and keeps up to queue_depth of them in flight across all its slices (so many
+// small operations still fill the device queue). With overlap_events it refills as each
+// completion arrives; without, it submits a batch and reaps the whole batch before the next.
+// Every completion is checked: EINTR/EAGAIN are resubmitted, short transfers are finished by
+// resubmitting the rest, a direct request refused with EINVAL is redone through the page
+// cache, anything else fails the op (its remaining requests are skipped). stop() lets the
+// worker finish everything queued, then joins it: work is never abandoned.
+// Thread safety: enqueue() and stop() may be called from any thread; everything else runs on
+// the worker thread only.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/op.hpp"
+#include "core/plan.hpp"
+
+namespace deepio::detail {
+
+struct WorkerConfig {
+  std::size_t queue_depth = 128;
+  bool single_submit = false;
+  bool overlap_events = false;
+  std::size_t bounce_slot_bytes = 1 << 20;  ///< size of one bounce slot
+  std::size_t bounce_slots = 16;            ///< slots allocated on first use
+};
+
+struct SliceTask {
+  std::shared_ptr<OpState> op;
+  std::vector<Segment> segments;
+};
+
+class Worker {
+ public:
+  Worker(std::unique_ptr<Backend> backend, const WorkerConfig& config, Counters* counters);
+  ~Worker();  // stop()s
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void enqueue(SliceTask task);
+  /// Runs everything queued to completion, then ends the thread. Idempotent.
+  void stop() noexcept;
+
+ private:
+  struct Impl;
+  void run() noexcept;
+
+  std::unique_ptr<Backend> backend_;
+  WorkerConfig config_;
+  Counters* counters_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<SliceTask> queue_;  // guarded by mutex_
+  bool stopping_ = false;        // guarded by mutex_
+  std::thread thread_;
+};
+
+}  // namespace deepio::detail

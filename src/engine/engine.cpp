@@ -1,0 +1,246 @@
+#include "engine/engine.hpp"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+
+#include "backends/factory.hpp"
+#include "core/plan.hpp"
+#include "platform/sys.hpp"
+
+namespace deepio::detail {
+
+namespace {
+constexpr std::size_t kMaxBlock = std::size_t{1} << 30;  // one request never exceeds 1 GiB
+constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+struct Engine::Opened {
+  bool direct = false;
+  std::size_t mem_align = 1;
+  std::size_t offset_align = 1;
+};
+
+Engine::Engine(const HandleOptions& options) : options_(options) {
+  if (options_.block_size == 0) throw_error(EINVAL, "block_size must be positive");
+  if (options_.queue_depth == 0) throw_error(EINVAL, "queue_depth must be positive");
+  if (options_.intra_op_parallelism == 0) throw_error(EINVAL, "intra_op_parallelism must be positive");
+  if (options_.queue_depth > 65536) throw_error(EINVAL, "queue_depth must be at most 65536");
+  if (options_.intra_op_parallelism > 1024) throw_error(EINVAL, "intra_op_parallelism must be at most 1024");
+
+  const std::size_t page = page_size();
+  bounce_slot_bytes_ = round_up(std::clamp<std::size_t>(options_.block_size, 64 << 10, 4 << 20), page);
+  WorkerConfig wc;
+  wc.queue_depth = options_.queue_depth;
+  wc.single_submit = options_.single_submit;
+  wc.overlap_events = options_.overlap_events;
+  wc.bounce_slot_bytes = bounce_slot_bytes_;
+  wc.bounce_slots = std::clamp<std::size_t>(kBounceBudget / bounce_slot_bytes_, 2, options_.queue_depth);
+
+  std::vector<BackendKind> order;
+  if (options_.backend == BackendKind::Auto) {
+    order = {BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads};
+  } else {
+    order = {options_.backend};
+  }
+  Status why;
+  for (BackendKind kind : order) {
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (std::size_t i = 0; i < options_.intra_op_parallelism; ++i) {
+      auto b = make_backend(kind, options_.queue_depth, &why);
+      if (!b) break;
+      backends.push_back(std::move(b));
+    }
+    if (backends.size() != options_.intra_op_parallelism) continue;
+    kind_ = kind;
+    for (auto& b : backends) workers_.push_back(std::make_unique<Worker>(std::move(b), wc, &counters_));
+    return;
+  }
+  throw_error(why.errnum, "cannot set up the " + std::string(to_string(options_.backend)) +
+                              " backend: " + why.message);
+}
+
+Engine::~Engine() {
+  // Workers finish everything queued before they stop: in-flight writes are never dropped.
+  for (auto& w : workers_) w->stop();
+}
+
+Status Engine::open_with_backpressure(const std::string& path, int flags, UniqueFd* fd) {
+  for (;;) {
+    Status s = open_file(path, flags, 0666, fd);
+    if (s.ok() || (s.errnum != EMFILE && s.errnum != ENFILE)) return s;
+    // Out of descriptors: if this handle's own ops hold some, wait for one to finish.
+    std::unique_lock lock(signal_.mutex);
+    const std::uint64_t seen = signal_.finished;
+    if (submitted_.load() <= seen) return s;
+    signal_.cv.wait(lock, [&] { return signal_.finished != seen; });
+  }
+}
+
+void Engine::open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out) {
+  const int base = write ? (O_WRONLY | O_CREAT) : O_RDONLY;
+  UniqueFd fd;
+  bool direct = options_.direct_io != DirectIo::Off;
+  Status s = open_with_backpressure(path, base | (direct ? O_DIRECT : 0), &fd);
+  if (!s.ok() && s.errnum == EINVAL && direct) {
+    if (options_.direct_io == DirectIo::On) {
+      throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
+    }
+    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+    direct = false;
+    s = open_with_backpressure(path, base, &fd);
+  }
+  throw_if_error(s);
+  FileFacts facts;
+  throw_if_error(file_facts(fd.get(), path, &facts));
+  *size = facts.regular ? facts.size : std::numeric_limits<std::uint64_t>::max();
+  if (direct && facts.from_statx && facts.dio_offset_align == 0) {
+    // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
+    if (options_.direct_io == DirectIo::On) {
+      throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
+    }
+    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+    if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_DIRECT) != 0) {
+      throw_error(errno, "cannot clear O_DIRECT", path);
+    }
+    direct = false;
+  }
+  out->direct = direct;
+  if (direct) {
+    // Without statx's answer, a page is a safe superset of any logical block size.
+    out->mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
+    out->offset_align = facts.from_statx ? facts.dio_offset_align : page_size();
+    op.set_direct_fd(std::move(fd));
+  } else {
+    op.set_buffered_fd(std::move(fd));
+  }
+}
+
+std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path,
+                                        int fd, std::uint64_t file_offset) {
+  const std::string name = path != nullptr ? *path : "fd " + std::to_string(fd);
+  if (buf == nullptr && nbytes > 0) throw_error(EINVAL, "null buffer", name, file_offset, nbytes);
+  if (file_offset > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - nbytes) {
+    throw_error(EOVERFLOW, "file_offset + nbytes overflows a file offset", name, file_offset, nbytes);
+  }
+  auto op = std::make_shared<OpState>(write, name, file_offset, nbytes, &counters_, &signal_);
+  Opened opened;
+  std::uint64_t size = 0;
+  if (path != nullptr) {
+    open_path(*op, write, *path, &size, &opened);
+  } else {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) throw_error(errno, "bad file descriptor", name);
+    FileFacts facts;
+    throw_if_error(file_facts(fd, name, &facts));
+    size = facts.regular ? facts.size : std::numeric_limits<std::uint64_t>::max();
+    op->set_borrowed_source(fd);
+    opened.direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
+    if (opened.direct) {
+      opened.mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
+      opened.offset_align = facts.from_statx && facts.dio_offset_align != 0 ? facts.dio_offset_align : page_size();
+      op->borrow_direct_fd(fd);
+    } else if ((flags & O_DIRECT) == 0) {
+      op->borrow_buffered_fd(fd);
+    }  // else: direct_io=off on an O_DIRECT descriptor; a buffered one is reopened on use
+  }
+  if (!write && file_offset + nbytes > size) {
+    throw_error(ENODATA,
+                "read past end of file: the file holds " + std::to_string(size) + " bytes, the read ends at " +
+                    std::to_string(file_offset + nbytes),
+                name, file_offset, nbytes);
+  }
+  dispatch(op, buf, nbytes, file_offset, opened);
+  return op;
+}
+
+void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
+                      const Opened& opened) {
+  PlanInput in;
+  in.buf = static_cast<std::byte*>(buf);
+  in.nbytes = nbytes;
+  in.file_offset = file_offset;
+  in.direct = opened.direct;
+  in.mem_align = opened.mem_align;
+  in.offset_align = opened.offset_align;
+  in.page = page_size();
+  in.block_size = std::min(options_.block_size, kMaxBlock);
+  in.workers = workers_.size();
+  in.bounce_bytes = bounce_slot_bytes_;
+  std::vector<Slice> slices = plan_request(in);
+
+  // Open the buffered descriptor now if the plan needs one, so that failure is reported to
+  // the submitter rather than later.
+  if (opened.direct) {
+    const bool needs_buffered = std::any_of(slices.begin(), slices.end(), [](const Slice& s) {
+      return std::any_of(s.segments.begin(), s.segments.end(),
+                         [](const Segment& g) { return g.mode == SegmentMode::Buffered; });
+    });
+    int unused = -1;
+    if (needs_buffered) throw_if_error(op->buffered_fd(&unused));
+  }
+
+  submitted_.fetch_add(1);
+  {
+    std::lock_guard lock(mutex_);
+    // Ops already observed through their Future and finished need no wait(): drop them.
+    while (!unclaimed_.empty() && unclaimed_.front()->done() && unclaimed_.front()->claimed_by_future()) {
+      unclaimed_.pop_front();
+    }
+    unclaimed_.push_back(op);
+  }
+  if (slices.empty()) {
+    op->complete_now();
+    return;
+  }
+  op->set_slices(static_cast<int>(slices.size()));
+  for (Slice& s : slices) workers_[s.worker]->enqueue(SliceTask{op, std::move(s.segments)});
+}
+
+std::size_t Engine::wait() {
+  std::vector<std::shared_ptr<OpState>> ops;
+  {
+    std::lock_guard lock(mutex_);
+    ops.assign(unclaimed_.begin(), unclaimed_.end());
+  }
+  for (const auto& op : ops) op->wait();
+  std::size_t count = 0;
+  Status first;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& op : ops) {
+      Status err;
+      if (op->claim(&err)) {
+        if (!op->claimed_by_future()) ++count;
+        if (first.ok() && !err.ok()) first = std::move(err);
+      }
+    }
+    std::erase_if(unclaimed_, [](const std::shared_ptr<OpState>& op) { return op->claimed(); });
+  }
+  throw_if_error(first);
+  return count;
+}
+
+std::size_t Engine::pending() const noexcept {
+  std::lock_guard lock(mutex_);
+  return unclaimed_.size();
+}
+
+HandleStats Engine::stats() const noexcept {
+  HandleStats s;
+  s.ops_completed = counters_.ops_completed.load();
+  s.ops_failed = counters_.ops_failed.load();
+  s.bytes_direct = counters_.bytes_direct.load();
+  s.bytes_bounced = counters_.bytes_bounced.load();
+  s.bytes_buffered = counters_.bytes_buffered.load();
+  s.direct_refused = counters_.direct_refused.load();
+  s.short_transfers = counters_.short_transfers.load();
+  s.retries = counters_.retries.load();
+  return s;
+}
+
+}  // namespace deepio::detail

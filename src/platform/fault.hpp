@@ -1,0 +1,38 @@
+// Test-only fault injection. Production code never sets a hook; when none is set the cost is
+// one relaxed atomic load per call site.
+//
+// Protocol: before an open, and after every read/write completion (any backend, before the
+// engine looks at the result), the engine asks the hook. The hook returns std::nullopt to
+// leave things alone, or a replacement result: a negative errno to fail the call, or a byte
+// count smaller than the real one to simulate a short transfer (which the engine must finish
+// by resubmitting the rest). Hooks run on worker threads and must be thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace deepio::detail {
+
+enum class FaultPoint { Open, Read, Write };
+
+struct FaultSite {
+  FaultPoint point;
+  const char* path;  ///< for Open; nullptr otherwise
+  int fd;            ///< for Read/Write
+  std::uint64_t offset;
+  std::size_t nbytes;   ///< requested
+  std::int64_t result;  ///< what the kernel returned (Read/Write); 0 for Open
+};
+
+using FaultHook = std::function<std::optional<std::int64_t>(const FaultSite&)>;
+
+/// Installs (or, with an empty function, removes) the process-wide hook. Not to be called
+/// while I/O is in flight.
+void set_fault_hook(FaultHook hook);
+
+/// Asks the hook, if any. Returns the result to use instead of site.result.
+std::optional<std::int64_t> consult_fault_hook(const FaultSite& site);
+
+}  // namespace deepio::detail

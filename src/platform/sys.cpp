@@ -1,0 +1,122 @@
+#include "platform/sys.hpp"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <linux/stat.h>
+
+#include "platform/fault.hpp"
+
+namespace deepio::detail {
+
+std::string errno_string(int errnum) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer (possibly not buf).
+  const char* msg = ::strerror_r(errnum, buf, sizeof buf);
+  return msg;
+}
+
+std::size_t page_size() noexcept {
+  static const std::size_t size = [] {
+    const long v = ::sysconf(_SC_PAGESIZE);
+    return v > 0 ? static_cast<std::size_t>(v) : std::size_t{4096};
+  }();
+  return size;
+}
+
+Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out) {
+  if (auto injected = consult_fault_hook({FaultPoint::Open, path.c_str(), -1, 0, 0, 0});
+      injected && *injected < 0) {
+    return Status::failure(static_cast<int>(-*injected), "cannot open", path);
+  }
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return Status::failure(errno, "cannot open", path);
+  out->reset(fd);
+  return Status::success();
+}
+
+Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(buf);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::failure(errno, "read failed", path, offset + done, n - done);
+    }
+    if (r == 0) {
+      return Status::failure(ENODATA, "unexpected end of file", path, offset + done, n - done);
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  return Status::success();
+}
+
+Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
+                   const std::string& path) {
+  const auto* p = static_cast<const char*>(buf);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::failure(errno, "write failed", path, offset + done, n - done);
+    }
+    if (r == 0) return Status::failure(EIO, "write made no progress", path, offset + done, n - done);
+    done += static_cast<std::size_t>(r);
+  }
+  return Status::success();
+}
+
+Status file_facts(int fd, const std::string& path, FileFacts* out) {
+  struct statx stx {};
+  const long r = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_DIOALIGN,
+                           &stx);
+  if (r == 0) {
+    out->size = stx.stx_size;
+    out->regular = S_ISREG(stx.stx_mode);
+    if ((stx.stx_mask & STATX_DIOALIGN) != 0U) {
+      out->from_statx = true;
+      out->dio_mem_align = stx.stx_dio_mem_align;
+      out->dio_offset_align = stx.stx_dio_offset_align;
+    }
+    return Status::success();
+  }
+  if (errno != ENOSYS) return Status::failure(errno, "cannot stat", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::failure(errno, "cannot stat", path);
+  out->size = static_cast<std::uint64_t>(st.st_size);
+  out->regular = S_ISREG(st.st_mode);
+  return Status::success();
+}
+
+std::string filesystem_name(int fd) {
+  struct statfs sfs {};
+  if (::fstatfs(fd, &sfs) != 0) return "unknown";
+  switch (static_cast<unsigned long>(sfs.f_type)) {
+    case EXT4_SUPER_MAGIC: return "ext4";  // ext2/3/4 share the magic
+    case XFS_SUPER_MAGIC: return "xfs";
+    case BTRFS_SUPER_MAGIC: return "btrfs";
+    case TMPFS_MAGIC: return "tmpfs";
+    case 0x65735546UL: return "fuse";
+    case NFS_SUPER_MAGIC: return "nfs";
+    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+    case 0x2fc12fc1UL: return "zfs";
+    case 0xf2f52010UL: return "f2fs";
+    default: break;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(sfs.f_type));
+  return buf;
+}
+
+}  // namespace deepio::detail

@@ -1,0 +1,44 @@
+// Thin wrappers over the system calls the engine uses: EINTR retried, short counts finished,
+// failures returned as Status with errno and context. No exceptions below this line.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "platform/fd.hpp"
+#include "platform/status.hpp"
+
+namespace deepio::detail {
+
+/// open(2) with EINTR retried and the fault hook consulted. Never returns an invalid fd with
+/// an ok status.
+Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out);
+
+/// pread(2)/pwrite(2) until all n bytes moved. A read that hits end of file first fails with
+/// ENODATA; a write that makes no progress fails with EIO. EINTR/EAGAIN are retried.
+Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path);
+Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
+                   const std::string& path);
+
+/// What a file descriptor needs for O_DIRECT and what it holds now.
+struct FileFacts {
+  std::uint64_t size = 0;
+  std::uint32_t dio_mem_align = 0;     ///< 0 when unknown
+  std::uint32_t dio_offset_align = 0;  ///< 0 when unknown (or O_DIRECT unsupported)
+  bool from_statx = false;
+  bool regular = false;
+};
+Status file_facts(int fd, const std::string& path, FileFacts* out);
+
+/// The name of the file system holding fd ("ext4", "tmpfs", ... or "0x<magic>").
+std::string filesystem_name(int fd);
+
+std::size_t page_size() noexcept;
+
+/// strerror_r as a std::string.
+std::string errno_string(int errnum);
+
+}  // namespace deepio::detail
