@@ -24,6 +24,7 @@ struct FaultSite {
   std::uint64_t offset;
   std::size_t nbytes;   ///< requested
   std::int64_t result;  ///< what the kernel returned (Read/Write); 0 for Open
+  int flags = 0;        ///< open(2) flags, for Open
 };
 
 using FaultHook = std::function<std::optional<std::int64_t>(const FaultSite&)>;

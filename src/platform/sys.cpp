@@ -31,7 +31,7 @@ std::size_t page_size() noexcept {
 }
 
 Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out) {
-  if (auto injected = consult_fault_hook({FaultPoint::Open, path.c_str(), -1, 0, 0, 0});
+  if (auto injected = consult_fault_hook({FaultPoint::Open, path.c_str(), -1, 0, 0, 0, flags});
       injected && *injected < 0) {
     return Status::failure(static_cast<int>(-*injected), "cannot open", path);
   }

@@ -1,0 +1,122 @@
+// Shared test helpers: temporary folders on a real disk, patterned buffers, file readers.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "deepio/deepio.hpp"
+
+namespace deepio::test {
+
+/// A fresh folder under $DEEPIO_TEST_DIR (default: the build tree, on the real disk, not
+/// tmpfs), removed with everything in it at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* env = std::getenv("DEEPIO_TEST_DIR");
+    std::filesystem::path base = env != nullptr && *env != '\0' ? env : DEEPIO_TEST_DEFAULT_DIR;
+    std::filesystem::create_directories(base);
+    std::string templ = (base / "deepio-XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed in " + base.string());
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Deterministic bytes that differ per (seed, index), so misplaced bytes are caught.
+inline std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    v[i] = static_cast<std::byte>(x);
+  }
+  return v;
+}
+
+/// The whole file as plain read() sees it.
+inline std::vector<std::byte> slurp(const std::string& path) {
+  std::vector<std::byte> out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  struct stat st {};
+  ::fstat(fd, &st);
+  out.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
+}
+
+/// Writes bytes with plain pwrite (creating the file).
+inline void put(const std::string& path, const std::vector<std::byte>& data, std::uint64_t offset = 0) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << path;
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t r = ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    ASSERT_GT(r, 0);
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+}
+
+/// A buffer whose data() is `misalign` bytes past a page boundary.
+class OffsetBuffer {
+ public:
+  OffsetBuffer(std::size_t n, std::size_t misalign) : storage_(n + 2 * 4096 + misalign), n_(n) {
+    auto base = reinterpret_cast<std::uintptr_t>(storage_.data());
+    auto aligned = (base + 4095) / 4096 * 4096;
+    data_ = storage_.data() + (aligned - base) + misalign;
+  }
+  [[nodiscard]] std::byte* data() { return data_; }
+  [[nodiscard]] std::size_t size() const { return n_; }
+  [[nodiscard]] std::vector<std::byte> copy() const { return {data_, data_ + n_}; }
+  void fill(const std::vector<std::byte>& v) { std::copy(v.begin(), v.end(), data_); }
+
+ private:
+  std::vector<std::byte> storage_;
+  std::byte* data_;
+  std::size_t n_;
+};
+
+/// Backends usable here; an unavailable one is reported through GTEST_SKIP by the caller.
+inline bool backend_available(BackendKind kind, std::string* why) {
+  for (const auto& b : capabilities().backends) {
+    if (b.kind == kind) {
+      *why = b.reason;
+      return b.available;
+    }
+  }
+  *why = "unknown backend";
+  return false;
+}
+
+}  // namespace deepio::test

@@ -1,0 +1,313 @@
+// The conformance suite: the specification every backend must meet. Each test runs once per
+// backend; a backend that cannot be set up here skips with its reason.
+//
+// Byte-for-byte checks are against plain pread()/pwrite() on the same files.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "platform/fault.hpp"
+#include "support.hpp"
+
+namespace deepio {
+namespace {
+
+using test::OffsetBuffer;
+using test::pattern;
+using test::put;
+using test::slurp;
+using test::TempDir;
+
+class Conformance : public testing::TestWithParam<BackendKind> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!test::backend_available(GetParam(), &why)) GTEST_SKIP() << to_string(GetParam()) << ": " << why;
+  }
+  void TearDown() override { detail::set_fault_hook({}); }
+  HandleOptions opts(HandleOptions o = {}) const {
+    o.backend = GetParam();
+    return o;
+  }
+  TempDir dir_;
+};
+
+std::string backend_name(const testing::TestParamInfo<BackendKind>& info) {
+  std::string s(to_string(info.param));
+  return s == "io_uring" ? "io_uring" : s;
+}
+
+// Writes `n` bytes at `offset` from a buffer misaligned by `misalign`, checks the file, then
+// reads them back into another misaligned buffer and checks memory.
+void round_trip(Handle& h, const std::string& path, std::size_t n, std::uint64_t offset, std::size_t misalign,
+                std::uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "n=" << n << " offset=" << offset << " misalign=" << misalign);
+  const auto data = pattern(n, seed);
+  const auto before = slurp(path);
+  OffsetBuffer src(n, misalign);
+  src.fill(data);
+  h.sync_pwrite(src.data(), n, path, offset);
+  auto after = slurp(path);
+  ASSERT_EQ(after.size(), std::max<std::size_t>(before.size(), offset + n)) << "no truncation, exact extent";
+  ASSERT_TRUE(std::equal(data.begin(), data.end(), after.begin() + static_cast<std::ptrdiff_t>(offset)))
+      << "written bytes differ";
+  for (std::size_t i = 0; i < std::min<std::size_t>(before.size(), offset); ++i) {
+    ASSERT_EQ(after[i], before[i]) << "byte " << i << " before the write changed";
+  }
+  for (std::size_t i = offset + n; i < before.size(); ++i) {
+    ASSERT_EQ(after[i], before[i]) << "byte " << i << " after the write changed";
+  }
+  OffsetBuffer dst(n, (misalign * 7 + 3) % 4096);
+  std::memset(dst.data(), 0x5a, n);
+  h.sync_pread(dst.data(), n, path, offset);
+  ASSERT_EQ(dst.copy(), data) << "read bytes differ";
+}
+
+TEST_P(Conformance, SizesOffsetsAndBufferAlignments) {
+  Handle h(opts({.block_size = 64 << 10, .queue_depth = 8, .overlap_events = true}));
+  const std::string path = dir_.file("f");
+  put(path, pattern(3 << 20, 99));  // existing content that must survive around each write
+  std::uint32_t seed = 1;
+  for (std::size_t n : {0ul, 1ul, 511ul, 512ul, 4095ul, 4096ul, (1ul << 20) - 1, 1ul << 20, (1ul << 20) + 1}) {
+    for (std::uint64_t offset : {0ul, 1ul, 512ul, 4096ul + 7, 1ul << 20}) {
+      for (std::size_t misalign : {0ul, 1ul, 512ul}) {
+        round_trip(h, path, n, offset, misalign, seed++);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, LargeUnalignedTransfer) {
+  Handle h(opts({.queue_depth = 32, .overlap_events = true, .intra_op_parallelism = 3}));
+  round_trip(h, dir_.file("big"), (64ul << 20) + 17, 4096 * 3 + 5, 0, 7);
+}
+
+TEST_P(Conformance, ParallelismWithIndivisibleSizes) {
+  const std::string path = dir_.file("p");
+  for (std::size_t p = 1; p <= 8; ++p) {
+    Handle h(opts({.block_size = 8192, .queue_depth = 4, .intra_op_parallelism = p}));
+    const std::size_t n = 1000003 + p;  // a prime plus p: never divisible by p * 512
+    round_trip(h, path, n, p * 333, p % 2 == 0 ? 0 : 64, static_cast<std::uint32_t>(p));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(Conformance, BlockSizesBelowAlignmentAndOdd) {
+  const std::string path = dir_.file("b");
+  for (std::size_t block : {1ul, 100ul, 512ul, 4097ul, 65536ul + 1}) {
+    Handle h(opts({.block_size = block, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+    round_trip(h, path, 300000, 4096, 0, static_cast<std::uint32_t>(block));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(Conformance, QueueDepthsAndSubmitModes) {
+  const std::string path = dir_.file("q");
+  std::uint32_t seed = 0;
+  for (std::size_t qd : {1ul, 2ul, 7ul, 64ul, 256ul}) {
+    for (bool single : {false, true}) {
+      for (bool overlap : {false, true}) {
+        Handle h(opts({.block_size = 16384, .queue_depth = qd, .single_submit = single, .overlap_events = overlap}));
+        ++seed;
+        round_trip(h, path, (1 << 20) + 4096 * 3, 8192, seed % 2 == 0 ? 0 : 8, seed);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, ManyAsyncOpsThenOneWait) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 32, .overlap_events = true}));
+  constexpr int kFiles = 200;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < kFiles; ++i) data.push_back(pattern(65536 + static_cast<std::size_t>(i) * 13, static_cast<std::uint32_t>(i)));
+  for (int i = 0; i < kFiles; ++i) {
+    h.async_pwrite(data[i].data(), data[i].size(), dir_.file("m" + std::to_string(i)));
+  }
+  EXPECT_EQ(h.pending(), static_cast<std::size_t>(kFiles));
+  EXPECT_EQ(h.wait(), static_cast<std::size_t>(kFiles));
+  EXPECT_EQ(h.wait(), 0u) << "nothing pending";
+  std::vector<std::vector<std::byte>> back(kFiles);
+  for (int i = 0; i < kFiles; ++i) {
+    back[i].resize(data[i].size());
+    h.async_pread(back[i].data(), back[i].size(), dir_.file("m" + std::to_string(i)));
+  }
+  EXPECT_EQ(h.wait(), static_cast<std::size_t>(kFiles));
+  for (int i = 0; i < kFiles; ++i) ASSERT_EQ(back[i], data[i]) << i;
+}
+
+TEST_P(Conformance, SyncCallDrainsEarlierAsyncOps) {
+  Handle h(opts());
+  auto a = pattern(10000, 1), b = pattern(20000, 2);
+  h.async_pwrite(a.data(), a.size(), dir_.file("a"));
+  EXPECT_EQ(h.sync_pwrite(b.data(), b.size(), dir_.file("b")), 2u) << "DeepNVMe: count includes earlier async ops";
+  EXPECT_EQ(slurp(dir_.file("a")), a);
+  EXPECT_EQ(slurp(dir_.file("b")), b);
+}
+
+TEST_P(Conformance, FutureReportsCompletionAndBytes) {
+  Handle h(opts());
+  auto a = pattern(123457, 3);
+  Future f = h.async_pwrite(a.data(), a.size(), dir_.file("fut"));
+  EXPECT_EQ(f.get(), a.size());
+  EXPECT_TRUE(f.done());
+  EXPECT_EQ(h.wait(), 0u) << "an op collected through its Future is not counted again";
+  std::vector<std::byte> back(a.size());
+  Future r = h.async_pread(back.data(), back.size(), dir_.file("fut"));
+  EXPECT_TRUE(r.wait_for(std::chrono::seconds(30)));
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_EQ(back, a);
+}
+
+TEST_P(Conformance, ConcurrentThreadsOnOneHandleAndAcrossHandles) {
+  Handle shared(opts({.block_size = 32768, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+  constexpr int kThreads = 6, kOps = 20;
+  std::atomic<std::size_t> counted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Handle own(opts({.queue_depth = 8}));
+      for (int i = 0; i < kOps; ++i) {
+        const auto data = pattern(50000 + static_cast<std::size_t>(i), static_cast<std::uint32_t>(t * 100 + i));
+        const std::string path = dir_.file("t" + std::to_string(t) + "_" + std::to_string(i));
+        Handle& h = i % 2 == 0 ? shared : own;
+        h.async_pwrite(data.data(), data.size(), path);
+        counted += h.wait();
+        std::vector<std::byte> back(data.size());
+        h.sync_pread(back.data(), back.size(), path);
+        counted += 0;
+        EXPECT_EQ(back, data);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(counted.load(), static_cast<std::size_t>(kThreads * kOps));
+  EXPECT_EQ(shared.pending(), 0u);
+}
+
+TEST_P(Conformance, ConcurrentWaitersEachOpCountedOnce) {
+  Handle h(opts({.block_size = 4096, .queue_depth = 4}));
+  constexpr int kOps = 64;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < kOps; ++i) data.push_back(pattern(200000, static_cast<std::uint32_t>(i)));
+  for (int i = 0; i < kOps; ++i) h.async_pwrite(data[i].data(), data[i].size(), dir_.file("w" + std::to_string(i)));
+  std::atomic<std::size_t> total{0};
+  std::vector<std::thread> waiters;
+  for (int t = 0; t < 4; ++t) waiters.emplace_back([&] { total += h.wait(); });
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(total.load(), static_cast<std::size_t>(kOps));
+  for (int i = 0; i < kOps; ++i) ASSERT_EQ(slurp(dir_.file("w" + std::to_string(i))), data[i]);
+}
+
+TEST_P(Conformance, DescriptorVariantsDirectAndBuffered) {
+  const std::string path = dir_.file("fd");
+  put(path, pattern(1 << 20, 5));
+  for (int extra : {0, O_DIRECT}) {
+    const int fd = ::open(path.c_str(), O_RDWR | extra | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    Handle h(opts({.block_size = 65536, .intra_op_parallelism = 2}));
+    const auto data = pattern(300001, static_cast<std::uint32_t>(extra + 1));
+    h.async_pwrite(data.data(), data.size(), fd, 4097);
+    EXPECT_EQ(h.wait(), 1u);
+    std::vector<std::byte> back(data.size());
+    h.async_pread(back.data(), back.size(), fd, 4097);
+    EXPECT_EQ(h.wait(), 1u);
+    EXPECT_EQ(back, data);
+    EXPECT_EQ(::fcntl(fd, F_GETFD), FD_CLOEXEC) << "deepio never closes the caller's descriptor";
+    ::close(fd);
+    auto file = slurp(path);
+    ASSERT_EQ(file.size(), 1u << 20);
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), file.begin() + 4097));
+  }
+}
+
+TEST_P(Conformance, DirectIoReallyHappensOnAlignedRequests) {
+  const auto info = probe_direct_io(dir_.path().string());
+  if (!info.supported) GTEST_SKIP() << "no O_DIRECT here: " << info.reason;
+  Handle h(opts({.direct_io = DirectIo::On}));
+  PinnedBuffer buf(4 << 20);
+  std::memset(buf.data(), 7, buf.size());
+  h.sync_pwrite(buf.data(), buf.size(), dir_.file("d"));
+  h.sync_pread(buf.data(), buf.size(), dir_.file("d"));
+  const auto s = h.stats();
+  EXPECT_EQ(s.bytes_direct, 2u * buf.size());
+  EXPECT_EQ(s.bytes_buffered, 0u);
+  EXPECT_EQ(s.bytes_bounced, 0u);
+  EXPECT_EQ(s.ops_completed, 2u);
+}
+
+TEST_P(Conformance, MisalignedBufferBouncesAndStaysCorrect) {
+  const auto info = probe_direct_io(dir_.path().string());
+  if (!info.supported || info.mem_align <= 1) GTEST_SKIP() << "bounce needs a memory alignment > 1";
+  Handle h(opts());
+  OffsetBuffer src(1 << 20, 1);
+  src.fill(pattern(1 << 20, 11));
+  h.sync_pwrite(src.data(), src.size(), dir_.file("bounce"));
+  EXPECT_EQ(h.stats().bytes_bounced, 1u << 20);
+  EXPECT_EQ(slurp(dir_.file("bounce")), src.copy());
+}
+
+TEST_P(Conformance, TmpfsFileWorksWhateverItsDirectIoSupport) {
+  // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since; both must work and the
+  // statistics must say which happened.
+  const std::string path = "/dev/shm/deepio-test-" + std::to_string(::getpid()) + "-" + std::string(to_string(GetParam()));
+  const bool direct = probe_direct_io("/dev/shm").supported;
+  Handle h(opts());
+  const auto data = pattern((1 << 20) + 3, 21);
+  h.sync_pwrite(data.data(), data.size(), path);
+  std::vector<std::byte> back(data.size());
+  h.sync_pread(back.data(), back.size(), path);
+  EXPECT_EQ(back, data);
+  const auto s = h.stats();
+  if (direct) {
+    EXPECT_GT(s.bytes_direct + s.bytes_bounced, 0u);
+  } else {
+    EXPECT_GT(s.direct_refused, 0u);
+    EXPECT_EQ(s.bytes_direct + s.bytes_bounced, 0u);
+  }
+  ::unlink(path.c_str());
+}
+
+// A file system that refuses O_DIRECT at open (older tmpfs, some FUSE): simulated with the
+// fault hook, which fails every open that asks for O_DIRECT with EINVAL as such kernels do.
+TEST_P(Conformance, FileSystemRefusingDirectIoFallsBackVisibly) {
+  detail::set_fault_hook([](const detail::FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == detail::FaultPoint::Open && (s.flags & O_DIRECT) != 0) return -EINVAL;
+    return std::nullopt;
+  });
+  const std::string path = dir_.file("nodirect");
+  Handle h(opts());
+  const auto data = pattern((1 << 20) + 3, 21);
+  h.sync_pwrite(data.data(), data.size(), path);
+  std::vector<std::byte> back(data.size());
+  h.sync_pread(back.data(), back.size(), path);
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(h.stats().direct_refused, 2u);
+  EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);
+  Handle strict(opts({.direct_io = DirectIo::On}));
+  try {
+    strict.sync_pwrite(data.data(), data.size(), path);
+    ADD_FAILURE() << "direct_io=on must fail where O_DIRECT is refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_EQ(e.path(), path);
+  }
+  detail::set_fault_hook({});
+}
+
+TEST_P(Conformance, BufferedModeMatchesPlainIo) {
+  Handle h(opts({.block_size = 4096, .queue_depth = 8, .intra_op_parallelism = 3, .direct_io = DirectIo::Off}));
+  round_trip(h, dir_.file("off"), 1234567, 33, 5, 77);
+  EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads),
+                         backend_name);
+
+}  // namespace
+}  // namespace deepio

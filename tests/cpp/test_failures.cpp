@@ -1,0 +1,339 @@
+// Failure paths, with real failures where the system can produce them (missing files,
+// permissions, end of file, RLIMIT_FSIZE, a file system that fills up) and the test-only
+// fault hook where it cannot (EIO, short transfers, EAGAIN, EINVAL from O_DIRECT).
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "platform/fault.hpp"
+#include "support.hpp"
+
+namespace deepio {
+namespace {
+
+using detail::FaultPoint;
+using detail::FaultSite;
+using test::pattern;
+using test::slurp;
+using test::TempDir;
+
+class Failures : public testing::TestWithParam<BackendKind> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!test::backend_available(GetParam(), &why)) GTEST_SKIP() << to_string(GetParam()) << ": " << why;
+  }
+  void TearDown() override { detail::set_fault_hook({}); }
+  HandleOptions opts(HandleOptions o = {}) const {
+    o.backend = GetParam();
+    return o;
+  }
+  TempDir dir_;
+};
+
+// Runs fn in a child process (for process-wide limits and identities); returns its exit code.
+template <typename Fn>
+int in_child(Fn fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 100;
+    try {
+      code = fn();
+    } catch (...) {
+      code = 101;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 200 + WTERMSIG(status);
+}
+
+TEST_P(Failures, MissingFileIsENOENTWithPath) {
+  Handle h(opts());
+  std::vector<std::byte> buf(100);
+  const std::string path = dir_.file("nope");
+  try {
+    h.async_pread(buf.data(), buf.size(), path);
+    FAIL() << "expected ENOENT";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOENT);
+    EXPECT_EQ(e.path(), path);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
+  }
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.wait(), 0u);
+}
+
+TEST_P(Failures, WriteIntoMissingFolderIsENOENT) {
+  Handle h(opts());
+  std::vector<std::byte> buf(100);
+  try {
+    h.sync_pwrite(buf.data(), buf.size(), dir_.file("no/such/dir/f"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOENT);
+  }
+}
+
+TEST_P(Failures, ReadPastEndOfFileNamesSizes) {
+  const std::string path = dir_.file("short");
+  test::put(path, pattern(1000, 1));
+  Handle h(opts());
+  std::vector<std::byte> buf(1001);
+  try {
+    h.async_pread(buf.data(), buf.size(), path);
+    FAIL() << "expected an end-of-file error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENODATA);
+    EXPECT_EQ(e.path(), path);
+    EXPECT_EQ(e.nbytes(), 1001u);
+    EXPECT_NE(std::string(e.what()).find("1000"), std::string::npos) << e.what();
+  }
+  // Offset past the end too, and exactly to the end is fine.
+  EXPECT_THROW(h.async_pread(buf.data(), 1, path, 1000), Error);
+  EXPECT_EQ(h.sync_pread(buf.data(), 1000, path), 1u);
+  EXPECT_EQ(h.sync_pread(buf.data(), 0, path, 1000), 1u);
+}
+
+TEST_P(Failures, UnwritableFolderIsEACCESForAnUnprivilegedUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch to an unprivileged user";
+  std::filesystem::permissions(dir_.path(), std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                                                std::filesystem::perms::group_exec |
+                                                std::filesystem::perms::others_read |
+                                                std::filesystem::perms::others_exec);
+  // Parents must be traversable by nobody; the build tree usually is.
+  const std::string path = dir_.file("denied");
+  const BackendKind kind = GetParam();
+  const int code = in_child([&] {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 90;
+    Handle h({.backend = kind});
+    std::vector<std::byte> buf(10);
+    try {
+      h.sync_pwrite(buf.data(), buf.size(), path);
+    } catch (const Error& e) {
+      return e.errnum() == EACCES && e.path() == path ? 0 : 91;
+    }
+    return 92;
+  });
+  if (code == 91 || code == 101) GTEST_SKIP() << "folder not reachable by an unprivileged user here";
+  EXPECT_EQ(code, 0);
+}
+
+TEST_P(Failures, FileSizeLimitGivesEFBIGAndKeepsWhatFits) {
+  const std::string path = dir_.file("big");
+  const BackendKind kind = GetParam();
+  const int code = in_child([&] {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit rl{1 << 20, 1 << 20};
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 90;
+    Handle h({.block_size = 256 << 10, .queue_depth = 4, .backend = kind});
+    auto data = pattern(4 << 20, 3);
+    try {
+      h.sync_pwrite(data.data(), data.size(), path);
+    } catch (const Error& e) {
+      if (e.errnum() != EFBIG) return 91;
+      if (e.path() != path) return 92;
+      return 0;
+    }
+    return 93;
+  });
+  EXPECT_EQ(code, 0);
+  auto file = slurp(path);
+  EXPECT_LE(file.size(), 1u << 20);
+  const auto data = pattern(4 << 20, 3);
+  EXPECT_TRUE(std::equal(file.begin(), file.end(), data.begin())) << "what was written is right";
+}
+
+// A real file system that fills up: an 8 MiB ext4 image on a loop device.
+class SmallFilesystem {
+ public:
+  explicit SmallFilesystem(const std::filesystem::path& where) : image_(where / "fs.img"), mount_(where / "mnt") {
+    std::filesystem::create_directories(mount_);
+    const std::string cmd = "truncate -s 8M " + image_.string() + " && mkfs.ext4 -q -F " + image_.string() +
+                            " >/dev/null 2>&1 && mount -o loop " + image_.string() + " " + mount_.string() +
+                            " 2>/dev/null";
+    ok_ = ::geteuid() == 0 && std::system(cmd.c_str()) == 0;
+  }
+  ~SmallFilesystem() {
+    if (ok_) ::umount2(mount_.c_str(), MNT_DETACH);
+  }
+  [[nodiscard]] bool ok() const { return ok_; }
+  [[nodiscard]] std::string file(const std::string& name) const { return (mount_ / name).string(); }
+
+ private:
+  std::filesystem::path image_, mount_;
+  bool ok_ = false;
+};
+
+TEST_P(Failures, FullFilesystemGivesENOSPC) {
+  SmallFilesystem fs(dir_.path());
+  if (!fs.ok()) GTEST_SKIP() << "needs root, mkfs.ext4 and loop devices to make a small file system";
+  Handle h(opts({.block_size = 1 << 20, .queue_depth = 4}));
+  PinnedBuffer buf(16 << 20);
+  std::memset(buf.data(), 1, buf.size());
+  try {
+    h.sync_pwrite(buf.data(), buf.size(), fs.file("fill"));
+    FAIL() << "16 MiB cannot fit in 8 MiB";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOSPC) << e.what();
+    EXPECT_EQ(e.path(), fs.file("fill"));
+  }
+  // The handle still works afterwards on the same full file system for a small read.
+  std::vector<std::byte> small(100);
+  EXPECT_EQ(h.sync_pread(small.data(), small.size(), fs.file("fill")), 1u);
+}
+
+TEST_P(Failures, InjectedEIOFailsOnlyItsOpAfterAllFinish) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 8, .overlap_events = true}));
+  const std::string bad = dir_.file("bad"), good = dir_.file("good");
+  test::put(bad, pattern(1 << 20, 1));
+  test::put(good, pattern(1 << 20, 2));
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Read && s.offset == 3 * 65536 && s.nbytes == 65536 && s.result > 0) {
+      // Only for the file named "bad": identify it through /proc.
+      char link[64], target[4096];
+      std::snprintf(link, sizeof link, "/proc/self/fd/%d", s.fd);
+      const ssize_t n = ::readlink(link, target, sizeof target - 1);
+      if (n > 0 && std::string(target, static_cast<std::size_t>(n)).ends_with("/bad")) return -EIO;
+    }
+    return std::nullopt;
+  });
+  std::vector<std::byte> a(1 << 20), b(1 << 20);
+  h.async_pread(a.data(), a.size(), bad);
+  h.async_pread(b.data(), b.size(), good);
+  try {
+    h.wait();
+    FAIL() << "expected EIO";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), bad);
+    EXPECT_EQ(e.offset(), 3u * 65536);
+    EXPECT_EQ(e.nbytes(), 65536u);
+  }
+  EXPECT_EQ(h.pending(), 0u) << "wait() collected both";
+  EXPECT_EQ(b, pattern(1 << 20, 2)) << "the good op completed";
+  EXPECT_EQ(h.wait(), 0u) << "an error is reported once";
+  detail::set_fault_hook({});
+  EXPECT_EQ(h.sync_pread(a.data(), a.size(), bad), 1u) << "the handle stays usable";
+  EXPECT_EQ(h.stats().ops_failed, 1u);
+}
+
+TEST_P(Failures, InjectedShortTransfersAreFinished) {
+  std::atomic<int> shortened{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if ((s.point == FaultPoint::Read || s.point == FaultPoint::Write) && s.result > 1 && shortened < 50) {
+      ++shortened;
+      return s.result / 2;
+    }
+    return std::nullopt;
+  });
+  Handle h(opts({.block_size = 65536, .queue_depth = 4, .intra_op_parallelism = 2}));
+  const auto data = pattern((1 << 20) + 333, 8);
+  h.sync_pwrite(data.data(), data.size(), dir_.file("s"), 100);
+  std::vector<std::byte> back(data.size());
+  h.sync_pread(back.data(), back.size(), dir_.file("s"), 100);
+  detail::set_fault_hook({});
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(shortened.load(), 50);
+  EXPECT_EQ(h.stats().short_transfers, 50u);
+}
+
+TEST_P(Failures, InjectedEAGAINAndEINTRAreRetried) {
+  std::atomic<int> n{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Open && n < 20) return ++n % 2 == 0 ? -EAGAIN : -EINTR;
+    return std::nullopt;
+  });
+  Handle h(opts({.block_size = 65536}));
+  const auto data = pattern(1 << 20, 9);
+  h.sync_pwrite(data.data(), data.size(), dir_.file("r"));
+  detail::set_fault_hook({});
+  EXPECT_EQ(slurp(dir_.file("r")), data);
+  EXPECT_EQ(h.stats().retries, 20u);
+}
+
+TEST_P(Failures, DirectRequestRefusedWithEINVALIsRedoneBuffered) {
+  const auto info = probe_direct_io(dir_.path().string());
+  if (!info.supported) GTEST_SKIP() << "no O_DIRECT here";
+  std::atomic<int> refused{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    char link[64];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", s.fd);
+    if (s.point == FaultPoint::Write && (::fcntl(s.fd, F_GETFL) & O_DIRECT) != 0) {
+      ++refused;
+      return -EINVAL;
+    }
+    return std::nullopt;
+  });
+  Handle h(opts({.block_size = 1 << 18}));
+  PinnedBuffer buf(1 << 20);
+  std::memset(buf.data(), 0x33, buf.size());
+  h.sync_pwrite(buf.data(), buf.size(), dir_.file("e"));
+  detail::set_fault_hook({});
+  EXPECT_EQ(refused.load(), 4);
+  EXPECT_EQ(h.stats().direct_refused, 4u);
+  auto file = slurp(dir_.file("e"));
+  ASSERT_EQ(file.size(), buf.size());
+  EXPECT_EQ(std::memcmp(file.data(), buf.data(), buf.size()), 0);
+}
+
+TEST_P(Failures, InjectedOpenFailure) {
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    return s.point == FaultPoint::Open ? std::optional<std::int64_t>(-EMFILE) : std::nullopt;
+  });
+  Handle h(opts());
+  std::vector<std::byte> buf(10);
+  try {
+    h.async_pwrite(buf.data(), buf.size(), dir_.file("o"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EMFILE) << "no op of this handle holds a descriptor: reported, not waited for";
+  }
+}
+
+TEST_P(Failures, EveryBlockFailingStillCompletesTheOp) {
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    return s.point == FaultPoint::Write ? std::optional<std::int64_t>(-EIO) : std::nullopt;
+  });
+  Handle h(opts({.block_size = 4096, .queue_depth = 3, .intra_op_parallelism = 4}));
+  const auto data = pattern(1 << 20, 1);
+  for (int i = 0; i < 10; ++i) h.async_pwrite(data.data(), data.size(), dir_.file("x" + std::to_string(i)));
+  EXPECT_THROW(h.wait(), Error);
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.stats().ops_failed, 10u);
+}
+
+TEST_P(Failures, HandleDestroyedWithWorkInFlightFinishesIt) {
+  const auto data = pattern(8 << 20, 4);
+  {
+    Handle h(opts({.block_size = 65536, .queue_depth = 2}));
+    for (int i = 0; i < 8; ++i) h.async_pwrite(data.data(), data.size(), dir_.file("d" + std::to_string(i)));
+  }  // destroyed without wait()
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(slurp(dir_.file("d" + std::to_string(i))), data) << i;
+}
+
+TEST_P(Failures, DescriptorErrors) {
+  Handle h(opts());
+  std::vector<std::byte> buf(10);
+  try {
+    h.async_pread(buf.data(), buf.size(), 987654);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EBADF);
+  }
+  EXPECT_THROW(h.async_pwrite(nullptr, 10, dir_.file("n")), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Failures,
+                         testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads),
+                         [](const testing::TestParamInfo<BackendKind>& i) { return std::string(to_string(i.param)); });
+
+}  // namespace
+}  // namespace deepio

@@ -1,0 +1,125 @@
+// Planner invariants over many random requests: every byte covered exactly once, in order per
+// worker; direct segments aligned in file offset, length and (for Direct) buffer address;
+// head/tail only where alignment forbids direct I/O; chunks whole alignment units.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "core/plan.hpp"
+
+namespace deepio::detail {
+namespace {
+
+void check_plan(const PlanInput& in) {
+  const auto slices = plan_request(in);
+  if (in.nbytes == 0) {
+    EXPECT_TRUE(slices.empty());
+    return;
+  }
+  const std::uint64_t unit = std::max<std::uint64_t>(in.offset_align, in.page);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  std::size_t last_worker = 0;
+  bool first = true;
+  for (const auto& s : slices) {
+    ASSERT_LT(s.worker, in.workers);
+    if (!first) {
+      EXPECT_GT(s.worker, last_worker) << "slices in worker order, one per worker";
+    }
+    first = false;
+    last_worker = s.worker;
+    ASSERT_FALSE(s.segments.empty());
+    for (const auto& g : s.segments) {
+      ASSERT_GT(g.nbytes, 0u);
+      EXPECT_EQ(g.buf, in.buf + (g.file_offset - in.file_offset)) << "buffer follows file offset";
+      ASSERT_GT(g.chunk, 0u);
+      if (g.mode != SegmentMode::Buffered) {
+        EXPECT_TRUE(in.direct);
+        EXPECT_EQ(g.file_offset % unit, 0u);
+        EXPECT_EQ(g.nbytes % unit, 0u);
+        EXPECT_EQ(g.chunk % unit, 0u);
+        if (g.mode == SegmentMode::Direct) {
+          EXPECT_EQ(reinterpret_cast<std::uintptr_t>(g.buf) % in.mem_align, 0u);
+        } else {
+          EXPECT_LE(g.chunk, in.bounce_bytes);
+        }
+      }
+      ranges.emplace_back(g.file_offset, g.file_offset + g.nbytes);
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t pos = in.file_offset;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, pos) << "gap or overlap";
+    pos = e;
+  }
+  EXPECT_EQ(pos, in.file_offset + in.nbytes);
+}
+
+TEST(Plan, RandomRequestsKeepInvariants) {
+  std::mt19937_64 rng(12345);
+  alignas(4096) static std::byte arena[1 << 16];
+  for (int i = 0; i < 20000; ++i) {
+    PlanInput in;
+    in.buf = arena + rng() % 8192;
+    const int shape = static_cast<int>(rng() % 4);
+    in.nbytes = shape == 0 ? rng() % 64 : shape == 1 ? rng() % (1 << 20) : shape == 2 ? (rng() % 64) * 4096 : rng() % (64u << 20);
+    in.file_offset = rng() % 3 == 0 ? (rng() % 1024) * 4096 : rng() % (1ull << 34);
+    in.direct = rng() % 4 != 0;
+    in.mem_align = std::size_t{1} << (rng() % 13);
+    in.offset_align = std::size_t{512} << (rng() % 5);
+    in.page = 4096;
+    in.block_size = 1 + rng() % (2 << 20);
+    in.workers = 1 + rng() % 9;
+    in.bounce_bytes = rng() % 5 == 0 ? 0 : (std::size_t{1} << (12 + rng() % 9));
+    SCOPED_TRACE(testing::Message() << "case " << i << " n=" << in.nbytes << " off=" << in.file_offset
+                                    << " workers=" << in.workers << " block=" << in.block_size);
+    check_plan(in);
+    if (HasFailure()) return;
+  }
+}
+
+TEST(Plan, AlignedRequestIsAllDirectAndEvenlySplit) {
+  alignas(4096) static std::byte arena[1 << 12];
+  PlanInput in{arena, std::size_t{64} << 20, 0, true, 512, 512, 4096, 1 << 20, 4, 1 << 20};
+  const auto slices = plan_request(in);
+  ASSERT_EQ(slices.size(), 4u);
+  for (const auto& s : slices) {
+    ASSERT_EQ(s.segments.size(), 1u);
+    EXPECT_EQ(s.segments[0].mode, SegmentMode::Direct);
+    EXPECT_EQ(s.segments[0].nbytes, std::size_t{16} << 20);
+    EXPECT_EQ(s.segments[0].chunk, std::size_t{1} << 20);
+  }
+}
+
+TEST(Plan, UnalignedEndsGoBufferedAndMisalignedBufferBounces) {
+  alignas(4096) static std::byte arena[1 << 12];
+  PlanInput in{arena + 1, 3 * 4096 + 100, 4095, true, 512, 512, 4096, 1 << 20, 1, 1 << 20};
+  const auto slices = plan_request(in);
+  ASSERT_EQ(slices.size(), 1u);
+  const auto& g = slices[0].segments;
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].mode, SegmentMode::Buffered);
+  EXPECT_EQ(g[0].nbytes, 1u);  // 4095 -> 4096
+  EXPECT_EQ(g[1].mode, SegmentMode::Bounce);  // buffer + 1 is never 512-aligned
+  EXPECT_EQ(g[1].file_offset, 4096u);
+  EXPECT_EQ(g[2].mode, SegmentMode::Buffered);
+}
+
+TEST(Plan, BlockBelowAlignmentBecomesOneUnit) {
+  alignas(4096) static std::byte arena[1 << 12];
+  PlanInput in{arena, 8 * 4096, 0, true, 512, 512, 4096, 100, 1, 1 << 20};
+  const auto slices = plan_request(in);
+  ASSERT_EQ(slices.size(), 1u);
+  EXPECT_EQ(slices[0].segments[0].chunk, 4096u);
+}
+
+TEST(Plan, SmallRequestsUseOneWorker) {
+  alignas(4096) static std::byte arena[1 << 12];
+  PlanInput in{arena, 100, 0, true, 512, 512, 4096, 1 << 20, 8, 1 << 20};
+  const auto slices = plan_request(in);
+  ASSERT_EQ(slices.size(), 1u);
+  EXPECT_EQ(slices[0].segments[0].mode, SegmentMode::Buffered);
+}
+
+}  // namespace
+}  // namespace deepio::detail
