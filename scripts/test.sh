@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything CI checks, from a fresh clone: install what is missing, build with warnings as
+# errors, run the GoogleTest/CTest suites (unit, cli, mpi), the same engine suite under
+# ASan+UBSan and under TSan, then install the Python package and run pytest.
+# Usage: scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+# mpirun refuses root without these; tests run as root on the CI machines.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "setup"
+bash scripts/setup.sh
+
+step "build (warnings are errors)"
+cmake --preset ci >/dev/null
+cmake --build --preset ci
+
+step "C++ tests"
+ctest --preset ci --timeout 600
+
+if [ "$quick" -eq 0 ]; then
+  for san in asan tsan; do
+    step "engine tests under $san"
+    cmake --preset "$san" -DDEEPIO_BUILD_TOOLS=OFF -DDEEPIO_WITH_MPI=OFF >/dev/null
+    cmake --build --preset "$san" --target deepio_tests
+    ctest --preset "$san" -L unit --timeout 900
+  done
+fi
+
+if [ -f pyproject.toml ]; then
+  step "Python package"
+  python3 -m pip install -q --no-build-isolation -Cbuild-dir=build/py .
+  step "pytest"
+  # Run from tests/ so the installed package is imported, not the source folder.
+  (cd tests && python3 -m pytest -q -p no:cacheprovider python)
+fi
