@@ -1,0 +1,136 @@
+// One timed deepio transfer, printed as a JSON line; bench/engine_vs_fio.py drives it against
+// fio, interleaved. Modes:
+//   --mode seq   : one file of --size bytes, read or written from one locked buffer
+//   --mode files : --files files of --size bytes each in --dir, all submitted async, one wait()
+// The data is verified outside the timed region (--verify), files are prepared by --prepare.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "deepio/deepio.hpp"
+
+namespace {
+
+struct Args {
+  std::string mode = "seq", op = "read", path, backend = "auto";
+  std::size_t size = 1ull << 30, block = 1 << 20, qd = 128, par = 1, files = 0;
+  bool overlap = true, single = false, prepare = false, verify = false;
+};
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto tv = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return tv(ru.ru_utime) + tv(ru.ru_stime);
+}
+
+std::string file_name(const Args& a, std::size_t i) { return a.path + "/f" + std::to_string(i); }
+
+unsigned char byte_at(std::size_t file, std::size_t i) { return static_cast<unsigned char>((i * 131 + file * 7 + 1) >> 3); }
+
+int run(const Args& a) {
+  const bool many = a.mode == "files";
+  const std::size_t count = many ? a.files : 1;
+  const std::size_t total = a.size * count;
+  deepio::PinnedBuffer buf(total);
+  auto* p = static_cast<unsigned char*>(buf.data());
+  deepio::HandleOptions o{.block_size = a.block, .queue_depth = a.qd, .single_submit = a.single,
+                          .overlap_events = a.overlap, .intra_op_parallelism = a.par,
+                          .backend = *deepio::parse_backend(a.backend), .direct_io = deepio::DirectIo::Auto};
+  deepio::Handle h(o);
+  if (a.prepare || a.op == "write") {
+    for (std::size_t f = 0; f < count; ++f) {
+      for (std::size_t i = 0; i < a.size; ++i) p[f * a.size + i] = byte_at(f, i);
+    }
+  } else {
+    std::memset(p, 0, total);
+  }
+  if (a.prepare) {
+    for (std::size_t f = 0; f < count; ++f) h.async_pwrite(p + f * a.size, a.size, many ? file_name(a, f) : a.path);
+    h.wait();
+    ::sync();
+    return 0;
+  }
+  const double c0 = cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t f = 0; f < count; ++f) {
+    const std::string name = many ? file_name(a, f) : a.path;
+    if (a.op == "read") {
+      h.async_pread(p + f * a.size, a.size, name);
+    } else {
+      h.async_pwrite(p + f * a.size, a.size, name);
+    }
+  }
+  h.wait();
+  const auto t1 = std::chrono::steady_clock::now();
+  const double cpu = cpu_seconds() - c0;
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
+  bool ok = true;
+  if (a.verify) {
+    for (std::size_t f = 0; f < count && ok; ++f) {
+      for (std::size_t i = 0; i < a.size; ++i) {
+        if (p[f * a.size + i] != byte_at(f, i)) {
+          ok = false;
+          break;
+        }
+      }
+    }
+  }
+  const auto s = h.stats();
+  std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
+              "\"cpu_seconds\": %.6f, \"backend\": \"%s\", \"bytes_direct\": %llu, \"bytes_bounced\": %llu, "
+              "\"bytes_buffered\": %llu, \"locked\": %s, \"verified\": %s}\n",
+              a.op.c_str(), a.mode.c_str(), total, secs, cpu, std::string(deepio::to_string(h.backend())).c_str(),
+              static_cast<unsigned long long>(s.bytes_direct), static_cast<unsigned long long>(s.bytes_bounced),
+              static_cast<unsigned long long>(s.bytes_buffered), buf.locked() ? "true" : "false",
+              a.verify ? (ok ? "true" : "false") : "null");
+  return ok ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "engine_bench: %s needs a value\n", argv[i]);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--mode") a.mode = val();
+    else if (k == "--op") a.op = val();
+    else if (k == "--path") a.path = val();
+    else if (k == "--backend") a.backend = val();
+    else if (k == "--size") a.size = std::stoull(val());
+    else if (k == "--block") a.block = std::stoull(val());
+    else if (k == "--qd") a.qd = std::stoull(val());
+    else if (k == "--par") a.par = std::stoull(val());
+    else if (k == "--files") a.files = std::stoull(val());
+    else if (k == "--no-overlap") a.overlap = false;
+    else if (k == "--single-submit") a.single = true;
+    else if (k == "--prepare") a.prepare = true;
+    else if (k == "--verify") a.verify = true;
+    else {
+      std::fprintf(stderr, "engine_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (a.path.empty() || !deepio::parse_backend(a.backend)) {
+    std::fprintf(stderr, "engine_bench: --path is required; --backend auto|io_uring|libaio|threads\n");
+    return 2;
+  }
+  try {
+    return run(a);
+  } catch (const deepio::Error& e) {
+    std::fprintf(stderr, "engine_bench: %s\n", e.what());
+    return 1;
+  }
+}

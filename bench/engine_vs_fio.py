@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""deepio's engine against fio, interleaved in one run (issue: engine performance).
+
+Sequential: one 1 GiB file read and written from one locked buffer, direct I/O, same engine,
+block size and queue depth for both tools. Small files: 8192 separate 64 KiB files read with
+one async call each and a single wait(), against fio's 64 KiB reads at queue depth 64.
+Pairs alternate their order (fio first, then deepio first, ...). Prints medians of GiB/s and
+CPU seconds per GiB, and the ratio deepio/fio; --json writes all samples.
+
+    python3 bench/engine_vs_fio.py --bench build/default/bench/engine_bench --dir /var/tmp/x
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+GIB = 1 << 30
+
+
+def fio(args, name, rw, path, size, bs, qd, engine):
+    cmd = ["fio", f"--name={name}", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
+           f"--iodepth={qd}", f"--ioengine={engine}", "--direct=1", f"--size={size}",
+           "--numjobs=1", "--group_reporting", "--output-format=json"]
+    if rw == "write":
+        cmd.append("--fallocate=none")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    part = job["read" if rw == "read" else "write"]
+    secs = part["runtime"] / 1000.0
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * secs
+    return {"tool": "fio", "bytes": part["io_bytes"], "seconds": secs, "cpu_seconds": cpu}
+
+
+def deepio(args, *extra):
+    out = subprocess.run([args.bench, *extra], check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
+def summarize(samples):
+    gibs = [s["bytes"] / GIB / s["seconds"] for s in samples]
+    cpu = [s["cpu_seconds"] / (s["bytes"] / GIB) for s in samples]
+    return statistics.median(gibs), statistics.median(cpu)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", required=True, help="path to the engine_bench program")
+    ap.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir in /var/tmp)")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--size", type=int, default=GIB)
+    ap.add_argument("--engine", default="io_uring", choices=["io_uring", "libaio"])
+    ap.add_argument("--qd", type=int, default=128)
+    ap.add_argument("--block", type=int, default=1 << 20)
+    ap.add_argument("--small-files", type=int, default=8192)
+    ap.add_argument("--json", default=None, help="write every sample here")
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("engine_vs_fio: fio is not installed (apt-get install fio)")
+    root = args.dir or tempfile.mkdtemp(prefix="deepio-bench-", dir="/var/tmp")
+    os.makedirs(root, exist_ok=True)
+    big = os.path.join(root, "seq.bin")
+    small = os.path.join(root, "small")
+    os.makedirs(small, exist_ok=True)
+    backend = "io_uring" if args.engine == "io_uring" else "libaio"
+    common = ["--backend", backend, "--block", str(args.block), "--qd", str(args.qd)]
+    results = {}
+    try:
+        deepio(args, "--mode", "seq", "--op", "write", "--path", big, "--size", str(args.size), "--prepare", *common)
+        for op in ("write", "read"):
+            f_s, d_s = [], []
+            for i in range(args.pairs):
+                order = ("fio", "deepio") if i % 2 == 0 else ("deepio", "fio")
+                for who in order:
+                    if who == "fio":
+                        f_s.append(fio(args, "seq", op, big, args.size, args.block, args.qd, args.engine))
+                    else:
+                        d_s.append(deepio(args, "--mode", "seq", "--op", op, "--path", big,
+                                          "--size", str(args.size), *common))
+            results[f"seq_{op}"] = {"fio": f_s, "deepio": d_s}
+        # Many small tensors: separate files for deepio, one file of the same total for fio.
+        total = args.small_files * 65536
+        deepio(args, "--mode", "files", "--op", "write", "--path", small, "--size", "65536",
+               "--files", str(args.small_files), "--prepare", "--backend", backend, "--qd", "64")
+        flat = os.path.join(root, "flat.bin")
+        deepio(args, "--mode", "seq", "--op", "write", "--path", flat, "--size", str(total), "--prepare", *common)
+        f_s, d_s = [], []
+        for i in range(args.pairs):
+            order = ("fio", "deepio") if i % 2 == 0 else ("deepio", "fio")
+            for who in order:
+                if who == "fio":
+                    f_s.append(fio(args, "small", "read", flat, total, 65536, 64, args.engine))
+                else:
+                    d_s.append(deepio(args, "--mode", "files", "--op", "read", "--path", small, "--size", "65536",
+                                      "--files", str(args.small_files), "--backend", backend, "--qd", "64",
+                                      "--block", str(1 << 20)))
+        results["small_read"] = {"fio": f_s, "deepio": d_s}
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} size={args.size} "
+          f"direct=1 (deepio backend {backend}, overlap_events=True, intra_op_parallelism=1)")
+    print(f"{'case':<12} {'fio GiB/s':>10} {'deepio GiB/s':>13} {'ratio':>7} {'fio CPU s/GiB':>14} {'deepio CPU s/GiB':>17}")
+    for case, r in results.items():
+        fg, fc = summarize(r["fio"])
+        dg, dc = summarize(r["deepio"])
+        print(f"{case:<12} {fg:>10.3f} {dg:>13.3f} {dg / fg:>7.3f} {fc:>14.3f} {dc:>17.3f}")
+    bad = [s for r in results.values() for s in r["deepio"] if s.get("bytes_direct", 0) == 0]
+    if bad:
+        print("warning: some deepio runs moved no bytes with direct I/O", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
