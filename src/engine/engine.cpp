@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backends/factory.hpp"
+#include "core/env.hpp"
 #include "core/plan.hpp"
 #include "platform/sys.hpp"
 
@@ -26,6 +27,8 @@ struct Engine::Opened {
 };
 
 Engine::Engine(const HandleOptions& options) : options_(options) {
+  if (options_.backend == BackendKind::Auto) options_.backend = env_backend().value_or(BackendKind::Auto);
+  if (options_.direct_io == DirectIo::Auto) options_.direct_io = env_direct_io().value_or(DirectIo::Auto);
   if (options_.block_size == 0) throw_error(EINVAL, "block_size must be positive");
   if (options_.queue_depth == 0) throw_error(EINVAL, "queue_depth must be positive");
   if (options_.intra_op_parallelism == 0) throw_error(EINVAL, "intra_op_parallelism must be positive");

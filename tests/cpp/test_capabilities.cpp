@@ -70,3 +70,46 @@ TEST(Options, RejectsZeroSettings) {
 
 }  // namespace
 }  // namespace deepio
+
+namespace deepio {
+namespace {
+
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~EnvVar() { ::unsetenv(name_); }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST(Settings, EnvironmentChoosesBackendAndDirectIoWhenAskedForAuto) {
+  {
+    EnvVar v("DEEPIO_BACKEND", "threads");
+    EXPECT_EQ(Handle().backend(), BackendKind::Threads);
+    std::string why;
+    if (test::backend_available(BackendKind::Libaio, &why)) {
+      EXPECT_EQ(Handle({.backend = BackendKind::Libaio}).backend(), BackendKind::Libaio) << "explicit wins";
+    }
+  }
+  {
+    EnvVar v("DEEPIO_DIRECT_IO", "off");
+    EXPECT_EQ(Handle().options().direct_io, DirectIo::Off);
+  }
+}
+
+TEST(Settings, GarbageInTheEnvironmentIsAnError) {
+  EnvVar v("DEEPIO_BACKEND", "fastest");
+  try {
+    Handle h;
+    FAIL() << "garbage accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_NE(std::string(e.what()).find("DEEPIO_BACKEND"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace deepio
