@@ -1,0 +1,57 @@
+"""deepio: asynchronous tensor I/O between files and memory at the speed of the storage.
+
+DeepNVMe-compatible::
+
+    import deepio
+    h = deepio.aio_handle()            # or: deepio.compat.AsyncIOBuilder().load().aio_handle()
+    h.async_pwrite(tensor, "/local_nvme/t.pt")
+    h.wait()                           # -> 1
+
+Modern::
+
+    with deepio.File("/local_nvme/t.pt", "r") as f:
+        n = f.pread(array, offset=0).result()
+
+Any CPU tensor or array works (torch, NumPy, anything with ``__dlpack__`` or the buffer
+protocol); failures raise ``OSError`` subclasses. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _deepio
+from ._aio import ValidationError, aio_handle
+from ._buffers import LockedMemoryWarning
+from ._file import File, Future
+
+EndOfFileError = _deepio.EndOfFileError
+__version__: str = _deepio.__version__
+
+__all__ = [
+    "aio_handle",
+    "File",
+    "Future",
+    "EndOfFileError",
+    "ValidationError",
+    "LockedMemoryWarning",
+    "info",
+    "locked_memory_stats",
+    "__version__",
+]
+
+
+def info(path: Optional[Any] = None) -> dict:
+    """The engine's capabilities: version, each backend (compiled, available, why not),
+    the backend "auto" picks, RLIMIT_MEMLOCK. With ``path`` (a folder or file), also what
+    direct I/O deepio will use there (``direct_io``: supported, alignments, file system)."""
+    d = _deepio.capabilities()
+    if path is not None:
+        d["direct_io"] = _deepio.probe_direct_io(path)
+    return d
+
+
+def locked_memory_stats() -> dict:
+    """Live locked allocations of the process: count, bytes, bytes actually locked, and how
+    many were freed with free_cpu_locked_tensor() but are still referenced by an array."""
+    return _deepio.locked_memory_stats()

@@ -1,0 +1,348 @@
+"""``deepio.aio_handle``: DeepNVMe's aio_handle, method for method, over any tensor.
+
+Differences from DeepNVMe, all deliberate (see docs/python.md):
+  * failures raise OSError subclasses instead of returning -1, printing or aborting;
+  * any size, offset and buffer address works (no 512-byte or per-thread divisibility rules);
+  * ``read``/``pread`` read ``buffer.nbytes`` bytes at ``file_offset`` and need the file to
+    hold them (EndOfFileError otherwise), instead of asserting buffer size == file size;
+  * ``validate=True`` compares file and buffer after the transfer and raises
+    ``deepio.ValidationError`` on a mismatch, instead of printing Pass/Fail;
+  * ``wait()`` with nothing pending returns 0; a handle dropped with pending operations
+    finishes them first.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import sys
+from typing import Any, List, Optional, Tuple, Union
+
+from . import _buffers, _deepio
+
+FileArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", int]
+
+_DIRECT_IO = {True: "on", False: "off", None: "auto", "auto": "auto", "on": "on", "off": "off"}
+
+
+class ValidationError(OSError):
+    """validate=True found different bytes in the file than in the buffer (errno EIO)."""
+
+
+def _int_arg(name: str, value: Any) -> int:
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer, not {type(value).__qualname__}")
+
+
+def _bool_arg(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, not {type(value).__qualname__}")
+
+
+def _pick_file(filename: Any, fd: Any, method: str) -> FileArg:
+    if fd is not None:
+        if filename is not None:
+            raise TypeError(f"{method}() takes a filename or fd=, not both")
+        if isinstance(fd, bool) or not isinstance(fd, int):
+            raise TypeError(f"fd must be an integer file descriptor, not {type(fd).__qualname__}")
+        return fd
+    if filename is None:
+        raise TypeError(f"{method}() missing the file: pass a filename or fd=")
+    return filename
+
+
+def _async_flag(async_op: Any, kwargs: dict, method: str) -> bool:
+    # DeepNVMe names this parameter `async`, which Python callers can only pass as **{"async": x}.
+    if "async" in kwargs:
+        if async_op is not None:
+            raise TypeError(f"{method}() got both async_op and async")
+        async_op = kwargs.pop("async")
+    if kwargs:
+        raise TypeError(f"{method}() got unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
+    if async_op is None:
+        raise TypeError(f"{method}() missing required argument: 'async_op'")
+    return _bool_arg("async_op", async_op)
+
+
+class aio_handle:  # noqa: N801 - DeepNVMe's name
+    """Asynchronous reads and writes between files and CPU memory (tensors, arrays, buffers).
+
+    ``aio_handle(block_size=1048576, queue_depth=128, single_submit=False,
+    overlap_events=False, intra_op_parallelism=1, *, backend="auto", direct_io="auto")``
+
+    Every request is split across ``intra_op_parallelism`` worker threads, cut into
+    ``block_size`` requests, with up to ``queue_depth`` in flight per worker.
+    ``backend``: "auto" (io_uring, then libaio, then threads), "io_uring", "libaio",
+    "threads". ``direct_io``: "auto" (O_DIRECT where the file system accepts it), "on"
+    (O_DIRECT or EINVAL), "off" (page cache); True/False mean "on"/"off".
+    DeepNVMe's older names ``num_threads``/``thread_count`` are accepted for
+    ``intra_op_parallelism``.
+
+    Thread-safe: any method may be called from several threads. Buffers passed to
+    asynchronous calls are kept alive by the handle until ``wait()`` collects them; do not
+    modify (writes) or read (reads) them before that.
+    """
+
+    def __init__(
+        self,
+        block_size: int = 1048576,
+        queue_depth: int = 128,
+        single_submit: bool = False,
+        overlap_events: bool = False,
+        intra_op_parallelism: int = 1,
+        *,
+        backend: str = "auto",
+        direct_io: Union[str, bool, None] = "auto",
+        num_threads: Optional[int] = None,
+        thread_count: Optional[int] = None,
+    ) -> None:
+        for alias, value in (("num_threads", num_threads), ("thread_count", thread_count)):
+            if value is not None:
+                if intra_op_parallelism not in (1, value):
+                    raise TypeError(f"pass intra_op_parallelism or {alias}, not both")
+                intra_op_parallelism = value
+        block_size = _int_arg("block_size", block_size)
+        queue_depth = _int_arg("queue_depth", queue_depth)
+        intra_op_parallelism = _int_arg("intra_op_parallelism", intra_op_parallelism)
+        single_submit = _bool_arg("single_submit", single_submit)
+        overlap_events = _bool_arg("overlap_events", overlap_events)
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str, not {type(backend).__qualname__}")
+        try:
+            direct = _DIRECT_IO[direct_io]  # type: ignore[index]
+        except (KeyError, TypeError):
+            raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}") from None
+        self._h = _deepio.Handle(
+            block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
+        )
+        # (buffer, file, offset) of asynchronous operations submitted with validate=True.
+        self._to_validate: List[Tuple[Any, FileArg, int]] = []
+
+    # ----------------------------------------------------------------- getters (DeepNVMe §1.3)
+    def get_block_size(self) -> int:
+        return self._h.block_size
+
+    def get_queue_depth(self) -> int:
+        return self._h.queue_depth
+
+    def get_single_submit(self) -> bool:
+        return self._h.single_submit
+
+    def get_overlap_events(self) -> bool:
+        return self._h.overlap_events
+
+    def get_intra_op_parallelism(self) -> int:
+        return self._h.intra_op_parallelism
+
+    def get_thread_count(self) -> int:
+        """DeepNVMe's older name of get_intra_op_parallelism()."""
+        return self._h.intra_op_parallelism
+
+    def get_alignment(self) -> int:
+        """DeepNVMe's value, ``intra_op_parallelism * 512``, for code that pads buffers with
+        it. deepio itself needs no alignment: any size, offset and address works."""
+        return self._h.intra_op_parallelism * 512
+
+    # ---------------------------------------------------------------------- synchronous I/O
+    def read(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
+        """Reads ``buffer.nbytes`` bytes at ``file_offset`` into ``buffer``; returns 0.
+        Blocks (GIL released); does not wait for other pending operations."""
+        self._h.sync(False, buffer, filename, file_offset, False)
+        if _bool_arg("validate", validate):
+            self._validate(buffer, filename, file_offset)
+        return 0
+
+    def write(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
+        """Writes ``buffer`` at ``file_offset`` (creating the file, never truncating it);
+        returns 0. Blocks (GIL released); does not wait for other pending operations."""
+        self._h.sync(True, buffer, filename, file_offset, False)
+        if _bool_arg("validate", validate):
+            self._validate(buffer, filename, file_offset)
+        return 0
+
+    # ------------------------------------------------------------------------- parallel I/O
+    def pread(
+        self,
+        buffer: Any,
+        filename: FileArg,
+        validate: bool = False,
+        async_op: Optional[bool] = None,
+        file_offset: int = 0,
+        **kwargs: Any,
+    ) -> int:
+        """DeepNVMe's ``pread(buffer, filename, validate, async, file_offset=0)``: async
+        queues the read and returns 0; otherwise it also waits for every pending operation
+        and returns how many completed."""
+        if _async_flag(async_op, kwargs, "pread"):
+            return self._async(False, buffer, filename, file_offset, validate)
+        return self._sync(False, buffer, filename, file_offset, validate)
+
+    def pwrite(
+        self,
+        buffer: Any,
+        filename: FileArg,
+        validate: bool = False,
+        async_op: Optional[bool] = None,
+        file_offset: int = 0,
+        **kwargs: Any,
+    ) -> int:
+        """DeepNVMe's ``pwrite(buffer, filename, validate, async, file_offset=0)``."""
+        if _async_flag(async_op, kwargs, "pwrite"):
+            return self._async(True, buffer, filename, file_offset, validate)
+        return self._sync(True, buffer, filename, file_offset, validate)
+
+    def sync_pread(
+        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+    ) -> int:
+        """Reads, then waits for every pending operation; returns how many completed (>= 1)."""
+        return self._sync(False, buffer, _pick_file(filename, fd, "sync_pread"), file_offset, False)
+
+    def sync_pwrite(
+        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+    ) -> int:
+        """Writes, then waits for every pending operation; returns how many completed (>= 1)."""
+        return self._sync(True, buffer, _pick_file(filename, fd, "sync_pwrite"), file_offset, False)
+
+    def async_pread(
+        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+    ) -> int:
+        """Queues a read of ``buffer.nbytes`` bytes at ``file_offset``; returns 0. ``filename``
+        may be an integer descriptor (or pass ``fd=``), which deepio never closes and which
+        must stay open until wait() returns."""
+        return self._async(False, buffer, _pick_file(filename, fd, "async_pread"), file_offset, False)
+
+    def async_pwrite(
+        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+    ) -> int:
+        """Queues a write of ``buffer`` at ``file_offset`` (creating, never truncating);
+        returns 0. ``filename`` may be an integer descriptor (or ``fd=``), never closed."""
+        return self._async(True, buffer, _pick_file(filename, fd, "async_pwrite"), file_offset, False)
+
+    def wait(self) -> int:
+        """Blocks (GIL released, Ctrl-C honoured) until every queued operation completed;
+        returns how many (0 if none). If any failed, raises the first failure's OSError once
+        all of them finished (the others are in its ``other_errors``). After a
+        KeyboardInterrupt the operations keep running and the next wait() collects them."""
+        checks, self._to_validate = self._to_validate, []
+        n = self._h.wait()
+        for buffer, file, offset in checks:
+            self._validate(buffer, file, offset)
+        return n
+
+    # ------------------------------------------------------------------ locked host memory
+    def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any = None, **kwargs: Any) -> Any:
+        """A 1-D tensor/array of ``num_elem`` elements with ``example_tensor``'s dtype and
+        kind (torch for a torch example, NumPy for a NumPy example), page-aligned, not
+        zeroed, page-locked where RLIMIT_MEMLOCK allows (else a LockedMemoryWarning).
+        DeepNVMe's misspelled keyword ``example_tenosr`` is accepted."""
+        if "example_tenosr" in kwargs:
+            if example_tensor is not None:
+                raise TypeError("pass example_tensor or example_tenosr, not both")
+            example_tensor = kwargs.pop("example_tenosr")
+        if kwargs:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
+        return _buffers.new_locked(num_elem, example_tensor)
+
+    def free_cpu_locked_tensor(self, tensor: Any) -> bool:
+        """Releases a tensor made by new_cpu_locked_tensor() (through any handle): True;
+        False for anything else (a view, foreign memory, a second free). The memory is
+        returned when the last reference to the tensor (and its views) goes away; do not use
+        the tensor after freeing it."""
+        return _buffers.free_locked(tensor)
+
+    def is_pinned(self, buffer: Any) -> bool:
+        """True for torch-pinned tensors and for buffers lying entirely inside a locked
+        allocation (from any handle, views included)."""
+        return _buffers.is_pinned(buffer)
+
+    # ---------------------------------------------------------------------------- extras
+    @property
+    def backend(self) -> str:
+        """The backend the workers really use: "io_uring", "libaio" or "threads"."""
+        return self._h.backend
+
+    @property
+    def direct_io(self) -> str:
+        return self._h.direct_io
+
+    def pending(self) -> int:
+        """Operations queued and not yet collected by wait()."""
+        return self._h.pending()
+
+    def stats(self) -> dict:
+        """Counters: ops, bytes moved direct / bounced / buffered, short transfers, retries."""
+        return self._h.stats()
+
+    def close(self) -> None:
+        """Waits for every pending operation (raising the first failure), then stops the
+        workers. Further use raises ValueError. Idempotent."""
+        self._h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self) -> "aio_handle":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except Exception:
+                pass  # the exception already propagating matters more
+
+    def __repr__(self) -> str:
+        if self._h.closed:
+            return "<deepio.aio_handle closed>"
+        return (
+            f"<deepio.aio_handle block_size={self._h.block_size} queue_depth={self._h.queue_depth} "
+            f"single_submit={self._h.single_submit} overlap_events={self._h.overlap_events} "
+            f"intra_op_parallelism={self._h.intra_op_parallelism} backend={self._h.backend!r} "
+            f"direct_io={self._h.direct_io!r}>"
+        )
+
+    # ---------------------------------------------------------------------------- helpers
+    def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+        n = self._h.sync(write, buffer, file, offset, True)
+        if _bool_arg("validate", validate):
+            self._validate(buffer, file, offset)
+        return n
+
+    def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+        self._h.submit(write, buffer, file, offset)
+        if _bool_arg("validate", validate):
+            self._to_validate.append((buffer, file, offset))
+        return 0
+
+    @staticmethod
+    def _validate(buffer: Any, file: FileArg, offset: int) -> None:
+        where = _deepio.compare_with_file(buffer, file, offset)
+        if where >= 0:
+            name = file if not isinstance(file, int) else None
+            err = ValidationError(
+                5,  # EIO
+                f"validation failed: the file differs from the buffer at byte {where} of the "
+                f"range (offset {offset}, {_nbytes(buffer)} bytes)",
+                name,
+            )
+            raise err
+
+
+def _nbytes(buffer: Any) -> int:
+    n = getattr(buffer, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    return len(memoryview(buffer).cast("B"))

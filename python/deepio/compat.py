@@ -1,0 +1,125 @@
+"""DeepSpeed-shaped entry points: change one import, keep the code.
+
+    # from deepspeed.ops.op_builder import AsyncIOBuilder
+    from deepio.compat import AsyncIOBuilder
+
+    h = AsyncIOBuilder().load().aio_handle()
+    h.async_pwrite(tensor, "/local_nvme/t.pt")
+    h.wait()
+
+``AsyncIOBuilder().load()`` returns an object shaped like DeepSpeed's ``async_io`` module:
+``aio_handle``, ``aio_read``, ``aio_write``, ``deepspeed_memcpy``. Nothing is compiled at run
+time; ``is_compatible()`` is True whenever deepio imported. ``PinMemoryBuilder`` gives
+DeepSpeed's ``pin_memory`` module (``pin_handle``) over the same process-wide registry.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Optional
+
+from . import _buffers, _deepio
+from ._aio import aio_handle
+
+__all__ = ["AsyncIOBuilder", "PinMemoryBuilder", "async_io", "pin_memory"]
+
+
+def aio_read(
+    buffer: Any,
+    filename: Any,
+    block_size: int,
+    queue_depth: int,
+    single_submit: bool,
+    overlap_events: bool,
+    validate: bool,
+    /,
+) -> int:
+    """One-shot blocking read of ``buffer.nbytes`` bytes from the start of ``filename``; 0."""
+    with aio_handle(block_size, queue_depth, single_submit, overlap_events, 1) as h:
+        return h.read(buffer, filename, validate)
+
+
+def aio_write(
+    buffer: Any,
+    filename: Any,
+    block_size: int,
+    queue_depth: int,
+    single_submit: bool,
+    overlap_events: bool,
+    validate: bool,
+    /,
+) -> int:
+    """One-shot blocking write of ``buffer`` at the start of ``filename``; 0."""
+    with aio_handle(block_size, queue_depth, single_submit, overlap_events, 1) as h:
+        return h.write(buffer, filename, validate)
+
+
+def deepspeed_memcpy(dest: Any, src: Any, /) -> int:
+    """Copies ``dest.nbytes`` bytes from ``src`` into ``dest`` (GIL released); 0."""
+    _deepio.memcpy(dest, src)
+    return 0
+
+
+async_io = types.ModuleType("deepio.compat.async_io", "DeepSpeed's async_io module, served by deepio.")
+async_io.aio_handle = aio_handle  # type: ignore[attr-defined]
+async_io.aio_read = aio_read  # type: ignore[attr-defined]
+async_io.aio_write = aio_write  # type: ignore[attr-defined]
+async_io.deepspeed_memcpy = deepspeed_memcpy  # type: ignore[attr-defined]
+
+
+class pin_handle:  # noqa: N801 - DeepSpeed's name
+    """DeepSpeed's pin_memory.pin_handle: locked tensors from the process-wide registry."""
+
+    def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any) -> Any:
+        return _buffers.new_locked(num_elem, example_tensor)
+
+    def free_cpu_locked_tensor(self, locked_tensor: Any) -> bool:
+        return _buffers.free_locked(locked_tensor)
+
+    def is_pinned(self, buffer: Any) -> bool:
+        return _buffers.is_pinned(buffer)
+
+
+pin_memory = types.ModuleType("deepio.compat.pin_memory", "DeepSpeed's pin_memory module, served by deepio.")
+pin_memory.pin_handle = pin_handle  # type: ignore[attr-defined]
+
+
+class _Builder:
+    NAME = ""
+    BUILD_VAR = ""
+    _module: types.ModuleType
+
+    def __init__(self, name: Optional[str] = None) -> None:
+        self.name = name or self.NAME
+
+    def absolute_name(self) -> str:
+        return f"deepio.compat.{self.NAME}"
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        """Always True: deepio is compiled ahead of time, with every backend it found."""
+        return True
+
+    def load(self, verbose: bool = True) -> types.ModuleType:
+        return self._module
+
+    def jit_load(self, verbose: bool = True) -> types.ModuleType:
+        return self._module
+
+    def builder(self) -> None:
+        raise NotImplementedError("deepio needs no build step; use load()")
+
+
+class AsyncIOBuilder(_Builder):
+    """``AsyncIOBuilder().load()`` → an ``async_io``-shaped module backed by deepio."""
+
+    NAME = "async_io"
+    BUILD_VAR = "DS_BUILD_AIO"
+    _module = async_io
+
+
+class PinMemoryBuilder(_Builder):
+    """``PinMemoryBuilder().load()`` → a ``pin_memory``-shaped module backed by deepio."""
+
+    NAME = "pin_memory"
+    BUILD_VAR = "DS_BUILD_PIN_MEMORY"
+    _module = pin_memory

@@ -1,0 +1,144 @@
+// Buffers from any framework: DLPack (torch, NumPy, JAX, CuPy, ...) or the buffer protocol
+// (bytearray, memoryview, mmap, array.array). Never a copy: an object that cannot be used as
+// it is gets an exception naming the problem, so a read can never land in a temporary.
+#include <string>
+
+#include "common.hpp"
+
+namespace deepio::py {
+
+namespace {
+
+std::string py_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__"));
+}
+
+const char* device_name(int type) {
+  switch (type) {
+    case 1: return "cpu";
+    case 2: return "cuda";
+    case 3: return "cuda_host";
+    case 4: return "opencl";
+    case 7: return "vulkan";
+    case 8: return "metal";
+    case 10: return "rocm";
+    case 11: return "rocm_host";
+    case 13: return "cuda_managed";
+    case 14: return "oneapi";
+    default: return "an unknown device";
+  }
+}
+
+// Host-addressable DLPack devices: plain CPU memory, CUDA/ROCm pinned host memory, and
+// CUDA managed memory (migrates on access).
+bool host_addressable(int type) { return type == 1 || type == 3 || type == 11 || type == 13; }
+
+// C-contiguous: the elements tile [data, data + nbytes) in row-major order. Extents of 1
+// may carry any stride (NumPy and torch both produce such strides); empty arrays qualify.
+bool c_contiguous(const nb::ndarray<nb::ro>& a) {
+  if (a.size() == 0) return true;
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    const auto extent = static_cast<std::int64_t>(a.shape(i));
+    if (extent != 1 && a.stride(i) != expected) return false;
+    expected *= extent;
+  }
+  return true;
+}
+
+bool is_torch_tensor_requiring_grad(nb::handle obj) {
+  if (!nb::hasattr(obj, "requires_grad") || !nb::hasattr(obj, "detach")) return false;
+  nb::object rg = obj.attr("requires_grad");
+  return PyBool_Check(rg.ptr()) && rg.ptr() == Py_True;
+}
+
+}  // namespace
+
+Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
+  Buffer buf;
+  bool ok = false;
+  if (writable) {
+    nb::ndarray<> w;
+    ok = nb::try_cast(obj, w, false);
+    if (ok) {
+      buf.array = nb::ndarray<nb::ro>(w);
+    } else if (nb::ndarray<nb::ro> r; nb::try_cast(obj, r, false)) {
+      throw nb::value_error((std::string(role) + " is read-only (" + py_type_name(obj) +
+                             "): a read needs a writable destination")
+                                .c_str());
+    }
+  } else {
+    ok = nb::try_cast(obj, buf.array, false);
+  }
+  if (!ok) {
+    // torch refuses to export tensors that require grad; a detached view shares the memory
+    // (and keeps it alive), which is all I/O needs.
+    if (is_torch_tensor_requiring_grad(obj)) return import_buffer(obj.attr("detach")(), writable, role);
+    if (nb::hasattr(obj, "is_conj") && nb::hasattr(obj, "resolve_conj")) {
+      throw nb::type_error((std::string(role) + " (" + py_type_name(obj) +
+                            ") cannot be exported through DLPack (a conjugate or negative view? "
+                            "use .resolve_conj()/.resolve_neg() or .clone())")
+                               .c_str());
+    }
+    throw nb::type_error((std::string(role) + " must be a tensor or array supporting DLPack or the buffer "
+                          "protocol (torch.Tensor, numpy.ndarray, bytearray, memoryview, ...), not " +
+                          py_type_name(obj))
+                             .c_str());
+  }
+  const nb::ndarray<nb::ro>& a = buf.array;
+  if (!host_addressable(a.device_type())) {
+    throw nb::type_error((std::string(role) + " lives in " + device_name(a.device_type()) +
+                          " memory; aio_handle moves data between files and CPU memory only")
+                             .c_str());
+  }
+  const nb::dlpack::dtype dt = a.dtype();
+  if (dt.lanes != 1 || dt.bits == 0 || dt.bits % 8 != 0) {
+    throw nb::type_error((std::string(role) + " has an element type of " + std::to_string(dt.bits) + " bits x " +
+                          std::to_string(dt.lanes) + " lanes, which has no byte size")
+                             .c_str());
+  }
+  if (!c_contiguous(a)) {
+    throw nb::value_error((std::string(role) + " is not contiguous (" + py_type_name(obj) +
+                           " with strides); pass a contiguous tensor, e.g. .contiguous() or "
+                           "numpy.ascontiguousarray(), and copy the result back for reads")
+                              .c_str());
+  }
+  buf.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  buf.nbytes = a.nbytes();
+  return buf;
+}
+
+Target parse_target(nb::handle obj) {
+  Target t;
+  if (PyBool_Check(obj.ptr())) throw nb::type_error("a file must be a path or an integer descriptor, not a bool");
+  if (PyLong_Check(obj.ptr())) {
+    const long fd = PyLong_AsLong(obj.ptr());
+    if (fd == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (fd < 0 || fd > INT32_MAX) throw nb::value_error(("invalid file descriptor " + std::to_string(fd)).c_str());
+    t.fd = static_cast<int>(fd);
+    t.filename = nb::borrow(obj);
+    return t;
+  }
+  PyObject* fs = PyOS_FSPath(obj.ptr());
+  if (fs == nullptr) {
+    PyErr_Clear();
+    throw nb::type_error(("a file must be a path (str, bytes, os.PathLike) or an integer descriptor, not " +
+                          py_type_name(obj))
+                             .c_str());
+  }
+  nb::object path = nb::steal(fs);
+  if (PyUnicode_Check(fs)) {
+    PyObject* encoded = PyUnicode_EncodeFSDefault(fs);
+    if (encoded == nullptr) throw nb::python_error();
+    nb::object b = nb::steal(encoded);
+    t.path.assign(PyBytes_AS_STRING(encoded), static_cast<std::size_t>(PyBytes_GET_SIZE(encoded)));
+  } else {
+    t.path.assign(PyBytes_AS_STRING(fs), static_cast<std::size_t>(PyBytes_GET_SIZE(fs)));
+  }
+  if (t.path.empty()) throw nb::value_error("empty file name");
+  if (t.path.find('\0') != std::string::npos) throw nb::value_error("file name contains a NUL byte");
+  t.filename = path;
+  return t;
+}
+
+}  // namespace deepio::py

@@ -1,0 +1,69 @@
+// Shared pieces of the `deepio._deepio` extension.
+//
+// Threading rule for the whole extension: every nanobind object (nb::object, nb::ndarray) is
+// created, copied and destroyed only while the GIL is held. Code that releases the GIL
+// (nb::gil_scoped_release) touches nothing but C++ engine objects inside that scope, and any
+// container of Python references it needs afterwards is declared outside the scope.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "deepio/deepio.hpp"
+
+namespace nb = nanobind;
+
+namespace deepio::py {
+
+/// A caller's buffer accepted for I/O. `array` keeps the producer (tensor, array, buffer
+/// exporter) and its memory alive for as long as this object lives; destroy it with the GIL.
+struct Buffer {
+  nb::ndarray<nb::ro> array;
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+};
+
+/// Imports `obj` through DLPack or the buffer protocol without ever copying. `writable`: the
+/// buffer is a read destination. Raises TypeError (not an array, not CPU memory, a dtype with
+/// no byte size) or ValueError (read-only destination, non-contiguous memory) naming the
+/// problem and `role` (e.g. "buffer").
+Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer");
+
+/// The Python exception for a deepio::Error: an OSError subclass chosen by errno
+/// (FileNotFoundError, PermissionError, ...; deepio.EndOfFileError for ENODATA) with errno,
+/// strerror (the message, naming offset and size), filename, and extra attributes offset and
+/// nbytes.
+nb::object make_exception(const Error& e);
+/// Sets the Python error indicator to make_exception(e) and throws nb::python_error.
+[[noreturn]] void raise_error(const Error& e);
+
+/// A file argument: a path (str, bytes or os.PathLike) or an integer descriptor.
+struct Target {
+  std::string path;  ///< empty when fd >= 0
+  int fd = -1;
+  nb::object filename;  ///< what error messages report (the caller's object)
+};
+Target parse_target(nb::handle obj);
+
+/// Whether the interpreter is shutting down (then the GIL must not be released).
+inline bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+void init_errors(nb::module_& m);
+void init_handle(nb::module_& m);
+void init_memory(nb::module_& m);
+void init_fault(nb::module_& m);
+
+}  // namespace deepio::py

@@ -1,0 +1,99 @@
+// Test-only fault injection: `_deepio._set_fault(...)` / `_deepio._clear_fault()`.
+//
+// Installs a process-wide engine hook (src/platform/fault.hpp) that makes the n-th matching
+// open/read/write fail with an errno or come back short. The hook runs on engine worker
+// threads: it touches only its own atomics, never Python. Not for production use; not
+// thread-safe against I/O in flight (install and clear it between operations).
+#include <atomic>
+#include <cerrno>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common.hpp"
+#include "platform/fault.hpp"
+
+namespace deepio::py {
+
+namespace {
+
+struct FaultRule {
+  detail::FaultPoint point = detail::FaultPoint::Read;
+  std::optional<int> err;
+  std::optional<std::int64_t> short_bytes;
+  std::uint64_t after = 0;
+  std::uint64_t count = 1;
+  std::string path_contains;  // Open only; empty matches every path
+  std::atomic<std::uint64_t> seen{0};
+  std::atomic<std::uint64_t> fired{0};
+};
+
+std::shared_ptr<FaultRule> g_rule;  // GIL
+
+std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site) {
+  if (site.point != rule.point) return std::nullopt;
+  if (site.point == detail::FaultPoint::Open && !rule.path_contains.empty() &&
+      (site.path == nullptr || std::string(site.path).find(rule.path_contains) == std::string::npos)) {
+    return std::nullopt;
+  }
+  const std::uint64_t n = rule.seen.fetch_add(1);
+  if (n < rule.after || n - rule.after >= rule.count) return std::nullopt;
+  if (rule.err) {
+    rule.fired.fetch_add(1);
+    return -static_cast<std::int64_t>(*rule.err);
+  }
+  if (rule.short_bytes && site.point != detail::FaultPoint::Open && site.result > *rule.short_bytes) {
+    rule.fired.fetch_add(1);
+    return *rule.short_bytes;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void init_fault(nb::module_& m) {
+  m.def(
+      "_set_fault",
+      [](const std::string& point, std::optional<int> err, std::optional<std::int64_t> short_bytes,
+         std::int64_t after, std::int64_t count, const std::string& path_contains) {
+        auto rule = std::make_shared<FaultRule>();
+        if (point == "open") {
+          rule->point = detail::FaultPoint::Open;
+        } else if (point == "read") {
+          rule->point = detail::FaultPoint::Read;
+        } else if (point == "write") {
+          rule->point = detail::FaultPoint::Write;
+        } else {
+          throw nb::value_error("point must be 'open', 'read' or 'write'");
+        }
+        if (err.has_value() == short_bytes.has_value()) {
+          throw nb::value_error("give exactly one of errno= and short=");
+        }
+        if (err && *err <= 0) throw nb::value_error("errno must be positive");
+        if (short_bytes && *short_bytes < 0) throw nb::value_error("short must be non-negative");
+        if (after < 0 || count < 0) throw nb::value_error("after and count must be non-negative");
+        rule->err = err;
+        rule->short_bytes = short_bytes;
+        rule->after = static_cast<std::uint64_t>(after);
+        rule->count = static_cast<std::uint64_t>(count);
+        rule->path_contains = path_contains;
+        g_rule = rule;
+        detail::set_fault_hook([rule](const detail::FaultSite& site) { return apply(*rule, site); });
+      },
+      nb::arg("point"), nb::arg("errno").none() = nb::none(), nb::arg("short").none() = nb::none(),
+      nb::arg("after") = 0, nb::arg("count") = 1, nb::arg("path_contains") = "",
+      "TESTING ONLY. Makes matching calls number after .. after+count-1 (0-based) of `point` fail with "
+      "`errno` or report only `short` bytes.");
+  m.def(
+      "_clear_fault",
+      [] {
+        detail::set_fault_hook({});
+        g_rule.reset();
+      },
+      "TESTING ONLY. Removes the fault hook.");
+  m.def(
+      "_fault_hits", [] { return g_rule ? g_rule->fired.load() : std::uint64_t{0}; },
+      "TESTING ONLY. How many calls the current rule changed.");
+}
+
+}  // namespace deepio::py
