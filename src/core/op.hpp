@@ -53,6 +53,9 @@ class OpState {
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
   [[nodiscard]] std::size_t nbytes() const noexcept { return nbytes_; }
+  /// The GPU whose memory the buffer is in, or -1 for host memory. Set before dispatch.
+  [[nodiscard]] int device() const noexcept { return device_; }
+  void set_device(int device) noexcept { device_ = device; }
 
   // --- descriptors (set before the op is handed to workers) ---
   void set_direct_fd(UniqueFd fd) noexcept { owned_direct_ = std::move(fd); direct_fd_ = owned_direct_.get(); }
@@ -101,6 +104,7 @@ class OpState {
   int direct_fd_ = -1;
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
   int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT
+  int device_ = -1;
 
   std::atomic<int> remaining_{0};
   std::atomic<bool> failed_{false};

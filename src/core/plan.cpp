@@ -39,7 +39,8 @@ std::vector<Slice> plan_request(const PlanInput& in) {
     if (from < to) slices[w].segments.push_back({from, buf_at(from), to - from, mode, chunk});
   };
 
-  const std::size_t block = std::max<std::size_t>(1, in.block_size);
+  std::size_t block = std::max<std::size_t>(1, in.block_size);
+  if (in.staged) block = std::min(block, std::max<std::size_t>(1, in.bounce_bytes));
   const std::uint64_t unit = std::max<std::uint64_t>(std::max<std::size_t>(1, in.offset_align), in.page);
   std::uint64_t a0 = round_up(begin, unit);
   std::uint64_t a1 = round_down(end, unit);
@@ -49,7 +50,7 @@ std::vector<Slice> plan_request(const PlanInput& in) {
   if (direct) {
     chunk = static_cast<std::size_t>(std::max<std::uint64_t>(unit, round_down(block, unit)));
     const auto addr = reinterpret_cast<std::uintptr_t>(buf_at(a0));
-    if (addr % std::max<std::size_t>(1, in.mem_align) != 0) {
+    if (in.staged || addr % std::max<std::size_t>(1, in.mem_align) != 0) {
       // The caller's buffer cannot take O_DIRECT: bounce through aligned slots, if a slot
       // can hold at least one unit; otherwise the page cache is the only way.
       if (in.bounce_bytes >= unit) {

@@ -10,7 +10,9 @@
 // body pages disjoint, so the page cache and direct writes never race over one page.
 // The body is divided among the workers at multiples of G; the head goes to the first
 // worker and the tail to the last. Without direct I/O the whole request is buffered and is
-// divided at page multiples. Pure function: no I/O, unit-tested directly.
+// divided at page multiples. For memory the kernel cannot address (GPU), every segment is
+// staged through bounce slots, so chunks never exceed a slot. Pure function: no I/O,
+// unit-tested directly.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +47,9 @@ struct PlanInput {
   std::size_t block_size = 1 << 20;
   std::size_t workers = 1;
   std::size_t bounce_bytes = 1 << 20;  ///< size of one bounce slot; 0: no bouncing possible
+  /// The buffer is not host memory (GPU): the body always bounces, and no segment's chunk
+  /// exceeds a bounce slot, because every byte is staged through host memory.
+  bool staged = false;
 };
 
 /// Slices in worker order; workers with nothing to do get no slice. Empty for nbytes == 0.

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <map>
 #include <new>
 
 #include "memory/aligned.hpp"
@@ -51,6 +52,8 @@ struct Worker::Impl {
   AlignedBuffer bounce_mem;
   std::vector<int> free_bounce;
   std::size_t inflight = 0;
+  std::map<int, std::unique_ptr<DeviceStager>> stagers;  // by device ordinal
+  std::deque<std::uint32_t> draining;  // slots whose host-to-device copy may still run
 
   explicit Impl(Worker& worker) : w(worker), cursor(active.end()) {
     const std::size_t qd = w.config_.queue_depth;
@@ -101,6 +104,35 @@ struct Worker::Impl {
     return true;
   }
 
+  // The stager for a device, made on first use with the bounce arena registered to it.
+  DeviceStager* stager(int device, Status* why) {
+    auto it = stagers.find(device);
+    if (it != stagers.end()) return it->second.get();
+    if (!w.config_.stager_factory) {
+      *why = Status::failure(ENODEV, "device memory needs the CUDA driver, which is not loaded");
+      return nullptr;
+    }
+    auto st = w.config_.stager_factory(device, w.config_.bounce_slots, why);
+    if (!st) return nullptr;
+    *why = st->register_staging(bounce_mem.data(), bounce_mem.size());
+    if (!why->ok()) return nullptr;
+    return stagers.emplace(device, std::move(st)).first->second.get();
+  }
+
+  // Releases slots whose host-to-device copies have finished; with `block`, waits for all.
+  void drain(bool block) {
+    while (!draining.empty()) {
+      const std::uint32_t id = draining.front();
+      Slot& s = slots[id];
+      DeviceStager* st = stagers.at(s.owner->task.op->device()).get();
+      if (!block && !st->done(s.bounce)) return;  // copies finish in order on one stream
+      Status err = st->wait(s.bounce);
+      if (!err.ok()) s.owner->task.op->fail(std::move(err));
+      draining.pop_front();
+      release(id);
+    }
+  }
+
   // Cuts the next request from the slice at the cursor into `batch`. Returns false when there
   // is nothing to issue now (no work, or waiting for a bounce slot).
   bool next_request() {
@@ -126,6 +158,7 @@ struct Worker::Impl {
       s.req.len = static_cast<std::uint32_t>(len);
       s.req.offset = seg.file_offset + a.pos;
       s.req.write = op.write();
+      const bool staged = seg.mode == SegmentMode::Bounce || op.device() >= 0;
       if (seg.mode == SegmentMode::Buffered) {
         int fd = -1;
         Status st = op.buffered_fd(&fd);
@@ -135,23 +168,46 @@ struct Worker::Impl {
         }
         s.req.fd = fd;
         s.buffered = true;
-        s.req.buf = s.user;
       } else {
         s.req.fd = op.direct_fd();
-        if (seg.mode == SegmentMode::Bounce) {
-          if (!ensure_bounce()) {
-            op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
+      }
+      s.req.buf = s.user;
+      if (staged) {
+        if (!ensure_bounce()) {
+          op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
+          continue;
+        }
+        DeviceStager* st = nullptr;
+        if (op.device() >= 0) {
+          Status why;
+          st = stager(op.device(), &why);
+          if (st == nullptr) {
+            why.path = op.path();
+            op.fail(std::move(why));
             continue;
           }
-          if (free_bounce.empty()) return false;  // wait for a slot to come back
-          s.bounce = free_bounce.back();
-          free_bounce.pop_back();
-          std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
-          if (op.write()) std::memcpy(b, s.user, len);
-          s.req.buf = b;
-        } else {
-          s.req.buf = s.user;
         }
+        if (free_bounce.empty()) {
+          if (draining.empty()) return false;  // wait for a disk request to come back
+          drain(true);
+        }
+        s.bounce = free_bounce.back();
+        free_bounce.pop_back();
+        std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
+        if (op.write()) {
+          if (st != nullptr) {
+            Status cs = st->to_staging(s.bounce, b, s.user, len);
+            if (!cs.ok()) {
+              free_bounce.push_back(s.bounce);
+              cs.path = op.path();
+              op.fail(std::move(cs));
+              continue;
+            }
+          } else {
+            std::memcpy(b, s.user, len);
+          }
+        }
+        s.req.buf = b;
       }
       a.pos += len;
       if (a.pos == seg.nbytes) {
@@ -249,20 +305,33 @@ struct Worker::Impl {
       resubmit.push_back(id);
       return;
     }
-    if (s.bounce >= 0 && !op.write()) {
-      std::memcpy(s.user, bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes,
-                  s.len);
-    }
     auto& counter = s.mode == SegmentMode::Bounce ? w.counters_->bytes_bounced
                     : (s.mode == SegmentMode::Direct && !s.buffered) ? w.counters_->bytes_direct
                                                                       : w.counters_->bytes_buffered;
     counter.fetch_add(s.len, std::memory_order_relaxed);
+    if (s.bounce >= 0 && !op.write()) {
+      const std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
+      if (op.device() >= 0) {
+        // The slot stays busy (and the op open) until the host-to-device copy has finished.
+        Status cs = stagers.at(op.device())->from_staging(s.bounce, s.user, b, s.len);
+        if (!cs.ok()) {
+          cs.path = op.path();
+          op.fail(std::move(cs));
+          release(id);
+          return;
+        }
+        draining.push_back(id);
+        return;
+      }
+      std::memcpy(s.user, b, s.len);
+    }
     release(id);
   }
 
   void run() {
     const std::size_t qd = w.config_.queue_depth;
     for (;;) {
+      if (!draining.empty()) drain(false);
       while (inflight + batch.size() < qd) {
         if (!resubmit.empty()) {
           const std::uint32_t id = resubmit.back();
@@ -282,6 +351,10 @@ struct Worker::Impl {
         continue;
       }
       if (inflight == 0) {
+        if (!draining.empty()) {
+          drain(true);
+          continue;
+        }
         if (!resubmit.empty() || cursor != active.end()) continue;
         std::unique_lock lock(w.mutex_);
         w.cv_.wait(lock, [&] { return !w.queue_.empty() || w.stopping_; });

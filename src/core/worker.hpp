@@ -6,7 +6,10 @@
 // completion arrives; without, it submits a batch and reaps the whole batch before the next.
 // Every completion is checked: EINTR/EAGAIN are resubmitted, short transfers are finished by
 // resubmitting the rest, a direct request refused with EINVAL is redone through the page
-// cache, anything else fails the op (its remaining requests are skipped). stop() lets the
+// cache, anything else fails the op (its remaining requests are skipped). Ops on device
+// memory stage every request through a bounce slot: device-to-host copy before a write is
+// submitted; after a read, a host-to-device copy that must finish before the slot is reused
+// or the op completes. stop() lets the
 // worker finish everything queued, then joins it: work is never abandoned.
 // Thread safety: enqueue() and stop() may be called from any thread; everything else runs on
 // the worker thread only.
@@ -23,6 +26,7 @@
 #include "core/backend.hpp"
 #include "core/op.hpp"
 #include "core/plan.hpp"
+#include "core/stager.hpp"
 
 namespace deepio::detail {
 
@@ -32,6 +36,7 @@ struct WorkerConfig {
   bool overlap_events = false;
   std::size_t bounce_slot_bytes = 1 << 20;  ///< size of one bounce slot
   std::size_t bounce_slots = 16;            ///< slots allocated on first use
+  StagerFactory stager_factory;             ///< for ops on device memory; empty: none possible
 };
 
 struct SliceTask {

@@ -37,7 +37,9 @@ Engine::Engine(const HandleOptions& options) : options_(options) {
 
   const std::size_t page = page_size();
   bounce_slot_bytes_ = round_up(std::clamp<std::size_t>(options_.block_size, 64 << 10, 4 << 20), page);
+  device_ = device_support();
   WorkerConfig wc;
+  wc.stager_factory = device_.make_stager;
   wc.queue_depth = options_.queue_depth;
   wc.single_submit = options_.single_submit;
   wc.overlap_events = options_.overlap_events;
@@ -131,6 +133,7 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
     throw_error(EOVERFLOW, "file_offset + nbytes overflows a file offset", name, file_offset, nbytes);
   }
   auto op = std::make_shared<OpState>(write, name, file_offset, nbytes, &counters_, &signal_);
+  if (nbytes > 0) op->set_device(device_.classify(buf));
   Opened opened;
   std::uint64_t size = 0;
   if (path != nullptr) {
@@ -174,6 +177,7 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
   in.block_size = std::min(options_.block_size, kMaxBlock);
   in.workers = workers_.size();
   in.bounce_bytes = bounce_slot_bytes_;
+  in.staged = op->device() >= 0;
   std::vector<Slice> slices = plan_request(in);
 
   // Open the buffered descriptor now if the plan needs one, so that failure is reported to

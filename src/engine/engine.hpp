@@ -17,6 +17,7 @@
 
 #include "core/op.hpp"
 #include "core/worker.hpp"
+#include "engine/device.hpp"
 #include "deepio/handle.hpp"
 
 namespace deepio::detail {
@@ -47,6 +48,7 @@ class Engine {
   HandleOptions options_;
   BackendKind kind_ = BackendKind::Threads;
   std::size_t bounce_slot_bytes_ = 0;
+  DeviceSupport device_;
   Counters counters_;
   CompletionSignal signal_;
   std::atomic<std::uint64_t> submitted_{0};
