@@ -21,7 +21,7 @@
 // is what makes input == output (in place) safe.
 #include <deepio/comm.hpp>
 
-#include "kernels.hpp"
+#include "stages.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -134,6 +134,11 @@ std::size_t padded_size(std::size_t n, std::size_t w) {
 
 void compressed_allreduce(std::span<const float> input, std::span<float> output, std::span<float> worker_error,
                           std::span<float> server_error, MPI_Comm comm) {
+    int initialized = 0, finalized = 0;
+    check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
+    check_mpi(MPI_Finalized(&finalized), "MPI_Finalized");
+    if (!initialized || finalized)
+        throw ArgumentError("deepio::comm::compressed_allreduce: MPI is not initialised (or already finalised)");
     if (comm == MPI_COMM_NULL) throw ArgumentError("deepio::comm::compressed_allreduce: comm is MPI_COMM_NULL");
     int inter = 0;
     check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
@@ -198,32 +203,16 @@ void compressed_allreduce(std::span<const float> input, std::span<float> output,
     }
 
     const Kernel kernel = best_kernel();
-    const std::size_t c = ns;           // elements per chunk
-    const std::size_t bytes = c / 8;    // sign bytes per chunk
-    const std::size_t stride = bytes + sizeof(float);
+    const std::size_t c = ns;  // elements per chunk
+    const std::size_t stride = detail::block_stride(c);
     const int stride_int = static_cast<int>(stride);
     std::byte* const scratch = t_workspace.get(3 * w * stride);
     std::byte* const send1 = scratch;
     std::byte* const recv1 = scratch + w * stride;
     std::byte* const recv2 = scratch + 2 * w * stride;
-    const auto sign_bytes = [](std::byte* block) { return reinterpret_cast<std::uint8_t*>(block + sizeof(float)); };
-    const auto block_scale = [](const std::byte* block) {
-        float s;
-        std::memcpy(&s, block, sizeof s);
-        return s;
-    };
 
     // 1. Worker pass, chunk by chunk into the send blocks.
-    detail::SumSq worker_acc;
-    for (std::size_t j = 0; j < w; ++j) {
-        const std::size_t begin = j * c;
-        const std::size_t n_in = n0 > begin ? n0 - begin : 0;
-        detail::worker_pass(n_in ? input.data() + begin : nullptr, n_in, worker_error.data() + begin, c,
-                            sign_bytes(send1 + j * stride), worker_acc, kernel);
-    }
-    const float s_w = detail::scale_of(worker_acc, n);
-    for (std::size_t j = 0; j < w; ++j) std::memcpy(send1 + j * stride, &s_w, sizeof s_w);
-
+    const float s_w = detail::worker_stage(input.data(), n0, worker_error.data(), n, w, send1, kernel);
     MPI_Request req = MPI_REQUEST_NULL;
     check_mpi(MPI_Ialltoall(send1, stride_int, MPI_BYTE, recv1, stride_int, MPI_BYTE, comm, &req), "MPI_Ialltoall");
 
@@ -235,19 +224,8 @@ void compressed_allreduce(std::span<const float> input, std::span<float> output,
     check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait (all-to-all)");
 
     // 3. Server pass over the W received blocks, packing into our slot of the all-gather.
-    std::vector<const std::uint8_t*> blocks(w);
-    std::vector<float> t(w);
-    const auto inv_w = static_cast<float>(1.0 / static_cast<double>(w));  // torch: fp32(1/W)
-    for (std::size_t j = 0; j < w; ++j) {
-        blocks[j] = sign_bytes(recv1 + j * stride);
-        t[j] = block_scale(recv1 + j * stride) * inv_w;
-    }
-    std::byte* const own = recv2 + static_cast<std::size_t>(rank) * stride;
-    detail::SumSq server_acc;
-    detail::server_pass(blocks.data(), t.data(), w, server_error.data(), c, sign_bytes(own), server_acc, kernel);
-    const float s_s = detail::scale_of(server_acc, c);
-    std::memcpy(own, &s_s, sizeof s_s);
-
+    const auto me = static_cast<std::size_t>(rank);
+    const float s_s = detail::server_stage(recv1, w, server_error.data(), c, recv2 + me * stride, kernel);
     check_mpi(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv2, stride_int, MPI_BYTE, comm, &req),
               "MPI_Iallgather");
 
@@ -256,20 +234,12 @@ void compressed_allreduce(std::span<const float> input, std::span<float> output,
     overlapped(c, req, done, [&](std::size_t b, std::size_t e) {
         detail::residual_pass(server_error.data() + b, e - b, s_s, kernel);
     });
-    const auto decode = [&](std::size_t k) {
-        const std::size_t begin = k * c;
-        if (begin >= n0) return;
-        const std::size_t len = std::min(c, n0 - begin);
-        const std::byte* block = recv2 + k * stride;
-        detail::unpack(reinterpret_cast<const std::uint8_t*>(block + sizeof(float)), len, output.data() + begin,
-                       block_scale(block), kernel);
-    };
-    decode(static_cast<std::size_t>(rank));
+    detail::decode_block(recv2, me, c, output.data(), n0, kernel);
     check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait (all-gather)");
 
     // 5. Everyone else's chunks.
     for (std::size_t k = 0; k < w; ++k) {
-        if (k != static_cast<std::size_t>(rank)) decode(k);
+        if (k != me) detail::decode_block(recv2, k, c, output.data(), n0, kernel);
     }
 }
 

@@ -1,0 +1,465 @@
+"""deepio.comm under mpirun at 2, 3 and 4 ranks (oversubscribed).
+
+pytest side: one ``mpirun -np N python this_file`` per N runs every case below on every
+rank and prints one JSON line per case from rank 0 (pass/fail/skip with the failures of
+every rank); each (N, case) is one pytest item. Worker side (``__main__``): the cases.
+
+The reference here is written from the specification in NumPy (docs/comm.md, onebit.md §1):
+fp32 operations in the specified order and the specified fp64 norm order, so the library
+must match it bit for bit at every W. None of it calls deepio's packing code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import traceback
+
+import pytest
+
+HERE = os.path.abspath(__file__)
+CASES = [
+    "spec_numpy",
+    "spec_torch",
+    "mpibackend_semantics",
+    "size_errors",
+    "type_errors",
+    "empty",
+    "sub_communicator",
+    "torch_distributed_matches_mpi",
+    "error_feedback_converges",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest side
+
+
+def _mpirun():
+    return shutil.which("mpirun") or shutil.which("mpiexec")
+
+
+def _python():
+    """This interpreter, with -S if we run without site (so workers import what we import)."""
+    return [sys.executable, "-S"] if sys.flags.no_site else [sys.executable]
+
+
+def _have(mod):
+    try:
+        __import__(mod)
+        return True
+    except Exception:
+        return False
+
+
+_results = {}
+
+
+def _run_world(np_):
+    if np_ in _results:
+        return _results[np_]
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), HERE, "--worker"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, rc = "timeout (hang?)", -1
+    res = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            res[d["case"]] = d
+    _results[np_] = (res, rc, out, err)
+    return _results[np_]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="needs mpirun")
+@pytest.mark.skipif(not _have("mpi4py"), reason="needs mpi4py")
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_comm_mpi(np_, case):
+    res, rc, out, err = _run_world(np_)
+    if case not in res:
+        pytest.fail(f"no result for {case} (mpirun rc={rc})\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    d = res[case]
+    if d["status"] == "skip":
+        pytest.skip(d["detail"])
+    assert d["status"] == "pass", d["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side: the reference (NumPy, from the spec)
+
+
+def ref_scale(v):
+    import numpy as np
+
+    v64 = v.astype(np.float64)
+    lanes = [np.cumsum(v64[l::8] * v64[l::8])[-1] if v64[l::8].size else 0.0 for l in range(8)]
+    lanes = [np.float64(x) for x in lanes]
+    total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    return np.float32(np.sqrt(total)) / np.float32(np.sqrt(np.float64(v.size)))
+
+
+def sgn(x):
+    import numpy as np
+
+    return np.where(x < 0, np.float32(-1), np.float32(1)).astype(np.float32)  # NaN, -0.0 -> +1
+
+
+def simulate(inputs, worker_errors, server_errors):
+    """One call on all W ranks; updates the error lists; returns the common output."""
+    import numpy as np
+
+    w = len(inputs)
+    n0 = inputs[0].size
+    n = worker_errors[0].size
+    c = n // w
+    if n0 == 0:
+        for e in worker_errors + server_errors:
+            e[:] = 0
+        return np.empty(0, np.float32)
+    scales, signs = [], []
+    for r in range(w):
+        x = np.zeros(n, np.float32)
+        x[:n0] = inputs[r]
+        x = x + worker_errors[r]
+        s = ref_scale(x)
+        scales.append(s)
+        signs.append(sgn(x))
+        worker_errors[r][:] = x - s * sgn(x)
+    inv_w = np.float32(1.0 / w)
+    out = np.empty(n, np.float32)
+    for r in range(w):
+        acc = None
+        for j in range(w):
+            term = (scales[j] * inv_w) * signs[j][r * c : (r + 1) * c]
+            acc = term if acc is None else acc + term
+        cv = acc + server_errors[r]
+        s = ref_scale(cv)
+        server_errors[r][:] = cv - s * sgn(cv)
+        out[r * c : (r + 1) * c] = s * sgn(cv)
+    return out[:n0]
+
+
+def make_input(n0, key, call, salt=0):
+    import numpy as np
+
+    g = np.random.default_rng([key, call, salt])
+    return (g.random(n0, dtype=np.float32) - np.float32(0.5) + np.float32(0.01) * np.float32(key)).astype(np.float32)
+
+
+def same_bits(a, b):
+    import numpy as np
+
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
+    return a.shape == b.shape and a.view(np.uint32).tobytes() == b.view(np.uint32).tobytes()
+
+
+class Skip(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side: the cases (each runs on every rank; failures raise AssertionError)
+
+
+def _spec(comm, use_torch):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    if use_torch:
+        try:
+            import torch
+        except ImportError:
+            raise Skip("needs torch")
+    w, me = comm.Get_size(), comm.Get_rank()
+    keys = comm.allgather(me)
+    for chunks, short, in_place in [(1, 0, True), (37, 0, True), (37, 11, False), (37, 8 * w + 3, True), (1000, 5, True)]:
+        n = 8 * w * chunks
+        n0 = n - short
+        we_ref = [np.zeros(n, np.float32) for _ in range(w)]
+        se_ref = [np.zeros(n // w, np.float32) for _ in range(w)]
+        we = np.zeros(n, np.float32)
+        se = np.zeros(n // w, np.float32)
+        if use_torch:
+            we_t, se_t = torch.from_numpy(we), torch.from_numpy(se)  # share memory with we/se
+        for call in range(4):
+            inputs = [make_input(n0, keys[r], call, chunks) for r in range(w)]
+            expected = simulate(inputs, we_ref, se_ref)
+            mine = inputs[me].copy()
+            if use_torch:
+                t = torch.from_numpy(mine.copy())
+                if in_place:
+                    res = dcomm.compressed_allreduce(t, we_t, se_t, comm)
+                    assert res is t
+                    got = t.numpy()
+                else:
+                    got = dcomm.MpiBackend(comm=comm).compressed_allreduce(t, we_t, se_t, 0).numpy()
+            else:
+                if in_place:
+                    dcomm.compressed_allreduce(mine, we, se, comm)
+                    got = mine
+                else:
+                    got = dcomm.MpiBackend(comm=comm).compressed_allreduce(mine, we, se, 0)
+            where = f"W={w} rank={me} n0={n0} n={n} call={call} in_place={in_place}"
+            assert same_bits(got, expected), f"output differs from the spec simulation: {where}"
+            assert same_bits(we, we_ref[me]), f"worker_error differs: {where}"
+            assert same_bits(se, se_ref[me]), f"server_error differs: {where}"
+
+
+def case_spec_numpy(comm):
+    _spec(comm, use_torch=False)
+
+
+def case_spec_torch(comm):
+    _spec(comm, use_torch=True)
+
+
+def case_mpibackend_semantics(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    w = comm.Get_size()
+    be = dcomm.MpiBackend(cuda_aware=False)
+    assert be.size == w and be.rank == comm.Get_rank()
+    n = 8 * w * 16
+    # Unpadded, contiguous: in place, the same object comes back.
+    a = make_input(n, comm.Get_rank(), 0).reshape(8 * w, 16)
+    we, se = np.zeros(n, np.float32), np.zeros(n // w, np.float32)
+    before = a.copy()
+    r = be.compressed_allreduce(a, we, se, 0)
+    assert r is a and r.shape == (8 * w, 16)
+    assert not np.array_equal(a, before)
+    # Padded: the caller's buffer is untouched, a new one of its shape comes back.
+    b = make_input(n - 10, comm.Get_rank(), 1)
+    b_before = b.copy()
+    r = be.compressed_allreduce(b, we, se, 0)
+    assert r is not b and r.shape == b.shape and np.array_equal(b, b_before)
+    # All ranks hold the same result.
+    allr = comm.allgather(r.tobytes())
+    assert all(x == allr[0] for x in allr)
+    # The result has one magnitude per chunk (the server scale) and the signs.
+    c = n // w
+    for k in range(w):
+        mags = np.unique(np.abs(r[k * c : min(r.size, (k + 1) * c)]))
+        assert mags.size == 1, mags
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.from_numpy(make_input(n, comm.Get_rank(), 2))
+    wt, st = torch.zeros(n), torch.zeros(n // w)
+    out = be.compressed_allreduce(t, wt, st, 0)
+    assert out is t
+    t2 = torch.from_numpy(make_input(n, comm.Get_rank(), 3))[: n - 3]
+    out2 = be.compressed_allreduce(t2, wt, st, 0)
+    assert out2.data_ptr() != t2.data_ptr() and out2.shape == t2.shape
+
+
+def _expect_value_error_everywhere(comm, fn, needle):
+    ok = False
+    try:
+        fn()
+    except ValueError as e:
+        ok = needle in str(e)
+        if not ok:
+            print(f"rank {comm.Get_rank()}: unexpected message: {e}", file=sys.stderr)
+    oks = comm.allgather(ok)
+    assert all(oks), f"{needle!r}: not raised everywhere: {oks}"
+
+
+def case_size_errors(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    w, me = comm.Get_size(), comm.Get_rank()
+    n = 8 * w * 4
+
+    def call(n0, nw, ns):
+        dcomm.compressed_allreduce(np.ones(n0, np.float32), np.zeros(nw, np.float32), np.zeros(ns, np.float32), comm)
+
+    _expect_value_error_everywhere(comm, lambda: call(n, n + w, (n + w) // w), "not a multiple of 8 * W")
+    _expect_value_error_everywhere(
+        comm, lambda: call(n, n + 8 if me == w - 1 else n, n // w), f"invalid arguments on rank {w - 1}"
+    )
+    _expect_value_error_everywhere(
+        comm, lambda: call(n, 2 * n if me == 0 else n, 2 * n // w if me == 0 else n // w), "differs across ranks"
+    )
+    _expect_value_error_everywhere(comm, lambda: call(0 if me == 0 else n, n, n // w), "differs across ranks")
+    _expect_value_error_everywhere(comm, lambda: call(n + 1, n, n // w), "longer than worker_error")
+    # Still in step afterwards.
+    a = np.ones(n, np.float32)
+    dcomm.compressed_allreduce(a, np.zeros(n, np.float32), np.zeros(n // w, np.float32), comm)
+    assert np.allclose(a, 1.0)
+
+
+def case_type_errors(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    w = comm.Get_size()
+    n = 8 * w
+    for bad, exc in [
+        (lambda: dcomm.compressed_allreduce(np.ones(n), np.zeros(n, np.float32), np.zeros(8, np.float32), comm), TypeError),
+        (lambda: dcomm.compressed_allreduce(np.ones((n, 2), np.float32)[:, 0], np.zeros(n, np.float32), np.zeros(8, np.float32), comm), ValueError),
+        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), np.zeros((n, 1), np.float32), np.zeros(8, np.float32), comm), ValueError),
+        (lambda: dcomm.compressed_allreduce([1.0] * n, np.zeros(n, np.float32), np.zeros(8, np.float32), comm), TypeError),
+        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), np.zeros(n, np.float32), np.zeros(8, np.float32), "world"), TypeError),
+    ]:
+        try:
+            bad()
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"expected {exc.__name__}")
+
+
+def case_empty(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    w = comm.Get_size()
+    we, se = np.full(8 * w * 2, 3.0, np.float32), np.full(16, -1.0, np.float32)
+    e = np.empty((0, 5), np.float32)
+    r = dcomm.MpiBackend().compressed_allreduce(e, we, se, 0)
+    assert r.shape == (0, 5)
+    assert not we.any() and not se.any()
+
+
+def case_sub_communicator(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    me = comm.Get_rank()
+    sub = comm.Split(me % 2, -me)
+    try:
+        w, sme = sub.Get_size(), sub.Get_rank()
+        keys = sub.allgather(me)
+        n = 8 * w * 20
+        we_ref = [np.zeros(n, np.float32) for _ in range(w)]
+        se_ref = [np.zeros(n // w, np.float32) for _ in range(w)]
+        we, se = np.zeros(n, np.float32), np.zeros(n // w, np.float32)
+        for call in range(3):
+            inputs = [make_input(n - 7, keys[r], call, 5) for r in range(w)]
+            expected = simulate(inputs, we_ref, se_ref)
+            mine = inputs[sme].copy()
+            dcomm.compressed_allreduce(mine, we, se, sub)
+            assert same_bits(mine, expected), f"sub-communicator W={w} call {call}"
+            assert same_bits(we, we_ref[sme]) and same_bits(se, se_ref[sme])
+    finally:
+        sub.Free()
+
+
+_torch_pg = None
+
+
+def _init_gloo(comm):
+    global _torch_pg
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise Skip("needs torch")
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise Skip("torch.distributed with gloo unavailable")
+    if not dist.is_initialized():
+        port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
+        )
+    return torch, dist
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_torch_distributed_matches_mpi(comm):
+    torch, dist = _init_gloo(comm)
+    import deepio.comm as dcomm
+
+    w, me = comm.Get_size(), comm.Get_rank()
+    n = 8 * w * 100
+    we1, se1 = torch.zeros(n), torch.zeros(n // w)
+    we2, se2 = torch.zeros(n), torch.zeros(n // w)
+    tb = dcomm.TorchBackend()
+    mb = dcomm.MpiBackend()
+    for call in range(4):
+        x = torch.from_numpy(make_input(n - 9, me, call, 77))
+        a = mb.compressed_allreduce(x.clone(), we1, se1, 0)
+        b = tb.compressed_allreduce(x.clone(), we2, se2, 0)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"call {call}"
+        assert torch.equal(we1.view(torch.int32), we2.view(torch.int32))
+        assert torch.equal(se1.view(torch.int32), se2.view(torch.int32))
+    # Size violations raise everywhere on this transport too.
+    _expect_value_error_everywhere(
+        comm,
+        lambda: dcomm.compressed_allreduce_torch(torch.ones(n), torch.zeros(n + 8 if me == 0 else n), torch.zeros(n // w)),
+        "invalid arguments on rank 0",
+    )
+
+
+def case_error_feedback_converges(comm):
+    import numpy as np
+
+    import deepio.comm as dcomm
+
+    w, me = comm.Get_size(), comm.Get_rank()
+    n0 = 8 * w * 32 - 3
+    n = dcomm.padded_size(n0, w)
+    avg = np.mean([make_input(n0, r, 0, 9).astype(np.float64) for r in range(w)], axis=0)
+    x = make_input(n0, me, 0, 9)
+    we, se = np.zeros(n, np.float32), np.zeros(n // w, np.float32)
+    total = np.zeros(n0)
+    errs = {}
+    for k in range(1, 201):
+        out = x.copy()
+        dcomm.compressed_allreduce(out, we, se, comm)
+        total += out
+        if k in (1, 10, 200):
+            errs[k] = np.linalg.norm(total / k - avg) / np.linalg.norm(avg)
+    assert errs[10] < errs[1] and errs[200] < errs[10] / 5 and errs[200] < 0.05, errs
+
+
+def worker_main():
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    me = comm.Get_rank()
+    for case in CASES:
+        status, detail = "pass", ""
+        try:
+            globals()["case_" + case](comm)
+        except Skip as e:
+            status, detail = "skip", str(e)
+        except Exception:
+            status, detail = "fail", f"rank {me}: " + traceback.format_exc()
+        statuses = comm.gather((status, detail), root=0)
+        if me == 0:
+            kinds = {s for s, _ in statuses}
+            final = "fail" if "fail" in kinds else ("skip" if kinds == {"skip"} else "pass")
+            details = "\n".join(d for s, d in statuses if s == final and d)
+            print(json.dumps({"case": case, "status": final, "detail": details}), flush=True)
+        comm.Barrier()
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    worker_main()
