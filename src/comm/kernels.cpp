@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -68,8 +69,29 @@ void pack_scalar(const float* x, std::size_t n, std::uint8_t* out) noexcept {
     }
 }
 
+// s with its sign bit flipped where kSignMask says so: exactly "bit ? s : -s", branch-free.
+inline float signed_scale(std::uint32_t s_bits, std::uint8_t byte, unsigned j) noexcept {
+    const std::uint32_t v = s_bits ^ kSignMask.m[byte][j];
+    float f;
+    std::memcpy(&f, &v, sizeof f);
+    return f;
+}
+
+inline std::uint32_t bits_of(float s) noexcept {
+    std::uint32_t b;
+    std::memcpy(&b, &s, sizeof b);
+    return b;
+}
+
 void unpack_scalar(const std::uint8_t* p, std::size_t begin, std::size_t n, float* out, float s) noexcept {
-    for (std::size_t i = begin; i < n; ++i) out[i] = ((p[i >> 3] >> (7 - (i & 7))) & 1u) ? s : -s;
+    const std::uint32_t sb = bits_of(s);
+    std::size_t i = begin;
+    for (; i < n && (i & 7) != 0; ++i) out[i] = ((p[i >> 3] >> (7 - (i & 7))) & 1u) ? s : -s;
+    for (; i + 8 <= n; i += 8) {
+        const std::uint8_t byte = p[i >> 3];
+        for (unsigned j = 0; j < 8; ++j) out[i + j] = signed_scale(sb, byte, j);
+    }
+    for (; i < n; ++i) out[i] = ((p[i >> 3] >> (7 - (i & 7))) & 1u) ? s : -s;
 }
 
 // One group of 8 worker elements starting at element g (used for every group by the scalar
@@ -101,17 +123,22 @@ void residual_scalar(float* e, std::size_t begin, std::size_t n, float s) noexce
 
 void server_scalar(const std::uint8_t* const* blocks, const float* t, std::size_t w, float* es, std::size_t n,
                    std::uint8_t* packed, SumSq& acc) noexcept {
+    std::vector<std::uint32_t> tb(w);
+    for (std::size_t j = 0; j < w; ++j) tb[j] = bits_of(t[j]);
     for (std::size_t k = 0; k < n / 8; ++k) {
+        float c[8];
+        for (unsigned jj = 0; jj < 8; ++jj) c[jj] = signed_scale(tb[0], blocks[0][k], jj);
+        for (std::size_t j = 1; j < w; ++j) {
+            const std::uint8_t byte = blocks[j][k];
+            for (unsigned jj = 0; jj < 8; ++jj) c[jj] = c[jj] + signed_scale(tb[j], byte, jj);
+        }
         unsigned b = 0;
         for (unsigned jj = 0; jj < 8; ++jj) {
-            const unsigned shift = 7 - jj;
-            float c = ((blocks[0][k] >> shift) & 1u) ? t[0] : -t[0];
-            for (std::size_t j = 1; j < w; ++j) c = c + (((blocks[j][k] >> shift) & 1u) ? t[j] : -t[j]);
             const std::size_t i = 8 * k + jj;
-            c = c + es[i];
-            es[i] = c;
-            acc.lane[jj] += static_cast<double>(c) * static_cast<double>(c);
-            b |= static_cast<unsigned>(bit_of(c)) << shift;
+            const float v = c[jj] + es[i];
+            es[i] = v;
+            acc.lane[jj] += static_cast<double>(v) * static_cast<double>(v);
+            b |= static_cast<unsigned>(bit_of(v)) << (7 - jj);
         }
         packed[k] = static_cast<std::uint8_t>(b);
     }
