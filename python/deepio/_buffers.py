@@ -56,6 +56,9 @@ def new_locked(num_elem: int, example: Any, stacklevel: int = 3) -> Any:
         itemsize = example.element_size()
         array, owner = _deepio.alloc_locked(num_elem * itemsize, "torch")
         out = array if example.dtype == array.dtype else array.view(example.dtype)
+        # torch gives empty tensors a null data pointer, so free_locked() could not find the
+        # allocation by address: the tensor itself remembers it.
+        out._deepio_allocation = owner
     else:
         try:
             import numpy as np
@@ -91,8 +94,12 @@ def new_locked(num_elem: int, example: Any, stacklevel: int = 3) -> Any:
 
 def free_locked(buffer: Any) -> bool:
     """Releases a buffer made by new_locked(); False for anything else or a second free."""
-    if is_torch_tensor(buffer) and buffer.requires_grad:
-        buffer = buffer.detach()
+    if is_torch_tensor(buffer):
+        owner = getattr(buffer, "_deepio_allocation", None)
+        if owner is not None:
+            return bool(owner.release())
+        if buffer.requires_grad:
+            buffer = buffer.detach()
     return bool(_deepio.free_locked_array(buffer))
 
 

@@ -52,7 +52,51 @@ bool is_torch_tensor_requiring_grad(nb::handle obj) {
   return PyBool_Check(rg.ptr()) && rg.ptr() == Py_True;
 }
 
+// Buffer-protocol objects whose element format nanobind cannot express (structured or
+// exotic formats): for I/O, bytes are bytes. The memoryview holds the export.
+bool import_raw(nb::handle obj, bool writable, const char* role, Buffer* out) {
+  if (PyObject_CheckBuffer(obj.ptr()) == 0) return false;
+  PyObject* mv = PyMemoryView_FromObject(obj.ptr());
+  if (mv == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object keep = nb::steal(mv);
+  const Py_buffer* view = PyMemoryView_GET_BUFFER(mv);
+  if (writable && view->readonly != 0) {
+    throw nb::value_error((std::string(role) + " is read-only (" + py_type_name(obj) +
+                           "): a read needs a writable destination")
+                              .c_str());
+  }
+  if (PyBuffer_IsContiguous(view, 'C') == 0) {
+    throw nb::value_error((std::string(role) + " is not contiguous (" + py_type_name(obj) +
+                           " with strides); pass a contiguous buffer")
+                              .c_str());
+  }
+  out->keep = std::move(keep);
+  out->data = view->buf;
+  out->nbytes = static_cast<std::size_t>(view->len);
+  return true;
+}
+
 }  // namespace
+
+bool host_range(nb::handle obj, const void** data, std::size_t* nbytes) {
+  nb::ndarray<nb::ro> a;
+  if (nb::try_cast(obj, a, false)) {
+    const int dev = a.device_type();
+    if (!host_addressable(dev)) return false;
+    *data = a.data();
+    *nbytes = a.nbytes();
+    return true;
+  }
+  if (is_torch_tensor_requiring_grad(obj)) return host_range(obj.attr("detach")(), data, nbytes);
+  Buffer raw;
+  if (!import_raw(obj, false, "buffer", &raw)) return false;
+  *data = raw.data;
+  *nbytes = raw.nbytes;
+  return true;
+}
 
 Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
   Buffer buf;
@@ -74,6 +118,7 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
     // torch refuses to export tensors that require grad; a detached view shares the memory
     // (and keeps it alive), which is all I/O needs.
     if (is_torch_tensor_requiring_grad(obj)) return import_buffer(obj.attr("detach")(), writable, role);
+    if (import_raw(obj, writable, role, &buf)) return buf;
     if (nb::hasattr(obj, "is_conj") && nb::hasattr(obj, "resolve_conj")) {
       throw nb::type_error((std::string(role) + " (" + py_type_name(obj) +
                             ") cannot be exported through DLPack (a conjugate or negative view? "

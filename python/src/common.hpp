@@ -22,10 +22,13 @@ namespace nb = nanobind;
 
 namespace deepio::py {
 
-/// A caller's buffer accepted for I/O. `array` keeps the producer (tensor, array, buffer
-/// exporter) and its memory alive for as long as this object lives; destroy it with the GIL.
+/// A caller's buffer accepted for I/O. `array` (DLPack or typed buffer protocol) or `keep`
+/// (a memoryview, for buffer-protocol formats DLPack cannot describe, e.g. NumPy structured
+/// dtypes) keeps the producer and its memory alive for as long as this object lives; destroy
+/// it with the GIL.
 struct Buffer {
   nb::ndarray<nb::ro> array;
+  nb::object keep;
   void* data = nullptr;
   std::size_t nbytes = 0;
 };
@@ -35,6 +38,10 @@ struct Buffer {
 /// no byte size) or ValueError (read-only destination, non-contiguous memory) naming the
 /// problem and `role` (e.g. "buffer").
 Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer");
+
+/// The host memory range of `obj` with none of the checks I/O needs (any device type is
+/// rejected silently): for is_pinned / free lookups. False when `obj` exports no memory.
+bool host_range(nb::handle obj, const void** data, std::size_t* nbytes);
 
 /// The Python exception for a deepio::Error: an OSError subclass chosen by errno
 /// (FileNotFoundError, PermissionError, ...; deepio.EndOfFileError for ENODATA) with errno,

@@ -35,7 +35,12 @@ class LockedAllocation {
   [[nodiscard]] bool locked() const { return buf_.locked; }
   [[nodiscard]] int lock_errno() const { return buf_.lock_errno; }
   [[nodiscard]] bool released() const { return released_; }
-  void release() { released_ = true; }
+  /// Marks the allocation freed by the caller; false when it already was.
+  bool release() {
+    if (released_) return false;
+    released_ = true;
+    return true;
+  }
 
  private:
   LockedBuffer buf_;
@@ -54,17 +59,6 @@ LockedAllocation::~LockedAllocation() {
   free_locked(buf_.data);
 }
 
-// Data pointer and size of any host-addressable buffer, without the checks I/O needs.
-bool host_range(nb::handle obj, const void** data, std::size_t* nbytes) {
-  nb::ndarray<nb::ro> a;
-  if (!nb::try_cast(obj, a, false)) return false;
-  const int dev = a.device_type();
-  if (dev != 1 && dev != 3 && dev != 11 && dev != 13) return false;
-  *data = a.data();
-  *nbytes = a.nbytes();
-  return true;
-}
-
 }  // namespace
 
 void init_memory(nb::module_& m) {
@@ -74,7 +68,10 @@ void init_memory(nb::module_& m) {
       .def_prop_ro("nbytes", &LockedAllocation::nbytes)
       .def_prop_ro("locked", &LockedAllocation::locked)
       .def_prop_ro("lock_errno", &LockedAllocation::lock_errno)
-      .def_prop_ro("released", &LockedAllocation::released);
+      .def_prop_ro("released", &LockedAllocation::released)
+      .def("release", &LockedAllocation::release,
+           "Marks the allocation freed (free_cpu_locked_tensor); False if it already was. The memory goes when "
+           "the last array using it dies.");
 
   m.def(
       "alloc_locked",
@@ -110,9 +107,8 @@ void init_memory(nb::module_& m) {
         std::size_t n = 0;
         if (!host_range(obj, &data, &n)) return false;
         auto it = live().find(reinterpret_cast<std::uintptr_t>(data));
-        if (it == live().end() || it->second->released()) return false;
-        it->second->release();
-        return true;
+        if (it == live().end()) return false;
+        return it->second->release();
       },
       nb::arg("buffer"),
       "Releases the allocation whose base address `buffer` starts at; False for anything else (a view not at "

@@ -1,0 +1,193 @@
+"""Fixtures for the deepio Python tests.
+
+Files go to a fresh folder on a real disk: $DEEPIO_TEST_DIR if set (point it at another
+mount to test that file system), else build/pytest under the repository, else /var/tmp.
+tmpfs is avoided on purpose: it refuses O_DIRECT, which would skip the direct-I/O paths.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+import deepio
+from deepio import _deepio
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is in the test requirements
+    np = None
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+REPO = Path(__file__).resolve().parents[2]
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+needs_numpy = pytest.mark.skipif(np is None, reason="numpy is not installed")
+
+
+def _torch_pinning_works() -> bool:
+    if torch is None:
+        return False
+    try:
+        return bool(torch.empty(8).pin_memory().is_pinned())
+    except Exception:
+        return False
+
+
+TORCH_PINNED = _torch_pinning_works()
+needs_torch_pinning = pytest.mark.skipif(
+    not TORCH_PINNED, reason="torch cannot pin host memory here (no CUDA/accelerator runtime)"
+)
+
+
+def _fs_type(path: Path) -> str:
+    best, fstype = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1]
+                if str(path).startswith(mnt) and len(mnt) > len(best):
+                    best, fstype = mnt, parts[2]
+    except OSError:
+        pass
+    return fstype
+
+
+def _base_dir() -> Path:
+    env = os.environ.get("DEEPIO_TEST_DIR")
+    if env:
+        return Path(env)
+    for cand in (REPO / "build" / "pytest", Path("/var/tmp/deepio-pytest")):
+        try:
+            cand.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if _fs_type(cand.resolve()) != "tmpfs":
+            return cand
+    return Path(tempfile.gettempdir())
+
+
+@pytest.fixture(scope="session")
+def session_dir():
+    base = BASE_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=base))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_dir(session_dir):
+    d = session_dir / uuid.uuid4().hex[:12]
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def random_file(tmp_dir):
+    """make(nbytes, name=None) -> (path, bytes): a file of random bytes."""
+
+    def make(nbytes: int, name: str | None = None):
+        data = os.urandom(nbytes)
+        p = tmp_dir / (name or f"ref_{nbytes}_{uuid.uuid4().hex[:6]}.bin")
+        p.write_bytes(data)
+        return p, data
+
+    return make
+
+
+def _open_fds() -> set:
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out.add((int(name), os.readlink(f"/proc/self/fd/{name}")))
+        except OSError:
+            pass
+    return out
+
+
+BASE_DIR = _base_dir()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Every test: no descriptor left open on a test file, no locked allocation left alive,
+    no fault hook left installed."""
+    before = _open_fds()
+    locked_before = deepio.locked_memory_stats()["allocations"]
+    yield
+    _deepio._clear_fault()
+    base = str(BASE_DIR.resolve())
+    leaked = [(fd, target) for fd, target in _open_fds() - before if target.startswith(base)]
+    assert not leaked, f"leaked descriptors: {leaked}"
+    locked_after = deepio.locked_memory_stats()["allocations"]
+    if locked_after > locked_before:
+        gc.collect()  # costly with torch loaded, so only when something looks leaked
+        locked_after = deepio.locked_memory_stats()["allocations"]
+    assert locked_after <= locked_before, f"leaked locked allocations: {locked_before} -> {locked_after}"
+
+
+@pytest.fixture
+def fault():
+    """_deepio._set_fault with automatic clearing."""
+    yield _deepio._set_fault
+    _deepio._clear_fault()
+
+
+# ---------------------------------------------------------------------------------- buffers
+
+FRAMEWORKS = [
+    pytest.param("torch", marks=needs_torch),
+    pytest.param("numpy", marks=needs_numpy),
+]
+
+
+def make_buffer(framework: str, nbytes: int, kind: str = "plain", handle=None):
+    """A uint8 buffer of nbytes: kind "plain" (ordinary memory), "locked"
+    (new_cpu_locked_tensor) or "pinned" (torch pin_memory)."""
+    if kind == "locked":
+        h = handle or deepio.aio_handle()
+        example = torch.empty(0, dtype=torch.uint8) if framework == "torch" else np.empty(0, dtype=np.uint8)
+        return h.new_cpu_locked_tensor(nbytes, example)
+    if framework == "torch":
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        return t.pin_memory() if kind == "pinned" else t
+    assert kind == "plain"
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def fill(buf, data: bytes):
+    if torch is not None and isinstance(buf, torch.Tensor):
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    else:
+        buf[...] = np.frombuffer(data, dtype=np.uint8)
+
+
+def as_bytes(buf) -> bytes:
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.contiguous().view(torch.uint8).numpy().tobytes() if np is not None else bytes(buf.tolist())
+    if np is not None and isinstance(buf, np.ndarray):
+        return buf.tobytes()
+    return bytes(buf)
+
+
+def pytest_report_header(config):
+    base = BASE_DIR
+    return [
+        f"deepio {deepio.__version__}; test files under {base} ({_fs_type(base.resolve()) or '?'})",
+        f"torch: {getattr(torch, '__version__', 'missing')}; numpy: {getattr(np, '__version__', 'missing')}; "
+        f"torch pinning: {TORCH_PINNED}; python {sys.version.split()[0]}",
+    ]

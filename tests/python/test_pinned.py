@@ -1,0 +1,189 @@
+"""Locked (pinned) host memory: DeepNVMe's test_pinned_manager.py (reference §5.4) and the
+lifetime guarantees deepio adds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import deepio
+from deepio.compat import PinMemoryBuilder
+from conftest import TORCH_PINNED, needs_numpy, needs_torch
+
+
+def _examples():
+    out = []
+    try:
+        import torch as _t
+
+        out.append(pytest.param(lambda: _t.empty(1, dtype=_t.float32), id="torch"))
+    except ImportError:
+        out.append(pytest.param(None, id="torch", marks=pytest.mark.skip(reason="torch is not installed")))
+    try:
+        import numpy as _np
+
+        out.append(pytest.param(lambda: _np.empty(1, dtype=_np.float32), id="numpy"))
+    except ImportError:
+        out.append(pytest.param(None, id="numpy", marks=pytest.mark.skip(reason="numpy is not installed")))
+    return out
+
+
+EXAMPLES = _examples()
+N = 4096
+
+
+def _narrow(t, start, length):
+    return t[start:start + length]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_narrow_of_locked_buffer_is_pinned(example):
+    h = deepio.aio_handle(1024, 2, False, False, 1)
+    buf = h.new_cpu_locked_tensor(N, example())
+    assert h.is_pinned(buf)
+    assert h.is_pinned(_narrow(buf, 1024, 1024))
+    assert h.free_cpu_locked_tensor(buf)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_buffer_is_shared_across_handles(example):
+    a = deepio.aio_handle(1024, 2, False, False, 1)
+    b = deepio.aio_handle(1024, 2, False, False, 1)
+    buf = a.new_cpu_locked_tensor(N, example())
+    assert b.is_pinned(buf)
+    del a  # allocations survive the handle that made them
+    assert b.is_pinned(buf)
+    assert b.free_cpu_locked_tensor(buf)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_unmanaged_buffer_is_not_pinned(example):
+    h = deepio.aio_handle(1024, 2, False, False, 1)
+    ex = example()
+    assert not h.is_pinned(ex)
+    assert not h.free_cpu_locked_tensor(ex)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_pin_handle_and_aio_handle_agree(example):
+    pin = PinMemoryBuilder().load().pin_handle()
+    h = deepio.aio_handle(1024, 2, False, False, 1)
+    p = pin.new_cpu_locked_tensor(N, example())
+    assert pin.is_pinned(p) and h.is_pinned(p) and h.is_pinned(_narrow(p, 1024, 1024))
+    q = h.new_cpu_locked_tensor(N, example())
+    assert pin.is_pinned(q)
+    assert h.free_cpu_locked_tensor(p) and pin.free_cpu_locked_tensor(q)
+
+
+@needs_torch
+def test_locked_tensor_kind_dtype_alignment():
+    import torch
+
+    h = deepio.aio_handle()
+    for dtype in (torch.uint8, torch.int16, torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                  torch.bool, torch.complex64, torch.int64):
+        ex = torch.zeros(3, dtype=dtype)
+        t = h.new_cpu_locked_tensor(1000, ex)
+        assert isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == (1000,) and t.device.type == "cpu"
+        assert t.data_ptr() % os.sysconf("SC_PAGE_SIZE") == 0
+        assert h.is_pinned(t)
+        assert h.free_cpu_locked_tensor(t)
+    t = h.new_cpu_locked_tensor(0, torch.empty(0))
+    assert t.numel() == 0
+    assert h.free_cpu_locked_tensor(t)
+    t = h.new_cpu_locked_tensor(num_elem=10, example_tenosr=torch.empty(1))  # DeepNVMe's spelling
+    assert t.shape == (10,)
+    assert h.free_cpu_locked_tensor(t)
+
+
+@needs_numpy
+def test_locked_array_kind_dtype():
+    import numpy as np
+
+    h = deepio.aio_handle()
+    for dtype in (np.uint8, np.float32, np.complex128, np.dtype([("a", "<i4"), ("b", "<f8")])):
+        a = h.new_cpu_locked_tensor(100, np.zeros(1, dtype=dtype))
+        assert isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == (100,)
+        assert a.ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
+        assert a.flags.writeable and a.flags.c_contiguous
+        assert h.free_cpu_locked_tensor(a)
+    with pytest.raises(TypeError):
+        h.new_cpu_locked_tensor(10, np.zeros(1, dtype=object))
+    with pytest.raises(ValueError):
+        h.new_cpu_locked_tensor(-1, np.zeros(1))
+    with pytest.raises(TypeError):
+        h.new_cpu_locked_tensor(10)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_free_semantics_and_no_dangling(example):
+    """free returns True once, False for views and second frees, and a tensor used after
+    its free is still valid memory (deepio unmaps only when the last reference dies)."""
+    h = deepio.aio_handle()
+    t = h.new_cpu_locked_tensor(N, example())
+    stats = deepio.locked_memory_stats()
+    assert stats["allocations"] >= 1
+    assert not h.free_cpu_locked_tensor(_narrow(t, 1, 10))  # not the base
+    view = _narrow(t, 0, 10)
+    assert h.free_cpu_locked_tensor(t)
+    assert not h.free_cpu_locked_tensor(t)  # second free
+    assert not h.is_pinned(t)
+    t[0] = 1  # must not crash: the memory is still mapped while referenced
+    view[1] = 2
+    assert deepio.locked_memory_stats()["released_but_referenced"] >= 1
+    before = deepio.locked_memory_stats()["allocations"]
+    del t, view
+    assert deepio.locked_memory_stats()["allocations"] == before - 1
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_dropping_a_locked_tensor_frees_it(example):
+    h = deepio.aio_handle()
+    before = deepio.locked_memory_stats()
+    t = h.new_cpu_locked_tensor(1 << 20, example())
+    mid = deepio.locked_memory_stats()
+    assert mid["allocations"] == before["allocations"] + 1
+    del t
+    assert deepio.locked_memory_stats() == before
+
+
+@needs_torch
+@pytest.mark.skipif(not TORCH_PINNED, reason="torch cannot pin host memory here (no CUDA runtime)")
+def test_torch_pinned_counts_as_pinned():  # pragma: no cover - needs a CUDA runtime
+    import torch
+
+    assert deepio.aio_handle().is_pinned(torch.empty(16).pin_memory())
+
+
+def test_unlocked_fallback_warns(tmp_dir):
+    """Where RLIMIT_MEMLOCK forbids locking (an unprivileged process over the limit), the
+    allocation is aligned, unlocked, usable, and a LockedMemoryWarning says so."""
+    script = textwrap.dedent(f"""
+        import os, resource, warnings, sys
+        import numpy as np, deepio   # before dropping privileges: site-packages may be private
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
+        if os.getuid() == 0:
+            os.setgid(65534); os.setuid(65534)   # drop CAP_IPC_LOCK, which ignores the limit
+        h = deepio.aio_handle()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            a = h.new_cpu_locked_tensor(1 << 20, np.empty(1, dtype=np.uint8))
+        assert any(issubclass(x.category, deepio.LockedMemoryWarning) for x in w), [str(x.message) for x in w]
+        assert "RLIMIT_MEMLOCK" in str(w[0].message)
+        assert h.is_pinned(a) and a.ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
+        st = deepio.locked_memory_stats()
+        assert st["locked_bytes"] == 0 and st["bytes"] == 1 << 20, st
+        a[:] = 7
+        assert h.free_cpu_locked_tensor(a)
+        print("ok")
+    """)
+    pytest.importorskip("numpy")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
