@@ -24,6 +24,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "deepio/deepio.hpp"
+#include "dsio.hpp"
 #include "group.hpp"
 #include "measure.hpp"
 
@@ -97,85 +98,6 @@ struct Config {
 std::string bool_py(bool b) { return b ? "True" : "False"; }
 std::string str_py(const std::string& s) { return "'" + s + "'"; }
 
-std::string percent(std::uint64_t part, std::uint64_t whole) {
-  if (whole == 0) return "0%";
-  return fixed(100.0 * static_cast<double>(part) / static_cast<double>(whole), 0) + "%";
-}
-
-/// "O_DIRECT 100%" / "buffered (file system refuses O_DIRECT)" from stats deltas.
-std::string io_path(std::uint64_t direct, std::uint64_t bounced, std::uint64_t buffered, std::uint64_t refused) {
-  const std::uint64_t total = direct + bounced + buffered;
-  std::string s;
-  if (total == 0) return "no I/O";
-  if (direct + bounced == total) {
-    s = "O_DIRECT 100%";
-  } else if (buffered == total) {
-    s = "buffered 100%";
-  } else {
-    s = "O_DIRECT " + percent(direct + bounced, total) + ", buffered " + percent(buffered, total);
-  }
-  if (bounced != 0) s += " (" + percent(bounced, total) + " via bounce buffer)";
-  if (refused != 0) s += ", O_DIRECT refused " + std::to_string(refused) + "x";
-  return s;
-}
-
-void write_file_plain(const std::string& path, std::size_t nbytes, std::uint64_t seed) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(errno, "cannot create", path);
-  std::vector<char> chunk(8 << 20);
-  std::size_t done = 0;
-  std::uint64_t k = 0;
-  while (done < nbytes) {
-    const std::size_t n = std::min(chunk.size(), nbytes - done);
-    fill_pattern(chunk.data(), n, seed + k++);
-    std::size_t w = 0;
-    while (w < n) {
-      const ssize_t r = ::pwrite(fd, chunk.data() + w, n - w, static_cast<off_t>(done + w));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        const int e = r < 0 ? errno : EIO;
-        ::close(fd);
-        throw Error(e, "cannot write", path, done + w, n - w);
-      }
-      w += static_cast<std::size_t>(r);
-    }
-    done += n;
-  }
-  ::fsync(fd);
-  ::close(fd);
-}
-
-/// Compares buf with the file's first nbytes read by plain pread; returns "" or the problem.
-std::string compare_with_file(const void* buf, std::size_t nbytes, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "cannot open " + path + " to validate: " + std::strerror(errno);
-  std::vector<char> chunk(8 << 20);
-  std::size_t off = 0;
-  std::string problem;
-  while (off < nbytes && problem.empty()) {
-    const std::size_t n = std::min(chunk.size(), nbytes - off);
-    std::size_t got = 0;
-    while (got < n) {
-      const ssize_t r = ::pread(fd, chunk.data() + got, n - got, static_cast<off_t>(off + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        problem = "validation read of " + path + " failed at offset " + std::to_string(off + got);
-        break;
-      }
-      got += static_cast<std::size_t>(r);
-    }
-    if (!problem.empty()) break;
-    if (std::memcmp(chunk.data(), static_cast<const char*>(buf) + off, n) != 0) {
-      std::size_t i = 0;
-      while (chunk[i] == static_cast<const char*>(buf)[off + i]) ++i;
-      problem = "validation failed: " + path + " differs from the buffer at byte " + std::to_string(off + i);
-    }
-    off += n;
-  }
-  ::close(fd);
-  return problem;
-}
-
 HandleOptions handle_options(const ParsedArgs& a, std::vector<std::string>& errors, std::size_t default_qd) {
   HandleOptions o;
   o.block_size = static_cast<std::size_t>(size_arg(a, "--block_size", errors).value_or(1 << 20));
@@ -195,79 +117,6 @@ HandleOptions handle_options(const ParsedArgs& a, std::vector<std::string>& erro
 }
 
 // ==== ds_io mode ==========================================================================
-
-struct DsIoPlan {
-  std::vector<std::string> folders;  ///< one per process (rank)
-  std::uint64_t io_size = 0;
-  bool read = false;
-  std::size_t loops = 3, warmup = 1;
-  bool include_warmup = false, different_files = false, validate = false;
-  HandleOptions handle;
-};
-
-std::string ds_io_file(const DsIoPlan& p, int tid, std::size_t loop, const std::string& folder) {
-  return folder + "/_aio_" + (p.read ? "read" : "write") + "_" + std::to_string(p.io_size) + ".pt." +
-         std::to_string(tid) + "_" + std::to_string(p.different_files ? loop : 0);
-}
-
-ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
-  ProcReport r;
-  const int tid = g.rank();
-  const std::string& folder = p.folders[static_cast<std::size_t>(tid) % p.folders.size()];
-  const std::size_t n = static_cast<std::size_t>(p.io_size);
-  const std::size_t iterations = p.warmup + p.loops;
-  const std::size_t nfiles = p.different_files ? iterations : 1;
-  if (!g.barrier()) return r;
-  // Set-up (not timed): files, buffer, handle.
-  for (std::size_t i = 0; i < nfiles; ++i) {
-    const std::string f = ds_io_file(p, tid, i, folder);
-    if (p.read) {
-      struct stat st {};
-      if (::stat(f.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != p.io_size) {
-        write_file_plain(f, n, static_cast<std::uint64_t>(tid) * 1000 + i);
-      }
-    } else {
-      ::unlink(f.c_str());
-    }
-  }
-  PinnedBuffer buf(n);
-  if (!p.read) fill_pattern(buf.data(), n, static_cast<std::uint64_t>(tid) + 7);
-  else touch_pages(buf.data(), n);
-  Handle h(p.handle);
-  r.backend = static_cast<int>(h.backend());
-  if (!g.barrier()) return r;
-  const double cpu0 = process_cpu_seconds();
-  for (std::size_t i = 0; i < iterations; ++i) {
-    const std::string f = ds_io_file(p, tid, i, folder);
-    const double t0 = now_seconds();
-    Sample s = p.read ? deepio_read(h, buf.data(), n, f) : [&] {
-      // ds_io's write op is pwrite + wait; it does not fsync.
-      const double w0 = now_seconds();
-      h.async_pwrite(buf.data(), n, f, 0);
-      h.wait();
-      return Sample{now_seconds() - w0, 0.0, n};
-    }();
-    if (!g.barrier()) return r;
-    const double t1 = now_seconds();
-    if (i >= p.warmup || p.include_warmup) {
-      r.task_sec += s.seconds;
-      r.e2e_sec += t1 - t0;
-      r.bytes += n;
-    }
-    if (p.validate) {
-      std::string problem = compare_with_file(buf.data(), n, f);
-      if (!problem.empty()) throw std::runtime_error(problem);
-    }
-  }
-  r.cpu_sec = process_cpu_seconds() - cpu0;
-  const HandleStats st = h.stats();
-  r.bytes_direct = st.bytes_direct;
-  r.bytes_bounced = st.bytes_bounced;
-  r.bytes_buffered = st.bytes_buffered;
-  r.direct_refused = st.direct_refused;
-  g.barrier();
-  return r;
-}
 
 int ds_io_main(const ParsedArgs& a, std::vector<std::string> errors, int argc, char** argv) {
   DsIoPlan p;
@@ -387,31 +236,17 @@ int ds_io_main(const ParsedArgs& a, std::vector<std::string> errors, int argc, c
   }
   if (rank != 0) return 0;
 
-  int failures = 0;
   for (std::size_t i = 0; i < reports.size(); ++i) {
-    if (reports[i].failed) {
-      ++failures;
-      std::fprintf(stderr, "%s: error: process %zu: %s\n", kProg, i, reports[i].error);
-    }
+    if (reports[i].failed) std::fprintf(stderr, "%s: error: process %zu: %s\n", kProg, i, reports[i].error);
   }
-  if (failures) return 1;
-  double task_lat = 0, e2e_lat = 0, cpu = 0;
-  std::uint64_t bytes = 0, direct = 0, bounced = 0, buffered = 0, refused = 0;
-  for (const auto& r : reports) {
-    task_lat = std::max(task_lat, r.task_sec);
-    e2e_lat = std::max(e2e_lat, r.e2e_sec);
-    bytes += r.bytes;
-    cpu += r.cpu_sec;
-    direct += r.bytes_direct;
-    bounced += r.bytes_bounced;
-    buffered += r.bytes_buffered;
-    refused += r.direct_refused;
-  }
-  const double gib = static_cast<double>(bytes) / static_cast<double>(1ULL << 30);
-  const double task_speed = task_lat > 0 ? gib / task_lat : 0.0;
-  const double e2e_speed = e2e_lat > 0 ? gib / e2e_lat : 0.0;
+  const DsIoTotals t = aggregate(reports);
+  if (!t.ok) return 1;
+  const double task_lat = t.task_latency, e2e_lat = t.e2e_latency, gib = t.gib(), cpu = t.cpu_sec;
+  const double task_speed = t.task_speed(), e2e_speed = t.e2e_speed();
+  const std::uint64_t bytes = t.bytes, direct = t.bytes_direct, bounced = t.bytes_bounced,
+                      buffered = t.bytes_buffered, refused = t.direct_refused;
   const std::string op = p.read ? "Read" : "Write";
-  const std::string backend(to_string(static_cast<BackendKind>(reports.front().backend)));
+  const std::string backend(to_string(t.backend));
   const std::string path = io_path(direct, bounced, buffered, refused);
   if (json) {
     Json j;

@@ -39,11 +39,14 @@ namespace {
 constexpr int kMaxTemp = 64;
 char g_temp_files[kMaxTemp][1024];
 volatile sig_atomic_t g_temp_count = 0;
-char g_temp_dir[1024];
+constexpr int kMaxDirs = 16;
+char g_temp_dirs[kMaxDirs][1024];
+volatile sig_atomic_t g_dir_count = 0;
+bool g_handlers_installed = false;
 
 void remove_all() noexcept {
   for (int i = 0; i < g_temp_count; ++i) ::unlink(g_temp_files[i]);
-  if (g_temp_dir[0] != '\0') ::rmdir(g_temp_dir);
+  for (int i = 0; i < g_dir_count; ++i) ::rmdir(g_temp_dirs[i]);
 }
 
 extern "C" void on_signal(int sig) {
@@ -55,16 +58,21 @@ extern "C" void on_signal(int sig) {
 
 std::string make_temp_dir(const std::string& parent, const std::string& tag) {
   std::string tmpl = parent + "/deepio-" + tag + "-XXXXXX";
-  if (tmpl.size() >= sizeof g_temp_dir - 64) throw std::runtime_error("folder path too long: " + parent);
+  if (tmpl.size() >= sizeof g_temp_dirs[0] - 64) throw std::runtime_error("folder path too long: " + parent);
+  if (g_dir_count >= kMaxDirs) throw std::runtime_error("too many folders (at most 16)");
   if (::mkdtemp(tmpl.data()) == nullptr) {
     throw std::runtime_error("cannot create a folder in " + parent + ": " + std::strerror(errno));
   }
-  std::snprintf(g_temp_dir, sizeof g_temp_dir, "%s", tmpl.c_str());
-  std::atexit(remove_all);
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  std::snprintf(g_temp_dirs[g_dir_count], sizeof g_temp_dirs[0], "%s", tmpl.c_str());
+  g_dir_count = g_dir_count + 1;
+  if (!g_handlers_installed) {
+    g_handlers_installed = true;
+    std::atexit(remove_all);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  }
   return tmpl;
 }
 
@@ -77,7 +85,7 @@ void register_temp_file(const std::string& path) {
 void remove_temp_dir() {
   remove_all();
   g_temp_count = 0;
-  g_temp_dir[0] = '\0';
+  g_dir_count = 0;
 }
 
 // ---- progress ----------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+#include "dsio.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "cli_util.hpp"
+#include "measure.hpp"
+
+namespace deepio::cli {
+
+namespace {
+std::string percent(std::uint64_t part, std::uint64_t whole) {
+  if (whole == 0) return "0%";
+  return fixed(100.0 * static_cast<double>(part) / static_cast<double>(whole), 0) + "%";
+}
+
+}  // namespace
+
+/// "O_DIRECT 100%" / "buffered (file system refuses O_DIRECT)" from stats deltas.
+std::string io_path(std::uint64_t direct, std::uint64_t bounced, std::uint64_t buffered, std::uint64_t refused) {
+  const std::uint64_t total = direct + bounced + buffered;
+  std::string s;
+  if (total == 0) return "no I/O";
+  if (direct + bounced == total) {
+    s = "O_DIRECT 100%";
+  } else if (buffered == total) {
+    s = "buffered 100%";
+  } else {
+    s = "O_DIRECT " + percent(direct + bounced, total) + ", buffered " + percent(buffered, total);
+  }
+  if (bounced != 0) s += " (" + percent(bounced, total) + " via bounce buffer)";
+  if (refused != 0) s += ", O_DIRECT refused " + std::to_string(refused) + "x";
+  return s;
+}
+
+void write_file_plain(const std::string& path, std::size_t nbytes, std::uint64_t seed) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(errno, "cannot create", path);
+  std::vector<char> chunk(8 << 20);
+  std::size_t done = 0;
+  std::uint64_t k = 0;
+  while (done < nbytes) {
+    const std::size_t n = std::min(chunk.size(), nbytes - done);
+    fill_pattern(chunk.data(), n, seed + k++);
+    std::size_t w = 0;
+    while (w < n) {
+      const ssize_t r = ::pwrite(fd, chunk.data() + w, n - w, static_cast<off_t>(done + w));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        const int e = r < 0 ? errno : EIO;
+        ::close(fd);
+        throw Error(e, "cannot write", path, done + w, n - w);
+      }
+      w += static_cast<std::size_t>(r);
+    }
+    done += n;
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+/// Compares buf with the file's first nbytes read by plain pread; returns "" or the problem.
+std::string compare_with_file(const void* buf, std::size_t nbytes, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot open " + path + " to validate: " + std::strerror(errno);
+  std::vector<char> chunk(8 << 20);
+  std::size_t off = 0;
+  std::string problem;
+  while (off < nbytes && problem.empty()) {
+    const std::size_t n = std::min(chunk.size(), nbytes - off);
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, chunk.data() + got, n - got, static_cast<off_t>(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        problem = "validation read of " + path + " failed at offset " + std::to_string(off + got);
+        break;
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    if (!problem.empty()) break;
+    if (std::memcmp(chunk.data(), static_cast<const char*>(buf) + off, n) != 0) {
+      std::size_t i = 0;
+      while (chunk[i] == static_cast<const char*>(buf)[off + i]) ++i;
+      problem = "validation failed: " + path + " differs from the buffer at byte " + std::to_string(off + i);
+    }
+    off += n;
+  }
+  ::close(fd);
+  return problem;
+}
+
+
+std::string ds_io_file(const DsIoPlan& p, int tid, std::size_t loop, const std::string& folder) {
+  return folder + "/_aio_" + (p.read ? "read" : "write") + "_" + std::to_string(p.io_size) + ".pt." +
+         std::to_string(tid) + "_" + std::to_string(p.different_files ? loop : 0);
+}
+
+ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
+  ProcReport r;
+  const int tid = g.rank();
+  const std::string& folder = p.folders[static_cast<std::size_t>(tid) % p.folders.size()];
+  const std::size_t n = static_cast<std::size_t>(p.io_size);
+  const std::size_t iterations = p.warmup + p.loops;
+  const std::size_t nfiles = p.different_files ? iterations : 1;
+  if (!g.barrier()) return r;
+  // Set-up (not timed): files, buffer, handle.
+  for (std::size_t i = 0; i < nfiles; ++i) {
+    const std::string f = ds_io_file(p, tid, i, folder);
+    if (p.read) {
+      struct stat st {};
+      if (::stat(f.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != p.io_size) {
+        write_file_plain(f, n, static_cast<std::uint64_t>(tid) * 1000 + i);
+      }
+    } else {
+      ::unlink(f.c_str());
+    }
+  }
+  PinnedBuffer buf(n);
+  if (!p.read) fill_pattern(buf.data(), n, static_cast<std::uint64_t>(tid) + 7);
+  else touch_pages(buf.data(), n);
+  Handle h(p.handle);
+  r.backend = static_cast<int>(h.backend());
+  if (!g.barrier()) return r;
+  const double cpu0 = process_cpu_seconds();
+  for (std::size_t i = 0; i < iterations; ++i) {
+    const std::string f = ds_io_file(p, tid, i, folder);
+    const double t0 = now_seconds();
+    Sample s = p.read ? deepio_read(h, buf.data(), n, f) : [&] {
+      // ds_io's write op is pwrite + wait; it does not fsync.
+      const double w0 = now_seconds();
+      h.async_pwrite(buf.data(), n, f, 0);
+      h.wait();
+      return Sample{now_seconds() - w0, 0.0, n};
+    }();
+    if (!g.barrier()) return r;
+    const double t1 = now_seconds();
+    if (i >= p.warmup || p.include_warmup) {
+      r.task_sec += s.seconds;
+      r.e2e_sec += t1 - t0;
+      r.bytes += n;
+    }
+    if (p.validate) {
+      std::string problem = compare_with_file(buf.data(), n, f);
+      if (!problem.empty()) throw std::runtime_error(problem);
+    }
+  }
+  r.cpu_sec = process_cpu_seconds() - cpu0;
+  const HandleStats st = h.stats();
+  r.bytes_direct = st.bytes_direct;
+  r.bytes_bounced = st.bytes_bounced;
+  r.bytes_buffered = st.bytes_buffered;
+  r.direct_refused = st.direct_refused;
+  g.barrier();
+  return r;
+}
+
+
+DsIoTotals aggregate(const std::vector<ProcReport>& reports) {
+  DsIoTotals t;
+  t.processes = static_cast<int>(reports.size());
+  t.ok = true;
+  for (const auto& r : reports) {
+    if (r.failed) {
+      if (t.ok) t.error = r.error;
+      t.ok = false;
+    }
+    t.task_latency = std::max(t.task_latency, r.task_sec);
+    t.e2e_latency = std::max(t.e2e_latency, r.e2e_sec);
+    t.bytes += r.bytes;
+    t.cpu_sec += r.cpu_sec;
+    t.bytes_direct += r.bytes_direct;
+    t.bytes_bounced += r.bytes_bounced;
+    t.bytes_buffered += r.bytes_buffered;
+    t.direct_refused += r.direct_refused;
+  }
+  if (!reports.empty()) t.backend = static_cast<BackendKind>(reports.front().backend);
+  return t;
+}
+
+DsIoTotals ds_io_run(const DsIoPlan& plan) {
+  return aggregate(run_local(static_cast<int>(plan.folders.size()),
+                             [&plan](Group& g) { return ds_io_process(plan, g); }));
+}
+
+}  // namespace deepio::cli
