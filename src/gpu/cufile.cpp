@@ -1,0 +1,234 @@
+#include "gpu/cufile.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <new>
+
+#include "gpu/loader.hpp"
+
+namespace deepio::detail::gpu {
+
+namespace {
+
+const char* op_error_name(CUfileOpError e) noexcept {
+  switch (e) {
+    case CU_FILE_SUCCESS: return "CU_FILE_SUCCESS";
+    case 5001: return "CU_FILE_DRIVER_NOT_INITIALIZED";
+    case 5002: return "CU_FILE_DRIVER_INVALID_PROPS";
+    case 5003: return "CU_FILE_DRIVER_UNSUPPORTED_LIMIT";
+    case 5004: return "CU_FILE_DRIVER_VERSION_MISMATCH";
+    case 5005: return "CU_FILE_DRIVER_VERSION_READ_ERROR";
+    case 5006: return "CU_FILE_DRIVER_CLOSING";
+    case 5007: return "CU_FILE_PLATFORM_NOT_SUPPORTED";
+    case 5008: return "CU_FILE_IO_NOT_SUPPORTED";
+    case 5009: return "CU_FILE_DEVICE_NOT_SUPPORTED";
+    case 5010: return "CU_FILE_NVFS_DRIVER_ERROR";
+    case 5011: return "CU_FILE_CUDA_DRIVER_ERROR";
+    case 5012: return "CU_FILE_CUDA_POINTER_INVALID";
+    case 5013: return "CU_FILE_CUDA_MEMORY_TYPE_INVALID";
+    case 5014: return "CU_FILE_CUDA_POINTER_RANGE_ERROR";
+    case 5015: return "CU_FILE_CUDA_CONTEXT_MISMATCH";
+    case 5016: return "CU_FILE_INVALID_MAPPING_SIZE";
+    case 5017: return "CU_FILE_INVALID_MAPPING_RANGE";
+    case 5018: return "CU_FILE_INVALID_FILE_TYPE";
+    case 5019: return "CU_FILE_INVALID_FILE_OPEN_FLAG";
+    case 5020: return "CU_FILE_DIO_NOT_SET";
+    case 5022: return "CU_FILE_INVALID_VALUE";
+    case 5023: return "CU_FILE_MEMORY_ALREADY_REGISTERED";
+    case 5024: return "CU_FILE_MEMORY_NOT_REGISTERED";
+    case 5025: return "CU_FILE_PERMISSION_DENIED";
+    case 5026: return "CU_FILE_DRIVER_ALREADY_OPEN";
+    case 5027: return "CU_FILE_HANDLE_NOT_REGISTERED";
+    case 5028: return "CU_FILE_HANDLE_ALREADY_REGISTERED";
+    case 5029: return "CU_FILE_DEVICE_NOT_FOUND";
+    case 5030: return "CU_FILE_INTERNAL_ERROR";
+    case 5031: return "CU_FILE_GETNEWFD_FAILED";
+    case 5033: return "CU_FILE_NVFS_SETUP_ERROR";
+    case 5034: return "CU_FILE_IO_DISABLED";
+    case 5035: return "CU_FILE_BATCH_SUBMIT_FAILED";
+    case 5036: return "CU_FILE_GPU_MEMORY_PINNING_FAILED";
+    case 5037: return "CU_FILE_BATCH_FULL";
+    case 5038: return "CU_FILE_ASYNC_NOT_SUPPORTED";
+    default: return nullptr;
+  }
+}
+
+int op_error_errno(CUfileOpError e) noexcept {
+  if (cufile_unsupported(e)) return ENOTSUP;
+  switch (e) {
+    case CU_FILE_PERMISSION_DENIED: return EACCES;
+    case CU_FILE_INVALID_VALUE:
+    case CU_FILE_CUDA_POINTER_INVALID:
+    case CU_FILE_CUDA_MEMORY_TYPE_INVALID:
+    case CU_FILE_CUDA_POINTER_RANGE_ERROR: return EINVAL;
+    default: return EIO;
+  }
+}
+
+std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates, Status* why) {
+  Library lib;
+  Status st = open_library(candidates, &lib);
+  if (!st.ok()) {
+    if (why != nullptr) *why = Status::failure(ENOTSUP, "cuFile not found: " + st.message);
+    return nullptr;
+  }
+  auto api = std::make_unique<CuFileApi>();
+  api->library = lib.name;
+  std::string missing;
+  resolve(lib, "cuFileDriverOpen", &api->cuFileDriverOpen, &missing);
+  // cufile.h maps cuFileDriverClose to cuFileDriverClose_v2, the close that honours the
+  // reference count; the plain name (which tears the library down) is only for old releases.
+  api->cuFileDriverClose =
+      reinterpret_cast<CUfileError_t (*)()>(find_symbol(lib, "cuFileDriverClose_v2"));
+  api->close_is_v2 = api->cuFileDriverClose != nullptr;
+  if (!api->close_is_v2) resolve(lib, "cuFileDriverClose", &api->cuFileDriverClose, &missing);
+  resolve(lib, "cuFileHandleRegister", &api->cuFileHandleRegister, &missing);
+  resolve(lib, "cuFileHandleDeregister", &api->cuFileHandleDeregister, &missing);
+  resolve(lib, "cuFileBufRegister", &api->cuFileBufRegister, &missing);
+  resolve(lib, "cuFileBufDeregister", &api->cuFileBufDeregister, &missing);
+  resolve(lib, "cuFileRead", &api->cuFileRead, &missing);
+  resolve(lib, "cuFileWrite", &api->cuFileWrite, &missing);
+  if (!missing.empty()) {
+    if (why != nullptr) *why = Status::failure(ENOTSUP, lib.name + " lacks " + missing);
+    return nullptr;
+  }
+  std::string optional_missing;  // optional entry points may be absent
+  resolve(lib, "cuFileDriverSetMaxDirectIOSize", &api->cuFileDriverSetMaxDirectIOSize,
+          &optional_missing);
+  resolve(lib, "cuFileDriverGetProperties", &api->cuFileDriverGetProperties, &optional_missing);
+  resolve(lib, "cuFileGetVersion", &api->cuFileGetVersion, &optional_missing);
+  if (why != nullptr) *why = Status::success();
+  return api;
+}
+
+struct Global {
+  std::unique_ptr<CuFileApi> api;
+  Status why;
+};
+
+Global& global() noexcept {
+  static Global g = []() noexcept {
+    Global out;
+    try {
+      const LibraryChoice choice = cufile_library_choice();
+      if (choice.disabled) {
+        out.why = Status::failure(ENOTSUP, "cuFile disabled: " + choice.from_env + "=none");
+        return out;
+      }
+      out.api = load_from(choice.candidates, &out.why);
+      if (out.api == nullptr && !choice.from_env.empty()) {
+        out.why.message += " (library chosen by " + choice.from_env + ")";
+      }
+    } catch (const std::bad_alloc&) {
+      out.api.reset();
+      out.why.errnum = ENOMEM;
+    }
+    return out;
+  }();
+  return g;
+}
+
+}  // namespace
+
+bool cufile_unsupported(CUfileOpError err) noexcept {
+  switch (err) {
+    case CU_FILE_DRIVER_NOT_INITIALIZED:
+    case CU_FILE_PLATFORM_NOT_SUPPORTED:
+    case CU_FILE_IO_NOT_SUPPORTED:
+    case CU_FILE_DEVICE_NOT_SUPPORTED:
+    case CU_FILE_NVFS_DRIVER_ERROR:
+    case CU_FILE_INVALID_FILE_TYPE:
+    case CU_FILE_INVALID_FILE_OPEN_FLAG:
+    case 5020:  // CU_FILE_DIO_NOT_SET
+    case CU_FILE_IO_DISABLED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+CuFileApi* cufile_mutable(Status* why) noexcept {
+  Global& g = global();
+  if (why != nullptr && g.api == nullptr) {
+    try {
+      *why = g.why;
+    } catch (...) {
+      why->errnum = g.why.errnum;
+    }
+  }
+  return g.api.get();
+}
+
+const CuFileApi* cufile(Status* why) noexcept { return cufile_mutable(why); }
+
+std::unique_ptr<CuFileApi> load_cufile(const std::string& library, Status* why) {
+  return load_from({library}, why);
+}
+
+std::string cufile_error_text(const CudaApi* cuda_api, CUfileError_t e) {
+  const char* name = op_error_name(e.err);
+  std::string s = name != nullptr ? std::string(name) : "cuFile error " + std::to_string(e.err);
+  if (e.err == CU_FILE_CUDA_DRIVER_ERROR) s += " (" + cuda_error_text(cuda_api, e.cu_err) + ")";
+  return s;
+}
+
+Status cufile_status(const CudaApi* cuda_api, CUfileError_t e, const char* what) {
+  return Status::failure(op_error_errno(e.err),
+                         std::string(what) + ": " + cufile_error_text(cuda_api, e));
+}
+
+Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno,
+                        const char* what) {
+  if (result == -1) {
+    const int errnum = saved_errno != 0 ? saved_errno : EIO;
+    return Status::failure(errnum, std::string(what) + ": file system error (errno " +
+                                       std::to_string(errnum) + ")");
+  }
+  const auto code = static_cast<CUfileOpError>(-result);
+  return cufile_status(cuda_api, CUfileError_t{code, CUDA_SUCCESS}, what);
+}
+
+Status DriverRef::acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib,
+                          DriverRef* out) {
+  if (api == nullptr) return Status::failure(ENOTSUP, "cuFile not loaded");
+  std::lock_guard lock(api->driver_mutex);
+  if (api->driver_refs == 0) {
+    const CUfileError_t e = api->cuFileDriverOpen();
+    if (e.err != CU_FILE_SUCCESS) return cufile_status(cuda_api, e, "cuFileDriverOpen");
+    ++api->driver_opens;
+    api->driver_note.clear();
+    if (max_direct_io_kib > 0 && api->cuFileDriverSetMaxDirectIOSize != nullptr) {
+      const CUfileError_t s = api->cuFileDriverSetMaxDirectIOSize(max_direct_io_kib);
+      if (s.err != CU_FILE_SUCCESS) {
+        api->driver_note = "cuFileDriverSetMaxDirectIOSize(" + std::to_string(max_direct_io_kib) +
+                           " KiB) refused: " + cufile_error_text(cuda_api, s);
+      }
+    }
+  }
+  ++api->driver_refs;
+  out->reset();
+  out->api_ = api;
+  return Status::success();
+}
+
+void DriverRef::reset() noexcept {
+  if (api_ == nullptr) return;
+  CuFileApi* api = api_;
+  api_ = nullptr;
+  std::lock_guard lock(api->driver_mutex);
+  if (--api->driver_refs != 0) return;
+  {
+    // Registrations do not survive the driver: release them first, as cuFile requires.
+    std::lock_guard reg_lock(api->buffers.mutex);
+    for (auto& [base, entry] : api->buffers.entries) {
+      if (entry.cufile_registered) {
+        (void)api->cuFileBufDeregister(reinterpret_cast<const void*>(base));
+      }
+    }
+    api->buffers.entries.clear();
+  }
+  // A close error leaves nothing to do: the library is unusable either way.
+  (void)api->cuFileDriverClose();
+}
+
+}  // namespace deepio::detail::gpu

@@ -1,0 +1,344 @@
+/* A fake CUDA driver with host-memory semantics, for testing deepio's loader and GDS engine
+ * without a GPU. "Device" memory is malloc'd and recorded in a table; copies are memcpy;
+ * streams and events are trivial; cuPointerGetAttribute answers from the table. Exports the
+ * versioned names libcuda.so.1 exports (cuMemAlloc_v2, ...). Built with -DFAKE_CUDA_OLD it
+ * exports only unversioned names, like a driver too old for deepio.
+ *
+ * Test controls (resolved by tests with dlsym):
+ *   deepio_fake_cuda_set_result(name, result, after): the entry point `name` returns `result`
+ *     once, after `after` more successful calls; name NULL clears.
+ *   deepio_fake_cuda_set_device_count(n), deepio_fake_cuda_live_allocations(),
+ *   deepio_fake_cuda_find(ptr, size, &base, &nbytes) (used by the fake cuFile). */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+enum { MAX_ALLOCS = 4096 };
+struct alloc { uintptr_t base; size_t nbytes; int host_registered; };
+static struct alloc allocs[MAX_ALLOCS];
+static int device_count = 1;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static char fail_name[64];
+static CUresult fail_result;
+static int fail_after;
+static int ctx_storage[8];
+static int ctx_refs[8];
+static __thread void* current_ctx;
+
+static CUresult injected(const char* name) {
+  CUresult r = 0;
+  pthread_mutex_lock(&lock);
+  if (fail_name[0] != '\0' && strcmp(fail_name, name) == 0) {
+    if (fail_after == 0) {
+      r = fail_result;
+      fail_name[0] = '\0';
+    } else {
+      --fail_after;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+/* Finds the device allocation holding [p, p+n); returns 1 and its base/size. */
+EXPORT int deepio_fake_cuda_find(uintptr_t p, size_t n, uintptr_t* base, size_t* nbytes) {
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base != 0 && !allocs[i].host_registered && p >= allocs[i].base &&
+        p < allocs[i].base + allocs[i].nbytes && n <= allocs[i].base + allocs[i].nbytes - p) {
+      if (base) *base = allocs[i].base;
+      if (nbytes) *nbytes = allocs[i].nbytes;
+      found = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return found;
+}
+
+static int find_host(uintptr_t p) {
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base != 0 && allocs[i].host_registered && p >= allocs[i].base &&
+        p < allocs[i].base + allocs[i].nbytes) {
+      found = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return found;
+}
+
+static int record(uintptr_t base, size_t n, int host) {
+  int ok = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base == 0) {
+      allocs[i].base = base;
+      allocs[i].nbytes = n;
+      allocs[i].host_registered = host;
+      ok = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+static int forget(uintptr_t base, int host) {
+  int ok = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base == base && allocs[i].host_registered == host) {
+      allocs[i].base = 0;
+      ok = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+EXPORT void deepio_fake_cuda_set_result(const char* name, CUresult result, int after) {
+  pthread_mutex_lock(&lock);
+  if (name == NULL) {
+    fail_name[0] = '\0';
+  } else {
+    strncpy(fail_name, name, sizeof fail_name - 1);
+    fail_name[sizeof fail_name - 1] = '\0';
+  }
+  fail_result = result;
+  fail_after = after;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT void deepio_fake_cuda_set_device_count(int n) {
+  pthread_mutex_lock(&lock);
+  device_count = n;
+  pthread_mutex_unlock(&lock);
+}
+
+EXPORT int deepio_fake_cuda_live_allocations(void) {
+  int n = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) n += allocs[i].base != 0 && !allocs[i].host_registered;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+EXPORT int deepio_fake_cuda_context_refs(int device) {
+  pthread_mutex_lock(&lock);
+  int r = device >= 0 && device < 8 ? ctx_refs[device] : -1;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+#define CHECK(name)                      \
+  do {                                   \
+    CUresult inj_ = injected(name);      \
+    if (inj_ != 0) return inj_;          \
+  } while (0)
+
+EXPORT CUresult cuInit(unsigned int flags) {
+  CHECK("cuInit");
+  return flags == 0 ? 0 : 1;
+}
+EXPORT CUresult cuDriverGetVersion(int* v) {
+  CHECK("cuDriverGetVersion");
+  *v = 12040;
+  return 0;
+}
+EXPORT CUresult cuDeviceGetCount(int* n) {
+  CHECK("cuDeviceGetCount");
+  pthread_mutex_lock(&lock);
+  *n = device_count;
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+EXPORT CUresult cuDeviceGet(int* dev, int ordinal) {
+  CHECK("cuDeviceGet");
+  if (ordinal < 0 || ordinal >= device_count || ordinal >= 8) return 101;
+  *dev = ordinal;
+  return 0;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+  CHECK("cuDevicePrimaryCtxRetain");
+  if (dev < 0 || dev >= 8) return 101;
+  pthread_mutex_lock(&lock);
+  ++ctx_refs[dev];
+  pthread_mutex_unlock(&lock);
+  *ctx = &ctx_storage[dev];
+  return 0;
+}
+static CUresult primary_release(int dev) {
+  if (dev < 0 || dev >= 8) return 101;
+  CUresult r = 0;
+  pthread_mutex_lock(&lock);
+  if (ctx_refs[dev] == 0) r = 201;
+  else --ctx_refs[dev];
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+EXPORT CUresult cuCtxSetCurrent(void* ctx) {
+  CHECK("cuCtxSetCurrent");
+  current_ctx = ctx;
+  return 0;
+}
+EXPORT CUresult cuCtxGetCurrent(void** ctx) {
+  *ctx = current_ctx;
+  return 0;
+}
+EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
+  CHECK("cuPointerGetAttribute");
+  const uintptr_t p = (uintptr_t)ptr;
+  if (deepio_fake_cuda_find(p, 0, NULL, NULL)) {
+    if (attribute == 2) *(unsigned int*)data = 2; /* MEMORY_TYPE: DEVICE */
+    else if (attribute == 9) *(int*)data = 0;     /* DEVICE_ORDINAL */
+    else return 1;
+    return 0;
+  }
+  if (find_host(p)) {
+    if (attribute == 2) *(unsigned int*)data = 1; /* HOST */
+    else if (attribute == 9) *(int*)data = 0;
+    else return 1;
+    return 0;
+  }
+  return 1; /* CUDA_ERROR_INVALID_VALUE: memory unknown to CUDA */
+}
+
+static CUresult alloc_impl(CUdeviceptr* p, size_t n) {
+  CHECK("cuMemAlloc");
+  if (n == 0) return 1;
+  void* m = malloc(n);
+  if (m == NULL) return 2;
+  memset(m, 0xA5, n);
+  if (!record((uintptr_t)m, n, 0)) {
+    free(m);
+    return 2;
+  }
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return 0;
+}
+static CUresult free_impl(CUdeviceptr p) {
+  CHECK("cuMemFree");
+  if (!forget((uintptr_t)p, 0)) return 1;
+  free((void*)(uintptr_t)p);
+  return 0;
+}
+static CUresult htod(CUdeviceptr dst, const void* src, size_t n) {
+  CHECK("cuMemcpyHtoD");
+  if (!deepio_fake_cuda_find((uintptr_t)dst, n, NULL, NULL)) return 1;
+  memcpy((void*)(uintptr_t)dst, src, n);
+  return 0;
+}
+static CUresult dtoh(void* dst, CUdeviceptr src, size_t n) {
+  CHECK("cuMemcpyDtoH");
+  if (!deepio_fake_cuda_find((uintptr_t)src, n, NULL, NULL)) return 1;
+  memcpy(dst, (const void*)(uintptr_t)src, n);
+  return 0;
+}
+static CUresult host_register(void* p, size_t n, unsigned int flags) {
+  (void)flags;
+  CHECK("cuMemHostRegister");
+  if (find_host((uintptr_t)p)) return 712;
+  return record((uintptr_t)p, n, 1) ? 0 : 2;
+}
+
+struct object { int kind; };
+static CUresult object_create(void** out, int kind) {
+  struct object* o = malloc(sizeof *o);
+  if (o == NULL) return 2;
+  o->kind = kind;
+  *out = o;
+  return 0;
+}
+
+#ifdef FAKE_CUDA_OLD
+#define V2(name) name
+#else
+#define V2(name) name##_v2
+#endif
+
+EXPORT CUresult V2(cuDevicePrimaryCtxRelease)(int dev) { return primary_release(dev); }
+EXPORT CUresult V2(cuMemAlloc)(CUdeviceptr* p, size_t n) { return alloc_impl(p, n); }
+EXPORT CUresult V2(cuMemFree)(CUdeviceptr p) { return free_impl(p); }
+EXPORT CUresult V2(cuMemcpyHtoD)(CUdeviceptr d, const void* s, size_t n) { return htod(d, s, n); }
+EXPORT CUresult V2(cuMemcpyDtoH)(void* d, CUdeviceptr s, size_t n) { return dtoh(d, s, n); }
+EXPORT CUresult V2(cuMemcpyHtoDAsync)(CUdeviceptr d, const void* s, size_t n, void* st) {
+  (void)st;
+  return htod(d, s, n);
+}
+EXPORT CUresult V2(cuMemcpyDtoHAsync)(void* d, CUdeviceptr s, size_t n, void* st) {
+  (void)st;
+  return dtoh(d, s, n);
+}
+EXPORT CUresult V2(cuMemHostRegister)(void* p, size_t n, unsigned int f) { return host_register(p, n, f); }
+EXPORT CUresult V2(cuStreamDestroy)(void* s) { free(s); return 0; }
+EXPORT CUresult V2(cuEventDestroy)(void* e) { free(e); return 0; }
+
+EXPORT CUresult cuMemHostUnregister(void* p) {
+  CHECK("cuMemHostUnregister");
+  return forget((uintptr_t)p, 1) ? 0 : 713;
+}
+EXPORT CUresult cuStreamCreate(void** s, unsigned int flags) {
+  (void)flags;
+  CHECK("cuStreamCreate");
+  return object_create(s, 1);
+}
+EXPORT CUresult cuStreamSynchronize(void* s) {
+  (void)s;
+  CHECK("cuStreamSynchronize");
+  return 0;
+}
+EXPORT CUresult cuEventCreate(void** e, unsigned int flags) {
+  (void)flags;
+  CHECK("cuEventCreate");
+  return object_create(e, 2);
+}
+EXPORT CUresult cuEventRecord(void* e, void* s) {
+  (void)e;
+  (void)s;
+  CHECK("cuEventRecord");
+  return 0;
+}
+EXPORT CUresult cuEventQuery(void* e) {
+  (void)e;
+  CHECK("cuEventQuery");
+  return 0;
+}
+EXPORT CUresult cuEventSynchronize(void* e) {
+  (void)e;
+  CHECK("cuEventSynchronize");
+  return 0;
+}
+EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {
+  switch (r) {
+    case 0: *s = "CUDA_SUCCESS"; return 0;
+    case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
+    case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
+    case 101: *s = "CUDA_ERROR_INVALID_DEVICE"; return 0;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
+    default: *s = NULL; return 1;
+  }
+}
+EXPORT CUresult cuGetErrorString(CUresult r, const char** s) {
+  switch (r) {
+    case 0: *s = "no error"; return 0;
+    case 1: *s = "invalid argument"; return 0;
+    case 2: *s = "out of memory"; return 0;
+    case 100: *s = "no CUDA-capable device is detected"; return 0;
+    case 101: *s = "invalid device ordinal"; return 0;
+    case 700: *s = "an illegal memory access was encountered (fake)"; return 0;
+    default: *s = NULL; return 1;
+  }
+}

@@ -1,0 +1,449 @@
+// deepio::GdsHandle over the fake CUDA driver and fake libcufile: chunking and parallelism,
+// the registration cache, the driver reference count, error paths and the compat fallback.
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "deepio/gpu.hpp"
+#include "gpu/cuda.hpp"
+#include "gpu/cufile.hpp"
+#include "gpu/gds_engine.hpp"
+#include "gpu_support.hpp"
+
+namespace {
+
+using namespace deepio;
+using namespace deepio::detail::gpu;
+using deepio::gputest::fake_symbol;
+using deepio::gputest::pattern;
+using deepio::gputest::put;
+using deepio::gputest::slurp;
+using deepio::gputest::TempDir;
+
+struct FakeStats {
+  long opens, closes, refs, io_calls, max_io, max_concurrency, buffers, handles;
+};
+
+FakeStats fake_stats() {
+  long v[8];
+  fake_symbol<void(long*)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_stats")(v);
+  return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+}
+template <typename... A>
+void control(const char* name, A... args) {
+  fake_symbol<void(A...)>(DEEPIO_FAKE_CUFILE, name)(args...);
+}
+
+class FakeGds : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    deepio::detail::Status why;
+    cuda_ = load_cuda(DEEPIO_FAKE_CUDA, &why);
+    ASSERT_NE(cuda_, nullptr) << why.message;
+    cufile_ = load_cufile(DEEPIO_FAKE_CUFILE, &why);
+    ASSERT_NE(cufile_, nullptr) << why.message;
+    control("deepio_fake_cufile_reset");
+    live_before_ = fake_symbol<int()>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_live_allocations")();
+  }
+  void TearDown() override {
+    control("deepio_fake_cufile_reset");
+    EXPECT_EQ(fake_symbol<int()>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_live_allocations")(), live_before_)
+        << "device memory leaked";
+  }
+  GdsHandle handle(GdsOptions o = {}, bool with_cufile = true) {
+    return make_gds_handle(o, cuda_.get(), {}, with_cufile ? cufile_.get() : nullptr,
+                           deepio::detail::Status::failure(ENOTSUP, "cuFile not found: test"));
+  }
+  std::byte* device_alloc(std::size_t n) {
+    CUdeviceptr d = 0;
+    EXPECT_EQ(cuda_->cuMemAlloc(&d, n), CUDA_SUCCESS);
+    return reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(d));
+  }
+  void device_free(void* p) {
+    EXPECT_EQ(cuda_->cuMemFree(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p))), CUDA_SUCCESS);
+  }
+  std::unique_ptr<CudaApi> cuda_;
+  std::unique_ptr<CuFileApi> cufile_;
+  TempDir dir_;
+  int live_before_ = 0;
+};
+
+TEST_F(FakeGds, RoundTripSplitsIntoParallelBlockSizedChunks) {
+  control("deepio_fake_cufile_delay_us", 20000u);
+  auto h = handle({.block_size = 64 << 10, .intra_op_parallelism = 4});
+  EXPECT_EQ(h.mode(), "gds") << h.mode_reason();
+  const std::size_t n = 5 * (64 << 10) + 123;  // not a multiple of the chunk
+  const auto data = pattern(n, 1);
+  std::byte* dev = device_alloc(n);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("a.bin");
+  h.async_pwrite(dev, n, f, 0);
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_EQ(slurp(f), data);
+  auto s = fake_stats();
+  EXPECT_EQ(s.io_calls, 6);
+  EXPECT_EQ(s.max_io, 64 << 10);
+  EXPECT_GE(s.max_concurrency, 2);
+  EXPECT_EQ(s.handles, 0) << "file handle not deregistered";
+
+  std::byte* back = device_alloc(n);
+  EXPECT_EQ(h.sync_pread(back, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
+  const auto st = h.stats();
+  EXPECT_EQ(st.ops_completed, 2u);
+  EXPECT_EQ(st.bytes_cufile, 2 * n);
+  EXPECT_EQ(st.bytes_staged, 0u);
+  EXPECT_EQ(st.chunks, 12u);
+  EXPECT_EQ(fake_symbol<std::size_t()>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_max_direct_kib")(), 64u);
+  device_free(dev);
+  device_free(back);
+}
+
+TEST_F(FakeGds, FileOffsetsWritesDoNotTruncateAndWaitCounts) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::string f = dir_.file("b.bin");
+  const auto base = pattern(20000, 2);
+  put(f, base);
+  const auto patch = pattern(5000, 3);
+  std::byte* dev = device_alloc(5000);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), patch.data(), 5000), CUDA_SUCCESS);
+  EXPECT_EQ(h.wait(), 0u);
+  h.async_pwrite(dev, 5000, f, 7001);
+  h.async_pwrite(dev, 0, f, 0);  // an empty op still counts
+  EXPECT_EQ(h.wait(), 2u);
+  auto expect = base;
+  std::memcpy(expect.data() + 7001, patch.data(), 5000);
+  EXPECT_EQ(slurp(f), expect);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, PinnedBuffersAreUsedByBaseAndOffsetAndRangeChecked) {
+  auto h = handle({.block_size = 1000});
+  const std::size_t n = 8192;
+  std::byte* dev = device_alloc(n);
+  ASSERT_TRUE(h.pin_device_buffer(dev, n));
+  EXPECT_TRUE(h.pin_device_buffer(dev, n));  // same registration: no-op
+  EXPECT_EQ(fake_stats().buffers, 1);
+  const std::string f = dir_.file("c.bin");
+  const auto data = pattern(n, 4);
+  put(f, data);
+  // A view inside the pinned buffer: cuFile gets the base and an offset.
+  ASSERT_EQ(h.sync_pread(dev + 100, 3000, f, 100), 1u);
+  std::uintptr_t last_base = 0;
+  long last_off = 0;
+  fake_symbol<void(std::uintptr_t*, long*)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_last_io")(&last_base, &last_off);
+  EXPECT_EQ(last_base, reinterpret_cast<std::uintptr_t>(dev));
+  EXPECT_EQ(last_off, 100 + 2000);  // the third chunk
+  EXPECT_EQ(std::memcmp(dev + 100, data.data() + 100, 3000), 0);
+  // Crossing the end of the registration is refused at submission (DeepNVMe did not check).
+  try {
+    h.async_pread(dev + 8000, 500, f, 0);
+    ADD_FAILURE() << "accepted a range past the pinned buffer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_NE(e.message().find("crosses the end of pinned buffer"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), f);
+  }
+  EXPECT_THROW(h.pin_device_buffer(dev + 4096, 100), Error);  // overlaps
+  std::vector<char> host(64);
+  try {
+    h.pin_device_buffer(host.data(), host.size());
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+  }
+  EXPECT_FALSE(h.unpin_device_buffer(dev + 1));
+  EXPECT_TRUE(h.unpin_device_buffer(dev));
+  EXPECT_FALSE(h.unpin_device_buffer(dev));
+  EXPECT_EQ(fake_stats().buffers, 0);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, UnpinWhileInFlightIsEBUSY) {
+  control("deepio_fake_cufile_delay_us", 100000u);
+  auto h = handle({.block_size = 4096});
+  std::byte* dev = device_alloc(4096);
+  ASSERT_TRUE(h.pin_device_buffer(dev, 4096));
+  const std::string f = dir_.file("busy.bin");
+  put(f, pattern(4096, 13));
+  h.async_pread(dev, 4096, f, 0);
+  try {
+    h.unpin_device_buffer(dev);
+    ADD_FAILURE() << "unpinned a buffer under I/O";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EBUSY);
+  }
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_TRUE(h.unpin_device_buffer(dev));
+  device_free(dev);
+}
+
+TEST_F(FakeGds, NewAndFreePinnedDeviceBuffer) {
+  auto h = handle();
+  void* p = h.new_pinned_device_buffer(1 << 16);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(classify(cuda_.get(), p).is_device);
+  EXPECT_EQ(fake_stats().buffers, 1);
+  EXPECT_TRUE(h.free_pinned_device_buffer(p));
+  EXPECT_EQ(fake_stats().buffers, 0);
+  std::vector<char> host(8);
+  EXPECT_FALSE(h.free_pinned_device_buffer(host.data()));
+}
+
+TEST_F(FakeGds, DriverOpensOnceAndClosesWithTheLastHandleDeregisteringLeftovers) {
+  std::byte* dev = device_alloc(4096);
+  {
+    auto a = handle();
+    {
+      auto b = handle();
+      EXPECT_EQ(fake_stats().opens, 1);
+      ASSERT_TRUE(b.pin_device_buffer(dev, 4096));
+    }
+    EXPECT_EQ(fake_stats().refs, 1);
+    EXPECT_EQ(fake_stats().buffers, 1);  // pins outlive the handle that made them
+  }
+  const auto s = fake_stats();
+  EXPECT_EQ(s.opens, 1);
+  EXPECT_EQ(s.closes, 1);
+  EXPECT_EQ(s.refs, 0);
+  EXPECT_EQ(s.buffers, 0);
+  EXPECT_TRUE(cufile_->buffers.entries.empty());
+  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_context_refs")(0), 0);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, DriverOpenFailureFallsBackOrThrowsByMode) {
+  control("deepio_fake_cufile_fail_open", CU_FILE_NVFS_DRIVER_ERROR);
+  try {
+    auto strict = handle({.mode = GdsMode::CuFile});
+    ADD_FAILURE() << "CuFile mode accepted a driver that cannot open";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("cuFileDriverOpen: CU_FILE_NVFS_DRIVER_ERROR"), std::string::npos) << e.what();
+  }
+  auto h = handle();
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("cuFileDriverOpen"), std::string::npos) << h.mode_reason();
+  const std::string f = dir_.file("d.bin");
+  const auto data = pattern(10000, 5);
+  put(f, data);
+  std::byte* dev = device_alloc(10000);
+  EXPECT_EQ(h.sync_pread(dev, 10000, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(dev, data.data(), 10000), 0);
+  EXPECT_EQ(h.stats().bytes_staged, 10000u);
+  EXPECT_EQ(fake_stats().io_calls, 0);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, UnsupportedFileFallsBackToStagingAndSaysSo) {
+  control("deepio_fake_cufile_fail_register", CU_FILE_IO_NOT_SUPPORTED);
+  auto h = handle({.block_size = 3000, .intra_op_parallelism = 3});
+  EXPECT_EQ(h.mode(), "gds");
+  const std::size_t n = 10000;
+  const auto data = pattern(n, 6);
+  std::byte* dev = device_alloc(n);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("e.bin");
+  EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+  EXPECT_EQ(slurp(f), data);
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("cuFileHandleRegister: CU_FILE_IO_NOT_SUPPORTED"), std::string::npos)
+      << h.mode_reason();
+  const auto st = h.stats();
+  EXPECT_EQ(st.files_fallback, 1u);
+  EXPECT_EQ(st.bytes_staged, n);
+  EXPECT_EQ(st.bytes_cufile, 0u);
+
+  auto strict = handle({.mode = GdsMode::CuFile});
+  try {
+    strict.async_pread(dev, n, f, 0);
+    ADD_FAILURE() << "CuFile mode staged a file cuFile refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOTSUP);
+    EXPECT_EQ(e.path(), f);
+  }
+  EXPECT_EQ(strict.pending(), 0u);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, CompatModeNeverCallsCuFile) {
+  auto h = handle({.block_size = 1 << 12, .mode = GdsMode::Compat});
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("requested"), std::string::npos);
+  const std::size_t n = 3 * 4096 + 1;
+  const auto data = pattern(n, 8);
+  std::byte* dev = device_alloc(n);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("f.bin");
+  EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+  std::byte* back = device_alloc(n);
+  EXPECT_EQ(h.sync_pread(back, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
+  EXPECT_EQ(fake_stats().opens, 0);
+  EXPECT_EQ(fake_stats().io_calls, 0);
+  device_free(dev);
+  device_free(back);
+}
+
+TEST_F(FakeGds, NoCuFileMeansStagedCompatOrENOTSUP) {
+  auto h = handle({}, /*with_cufile=*/false);
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("cuFile not found"), std::string::npos) << h.mode_reason();
+  try {
+    auto strict = handle({.mode = GdsMode::CuFile}, false);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOTSUP);
+  }
+}
+
+TEST_F(FakeGds, NoCudaThrowsTheLoadersReason) {
+  try {
+    auto h = make_gds_handle({}, nullptr, deepio::detail::Status::failure(ENODEV, "libcuda.so.1: no CUDA device"),
+                             cufile_.get(), {});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENODEV);
+    EXPECT_NE(e.message().find("libcuda.so.1: no CUDA device"), std::string::npos);
+  }
+  EXPECT_THROW(handle({.block_size = 0}), Error);
+  EXPECT_THROW(handle({.intra_op_parallelism = 0}), Error);
+}
+
+TEST_F(FakeGds, PosixErrorFromCuFileReachesWaitWithContext) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::string f = dir_.file("g.bin");
+  put(f, pattern(16384, 9));
+  std::byte* dev = device_alloc(16384);
+  control("deepio_fake_cufile_fail_io", 0, -1L, EIO, 2);  // the third read fails
+  h.async_pread(dev, 16384, f, 0);
+  try {
+    h.wait();
+    ADD_FAILURE() << "EIO was lost";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), f);
+    EXPECT_EQ(e.nbytes(), 4096u);
+    EXPECT_EQ(e.offset() % 4096, 0u);
+    EXPECT_NE(e.message().find("cuFileRead"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.stats().ops_failed, 1u);
+  EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, CuFileErrorCodeIsNamed) {
+  auto h = handle();
+  std::byte* dev = device_alloc(100);
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_CUDA_DRIVER_ERROR), 0, 0);
+  try {
+    h.sync_pwrite(dev, 100, dir_.file("h.bin"), 0);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_NE(e.message().find("cuFileWrite: CU_FILE_CUDA_DRIVER_ERROR"), std::string::npos) << e.what();
+  }
+  device_free(dev);
+}
+
+TEST_F(FakeGds, ShortTransfersAreContinued) {
+  control("deepio_fake_cufile_max_io", std::size_t{1000});
+  auto h = handle({.block_size = 8192});
+  const std::size_t n = 20000;
+  const auto data = pattern(n, 10);
+  const std::string f = dir_.file("i.bin");
+  put(f, data);
+  std::byte* dev = device_alloc(n);
+  EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  EXPECT_EQ(fake_stats().io_calls, 9 + 9 + 4);  // chunks of 8192, 8192, 3616 at 1000 per call
+  device_free(dev);
+}
+
+TEST_F(FakeGds, SubmissionErrors) {
+  auto h = handle();
+  std::byte* dev = device_alloc(4096);
+  const std::string f = dir_.file("j.bin");
+  put(f, pattern(1000, 11));
+  try {
+    h.async_pread(dev, 2000, f, 0);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENODATA);
+  }
+  try {
+    h.async_pread(dev, 10, dir_.file("missing"), 0);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOENT);
+    EXPECT_EQ(e.path(), dir_.file("missing"));
+  }
+  std::vector<char> host(100);
+  try {
+    h.async_pwrite(host.data(), host.size(), f, 0);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_NE(e.message().find("not CUDA device memory"), std::string::npos);
+  }
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, DestructionFinishesInFlightWrites) {
+  control("deepio_fake_cufile_delay_us", 20000u);
+  const std::size_t n = 8 * 4096;
+  const auto data = pattern(n, 12);
+  std::byte* dev = device_alloc(n);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("k.bin");
+  {
+    auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+    h.async_pwrite(dev, n, f, 0);
+  }
+  EXPECT_EQ(slurp(f), data);
+  device_free(dev);
+}
+
+TEST_F(FakeGds, ConcurrentSubmittersAndWaiters) {
+  auto h = handle({.block_size = 2048, .intra_op_parallelism = 3});
+  constexpr int kThreads = 4;
+  const std::size_t n = 10000;
+  std::vector<std::byte*> devs;
+  std::vector<std::vector<std::byte>> datas;
+  for (int i = 0; i < kThreads; ++i) {
+    datas.push_back(pattern(n, 100 + static_cast<std::uint32_t>(i)));
+    devs.push_back(device_alloc(n));
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(devs.back()), datas.back().data(), n),
+              CUDA_SUCCESS);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string f = dir_.file("t" + std::to_string(i));
+      for (int k = 0; k < 5; ++k) h.sync_pwrite(devs[static_cast<std::size_t>(i)], n, f, 0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(slurp(dir_.file("t" + std::to_string(i))), datas[static_cast<std::size_t>(i)]);
+    device_free(devs[static_cast<std::size_t>(i)]);
+  }
+  EXPECT_EQ(h.stats().ops_completed, 20u);
+}
+
+TEST_F(FakeGds, NvfsAbsentMeansCuFileCompatibilityMode) {
+  control("deepio_fake_cufile_nvfs_major", 0u);
+  auto h = handle();
+  if (nvidia_fs_loaded()) GTEST_SKIP() << "nvidia-fs is loaded on this machine";
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("compatibility mode"), std::string::npos) << h.mode_reason();
+}
+
+}  // namespace
