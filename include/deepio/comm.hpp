@@ -58,7 +58,8 @@ public:
 
 // Bad sizes, aliasing buffers, or a communicator we cannot use. Raised on every rank of the
 // communicator when any rank's arguments are bad (what() names the lowest such rank and its
-// reason); raised on the calling rank only when comm itself is unusable (MPI_COMM_NULL).
+// reason); raised on the calling rank only, before any communication, when comm itself is
+// unusable (MPI_COMM_NULL, an intercommunicator, MPI not initialised or already finalised).
 class ArgumentError : public Error {
 public:
     explicit ArgumentError(const std::string& what)
