@@ -6,6 +6,8 @@
 // thread-safe against I/O in flight (install and clear it between operations).
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@ struct FaultRule {
   detail::FaultPoint point = detail::FaultPoint::Read;
   std::optional<int> err;
   std::optional<std::int64_t> short_bytes;
+  std::chrono::microseconds delay{0};
   std::uint64_t after = 0;
   std::uint64_t count = 1;
   std::string path_contains;  // Open only; empty matches every path
@@ -38,6 +41,11 @@ std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site
   }
   const std::uint64_t n = rule.seen.fetch_add(1);
   if (n < rule.after || n - rule.after >= rule.count) return std::nullopt;
+  if (rule.delay.count() > 0) {
+    // A slow device: the worker sits on this completion (tests of waiting and Ctrl-C).
+    std::this_thread::sleep_for(rule.delay);
+    if (!rule.err && !rule.short_bytes) rule.fired.fetch_add(1);
+  }
   if (rule.err) {
     rule.fired.fetch_add(1);
     return -static_cast<std::int64_t>(*rule.err);
@@ -55,7 +63,7 @@ void init_fault(nb::module_& m) {
   m.def(
       "_set_fault",
       [](const std::string& point, std::optional<int> err, std::optional<std::int64_t> short_bytes,
-         std::int64_t after, std::int64_t count, const std::string& path_contains) {
+         std::int64_t after, std::int64_t count, const std::string& path_contains, double delay) {
         auto rule = std::make_shared<FaultRule>();
         if (point == "open") {
           rule->point = detail::FaultPoint::Open;
@@ -66,9 +74,9 @@ void init_fault(nb::module_& m) {
         } else {
           throw nb::value_error("point must be 'open', 'read' or 'write'");
         }
-        if (err.has_value() == short_bytes.has_value()) {
-          throw nb::value_error("give exactly one of errno= and short=");
-        }
+        if (err.has_value() && short_bytes.has_value()) throw nb::value_error("give errno= or short=, not both");
+        if (!err && !short_bytes && delay <= 0) throw nb::value_error("give errno=, short= or delay=");
+        if (delay < 0 || delay > 3600) throw nb::value_error("delay must be between 0 and 3600 seconds");
         if (err && *err <= 0) throw nb::value_error("errno must be positive");
         if (short_bytes && *short_bytes < 0) throw nb::value_error("short must be non-negative");
         if (after < 0 || count < 0) throw nb::value_error("after and count must be non-negative");
@@ -77,13 +85,14 @@ void init_fault(nb::module_& m) {
         rule->after = static_cast<std::uint64_t>(after);
         rule->count = static_cast<std::uint64_t>(count);
         rule->path_contains = path_contains;
+        rule->delay = std::chrono::microseconds(static_cast<std::int64_t>(delay * 1e6));
         g_rule = rule;
         detail::set_fault_hook([rule](const detail::FaultSite& site) { return apply(*rule, site); });
       },
       nb::arg("point"), nb::arg("errno").none() = nb::none(), nb::arg("short").none() = nb::none(),
-      nb::arg("after") = 0, nb::arg("count") = 1, nb::arg("path_contains") = "",
+      nb::arg("after") = 0, nb::arg("count") = 1, nb::arg("path_contains") = "", nb::arg("delay") = 0.0,
       "TESTING ONLY. Makes matching calls number after .. after+count-1 (0-based) of `point` fail with "
-      "`errno` or report only `short` bytes.");
+      "`errno`, report only `short` bytes, and/or take `delay` extra seconds (on the engine's worker).");
   m.def(
       "_clear_fault",
       [] {

@@ -1,0 +1,344 @@
+"""Failures reach Python as exceptions with errno, filename, offset and size: real ones (end
+of file, missing files, permissions, RLIMIT_FSIZE, a full device) and injected ones (EIO,
+short transfers) through the extension's test-only fault hook."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import deepio
+from deepio import _deepio
+
+np = pytest.importorskip("numpy")  # every test here uses NumPy buffers; torch ones live elsewhere
+
+
+def _child(script: str, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+# ------------------------------------------------------------------------------ end of file
+
+@pytest.mark.parametrize("how", ["sync_pread", "async_pread", "read", "pread"])
+def test_read_past_end_of_file(how, random_file):
+    path, data = random_file(5000)
+    h = deepio.aio_handle(1024, 4, False, False, 2)
+    buf = np.empty(4096, dtype=np.uint8)
+    call = {
+        "sync_pread": lambda: h.sync_pread(buf, str(path), 1000),
+        "async_pread": lambda: h.async_pread(buf, str(path), 1000),
+        "read": lambda: h.read(buf, str(path), False, 1000),
+        "pread": lambda: h.pread(buf, str(path), False, False, 1000),
+    }[how]
+    with pytest.raises(deepio.EndOfFileError) as ei:
+        call()
+    e = ei.value
+    assert isinstance(e, EOFError) and isinstance(e, OSError)
+    assert e.errno == errno.ENODATA
+    assert e.filename == str(path)
+    assert (e.offset, e.nbytes) == (1000, 4096)
+    assert "offset 1000" in str(e) and "4096 bytes" in str(e)
+    assert h.wait() == 0  # nothing was queued
+    # the exact remainder works
+    tail = np.empty(4000, dtype=np.uint8)
+    assert h.sync_pread(tail, str(path), 1000) == 1
+    assert tail.tobytes() == data[1000:]
+
+
+def test_eof_caught_as_eoferror(random_file):
+    path, _ = random_file(10)
+    h = deepio.aio_handle()
+    try:
+        h.sync_pread(bytearray(11), str(path))
+    except EOFError:
+        pass
+    else:  # pragma: no cover
+        pytest.fail("no EOFError")
+
+
+def test_file_truncated_under_a_read_is_an_error(random_file, fault):
+    """A read that meets end of file during the transfer (the file shrank) fails with
+    EndOfFileError from wait(), not silently. Simulated: every read returns 0 bytes."""
+    path, _ = random_file(8192)
+    h = deepio.aio_handle(4096, 2, False, False, 1, backend="threads")
+    fault("read", short=0, count=100)
+    buf = np.empty(8192, dtype=np.uint8)
+    h.async_pread(buf, str(path))
+    with pytest.raises(deepio.EndOfFileError):
+        h.wait()
+
+
+# -------------------------------------------------------------------------- open failures
+
+@pytest.mark.parametrize("method", ["sync_pread", "async_pread", "read"])
+def test_missing_file(method, tmp_dir):
+    h = deepio.aio_handle()
+    missing = tmp_dir / "nope.bin"
+    with pytest.raises(FileNotFoundError) as ei:
+        getattr(h, method)(np.empty(100, np.uint8), str(missing))
+    assert ei.value.errno == errno.ENOENT
+    assert ei.value.filename == str(missing)
+    assert "100 bytes" in str(ei.value)
+    assert h.pending() == 0
+
+
+def test_write_under_a_file_used_as_directory(tmp_dir):
+    f = tmp_dir / "plainfile"
+    f.write_bytes(b"x")
+    h = deepio.aio_handle()
+    with pytest.raises(NotADirectoryError):
+        h.sync_pwrite(np.zeros(10, np.uint8), str(f / "child.bin"))
+    with pytest.raises(FileNotFoundError):
+        h.async_pwrite(np.zeros(10, np.uint8), str(tmp_dir / "no" / "such" / "dir.bin"))
+
+
+def test_reading_a_directory(tmp_dir):
+    h = deepio.aio_handle()
+    with pytest.raises(IsADirectoryError) as ei:
+        h.sync_pread(np.zeros(10, np.uint8), str(tmp_dir))
+    assert ei.value.filename == str(tmp_dir)
+
+
+def test_permission_denied_as_unprivileged_user(tmp_dir):
+    """root ignores file modes, so the operation runs as nobody in a child process."""
+    target = tmp_dir / "root_only.bin"
+    target.write_bytes(b"\0" * 4096)
+    os.chmod(target, 0o600)
+    os.chmod(tmp_dir, 0o755)
+    if os.getuid() != 0:
+        pytest.skip("needs root to switch to another user (an unprivileged run tests this as-is elsewhere)")
+    r = _child(f"""
+        import os, errno
+        import numpy as np, deepio
+        os.setgid(65534); os.setuid(65534)
+        h = deepio.aio_handle()
+        for call in (lambda: h.sync_pread(np.empty(4096, np.uint8), {str(target)!r}),
+                     lambda: h.async_pwrite(np.zeros(4096, np.uint8), {str(target)!r}, 0)):
+            try:
+                call()
+            except PermissionError as e:
+                assert e.errno == errno.EACCES and e.filename == {str(target)!r}, e
+            else:
+                raise SystemExit("no PermissionError")
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_permission_denied_on_immutable_file(tmp_dir):
+    target = tmp_dir / "immutable.bin"
+    target.write_bytes(b"\1" * 4096)
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(target)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs CAP_LINUX_IMMUTABLE and ext4/xfs/btrfs)")
+    try:
+        h = deepio.aio_handle()
+        with pytest.raises(PermissionError) as ei:
+            h.sync_pwrite(np.zeros(4096, np.uint8), str(target))
+        assert ei.value.errno == errno.EPERM
+        out = np.zeros(4096, np.uint8)
+        assert h.sync_pread(out, str(target)) == 1  # reading is still allowed
+        assert (out == 1).all()
+    finally:
+        subprocess.run([chattr, "-i", str(target)], check=True)
+
+
+def test_injected_open_failure(tmp_dir, fault):
+    fault("open", errno=errno.EMFILE, path_contains="victim")
+    h = deepio.aio_handle()
+    with pytest.raises(OSError) as ei:
+        h.sync_pwrite(np.zeros(10, np.uint8), str(tmp_dir / "victim.bin"))
+    assert ei.value.errno == errno.EMFILE
+    assert h.sync_pwrite(np.zeros(10, np.uint8), str(tmp_dir / "other.bin")) == 1
+
+
+# ------------------------------------------------------------------- transfer failures
+
+def test_file_size_limit_gives_efbig(tmp_dir):
+    """RLIMIT_FSIZE (in a child, with SIGXFSZ ignored): writing past it is EFBIG, with the
+    failing part's offset; nothing lands past the limit."""
+    target = tmp_dir / "big.bin"
+    r = _child(f"""
+        import errno, resource, signal, os
+        import numpy as np, deepio
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        for backend in ("threads", "auto"):
+            h = deepio.aio_handle(65536, 4, False, True, 2, backend=backend)
+            try:
+                h.sync_pwrite(np.ones(2 << 20, np.uint8), {str(target)!r})
+            except OSError as e:
+                assert e.errno == errno.EFBIG, e
+                assert e.filename == {str(target)!r}
+                assert e.offset >= 1 << 20, e.offset
+            else:
+                raise SystemExit("no EFBIG with " + backend)
+            assert h.wait() == 0
+            assert os.path.getsize({str(target)!r}) <= 1 << 20
+            os.unlink({str(target)!r})
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is missing")
+def test_full_device_gives_enospc():
+    h = deepio.aio_handle()
+    with pytest.raises(OSError) as ei:
+        h.sync_pwrite(np.ones(8192, np.uint8), "/dev/full")
+    assert ei.value.errno == errno.ENOSPC
+    assert ei.value.filename == "/dev/full"
+
+
+@pytest.mark.parametrize("backend", ["auto", "threads"])
+@pytest.mark.parametrize("point", ["read", "write"])
+def test_injected_eio_raises_from_wait_after_all_finished(backend, point, random_file, tmp_dir, fault):
+    path, data = random_file(1 << 16)
+    h = deepio.aio_handle(4096, 4, False, True, 2, backend=backend)
+    n = 6
+    bufs = [np.empty(1 << 16, np.uint8) for _ in range(n)]
+    outs = [tmp_dir / f"o{i}.bin" for i in range(n)]
+    fault(point, errno=errno.EIO, after=3, count=1)
+    for b, o in zip(bufs, outs):
+        if point == "read":
+            assert h.async_pread(b, str(path)) == 0
+        else:
+            b[:] = 7
+            assert h.async_pwrite(b, str(o)) == 0
+    with pytest.raises(OSError) as ei:
+        h.wait()
+    e = ei.value
+    assert e.errno == errno.EIO and not isinstance(e, deepio.EndOfFileError)
+    assert e.nbytes > 0 and e.offset % 4096 == 0
+    assert _deepio._fault_hits() == 1
+    assert h.pending() == 0  # everything finished and was collected
+    assert h.wait() == 0
+    # the handle keeps working
+    _deepio._clear_fault()
+    b = np.empty(1 << 16, np.uint8)
+    assert h.sync_pread(b, str(path)) == 1
+    assert b.tobytes() == data
+
+
+def test_several_failures_first_raised_others_attached(random_file, fault):
+    path, _ = random_file(4096)
+    h = deepio.aio_handle(4096, 1, False, False, 1, backend="threads")
+    fault("read", errno=errno.EIO, count=3)
+    for _ in range(4):
+        h.async_pread(np.empty(4096, np.uint8), str(path))
+    with pytest.raises(OSError) as ei:
+        h.wait()
+    assert len(ei.value.other_errors) == 2
+    assert all(x.errno == errno.EIO for x in ei.value.other_errors)
+    if sys.version_info >= (3, 11):
+        assert "2 more of the 4 operations" in "".join(ei.value.__notes__)
+
+
+def test_sync_call_reports_earlier_async_failure(random_file, fault):
+    path, _ = random_file(4096)
+    h = deepio.aio_handle(backend="threads")
+    fault("read", errno=errno.EIO, count=1)
+    h.async_pread(np.empty(4096, np.uint8), str(path))
+    with pytest.raises(OSError):
+        h.sync_pread(np.empty(4096, np.uint8), str(path))
+    assert h.wait() == 0
+
+
+@pytest.mark.parametrize("backend", ["auto", "threads", "libaio"])
+@pytest.mark.parametrize("point", ["read", "write"])
+def test_injected_short_transfers_are_finished(backend, point, random_file, tmp_dir, fault):
+    """Every transfer reports only 100 bytes: deepio resubmits the rest until done."""
+    if backend == "libaio" and not any(b["name"] == "libaio" and b["available"] for b in deepio.info()["backends"]):
+        pytest.skip("libaio backend unavailable")
+    size = 3 * 4096 + 77
+    path, data = random_file(size)
+    h = deepio.aio_handle(4096, 4, False, True, 2, backend=backend)
+    fault(point, short=100, count=10)
+    if point == "read":
+        buf = np.empty(size, np.uint8)
+        assert h.sync_pread(buf, str(path)) == 1
+        assert buf.tobytes() == data
+    else:
+        out = tmp_dir / "short.bin"
+        buf = np.frombuffer(data, np.uint8)
+        assert h.sync_pwrite(buf, str(out)) == 1
+        assert out.read_bytes() == data
+    assert _deepio._fault_hits() > 0
+    assert h.stats()["short_transfers"] >= _deepio._fault_hits()
+
+
+# ------------------------------------------------------------------------- bad arguments
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError):
+        deepio.aio_handle(0)
+    with pytest.raises(ValueError):
+        deepio.aio_handle(queue_depth=-1)
+    with pytest.raises(ValueError):
+        deepio.aio_handle(intra_op_parallelism=0)
+    with pytest.raises(TypeError):
+        deepio.aio_handle("1M")
+    with pytest.raises(TypeError):
+        deepio.aio_handle(True)
+    with pytest.raises(ValueError, match="backend"):
+        deepio.aio_handle(backend="spdk")
+    with pytest.raises(ValueError, match="direct_io"):
+        deepio.aio_handle(direct_io="maybe")
+    with pytest.raises(TypeError):
+        deepio.aio_handle(single_submit="yes")
+    with pytest.raises(TypeError):
+        deepio.aio_handle(4096, 8, False, False, 3, num_threads=2)
+
+
+def test_bad_io_arguments(random_file):
+    path, _ = random_file(4096)
+    h = deepio.aio_handle()
+    with pytest.raises(ValueError, match="file_offset"):
+        h.sync_pread(np.empty(10, np.uint8), str(path), -1)
+    with pytest.raises(TypeError, match="not str"):
+        h.sync_pwrite("not a buffer", str(path))
+    with pytest.raises(TypeError):
+        h.async_pwrite(np.empty(10, np.uint8), True)  # a bool is not a descriptor
+    with pytest.raises(TypeError):
+        h.async_pwrite(np.empty(10, np.uint8), 3.5)
+    with pytest.raises(TypeError):
+        h.async_pwrite(np.empty(10, np.uint8))
+    with pytest.raises(TypeError):
+        h.async_pwrite(np.empty(10, np.uint8), str(path), fd=3)
+    ro = np.zeros(16, np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        h.sync_pread(ro, str(path))
+    assert h.sync_pwrite(ro, str(path)) == 1  # a read-only source is fine
+    with pytest.raises(ValueError, match="read-only"):
+        h.sync_pread(b"immutable bytes", str(path))
+    with pytest.raises(ValueError, match="contiguous"):
+        h.sync_pread(np.zeros((8, 8), np.uint8)[:, ::2], str(path))
+    with pytest.raises(ValueError, match="contiguous"):
+        h.sync_pwrite(np.zeros((8, 8), np.uint8).T, str(path))
+    with pytest.raises(OSError) as ei:
+        h.async_pwrite(np.zeros(4, np.uint8), 987654)  # not an open descriptor
+    assert ei.value.errno == errno.EBADF
+    assert "fd 987654" in str(ei.value)
+    assert h.pending() == 0
+
+
+def test_closed_handle(random_file):
+    path, _ = random_file(16)
+    h = deepio.aio_handle()
+    h.close()
+    h.close()
+    assert h.closed
+    with pytest.raises(ValueError, match="closed"):
+        h.sync_pread(bytearray(16), str(path))
+    with pytest.raises(ValueError, match="closed"):
+        h.get_block_size()

@@ -1,0 +1,182 @@
+"""Lifetimes: buffers stay alive until their operation is collected, handles finish their
+work before going away, and Ctrl-C during a wait never leaves I/O running into freed memory.
+Slow operations are made deterministic with the fault hook's delay."""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import gc
+import threading
+import time
+import warnings
+import weakref
+
+import pytest
+
+import deepio
+from deepio import _deepio
+from conftest import FRAMEWORKS, as_bytes, fill, make_buffer
+
+np = pytest.importorskip("numpy")
+
+
+def _interrupt_main_after(seconds: float) -> threading.Timer:
+    t = threading.Timer(seconds, _thread.interrupt_main)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_read_buffer_dropped_before_wait(framework, random_file):
+    path, data = random_file(1 << 16)
+    h = deepio.aio_handle(4096, 2, False, False, 2)
+    buf = make_buffer(framework, 1 << 16)
+    ref = weakref.ref(buf)
+    assert h.async_pread(buf, str(path)) == 0
+    del buf
+    gc.collect()
+    assert ref() is not None  # the handle holds it until wait() collects the read
+    assert h.wait() == 1
+    assert ref() is None  # ... and releases it afterwards
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_write_buffer_dropped_before_wait(framework, tmp_dir, fault):
+    data = bytes(range(256)) * 256
+    h = deepio.aio_handle(4096, 2, False, False, 2)
+    fault("write", delay=0.05, count=4)
+    buf = make_buffer(framework, len(data))
+    fill(buf, data)
+    ref = weakref.ref(buf)
+    out = tmp_dir / "w.bin"
+    h.async_pwrite(buf, str(out))
+    del buf
+    junk = [np.full(len(data), 0xAA, np.uint8) for _ in range(8)]  # reuse freed memory, if any
+    assert ref() is not None
+    assert h.wait() == 1
+    assert ref() is None
+    assert out.read_bytes() == data
+    del junk
+
+
+def test_handle_dropped_with_pending_ops_finishes_them(tmp_dir, fault):
+    fault("write", delay=0.05, count=8)
+    h = deepio.aio_handle(4096, 2, False, False, 2)
+    datas = [np.random.default_rng(i).integers(0, 256, 20000, dtype=np.uint8) for i in range(4)]
+    for i, d in enumerate(datas):
+        h.async_pwrite(d, str(tmp_dir / f"f{i}.bin"))
+    refs = [weakref.ref(x) for x in datas]
+    del datas, d
+    t0 = time.monotonic()
+    del h  # blocks until the writes finished, then releases the buffers
+    assert time.monotonic() - t0 > 0.04
+    assert all(r() is None for r in refs)
+    for i in range(4):
+        assert (tmp_dir / f"f{i}.bin").read_bytes() == np.random.default_rng(i).integers(
+            0, 256, 20000, dtype=np.uint8).tobytes()
+
+
+def test_handle_dropped_with_failed_ops_warns(random_file, fault):
+    path, _ = random_file(4096)
+    h = deepio.aio_handle(backend="threads")
+    fault("read", errno=errno.EIO, count=1)
+    h.async_pread(np.empty(4096, np.uint8), str(path))
+    with pytest.warns(RuntimeWarning, match="never collected by wait"):
+        del h
+        gc.collect()
+
+
+def test_context_manager_waits_and_raises(random_file, fault):
+    path, data = random_file(4096)
+    buf = np.empty(4096, np.uint8)
+    with deepio.aio_handle() as h:
+        h.async_pread(buf, str(path))
+    assert buf.tobytes() == data
+    assert h.closed
+    fault("read", errno=errno.EIO, count=1)
+    with pytest.raises(OSError):
+        with deepio.aio_handle(backend="threads") as h2:
+            h2.async_pread(buf, str(path))
+
+
+def test_ctrl_c_during_wait_keeps_buffers_alive(random_file, fault):
+    path, data = random_file(4 * 4096)
+    h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
+    fault("read", delay=0.4, count=4)
+    buf = np.empty(4 * 4096, np.uint8)
+    ref = weakref.ref(buf)
+    h.async_pread(buf, str(path))
+    del buf
+    timer = _interrupt_main_after(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        h.wait()
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert elapsed < 1.0  # honoured promptly, not after the 1.6 s of I/O
+    assert h.pending() == 1  # still running, still referenced
+    assert ref() is not None
+    assert h.wait() == 1  # the next wait collects it
+    assert ref() is None
+
+
+def test_ctrl_c_during_sync_call_hands_op_to_wait(random_file, fault):
+    path, data = random_file(4096)
+    h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
+    fault("read", delay=0.5, count=1)
+    buf = np.empty(4096, np.uint8)
+    timer = _interrupt_main_after(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        h.sync_pread(buf, str(path))
+    timer.join()
+    assert h.pending() == 1
+    assert h.wait() == 1
+    assert buf.tobytes() == data
+
+
+def test_locked_tensor_freed_while_in_flight(random_file, fault):
+    """free_cpu_locked_tensor + del while a read targets it: the operation keeps the memory
+    alive and the allocation goes away after wait()."""
+    path, data = random_file(1 << 16)
+    h = deepio.aio_handle(4096, 2, False, False, 1, backend="threads")
+    before = deepio.locked_memory_stats()["allocations"]
+    fault("read", delay=0.05, count=2)
+    t = h.new_cpu_locked_tensor(1 << 16, np.empty(1, np.uint8))
+    h.async_pread(t, str(path))
+    assert h.free_cpu_locked_tensor(t)
+    del t
+    assert deepio.locked_memory_stats()["allocations"] == before + 1
+    assert h.wait() == 1
+    assert deepio.locked_memory_stats()["allocations"] == before
+
+
+def test_many_handles_created_and_dropped(random_file):
+    path, data = random_file(10000)
+    for i in range(50):
+        h = deepio.aio_handle(4096, 4, i % 2 == 0, i % 3 == 0, 1 + i % 3)
+        b = bytearray(10000)
+        h.async_pread(b, str(path))
+        if i % 2:
+            assert h.wait() == 1
+            assert bytes(b) == data
+        del h
+
+
+def test_no_descriptor_leak_over_many_ops(random_file, tmp_dir):
+    """Every file deepio opens by name is closed by the time the op is collected."""
+    import os
+
+    path, data = random_file(8192)
+    h = deepio.aio_handle(4096, 4, False, True, 2)
+    before = len(os.listdir("/proc/self/fd"))
+    b = np.empty(8192, np.uint8)
+    for i in range(200):
+        h.async_pread(b, str(path))
+        h.async_pwrite(b, str(tmp_dir / f"x{i % 5}.bin"))
+        if i % 10 == 9:
+            h.wait()
+    h.wait()
+    with pytest.raises(FileNotFoundError):
+        h.sync_pread(b, str(tmp_dir / "missing"))
+    assert len(os.listdir("/proc/self/fd")) == before
