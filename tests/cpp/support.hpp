@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -46,12 +48,12 @@ class TempDir {
 /// Deterministic bytes that differ per (seed, index), so misplaced bytes are caught.
 inline std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
   std::vector<std::byte> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (std::size_t i = 0; i < n; ++i) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < n; i += 8) {
     x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    v[i] = static_cast<std::byte>(x);
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(v.data() + i, &x, std::min<std::size_t>(8, n - i));
   }
   return v;
 }

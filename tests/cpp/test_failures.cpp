@@ -298,6 +298,29 @@ TEST_P(Failures, InjectedOpenFailure) {
   }
 }
 
+TEST_P(Failures, DescriptorLimitIsAbsorbedByWaitingForOwnOps) {
+  // A real RLIMIT_NOFILE far below the number of files in flight: submission waits for this
+  // handle's own ops to release descriptors instead of failing.
+  constexpr int kFiles = 300;
+  const auto data = pattern(65536, 5);
+  for (int i = 0; i < kFiles; ++i) test::put(dir_.file("n" + std::to_string(i)), data);
+  const BackendKind kind = GetParam();
+  const std::string base = dir_.file("n");
+  const int code = in_child([&] {
+    rlimit rl{48, 48};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return 90;
+    Handle h({.block_size = 65536, .queue_depth = 8, .backend = kind});
+    std::vector<std::vector<std::byte>> bufs(kFiles, std::vector<std::byte>(65536));
+    for (int i = 0; i < kFiles; ++i) h.async_pread(bufs[i].data(), 65536, base + std::to_string(i));
+    if (h.wait() != static_cast<std::size_t>(kFiles)) return 91;
+    for (const auto& b : bufs) {
+      if (b != data) return 92;
+    }
+    return 0;
+  });
+  EXPECT_EQ(code, 0);
+}
+
 TEST_P(Failures, EveryBlockFailingStillCompletesTheOp) {
   detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
     return s.point == FaultPoint::Write ? std::optional<std::int64_t>(-EIO) : std::nullopt;
