@@ -117,6 +117,9 @@ NB_MODULE(_deepio, m) {
   using namespace deepio::py;
   m.doc() = "deepio's native extension. Use the `deepio` package, not this module.";
   m.attr("__version__") = deepio::version();
+  // Locked allocations are owned by arrays of other frameworks (a torch tensor in a module
+  // global may outlive this module at interpreter exit); that is not a leak worth a warning.
+  nb::set_leak_warnings(false);
   init_errors(m);
   init_handle(m);
   init_memory(m);

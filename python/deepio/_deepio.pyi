@@ -1,0 +1,160 @@
+"""deepio's native extension. Use the `deepio` package, not this module.
+
+Generated with `python -m nanobind.stubgen -m deepio._deepio`, then edited: EndOfFileError,
+__version__ and the private testing functions added.
+"""
+
+__version__: str
+
+class EndOfFileError(OSError, EOFError):
+    """A read reached the end of the file before the requested range (errno ENODATA)."""
+
+    offset: int
+    nbytes: int
+
+
+class Op:
+    """One operation submitted through deepio.File; wrapped by deepio.Future."""
+
+    def done(self) -> bool:
+        """True once the operation finished (successfully or not). Never blocks."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """
+        Blocks (GIL released) until done or `timeout` seconds passed; returns done().
+        """
+
+    def result(self, timeout: float | None = None) -> int:
+        """
+        Waits, then returns the number of bytes transferred or raises the operation's OSError.
+        """
+
+    def exception(self, timeout: float | None = None) -> object:
+        """Waits, then returns the operation's exception or None."""
+
+    @property
+    def collected(self) -> bool: ...
+
+    @property
+    def write(self) -> bool: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+class Handle:
+    """
+    The engine handle behind deepio.aio_handle (keeps buffers alive until collected).
+    """
+
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, backend: str = 'auto', direct_io: str = 'auto') -> None: ...
+
+    def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> None:
+        """Queues a read or write for wait(); raises on submission failures."""
+
+    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, drain: bool = True) -> int:
+        """
+        Submits and waits (drain: also for everything queued for wait()); returns the count collected.
+        """
+
+    def submit_future(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> Op: ...
+
+    def wait(self) -> int:
+        """Waits for every queued operation; returns how many were collected."""
+
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def pending(self) -> int: ...
+
+    def stats(self) -> dict: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def single_submit(self) -> bool: ...
+
+    @property
+    def overlap_events(self) -> bool: ...
+
+    @property
+    def intra_op_parallelism(self) -> int: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def direct_io(self) -> str: ...
+
+class LockedAllocation:
+    """
+    Owner of one page-aligned (and, when the limit allows, locked) allocation.
+    """
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def locked(self) -> bool: ...
+
+    @property
+    def lock_errno(self) -> int: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    def release(self) -> bool:
+        """
+        Marks the allocation freed (free_cpu_locked_tensor); False if it already was. The memory goes when the last array using it dies.
+        """
+
+def alloc_locked(nbytes: int, framework: str = 'numpy') -> tuple:
+    """
+    Allocates `nbytes` page-aligned bytes, locked when RLIMIT_MEMLOCK allows, as a 1-D uint8 array of the given framework ('numpy', 'torch', or anything else for a DLPack-capable array). Returns (array, owner).
+    """
+
+def free_locked_array(buffer: object) -> bool:
+    """
+    Releases the allocation whose base address `buffer` starts at; False for anything else (a view not at the base, foreign memory, a second free). The memory itself goes when the last array using it dies.
+    """
+
+def is_locked_range(buffer: object) -> bool:
+    """
+    True iff the buffer lies entirely inside one live deepio locked allocation.
+    """
+
+def locked_memory_stats() -> dict: ...
+
+def compare_with_file(buffer: object, file: object, file_offset: int = 0) -> int:
+    """
+    Index of the first byte where the file range differs from the buffer, or -1 (validate=True).
+    """
+
+def memcpy(dest: object, src: object) -> None:
+    """Copies dest.nbytes bytes from src into dest (GIL released)."""
+
+def capabilities() -> dict:
+    """What this build and machine can do (backends, why one is unavailable)."""
+
+def probe_direct_io(folder: object) -> dict:
+    """Direct-I/O facts for files in `folder` (or the file itself)."""
+
+def _set_fault(point: str, errno: int | None = None, short: int | None = None, after: int = 0, count: int = 1, path_contains: str = '', delay: float = 0.0) -> None:
+    """TESTING ONLY. Makes matching open/read/write calls fail, come back short, or stall."""
+
+def _clear_fault() -> None:
+    """TESTING ONLY. Removes the fault hook."""
+
+def _fault_hits() -> int:
+    """TESTING ONLY. How many calls the current rule changed."""
