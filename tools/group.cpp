@@ -202,7 +202,7 @@ const deepio_cli_mpi_api* load_plugin(std::string& why) {
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     if (h == nullptr) {
       const char* e = ::dlerror();
-      why = path + ": " + (e ? e : "dlopen failed");
+      why = e ? e : path + ": dlopen failed";
       continue;
     }
     auto entry = reinterpret_cast<deepio_cli_mpi_entry>(::dlsym(h, DEEPIO_CLI_MPI_SYMBOL));

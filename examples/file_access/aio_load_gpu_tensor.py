@@ -6,6 +6,10 @@ bounce tensor, then one host-to-device copy.
 Exits with a "skipped" line (status 0) where no CUDA GPU is available.
 """
 
+from utils import quick_gpu_check
+
+quick_gpu_check(__file__)  # before the heavy imports: a clean skip in a second on machines without a GPU
+
 import os
 
 import deepio

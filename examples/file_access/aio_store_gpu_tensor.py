@@ -6,6 +6,10 @@ page-locked CPU bounce tensor, then O_DIRECT writes.
 Exits with a "skipped" line (status 0) where no CUDA GPU is available.
 """
 
+from utils import quick_gpu_check
+
+quick_gpu_check(__file__)  # before the heavy imports: a clean skip in a second on machines without a GPU
+
 import filecmp
 import os
 import pathlib

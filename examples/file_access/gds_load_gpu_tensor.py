@@ -6,6 +6,10 @@ Exits with a "skipped" line (status 0) where there is no CUDA GPU or this deepio
 GPUDirect Storage support.
 """
 
+from utils import quick_gpu_check
+
+quick_gpu_check(__file__)  # before the heavy imports: a clean skip in a second on machines without a GPU
+
 import os
 
 from utils import AIO_CONFIG, drop_page_cache, parse_read_arguments, report, require_gds, timed_loop, validation_result

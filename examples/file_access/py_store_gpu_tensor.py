@@ -5,6 +5,10 @@
 Exits with a "skipped" line (status 0) where no CUDA GPU is available.
 """
 
+from utils import quick_gpu_check
+
+quick_gpu_check(__file__)  # before the heavy imports: a clean skip in a second on machines without a GPU
+
 import os
 import pathlib
 

@@ -92,6 +92,16 @@ def skip(script: str, reason: str) -> None:
     sys.exit(0)
 
 
+def quick_gpu_check(script: str) -> None:
+    """Skips at once, before PyTorch is imported (seconds), where no CUDA driver is loadable."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        skip(script, f"no CUDA GPU available ({e})")
+
+
 def require_gpu(script: str):
     """Returns torch once a CUDA GPU is usable; otherwise skips the script."""
     try:
