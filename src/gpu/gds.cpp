@@ -488,14 +488,13 @@ void GdsEngine::finish_chunk(const Chunk& c, Status st) {
 
 void GdsEngine::finish_op(Op& op) noexcept {
   release(op);
-  bool failed = false;
   {
     std::lock_guard lock(op.mutex);
+    // Counted before done is published, so stats() after wait() includes this op.
+    (op.error.ok() ? ops_completed_ : ops_failed_).fetch_add(1, std::memory_order_relaxed);
     op.done = true;
-    failed = !op.error.ok();
   }
   op.cv.notify_all();
-  (failed ? ops_failed_ : ops_completed_).fetch_add(1, std::memory_order_relaxed);
 }
 
 void GdsEngine::release(Op& op) noexcept {

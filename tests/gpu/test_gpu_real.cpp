@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -102,6 +103,9 @@ TEST(RealGpu, ClassifyDeviceAndHostMemory) {
   EXPECT_TRUE(classify(p).is_device);
   EXPECT_EQ(classify(p).ordinal, 0);
   EXPECT_TRUE(classify(static_cast<char*>(p) + 12345).is_device);
+  bool other_thread = false;  // a thread with no context current (the engine's workers)
+  std::thread([&] { other_thread = classify(p).is_device; }).join();
+  EXPECT_TRUE(other_thread);
   std::vector<char> host(4096);
   EXPECT_FALSE(classify(host.data()).is_device);
   EXPECT_EQ(api->cuMemFree(d), CUDA_SUCCESS);
