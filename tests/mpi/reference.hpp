@@ -1,5 +1,5 @@
 // Reference simulations of the 1-bit compressed allreduce, in one process, for all W ranks.
-// Deliberately plain: bools instead of packed bytes, one loop per formula of onebit.md §1.4,
+// Deliberately plain: one byte per sign instead of packed bits, one loop per formula of onebit.md §1.4,
 // no code shared with src/comm. Two of them:
 //
 //   simulate_spec      the algorithm exactly as specified (padding, error feedback on both
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <vector>
 
@@ -54,7 +55,7 @@ inline std::vector<float> simulate_spec(const std::vector<std::vector<float>>& i
 
     // Worker side on every rank.
     std::vector<float> worker_scale(w);
-    std::vector<std::vector<bool>> worker_bits(w, std::vector<bool>(n));
+    std::vector<std::vector<std::uint8_t>> worker_bits(w, std::vector<std::uint8_t>(n));
     for (std::size_t r = 0; r < w; ++r) {
         std::vector<float> x(n);
         for (std::size_t i = 0; i < n; ++i) x[i] = (i < n0 ? inputs[r][i] : 0.0f) + states[r].worker_error[i];
@@ -69,7 +70,7 @@ inline std::vector<float> simulate_spec(const std::vector<std::vector<float>>& i
     // Server side: rank r owns chunk r.
     const float inv_w = static_cast<float>(1.0 / static_cast<double>(w));
     std::vector<float> server_scale(w);
-    std::vector<std::vector<bool>> server_bits(w, std::vector<bool>(c));
+    std::vector<std::vector<std::uint8_t>> server_bits(w, std::vector<std::uint8_t>(c));
     for (std::size_t r = 0; r < w; ++r) {
         std::vector<float> cv(c);
         for (std::size_t i = 0; i < c; ++i) {
