@@ -87,7 +87,8 @@ def _flat_view(a: Any, name: str) -> Any:
     _check_f32(a, name)
     if not _is_contiguous(a):
         raise ValueError(f"{name} must be contiguous (the result would otherwise land in a copy)")
-    return a.view(-1) if _is_torch(a) else a.reshape(-1)
+    # detach(): same storage, but exportable through DLPack even if it requires grad.
+    return a.detach().view(-1) if _is_torch(a) else a.reshape(-1)
 
 
 def _error_buffer(a: Any, name: str) -> Any:
@@ -96,7 +97,7 @@ def _error_buffer(a: Any, name: str) -> Any:
         raise ValueError(f"{name} must be a 1-D contiguous float32 buffer")
     if not _is_torch(a) and not a.flags.writeable:
         raise ValueError(f"{name} is read-only")
-    return a
+    return a.detach() if _is_torch(a) else a
 
 
 def _empty_like_flat(a: Any, n: int) -> Any:
@@ -113,7 +114,7 @@ def _flat_input(a: Any) -> Any:
     """1-D read-only input: a view when contiguous, else a contiguous copy."""
     _check_f32(a, "buffer")
     if _is_torch(a):
-        return a.reshape(-1).contiguous()
+        return a.detach().reshape(-1).contiguous()
     import numpy as np
 
     return np.ascontiguousarray(a).reshape(-1)
