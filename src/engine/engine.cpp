@@ -44,7 +44,8 @@ Engine::Engine(const HandleOptions& options) : options_(options) {
   wc.single_submit = options_.single_submit;
   wc.overlap_events = options_.overlap_events;
   wc.bounce_slot_bytes = bounce_slot_bytes_;
-  wc.bounce_slots = std::clamp<std::size_t>(kBounceBudget / bounce_slot_bytes_, 2, options_.queue_depth);
+  // At least two slots so disk and copies overlap, but never more than can be in flight.
+  wc.bounce_slots = std::min(std::max<std::size_t>(kBounceBudget / bounce_slot_bytes_, 2), options_.queue_depth);
 
   std::vector<BackendKind> order;
   if (options_.backend == BackendKind::Auto) {
