@@ -81,6 +81,7 @@ def _run_world(np_):
 
 @pytest.mark.skipif(_mpirun() is None, reason="needs mpirun")
 @pytest.mark.skipif(not _have("mpi4py"), reason="needs mpi4py")
+@pytest.mark.skipif(not _have("deepio.comm"), reason="deepio built without MPI (no deepio._comm)")
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_comm_mpi(np_, case):
