@@ -2,6 +2,10 @@
 
 #include <mutex>
 
+#if DEEPIO_HAVE_GPU
+#include "engine/cuda_stager.hpp"
+#endif
+
 namespace deepio::detail {
 
 namespace {
@@ -9,8 +13,12 @@ std::mutex g_mutex;
 DeviceSupport g_override;  // guarded by g_mutex
 
 DeviceSupport default_support() {
-  // No GPU layer linked yet: every pointer is host memory.
+#if DEEPIO_HAVE_GPU
+  return cuda_device_support();
+#else
+  // Built without the GPU layer: every pointer is host memory.
   return DeviceSupport{[](const void*) { return -1; }, {}};
+#endif
 }
 }  // namespace
 

@@ -1,0 +1,102 @@
+// The engine's CUDA staging path (engine/cuda_stager.cpp) against the fake driver named by
+// DEEPIO_CUDA_LIBRARY (set by CTest): GPU "device" memory that the fake keeps in host memory,
+// recognised through cuPointerGetAttribute, copied with cuMemcpy*Async, ordered by events.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu/cuda.hpp"
+#include "support.hpp"
+
+namespace deepio {
+namespace {
+
+using namespace detail::gpu;
+using test::pattern;
+using test::slurp;
+
+class CudaStaging : public testing::Test {
+ protected:
+  void SetUp() override {
+    detail::Status why;
+    api_ = cuda(&why);
+    if (api_ == nullptr) GTEST_SKIP() << "no (fake) CUDA driver: " << why.message;
+  }
+  void TearDown() override { set_result(nullptr, 0, 0); }
+  void* device_alloc(std::size_t n) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(api_->cuMemAlloc(&p, n), CUDA_SUCCESS);
+    allocs_.push_back(p);
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
+  }
+  void set_result(const char* name, CUresult r, int after) {
+    void* h = ::dlopen(api_->library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(h, nullptr);
+    auto* f = reinterpret_cast<void (*)(const char*, CUresult, int)>(::dlsym(h, "deepio_fake_cuda_set_result"));
+    ::dlclose(h);
+    ASSERT_NE(f, nullptr) << "not the fake driver";
+    f(name, r, after);
+  }
+  ~CudaStaging() override {
+    for (auto p : allocs_) api_->cuMemFree(p);
+  }
+  const CudaApi* api_ = nullptr;
+  std::vector<CUdeviceptr> allocs_;
+  test::TempDir dir_;
+};
+
+TEST_F(CudaStaging, DeviceMemoryRoundTripsThroughTheEngine) {
+  const std::size_t n = (3 << 20) + 4097;
+  const auto data = pattern(n, 42);
+  void* dev = device_alloc(n);
+  ASSERT_EQ(api_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dev), data.data(), n), CUDA_SUCCESS);
+  Handle h({.block_size = 256 << 10, .queue_depth = 4, .overlap_events = true, .intra_op_parallelism = 2});
+  const std::string path = dir_.file("gpu.bin");
+  h.sync_pwrite(dev, n, path, 513);
+  auto file = slurp(path);
+  ASSERT_EQ(file.size(), n + 513);
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), file.begin() + 513));
+
+  void* back = device_alloc(n);
+  h.sync_pread(back, n, path, 513);
+  std::vector<std::byte> host(n);
+  ASSERT_EQ(api_->cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(back), n), CUDA_SUCCESS);
+  EXPECT_EQ(host, data);
+  const auto s = h.stats();
+  EXPECT_EQ(s.bytes_direct, 0u) << "device memory is never handed to the kernel";
+  EXPECT_GT(s.bytes_bounced, 0u);
+}
+
+TEST_F(CudaStaging, HostBuffersStillGoDirect) {
+  const auto info = probe_direct_io(dir_.path().string());
+  if (!info.supported) GTEST_SKIP() << "no O_DIRECT here";
+  device_alloc(4096);  // the driver is in use, so classification really asks it
+  Handle h;
+  PinnedBuffer buf(1 << 20);
+  std::memset(buf.data(), 3, buf.size());
+  h.sync_pwrite(buf.data(), buf.size(), dir_.file("host"));
+  EXPECT_EQ(h.stats().bytes_direct, buf.size());
+}
+
+TEST_F(CudaStaging, DriverCopyErrorsSurfaceWithTheirName) {
+  const std::size_t n = 1 << 20;
+  const std::string path = dir_.file("e");
+  test::put(path, pattern(n, 1));
+  void* dev = device_alloc(n);
+  Handle h({.block_size = 65536, .queue_depth = 4});
+  set_result("cuMemcpyHtoD", 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */, 3);
+  try {
+    h.sync_pread(dev, n, path);
+    FAIL() << "expected the copy failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), path);
+    EXPECT_NE(std::string(e.what()).find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << e.what();
+  }
+  set_result(nullptr, 0, 0);
+  EXPECT_EQ(h.sync_pread(dev, n, path), 1u) << "the handle stays usable";
+}
+
+}  // namespace
+}  // namespace deepio
