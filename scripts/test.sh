@@ -25,10 +25,11 @@ ctest --preset ci --timeout 600
 
 if [ "$quick" -eq 0 ]; then
   for san in asan tsan; do
-    step "engine tests under $san"
-    cmake --preset "$san" -DDEEPIO_BUILD_TOOLS=OFF -DDEEPIO_WITH_MPI=OFF >/dev/null
-    cmake --build --preset "$san" --target deepio_tests
-    ctest --preset "$san" -L unit --timeout 900
+    step "engine, GPU-shim and comm tests under $san"
+    cmake --preset "$san" -DDEEPIO_BUILD_TOOLS=OFF >/dev/null
+    cmake --build --preset "$san" --target deepio_tests deepio_cuda_staging_tests deepio_gpu_tests \
+      test_comm_mpi test_comm_kernels
+    ctest --preset "$san" -L 'unit|gpu|mpi' --timeout 1200
   done
 fi
 
