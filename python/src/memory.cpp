@@ -11,11 +11,12 @@
 // live owners; it is touched only with the GIL held.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <string>
-#include <unordered_map>
+#include <map>
 
 #include "common.hpp"
 
@@ -49,9 +50,19 @@ class LockedAllocation {
 
 // Live allocations by base address (GIL). Deliberately leaked: arrays may die after the
 // module's static destructors ran.
-std::unordered_map<std::uintptr_t, LockedAllocation*>& live() {
-  static auto* m = new std::unordered_map<std::uintptr_t, LockedAllocation*>;
+std::map<std::uintptr_t, LockedAllocation*>& live() {
+  static auto* m = new std::map<std::uintptr_t, LockedAllocation*>;
   return *m;
+}
+
+// The live allocation whose memory contains address p, or nullptr.
+LockedAllocation* containing(const void* data) {
+  const auto p = reinterpret_cast<std::uintptr_t>(data);
+  auto it = live().upper_bound(p);
+  if (it == live().begin()) return nullptr;
+  --it;
+  const std::size_t span = std::max<std::size_t>(it->second->nbytes(), 1);
+  return p - it->first < span ? it->second : nullptr;
 }
 
 LockedAllocation::~LockedAllocation() {
@@ -120,8 +131,7 @@ void init_memory(nb::module_& m) {
         const void* data = nullptr;
         std::size_t n = 0;
         if (!host_range(obj, &data, &n)) return false;
-        auto it = live().find(reinterpret_cast<std::uintptr_t>(data));
-        if (it != live().end() && it->second->released()) return false;
+        if (const LockedAllocation* a = containing(data); a != nullptr && a->released()) return false;
         return is_pinned(data, n);
       },
       nb::arg("buffer"), "True iff the buffer lies entirely inside one live deepio locked allocation.");

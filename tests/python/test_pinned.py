@@ -133,6 +133,7 @@ def test_free_semantics_and_no_dangling(example):
     assert h.free_cpu_locked_tensor(t)
     assert not h.free_cpu_locked_tensor(t)  # second free
     assert not h.is_pinned(t)
+    assert not h.is_pinned(view)  # views of a freed allocation are not pinned either
     t[0] = 1  # must not crash: the memory is still mapped while referenced
     view[1] = 2
     assert deepio.locked_memory_stats()["released_but_referenced"] >= 1
