@@ -66,10 +66,12 @@ int run(const Args& a) {
       h.async_pwrite(p + f * a.size, a.size, name);
     }
   }
+  const auto ts = std::chrono::steady_clock::now();
   h.wait();
   const auto t1 = std::chrono::steady_clock::now();
   const double cpu = cpu_seconds() - c0;
   const double secs = std::chrono::duration<double>(t1 - t0).count();
+  const double submit_secs = std::chrono::duration<double>(ts - t0).count();
   bool ok = true;
   if (a.verify) {
     for (std::size_t f = 0; f < count && ok; ++f) {
@@ -82,10 +84,10 @@ int run(const Args& a) {
     }
   }
   const auto s = h.stats();
-  std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
+  std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"submit_seconds\": %.6f, "
               "\"cpu_seconds\": %.6f, \"backend\": \"%s\", \"bytes_direct\": %llu, \"bytes_bounced\": %llu, "
               "\"bytes_buffered\": %llu, \"locked\": %s, \"verified\": %s}\n",
-              a.op.c_str(), a.mode.c_str(), total, secs, cpu, std::string(deepio::to_string(h.backend())).c_str(),
+              a.op.c_str(), a.mode.c_str(), total, secs, submit_secs, cpu, std::string(deepio::to_string(h.backend())).c_str(),
               static_cast<unsigned long long>(s.bytes_direct), static_cast<unsigned long long>(s.bytes_bounced),
               static_cast<unsigned long long>(s.bytes_buffered), buf.locked() ? "true" : "false",
               a.verify ? (ok ? "true" : "false") : "null");

@@ -13,7 +13,10 @@
 #include "engine/cuda_stager.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 
+#include <cstddef>
+#include <string_view>
 #include <atomic>
 #include <vector>
 
@@ -143,19 +146,61 @@ class CudaStager final : public DeviceStager {
 };
 
 // True once the process itself has loaded the CUDA driver: before that no pointer can be
-// device memory, and deepio must not be the one to pay for cuInit.
-bool driver_in_process() {
-  static std::atomic<bool> seen{false};
-  if (seen.load(std::memory_order_relaxed)) return true;
-  const LibraryChoice choice = cuda_library_choice();
-  if (choice.disabled) return false;
-  for (const auto& name : choice.candidates) {
-    if (void* h = ::dlopen(name.c_str(), RTLD_NOLOAD | RTLD_LAZY); h != nullptr) {
-      ::dlclose(h);  // drops only the reference NOLOAD added
-      seen.store(true, std::memory_order_relaxed);
-      return true;
+// device memory, and deepio must not be the one to pay for cuInit. Called on every
+// submission, so it must be cheap: dlopen(RTLD_NOLOAD) searches the file system (tens of
+// microseconds); instead the loaded objects are scanned, and only when the loader's count of
+// objects ever added (dlpi_adds) has changed since the last scan.
+struct LoadedScan {
+  const std::vector<std::string>* names;
+  unsigned long long last_adds;
+  unsigned long long adds = 0;
+  bool first = true;
+  bool unchanged = false;
+  bool found = false;
+};
+
+int scan_object(dl_phdr_info* info, std::size_t size, void* data) {
+  auto* s = static_cast<LoadedScan*>(data);
+  if (s->first) {
+    s->first = false;
+    if (size >= offsetof(dl_phdr_info, dlpi_adds) + sizeof info->dlpi_adds) {
+      s->adds = info->dlpi_adds;
+      if (s->adds == s->last_adds) {
+        s->unchanged = true;
+        return 1;  // nothing was loaded since the last scan
+      }
     }
   }
+  const std::string_view name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const std::string_view base = name.substr(name.find_last_of('/') == std::string_view::npos ? 0 : name.find_last_of('/') + 1);
+  for (const auto& n : *s->names) {
+    if (!base.empty() && base == n) {
+      s->found = true;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+bool driver_in_process() {
+  static std::atomic<bool> seen{false};
+  static std::atomic<unsigned long long> scanned_adds{~0ull};
+  if (seen.load(std::memory_order_relaxed)) return true;
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    const LibraryChoice choice = cuda_library_choice();
+    if (choice.disabled) return v;
+    for (const auto& c : choice.candidates) v.push_back(c.substr(c.find_last_of('/') == std::string::npos ? 0 : c.find_last_of('/') + 1));
+    return v;
+  }();
+  if (names.empty()) return false;
+  LoadedScan scan{&names, scanned_adds.load(std::memory_order_relaxed)};
+  ::dl_iterate_phdr(scan_object, &scan);
+  if (scan.found) {
+    seen.store(true, std::memory_order_relaxed);
+    return true;
+  }
+  if (!scan.unchanged) scanned_adds.store(scan.adds, std::memory_order_relaxed);
   return false;
 }
 
