@@ -21,8 +21,13 @@ import tempfile
 GIB = 1 << 30
 
 
-def fio(args, name, rw, path, size, bs, qd, engine):
-    cmd = ["fio", f"--name={name}", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
+def fio(args, name, rw, path, size, bs, qd, engine, nrfiles=0):
+    if nrfiles:  # the same separate files deepio reads: f0 .. f{n-1} in the folder `path`
+        target = [f"--directory={path}", "--filename_format=f$filenum", f"--nrfiles={nrfiles}",
+                  f"--filesize={size // nrfiles}", "--file_service_type=sequential", f"--openfiles={qd}"]
+    else:
+        target = [f"--filename={path}"]
+    cmd = ["fio", f"--name={name}", *target, f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={qd}", f"--ioengine={engine}", "--direct=1", f"--size={size}",
            "--numjobs=1", "--group_reporting", "--output-format=json"]
     if rw == "write":
@@ -88,27 +93,33 @@ def main():
                "--files", str(args.small_files), "--prepare", "--backend", backend, "--qd", "64")
         flat = os.path.join(root, "flat.bin")
         deepio(args, "--mode", "seq", "--op", "write", "--path", flat, "--size", str(total), "--prepare", *common)
-        f_s, d_s = [], []
+        f_s, g_s, d_s = [], [], []
         for i in range(args.pairs):
-            order = ("fio", "deepio") if i % 2 == 0 else ("deepio", "fio")
+            order = ("fio", "fio_files", "deepio") if i % 2 == 0 else ("deepio", "fio_files", "fio")
             for who in order:
                 if who == "fio":
                     f_s.append(fio(args, "small", "read", flat, total, 65536, 64, args.engine))
+                elif who == "fio_files":
+                    g_s.append(fio(args, "files", "read", small, total, 65536, 64, args.engine,
+                                   nrfiles=args.small_files))
                 else:
                     d_s.append(deepio(args, "--mode", "files", "--op", "read", "--path", small, "--size", "65536",
                                       "--files", str(args.small_files), "--backend", backend, "--qd", "64",
                                       "--block", str(1 << 20)))
         results["small_read"] = {"fio": f_s, "deepio": d_s}
+        results["small_read_same_files"] = {"fio": g_s, "deepio": d_s}
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} size={args.size} "
           f"direct=1 (deepio backend {backend}, overlap_events=True, intra_op_parallelism=1)")
-    print(f"{'case':<12} {'fio GiB/s':>10} {'deepio GiB/s':>13} {'ratio':>7} {'fio CPU s/GiB':>14} {'deepio CPU s/GiB':>17}")
+    print("small_read: fio reads one file of the same total size; small_read_same_files: fio reads "
+          "the same separate files (nrfiles, openfiles=64)")
+    print(f"{'case':<22} {'fio GiB/s':>10} {'deepio GiB/s':>13} {'ratio':>7} {'fio CPU s/GiB':>14} {'deepio CPU s/GiB':>17}")
     for case, r in results.items():
         fg, fc = summarize(r["fio"])
         dg, dc = summarize(r["deepio"])
-        print(f"{case:<12} {fg:>10.3f} {dg:>13.3f} {dg / fg:>7.3f} {fc:>14.3f} {dc:>17.3f}")
+        print(f"{case:<22} {fg:>10.3f} {dg:>13.3f} {dg / fg:>7.3f} {fc:>14.3f} {dc:>17.3f}")
     bad = [s for r in results.values() for s in r["deepio"] if s.get("bytes_direct", 0) == 0]
     if bad:
         print("warning: some deepio runs moved no bytes with direct I/O", file=sys.stderr)
