@@ -107,7 +107,7 @@ class Handle {
   /// failed, throws the first failure's deepio::Error after all of them have completed.
   std::size_t wait();
 
-  /// Operations submitted and not yet collected by wait().
+  /// Operations submitted and collected neither by wait() nor through their Future.
   [[nodiscard]] std::size_t pending() const noexcept;
   [[nodiscard]] const HandleOptions& options() const noexcept;
   /// The backend the workers really use (never Auto).

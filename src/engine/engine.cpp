@@ -235,7 +235,10 @@ std::size_t Engine::wait() {
 
 std::size_t Engine::pending() const noexcept {
   std::lock_guard lock(mutex_);
-  return unclaimed_.size();
+  // Ops already collected through their Future are no longer pending, even before a later
+  // submission or wait() drops them from the list.
+  return static_cast<std::size_t>(std::count_if(unclaimed_.begin(), unclaimed_.end(),
+                                                [](const auto& op) { return !op->claimed_by_future(); }));
 }
 
 HandleStats Engine::stats() const noexcept {

@@ -155,6 +155,7 @@ TEST_P(Conformance, FutureReportsCompletionAndBytes) {
   Future f = h.async_pwrite(a.data(), a.size(), dir_.file("fut"));
   EXPECT_EQ(f.get(), a.size());
   EXPECT_TRUE(f.done());
+  EXPECT_EQ(h.pending(), 0u) << "collected through its Future: no longer pending";
   EXPECT_EQ(h.wait(), 0u) << "an op collected through its Future is not counted again";
   std::vector<std::byte> back(a.size());
   Future r = h.async_pread(back.data(), back.size(), dir_.file("fut"));
