@@ -47,6 +47,12 @@ struct GpuInfo {
 /// holds the driver open. A GdsHandle's mode() is the authority for its files.
 [[nodiscard]] GpuInfo gpu_info() noexcept;
 
+/// The CUDA device ordinal that owns `p` (cuPointerGetAttribute), or -1 when `p` is not CUDA
+/// device memory or no CUDA driver is usable. Loads the driver on first use. Never throws;
+/// thread-safe. Bindings use it to check that a buffer a framework calls device memory is
+/// what deepio::Handle will stage as device memory.
+[[nodiscard]] int device_of(const void* p) noexcept;
+
 /// How a GdsHandle moves data.
 enum class GdsMode {
   Auto,    ///< cuFile where it accepts the file; else (no cuFile, driver refuses, file system

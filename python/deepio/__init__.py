@@ -13,7 +13,9 @@ Modern::
         n = f.pread(array, offset=0).result()
 
 Any CPU tensor or array works (torch, NumPy, anything with ``__dlpack__`` or the buffer
-protocol); failures raise ``OSError`` subclasses. See docs/python.md.
+protocol), and CUDA tensors where a CUDA driver is usable (``deepio.gpu_info()``);
+``deepio.gds_handle`` is DeepNVMe's gds_handle. Failures raise ``OSError`` subclasses.
+See docs/python.md.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from . import _deepio
 from ._aio import ValidationError, aio_handle
 from ._buffers import LockedMemoryWarning
 from ._file import File, Future
+from ._gds import gds_handle, gpu_info
 
 EndOfFileError = _deepio.EndOfFileError
 __version__: str = _deepio.__version__
 
 __all__ = [
     "aio_handle",
+    "gds_handle",
+    "gpu_info",
     "File",
     "Future",
     "EndOfFileError",
@@ -43,9 +48,11 @@ __all__ = [
 
 def info(path: Optional[Any] = None) -> dict:
     """The engine's capabilities: version, each backend (compiled, available, why not),
-    the backend "auto" picks, RLIMIT_MEMLOCK. With ``path`` (a folder or file), also what
-    direct I/O deepio will use there (``direct_io``: supported, alignments, file system)."""
+    the backend "auto" picks, RLIMIT_MEMLOCK, and ``gpu`` (``gpu_info()``: CUDA, cuFile, GDS
+    mode and why not). With ``path`` (a folder or file), also what direct I/O deepio will
+    use there (``direct_io``: supported, alignments, file system)."""
     d = _deepio.capabilities()
+    d["gpu"] = _deepio.gpu_info()
     if path is not None:
         d["direct_io"] = _deepio.probe_direct_io(path)
     return d

@@ -75,7 +75,8 @@ def _async_flag(async_op: Any, kwargs: dict, method: str) -> bool:
 
 
 class aio_handle:  # noqa: N801 - DeepNVMe's name
-    """Asynchronous reads and writes between files and CPU memory (tensors, arrays, buffers).
+    """Asynchronous reads and writes between files and CPU or CUDA memory (tensors, arrays,
+    buffers).
 
     ``aio_handle(block_size=1048576, queue_depth=128, single_submit=False,
     overlap_events=False, intra_op_parallelism=1, *, backend="auto", direct_io="auto")``
@@ -87,6 +88,12 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     (O_DIRECT or EINVAL), "off" (page cache); True/False mean "on"/"off".
     DeepNVMe's older names ``num_threads``/``thread_count`` are accepted for
     ``intra_op_parallelism``.
+
+    CUDA tensors (torch ``is_cuda``, or any DLPack producer reporting kDLCUDA) are read and
+    written through pinned host staging slots, disk reads overlapped with host-to-device
+    copies; after ``wait()`` the data is in device memory, visible to every stream. A torch
+    CUDA tensor's current stream is synchronized at submission. Without a usable CUDA
+    driver such buffers raise TypeError saying why (see ``deepio.gpu_info()``).
 
     Thread-safe: any method may be called from several threads. Buffers passed to
     asynchronous calls are kept alive by the handle until ``wait()`` collects them; do not
@@ -157,6 +164,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def read(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
         """Reads ``buffer.nbytes`` bytes at ``file_offset`` into ``buffer``; returns 0.
         Blocks (GIL released); does not wait for other pending operations."""
+        _buffers.sync_producer_stream(buffer)
         self._h.sync(False, buffer, filename, file_offset, False)
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
@@ -165,6 +173,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def write(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
         """Writes ``buffer`` at ``file_offset`` (creating the file, never truncating it);
         returns 0. Blocks (GIL released); does not wait for other pending operations."""
+        _buffers.sync_producer_stream(buffer)
         self._h.sync(True, buffer, filename, file_offset, False)
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
@@ -316,12 +325,14 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     # ---------------------------------------------------------------------------- helpers
     def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+        _buffers.sync_producer_stream(buffer)
         n = self._h.sync(write, buffer, file, offset, True)
         if _bool_arg("validate", validate):
             self._validate(buffer, file, offset)
         return n
 
     def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+        _buffers.sync_producer_stream(buffer)
         self._h.submit(write, buffer, file, offset)
         if _bool_arg("validate", validate):
             self._to_validate.append((buffer, file, offset))
@@ -329,6 +340,10 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     @staticmethod
     def _validate(buffer: Any, file: FileArg, offset: int) -> None:
+        if _buffers.is_device_buffer(buffer):
+            if not _buffers.is_torch_cuda(buffer):
+                raise TypeError("validate=True needs a torch tensor to copy a device buffer to the CPU")
+            buffer = buffer.detach().cpu()
         where = _deepio.compare_with_file(buffer, file, offset)
         if where >= 0:
             name = file if not isinstance(file, int) else None

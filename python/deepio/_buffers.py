@@ -25,6 +25,34 @@ def is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def is_torch_cuda(obj: Any) -> bool:
+    """A torch tensor in CUDA memory."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor) and obj.is_cuda
+
+
+def is_device_buffer(obj: Any) -> bool:
+    """A torch CUDA tensor, or an object whose ``__dlpack_device__()`` says kDLCUDA (2)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return bool(obj.is_cuda)
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        return int(dev()[0]) == 2
+    except Exception:
+        return False
+
+
+def sync_producer_stream(obj: Any) -> None:
+    """Orders deepio's copies after the work queued on a torch CUDA tensor: deepio copies on
+    its own CUDA stream, so kernels still writing a source (or reading a destination) on the
+    caller's current stream must finish first. Other producers: the caller's job."""
+    if is_torch_cuda(obj):
+        sys.modules["torch"].cuda.current_stream(obj.device).synchronize()
+
+
 def is_numpy_array(obj: Any) -> bool:
     np = sys.modules.get("numpy")
     return np is not None and isinstance(obj, np.ndarray)

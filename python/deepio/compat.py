@@ -9,7 +9,9 @@
 
 ``AsyncIOBuilder().load()`` returns an object shaped like DeepSpeed's ``async_io`` module:
 ``aio_handle``, ``aio_read``, ``aio_write``, ``deepspeed_memcpy``. Nothing is compiled at run
-time; ``is_compatible()`` is True whenever deepio imported. ``PinMemoryBuilder`` gives
+time; ``is_compatible()`` is True whenever deepio imported. ``GDSBuilder().load()`` gives
+DeepSpeed's ``gds`` module (``gds_handle``); its ``is_compatible()`` is False, with the reason
+in ``.reason``, when no CUDA driver is usable. ``PinMemoryBuilder`` gives
 DeepSpeed's ``pin_memory`` module (``pin_handle``) over the same process-wide registry.
 """
 
@@ -20,8 +22,9 @@ from typing import Any, Optional
 
 from . import _buffers, _deepio
 from ._aio import aio_handle
+from ._gds import gds_handle
 
-__all__ = ["AsyncIOBuilder", "PinMemoryBuilder", "async_io", "pin_memory"]
+__all__ = ["AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "async_io", "gds", "pin_memory"]
 
 
 def aio_read(
@@ -65,6 +68,10 @@ async_io.aio_handle = aio_handle  # type: ignore[attr-defined]
 async_io.aio_read = aio_read  # type: ignore[attr-defined]
 async_io.aio_write = aio_write  # type: ignore[attr-defined]
 async_io.deepspeed_memcpy = deepspeed_memcpy  # type: ignore[attr-defined]
+
+
+gds = types.ModuleType("deepio.compat.gds", "DeepSpeed's gds module, served by deepio.")
+gds.gds_handle = gds_handle  # type: ignore[attr-defined]
 
 
 class pin_handle:  # noqa: N801 - DeepSpeed's name
@@ -123,3 +130,37 @@ class PinMemoryBuilder(_Builder):
     NAME = "pin_memory"
     BUILD_VAR = "DS_BUILD_PIN_MEMORY"
     _module = pin_memory
+
+
+class GDSBuilder(_Builder):
+    """``GDSBuilder().load()`` → a ``gds``-shaped module (``gds_handle``) backed by deepio.
+
+    ``is_compatible()`` is True when a CUDA driver is usable: gds_handle then runs through
+    GPUDirect Storage, or staged through host memory where cuFile or nvidia-fs is missing
+    (``gds_handle(...).mode`` says which; ``deepio.gpu_info()`` says why). Otherwise False,
+    with the reason in ``self.reason``; ``load()`` then raises RuntimeError naming it, as
+    DeepSpeed does for an incompatible op."""
+
+    NAME = "gds"
+    BUILD_VAR = "DS_BUILD_GDS"
+    _module = gds
+
+    def __init__(self, name: Optional[str] = None) -> None:
+        super().__init__(name)
+        self.reason = ""
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        info = _deepio.gpu_info()
+        if not info["cuda_found"]:
+            self.reason = f"gds needs a CUDA driver: {info['cuda_reason']}"
+            return False
+        self.reason = "" if info["gds_mode"] == "gds" else info["gds_reason"]
+        return True
+
+    def load(self, verbose: bool = True) -> types.ModuleType:
+        if not self.is_compatible():
+            raise RuntimeError(f"Unable to load the gds op: {self.reason}")
+        return self._module
+
+    def jit_load(self, verbose: bool = True) -> types.ModuleType:
+        return self.load(verbose)

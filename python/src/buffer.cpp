@@ -1,9 +1,11 @@
 // Buffers from any framework: DLPack (torch, NumPy, JAX, CuPy, ...) or the buffer protocol
 // (bytearray, memoryview, mmap, array.array). Never a copy: an object that cannot be used as
 // it is gets an exception naming the problem, so a read can never land in a temporary.
+#include <cstdio>
 #include <string>
 
 #include "common.hpp"
+#include "deepio/gpu.hpp"
 
 namespace deepio::py {
 
@@ -100,12 +102,36 @@ PyObject* torch_tensor_type() {
   return cls;
 }
 
+// Checks that the CUDA driver deepio loads agrees that `p` is device memory (the engine
+// decides host/device with that driver: a device pointer it took for host memory would be
+// dereferenced). Returns the device ordinal; raises TypeError naming the reason otherwise.
+int require_device(const void* p, std::size_t nbytes, int dlpack_ordinal, const char* role) {
+  if (nbytes == 0) return dlpack_ordinal < 0 ? 0 : dlpack_ordinal;  // nothing is ever touched
+  int dev = -1;
+  {
+    nb::gil_scoped_release release;  // the first call loads and initialises the driver
+    dev = device_of(p);
+  }
+  if (dev >= 0) return dev;
+  std::string why;
+  if (!cuda_usable(&why)) {
+    throw nb::type_error((std::string(role) + " lives in CUDA memory, but deepio cannot use the CUDA driver: " + why)
+                             .c_str());
+  }
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "%p", p);
+  throw nb::type_error((std::string(role) + " claims to live in CUDA memory, but the CUDA driver deepio loaded (" +
+                        gpu_info().cuda_library + ") does not know address " + addr +
+                        " as device memory (is DEEPIO_CUDA_LIBRARY the driver your framework uses?)")
+                           .c_str());
+}
+
 // Fast path for torch tensors: torch's __dlpack__ is a Python method costing ~10 us per
 // call, several plain attribute reads cost ~2 us. Keeps the tensor and its storage (so a
 // resize_/set_ of the tensor cannot free the memory under the I/O). Returns false, with no
 // error set, for anything unusual (sparse, meta, fake, nested tensors...), which then takes
 // the DLPack route and its precise errors.
-bool import_torch(nb::handle obj, const char* role, Buffer* out) {
+bool import_torch(nb::handle obj, const char* role, bool allow_device, Buffer* out) {
   PyObject* cls = torch_tensor_type();
   if (cls == nullptr) return false;
   const int is = PyObject_IsInstance(obj.ptr(), cls);
@@ -117,10 +143,12 @@ bool import_torch(nb::handle obj, const char* role, Buffer* out) {
     nb::object device = obj.attr("device").attr("type");
     if (!nb::isinstance<nb::str>(device)) return false;
     const std::string dev = nb::cast<std::string>(device);
-    if (dev != "cpu") {
+    const bool cuda = dev == "cuda" && allow_device;
+    if (dev != "cpu" && !cuda) {
       if (dev == "meta") return false;
-      throw nb::type_error((std::string(role) + " is a " + dev +
-                            " tensor; aio_handle moves data between files and CPU memory only")
+      throw nb::type_error((std::string(role) + " is a " + dev + " tensor; " +
+                            (dev == "cuda" ? "this call moves data between files and CPU memory only"
+                                           : "deepio moves data between files and CPU or CUDA memory only"))
                                .c_str());
     }
     if (!obj.attr("layout").is(nb::handle(g_torch_strided))) return false;  // sparse, nested
@@ -139,6 +167,7 @@ bool import_torch(nb::handle obj, const char* role, Buffer* out) {
     out->keep = nb::make_tuple(nb::borrow(obj), storage);
     out->data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(obj.attr("data_ptr")()));
     out->nbytes = nb::cast<std::size_t>(obj.attr("nbytes"));
+    if (cuda) out->device = require_device(out->data, out->nbytes, nb::cast<int>(obj.attr("device").attr("index")), role);
     return true;
   } catch (nb::python_error& e) {
     e.restore();
@@ -169,9 +198,19 @@ bool host_range(nb::handle obj, const void** data, std::size_t* nbytes) {
   return true;
 }
 
-Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
+bool cuda_usable(std::string* why) {
+  GpuInfo info;
+  {
+    nb::gil_scoped_release release;
+    info = gpu_info();
+  }
+  if (!info.cuda_found && why != nullptr) *why = info.cuda_reason;
+  return info.cuda_found;
+}
+
+Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow_device) {
   Buffer buf;
-  if (import_torch(obj, role, &buf)) return buf;  // torch tensors are always writable
+  if (import_torch(obj, role, allow_device, &buf)) return buf;  // torch tensors are always writable
   bool ok = false;
   if (writable) {
     nb::ndarray<> w;
@@ -189,7 +228,7 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
   if (!ok) {
     // torch refuses to export tensors that require grad; a detached view shares the memory
     // (and keeps it alive), which is all I/O needs.
-    if (is_torch_tensor_requiring_grad(obj)) return import_buffer(obj.attr("detach")(), writable, role);
+    if (is_torch_tensor_requiring_grad(obj)) return import_buffer(obj.attr("detach")(), writable, role, allow_device);
     if (import_raw(obj, writable, role, &buf)) return buf;
     if (nb::hasattr(obj, "__dlpack__")) {
       // Say why the producer refused (sparse, meta, conjugate views, ...).
@@ -213,9 +252,12 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
                              .c_str());
   }
   const nb::ndarray<nb::ro>& a = buf.array;
-  if (!host_addressable(a.device_type())) {
-    throw nb::type_error((std::string(role) + " lives in " + device_name(a.device_type()) +
-                          " memory; aio_handle moves data between files and CPU memory only")
+  const bool cuda = a.device_type() == nb::device::cuda::value && allow_device;
+  if (!host_addressable(a.device_type()) && !cuda) {
+    throw nb::type_error((std::string(role) + " lives in " + device_name(a.device_type()) + " memory; " +
+                          (a.device_type() == nb::device::cuda::value
+                               ? "this call moves data between files and CPU memory only"
+                               : "deepio moves data between files and CPU or CUDA memory only"))
                              .c_str());
   }
   const nb::dlpack::dtype dt = a.dtype();
@@ -232,6 +274,7 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role) {
   }
   buf.data = const_cast<void*>(static_cast<const void*>(a.data()));
   buf.nbytes = a.nbytes();
+  if (cuda) buf.device = require_device(buf.data, buf.nbytes, a.device_id(), role);
   return buf;
 }
 

@@ -31,13 +31,22 @@ struct Buffer {
   nb::object keep;
   void* data = nullptr;
   std::size_t nbytes = 0;
+  int device = -1;  ///< CUDA device ordinal for device memory (allow_device only); -1: host
 };
 
 /// Imports `obj` through DLPack or the buffer protocol without ever copying. `writable`: the
 /// buffer is a read destination. Raises TypeError (not an array, not CPU memory, a dtype with
 /// no byte size) or ValueError (read-only destination, non-contiguous memory) naming the
 /// problem and `role` (e.g. "buffer").
-Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer");
+/// `allow_device`: CUDA device memory (DLPack kDLCUDA, torch `is_cuda`) is accepted too, and
+/// `device` says which device, once the CUDA driver deepio loads confirms that the address
+/// is device memory (deepio::device_of); otherwise TypeError saying why (no usable driver, or
+/// the driver does not know the address). Only for callers that hand the pointer to an engine
+/// that stages device memory (deepio::Handle, deepio::GdsHandle): never dereference it.
+Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer", bool allow_device = false);
+
+/// Whether the CUDA driver is usable by deepio; `why` gets the reason when not.
+bool cuda_usable(std::string* why);
 
 /// The host memory range of `obj` with none of the checks I/O needs (any device type is
 /// rejected silently): for is_pinned / free lookups. False when `obj` exports no memory.
@@ -72,5 +81,6 @@ void init_errors(nb::module_& m);
 void init_handle(nb::module_& m);
 void init_memory(nb::module_& m);
 void init_fault(nb::module_& m);
+void init_gds(nb::module_& m);
 
 }  // namespace deepio::py

@@ -211,7 +211,7 @@ class PyHandle {
     }
     auto h = engine();
     auto rec = std::make_shared<Record>();
-    rec->buf = import_buffer(buffer, !write, "buffer");
+    rec->buf = import_buffer(buffer, !write, "buffer", /*allow_device=*/true);
     rec->owner = owner;
     rec->write = write;
     rec->offset = static_cast<std::uint64_t>(file_offset);

@@ -124,6 +124,7 @@ NB_MODULE(_deepio, m) {
   init_handle(m);
   init_memory(m);
   init_fault(m);
+  init_gds(m);
   m.def("compare_with_file", &compare_with_file, nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
         "Index of the first byte where the file range differs from the buffer, or -1 (validate=True).");
   m.def(

@@ -8,6 +8,11 @@
 
 namespace deepio {
 
+int device_of(const void* p) noexcept {
+  const detail::gpu::DevicePointer d = detail::gpu::classify(p);
+  return d.is_device ? d.ordinal : -1;
+}
+
 GpuInfo gpu_info() noexcept {
   GpuInfo info;
   try {
