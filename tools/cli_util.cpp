@@ -1,5 +1,7 @@
 #include "cli_util.hpp"
 
+#include "deepio/gpu.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -345,6 +347,16 @@ std::string ArgParser::help() const {
   }
   if (!epilog_.empty()) h += "\n" + epilog_ + "\n";
   return h;
+}
+
+std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds) {
+  const GpuInfo g = gpu_info();
+  if (!g.cuda_found) return std::string(gpu_flag) + ": no usable CUDA driver: " + g.cuda_reason;
+  if (gds && !g.cufile_found) return std::string(gds_flag) + ": no cuFile: " + g.cufile_reason;
+  return std::string(gpu_flag) + ": GPU runs are not in the deepio command yet (CUDA " +
+         std::to_string(g.driver_version) + ", " + std::to_string(g.device_count) +
+         " device(s), GDS mode " + g.gds_mode +
+         "); use examples/file_access/*_gpu_tensor.py (see docs/gpu.md)";
 }
 
 int print_errors(const std::string& prog, const std::vector<std::string>& errors) {

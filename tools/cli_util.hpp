@@ -123,6 +123,10 @@ class ArgParser {
 };
 
 /// Prints each error as one line "<prog>: error: <msg>" on stderr; returns the exit status 2.
+/// Why `--gpu` (and `--use_gds` / `--gds` when `gds`) cannot run here, as one line naming the
+/// flag and the cause (no usable CUDA driver, no cuFile); the GPU modes of bench and tune
+/// are not in the command yet, so with CUDA present it says that and where to go instead.
+std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds);
 int print_errors(const std::string& prog, const std::vector<std::string>& errors);
 
 /// Reads a size flag; appends "<flag>: '<text>' is not a size ..." to errors when malformed.

@@ -169,7 +169,7 @@ int ds_io_main(const ParsedArgs& a, std::vector<std::string> errors, int argc, c
     }
   }
   if (a.has("--use_gds") && !a.has("--gpu")) errors.push_back("--use_gds requires --gpu");
-  if (a.has("--gpu")) errors.push_back("--gpu: this deepio build has no GPU support yet (see deepio info)");
+  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--use_gds", a.has("--use_gds")));
   if (launch.mpi && a.has("--multi_process") && a.get("--multi_process") != "1") {
     errors.push_back("--multi_process: under " + launch.launcher + " each MPI rank is one process; set the count with mpirun -np");
   }
@@ -333,7 +333,7 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
     if (a.has(f)) errors.push_back(std::string(f) + " is a ds_io-mode flag: give --io_size as well");
   }
   if (a.has("--use_gds") && !a.has("--gpu")) errors.push_back("--use_gds requires --gpu");
-  if (a.has("--gpu")) errors.push_back("--gpu: this deepio build has no GPU support yet (see deepio info)");
+  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--use_gds", a.has("--use_gds")));
   HandleOptions ho = handle_options(a, errors, 32);
   const auto runs = static_cast<std::size_t>(count_arg(a, "--runs", errors).value_or(3));
   if (runs > 1000) errors.push_back("--runs: at most 1000");

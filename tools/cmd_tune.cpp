@@ -490,7 +490,7 @@ int cmd_tune(int argc, char** argv) {
     if (v == 0) errors.push_back("--sweep_config: io_parallel must be at least 1");
   }
   if (a.has("--gds") && !a.has("--gpu")) errors.push_back("--gds requires --gpu");
-  if (a.has("--gpu")) errors.push_back("--gpu: this deepio build has no GPU support yet (see deepio info)");
+  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--gds", a.has("--gds")));
   if (!explicit_dirs) {
     std::string why;
     std::string d = pick_disk_folder(&why);
