@@ -23,7 +23,9 @@ class CudaStaging : public testing::Test {
     api_ = cuda(&why);
     if (api_ == nullptr) GTEST_SKIP() << "no (fake) CUDA driver: " << why.message;
   }
-  void TearDown() override { set_result(nullptr, 0, 0); }
+  void TearDown() override {
+    if (api_ != nullptr) set_result(nullptr, 0, 0);
+  }
   void* device_alloc(std::size_t n) {
     CUdeviceptr p = 0;
     EXPECT_EQ(api_->cuMemAlloc(&p, n), CUDA_SUCCESS);
@@ -39,7 +41,9 @@ class CudaStaging : public testing::Test {
     f(name, r, after);
   }
   ~CudaStaging() override {
-    for (auto p : allocs_) api_->cuMemFree(p);
+    if (api_ != nullptr) {
+      for (auto p : allocs_) api_->cuMemFree(p);
+    }
   }
   const CudaApi* api_ = nullptr;
   std::vector<CUdeviceptr> allocs_;
