@@ -117,8 +117,12 @@ def require_gds(script: str):
     """Returns deepio's gds_handle class once GPUDirect Storage can work here; otherwise skips."""
     torch = require_gpu(script)
     import deepio
+    import deepio.compat
 
     gds = getattr(deepio, "gds_handle", None)
     if gds is None:
         skip(script, "this deepio build has no gds_handle (GPUDirect Storage support not built)")
+    builder = deepio.compat.GDSBuilder()
+    if not builder.is_compatible():
+        skip(script, builder.reason)
     return torch, gds

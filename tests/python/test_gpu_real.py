@@ -1,0 +1,96 @@
+"""GPU tensors on a real GPU (torch with CUDA): DeepNVMe's §5.2 GDS checklist and the GPU
+rows of §5.1/§5.3, in Python. Every test carries needs_gpu and skips with the reason where
+torch has no CUDA device (here: the development machines). Run on a GPU machine with
+    python -m pytest tests/python/test_gpu_real.py -v
+(and DEEPIO_TEST_DIR pointing at a local NVMe ext4/xfs folder for GPUDirect Storage)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import deepio
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+
+def _gpu_reason() -> str:
+    if torch is None:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    info = deepio.gpu_info()
+    if not info["cuda_found"]:
+        return f"deepio cannot use the CUDA driver: {info['cuda_reason']}"
+    return ""
+
+
+GPU_REASON = _gpu_reason()
+needs_gpu = pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
+
+BLOCK, QD, IO, PAR = 262144, 2, 1 << 20, 2
+
+
+def ref(n: int):
+    return torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("nbytes", [IO, IO + 4097, 777])
+@pytest.mark.parametrize("single_submit,overlap", [(False, False), (True, True)])
+def test_aio_handle_gpu_tensor_roundtrip(tmp_dir, nbytes, single_submit, overlap):
+    h = deepio.aio_handle(1024, 2, single_submit, overlap, 2)
+    t = ref(nbytes)
+    f = str(tmp_dir / "a.bin")
+    assert h.async_pwrite(t, f) == 0 and h.wait() == 1
+    out = torch.zeros_like(t)
+    assert h.sync_pread(out, f) == 1
+    assert torch.equal(out, t)
+    cpu = torch.empty(nbytes, dtype=torch.uint8)
+    assert h.sync_pread(cpu, f) == 1  # written from the GPU, read back on the CPU
+    assert torch.equal(cpu, t.cpu())
+
+
+@needs_gpu
+@pytest.mark.parametrize("nbytes", [IO, IO + 4097, 777])
+@pytest.mark.parametrize("mode", ["auto", "compat"])
+def test_gds_checklist(tmp_dir, nbytes, mode):
+    h = deepio.gds_handle(BLOCK, QD, False, False, PAR, mode=mode)
+    print("gds mode:", h.mode, h.mode_reason)
+    assert h.get_intra_op_parallelism() == PAR
+    t = h.new_pinned_device_tensor(nbytes, torch.empty(0, dtype=torch.uint8, device="cuda"))
+    t.copy_(ref(nbytes))
+    f = str(tmp_dir / "g.bin")
+    assert h.sync_pwrite(t, f) == 1
+    out = torch.zeros_like(t)
+    h.pin_device_tensor(out)
+    assert h.async_pread(out, f) == 0 and h.wait() == 1
+    assert torch.equal(out, t)
+    # a view inside a pinned buffer, at an offset
+    half = nbytes // 2
+    out.zero_()
+    assert h.sync_pread(out.narrow(0, half, nbytes - half), f, half) == 1
+    assert torch.equal(out[half:], t[half:])
+    assert h.unpin_device_tensor(out) and h.free_pinned_device_tensor(t)
+
+
+@needs_gpu
+def test_concurrent_gpu_and_cpu_ops_on_one_handle(tmp_dir):
+    h = deepio.aio_handle(4096, 2, True, True, 2)
+    g, c = ref(IO), torch.randint(0, 255, (IO,), dtype=torch.uint8)
+    fg, fc = str(tmp_dir / "g"), str(tmp_dir / "c")
+    h.sync_pwrite(g, fg)
+    h.sync_pwrite(c, fc)
+    og, oc = torch.zeros_like(g), torch.zeros_like(c)
+    res = []
+    ts = [threading.Thread(target=lambda: res.append(h.sync_pread(og, fg))),
+          threading.Thread(target=lambda: res.append(h.sync_pread(oc, fc)))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert res == [1, 1] and torch.equal(og, g) and torch.equal(oc, c)
