@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "deepio/deepio.hpp"
-#include "support.hpp"
+#include "common/support.hpp"
 
 namespace deepio {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "gpu/cuda.hpp"
-#include "support.hpp"
+#include "common/support.hpp"
 
 namespace deepio {
 namespace {

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "platform/fault.hpp"
-#include "support.hpp"
+#include "common/support.hpp"
 
 namespace deepio {
 namespace {

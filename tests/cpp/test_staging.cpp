@@ -10,7 +10,7 @@
 
 #include "core/stager.hpp"
 #include "engine/device.hpp"
-#include "support.hpp"
+#include "common/support.hpp"
 
 namespace deepio {
 namespace {

@@ -1,5 +1,5 @@
-// Helpers for the GPU tests: temporary folders on a real disk, patterns, and access to the
-// fake drivers' control functions.
+// Helpers for the GPU tests: the shared test helpers, and access to the fake drivers'
+// control functions.
 #pragma once
 
 #include <dlfcn.h>
@@ -17,71 +17,15 @@
 
 #include <gtest/gtest.h>
 
+#include "common/support.hpp"
+
 namespace deepio::gputest {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* env = std::getenv("DEEPIO_TEST_DIR");
-    std::filesystem::path base = env != nullptr && *env != '\0' ? env : DEEPIO_TEST_DEFAULT_DIR;
-    std::filesystem::create_directories(base);
-    std::string templ = (base / "deepio-gpu-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-inline std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    v[i] = static_cast<std::byte>(x);
-  }
-  return v;
-}
-
-inline std::vector<std::byte> slurp(const std::string& path) {
-  std::vector<std::byte> out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  struct stat st {};
-  ::fstat(fd, &st);
-  out.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
-    if (r <= 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  ::close(fd);
-  out.resize(done);
-  return out;
-}
-
-inline void put(const std::string& path, const std::vector<std::byte>& data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + path);
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t r = ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done));
-    if (r <= 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  ::close(fd);
-}
+// The shared helpers of every C++ test suite (tests/common/support.hpp).
+using test::pattern;
+using test::put;
+using test::slurp;
+using test::TempDir;
 
 /// A function exported by an already loaded fake library.
 template <typename Fn>
