@@ -111,31 +111,11 @@ std::unique_ptr<CudaApi> load_from(const std::vector<std::string>& candidates, S
   return api;
 }
 
-struct Global {
-  std::unique_ptr<CudaApi> api;
-  Status why;
-};
+using Global = LoadedOnce<CudaApi>;
 
 const Global& global() noexcept {
   // Built once; a failure to allocate while loading is reported as the reason.
-  static const Global g = []() noexcept {
-    Global out;
-    try {
-      const LibraryChoice choice = cuda_library_choice();
-      if (choice.disabled) {
-        out.why = Status::failure(ENOTSUP, "CUDA disabled: " + choice.from_env + "=none");
-        return out;
-      }
-      out.api = load_from(choice.candidates, &out.why);
-      if (out.api == nullptr && !choice.from_env.empty()) {
-        out.why.message += " (library chosen by " + choice.from_env + ")";
-      }
-    } catch (const std::bad_alloc&) {
-      out.api.reset();
-      out.why.errnum = ENOMEM;
-    }
-    return out;
-  }();
+  static const Global g = load_once<CudaApi>(cuda_library_choice, "CUDA", load_from);
   return g;
 }
 

@@ -101,30 +101,11 @@ std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates,
   return api;
 }
 
-struct Global {
-  std::unique_ptr<CuFileApi> api;
-  Status why;
-};
+using Global = LoadedOnce<CuFileApi>;
 
 Global& global() noexcept {
-  static Global g = []() noexcept {
-    Global out;
-    try {
-      const LibraryChoice choice = cufile_library_choice();
-      if (choice.disabled) {
-        out.why = Status::failure(ENOTSUP, "cuFile disabled: " + choice.from_env + "=none");
-        return out;
-      }
-      out.api = load_from(choice.candidates, &out.why);
-      if (out.api == nullptr && !choice.from_env.empty()) {
-        out.why.message += " (library chosen by " + choice.from_env + ")";
-      }
-    } catch (const std::bad_alloc&) {
-      out.api.reset();
-      out.why.errnum = ENOMEM;
-    }
-    return out;
-  }();
+  // Built once; a failure to allocate while loading is reported as the reason.
+  static Global g = load_once<CuFileApi>(cufile_library_choice, "cuFile", load_from);
   return g;
 }
 

@@ -8,6 +8,9 @@
 // one mapping per library per process).
 #pragma once
 
+#include <cerrno>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,37 @@ template <typename Fn>
 void resolve(const Library& lib, const char* name, Fn** fn, std::string* missing) {
   *fn = reinterpret_cast<Fn*>(find_symbol(lib, name));
   if (*fn == nullptr && missing->empty()) *missing = name;
+}
+
+/// A library loaded once per process: the API, or why there is none.
+template <typename Api>
+struct LoadedOnce {
+  std::unique_ptr<Api> api;
+  Status why;
+};
+
+/// The one-time load both shims share: honours the library choice (disabled by the user, or the
+/// candidates to try), names the variable that chose the library in the reason, and turns an
+/// allocation failure while loading into ENOMEM. `load` is the shim's own
+/// `std::unique_ptr<Api>(const std::vector<std::string>&, Status*)`.
+template <typename Api, typename Load>
+LoadedOnce<Api> load_once(LibraryChoice (*choose)(), const char* what, Load load) noexcept {
+  LoadedOnce<Api> out;
+  try {
+    const LibraryChoice choice = choose();
+    if (choice.disabled) {
+      out.why = Status::failure(ENOTSUP, std::string(what) + " disabled: " + choice.from_env + "=none");
+      return out;
+    }
+    out.api = load(choice.candidates, &out.why);
+    if (out.api == nullptr && !choice.from_env.empty()) {
+      out.why.message += " (library chosen by " + choice.from_env + ")";
+    }
+  } catch (const std::bad_alloc&) {
+    out.api.reset();
+    out.why.errnum = ENOMEM;
+  }
+  return out;
 }
 
 }  // namespace deepio::detail::gpu
