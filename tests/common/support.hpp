@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "deepio/deepio.hpp"
+#include "platform/fault.hpp"
 
 namespace deepio::test {
 
@@ -120,5 +121,32 @@ inline bool backend_available(BackendKind kind, std::string* why) {
   *why = "unknown backend";
   return false;
 }
+
+/// Fixture of the suites that run once per backend: skips (with the reason) where the
+/// backend cannot be set up, gives each test a fresh folder, and clears the fault hook.
+class BackendTest : public testing::TestWithParam<BackendKind> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!backend_available(GetParam(), &why)) GTEST_SKIP() << to_string(GetParam()) << ": " << why;
+  }
+  void TearDown() override { detail::set_fault_hook({}); }
+  /// `o` with this test's backend.
+  [[nodiscard]] HandleOptions opts(HandleOptions o = {}) const {
+    o.backend = GetParam();
+    return o;
+  }
+  TempDir dir_;
+};
+
+/// Test names "io_uring", "libaio", "threads" for INSTANTIATE_TEST_SUITE_P.
+inline std::string backend_param_name(const testing::TestParamInfo<BackendKind>& info) {
+  return std::string(to_string(info.param));
+}
+
+#define DEEPIO_INSTANTIATE_FOR_BACKENDS(suite)                                                              \
+  INSTANTIATE_TEST_SUITE_P(Backends, suite,                                                                 \
+                           testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads), \
+                           ::deepio::test::backend_param_name)
 
 }  // namespace deepio::test

@@ -19,26 +19,8 @@ using test::OffsetBuffer;
 using test::pattern;
 using test::put;
 using test::slurp;
-using test::TempDir;
 
-class Conformance : public testing::TestWithParam<BackendKind> {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!test::backend_available(GetParam(), &why)) GTEST_SKIP() << to_string(GetParam()) << ": " << why;
-  }
-  void TearDown() override { detail::set_fault_hook({}); }
-  HandleOptions opts(HandleOptions o = {}) const {
-    o.backend = GetParam();
-    return o;
-  }
-  TempDir dir_;
-};
-
-std::string backend_name(const testing::TestParamInfo<BackendKind>& info) {
-  std::string s(to_string(info.param));
-  return s == "io_uring" ? "io_uring" : s;
-}
+using Conformance = test::BackendTest;
 
 // Writes `n` bytes at `offset` from a buffer misaligned by `misalign`, checks the file, then
 // reads them back into another misaligned buffer and checks memory.
@@ -307,9 +289,7 @@ TEST_P(Conformance, BufferedModeMatchesPlainIo) {
   EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
-                         testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads),
-                         backend_name);
+DEEPIO_INSTANTIATE_FOR_BACKENDS(Conformance);
 
 }  // namespace
 }  // namespace deepio

@@ -21,21 +21,8 @@ using detail::FaultPoint;
 using detail::FaultSite;
 using test::pattern;
 using test::slurp;
-using test::TempDir;
 
-class Failures : public testing::TestWithParam<BackendKind> {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!test::backend_available(GetParam(), &why)) GTEST_SKIP() << to_string(GetParam()) << ": " << why;
-  }
-  void TearDown() override { detail::set_fault_hook({}); }
-  HandleOptions opts(HandleOptions o = {}) const {
-    o.backend = GetParam();
-    return o;
-  }
-  TempDir dir_;
-};
+using Failures = test::BackendTest;
 
 // Runs fn in a child process (for process-wide limits and identities); returns its exit code.
 template <typename Fn>
@@ -354,9 +341,7 @@ TEST_P(Failures, DescriptorErrors) {
   EXPECT_THROW(h.async_pwrite(nullptr, 10, dir_.file("n")), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Failures,
-                         testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads),
-                         [](const testing::TestParamInfo<BackendKind>& i) { return std::string(to_string(i.param)); });
+DEEPIO_INSTANTIATE_FOR_BACKENDS(Failures);
 
 }  // namespace
 }  // namespace deepio

@@ -94,11 +94,11 @@ class FakeStager : public DeviceStager {
   std::map<int, Copy> pending_;
 };
 
-class Staging : public testing::TestWithParam<BackendKind> {
+class Staging : public test::BackendTest {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!test::backend_available(GetParam(), &why)) GTEST_SKIP() << why;
+    test::BackendTest::SetUp();
+    if (IsSkipped()) return;
     detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; },
                                 [this](int device, std::size_t, Status*) -> std::unique_ptr<DeviceStager> {
                                   EXPECT_EQ(device, 0);
@@ -106,13 +106,11 @@ class Staging : public testing::TestWithParam<BackendKind> {
                                   return std::make_unique<FakeStager>(&dev_);
                                 }});
   }
-  void TearDown() override { detail::set_device_support({}); }
-  HandleOptions opts(HandleOptions o) const {
-    o.backend = GetParam();
-    return o;
+  void TearDown() override {
+    detail::set_device_support({});
+    test::BackendTest::TearDown();
   }
   FakeDevice dev_;
-  test::TempDir dir_;
 };
 
 TEST_P(Staging, DeviceBuffersRoundTripThroughFewSlots) {
@@ -184,9 +182,7 @@ TEST_P(Staging, NoDriverMeansAClearError) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Staging,
-                         testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads),
-                         [](const testing::TestParamInfo<BackendKind>& i) { return std::string(to_string(i.param)); });
+DEEPIO_INSTANTIATE_FOR_BACKENDS(Staging);
 
 }  // namespace
 }  // namespace deepio
