@@ -486,10 +486,12 @@ std::string find_on_path(const std::string& name) {
   std::string_view rest(path);
   while (!rest.empty()) {
     const auto colon = rest.find(':');
-    std::string dir(rest.substr(0, colon));
+    const std::string_view dir = rest.substr(0, colon);
     rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
-    if (dir.empty()) dir = ".";
-    const std::string cand = dir + "/" + name;
+    // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on `dir = "."`.
+    std::string cand(dir.empty() ? std::string_view(".") : dir);
+    cand += '/';
+    cand += name;
     if (::access(cand.c_str(), X_OK) == 0) return cand;
   }
   return {};
