@@ -2,9 +2,8 @@
 // adds: every backend and why it is or is not usable, a folder's file system and direct-I/O
 // alignment, the memlock limit, and whether CUDA, cuFile, MPI and fio were found.
 //
-// CUDA and cuFile are only probed with dlopen(RTLD_LAZY | RTLD_LOCAL) and closed again: the
-// GPU layer (src/gpu) will replace this with its shims.
-#include <dlfcn.h>
+// CUDA and cuFile are reported by the GPU layer (deepio::gpu_info(): the same run-time loader
+// the library uses, so what info says is what a handle will get).
 #include <sys/utsname.h>
 
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "deepio/deepio.hpp"
+#include "deepio/gpu.hpp"
 #include "group.hpp"
 #include "measure.hpp"
 
@@ -24,27 +24,6 @@ namespace deepio::cli {
 namespace {
 
 const char* const kProg = "deepio info";
-
-struct LibProbe {
-  std::string name;
-  bool found = false;
-  std::string detail;
-};
-
-LibProbe probe_library(const char* soname) {
-  LibProbe p{soname, false, {}};
-  ::dlerror();
-  void* h = ::dlopen(soname, RTLD_LAZY | RTLD_LOCAL);
-  if (h != nullptr) {
-    p.found = true;
-    p.detail = "loadable";
-    ::dlclose(h);
-  } else {
-    const char* e = ::dlerror();
-    p.detail = e != nullptr ? e : "dlopen failed";
-  }
-  return p;
-}
 
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
@@ -124,8 +103,8 @@ int cmd_info(int argc, char** argv) {
   } catch (const std::exception& e) {
     dio_error = e.what();
   }
-  const LibProbe cuda = probe_library("libcuda.so.1");
-  const LibProbe cufile = probe_library("libcufile.so.0");
+  const GpuInfo gpu = gpu_info();
+  const bool gds_ok = gpu.gds_mode != "unavailable";  // gds_handle works (GDS proper or compat)
   const Launch launch = detect_launch();
   const std::string mpi_status = mpi_plugin_status();
   const bool mpi_plugin = mpi_status.rfind("plugin found", 0) == 0;
@@ -175,14 +154,21 @@ int cmd_info(int argc, char** argv) {
     j.value("cap_ipc_lock", ipc_lock);
     j.value("physical_memory_bytes", physical_memory_bytes());
     j.begin_object("cuda");
-    j.value("library", cuda.name);
-    j.value("found", cuda.found);
-    j.value("detail", cuda.detail);
+    j.value("library", gpu.cuda_library);
+    j.value("found", gpu.cuda_found);
+    j.value("detail", gpu.cuda_reason);
+    j.value("driver_version", static_cast<std::uint64_t>(gpu.driver_version));
+    j.value("device_count", static_cast<std::uint64_t>(gpu.device_count));
     j.end_object();
     j.begin_object("cufile");
-    j.value("library", cufile.name);
-    j.value("found", cufile.found);
-    j.value("detail", cufile.detail);
+    j.value("library", gpu.cufile_library);
+    j.value("found", gpu.cufile_found);
+    j.value("detail", gpu.cufile_reason);
+    j.value("nvidia_fs", gpu.nvidia_fs_loaded);
+    j.end_object();
+    j.begin_object("gds");
+    j.value("mode", gpu.gds_mode);
+    j.value("reason", gpu.gds_reason);
     j.end_object();
     j.begin_object("mpi");
     j.value("plugin", mpi_plugin);
@@ -191,7 +177,7 @@ int cmd_info(int argc, char** argv) {
     j.end_object();
     j.begin_object("ds_report");
     j.value("async_io", any_async);
-    j.value("gds", false);
+    j.value("gds", gds_ok);
     j.end_object();
     if (fio.empty()) j.null("fio");
     else j.value("fio", fio_ver.empty() ? fio : fio_ver);
@@ -207,9 +193,9 @@ int cmd_info(int argc, char** argv) {
   std::printf("\nDeepSpeed op report (ds_report)\n");
   std::printf("%s installed .. compatible\n", dots("op name", 24).c_str());
   std::printf("%s [YES] ...... %s\n", dots("async_io", 24).c_str(), any_async ? "[OKAY]" : "[NO]");
-  std::printf("%s [NO] ....... [NO]\n", dots("gds", 24).c_str());
-  std::printf("  (deepio is compiled ahead of time: nothing is JIT-built. gds needs deepio's GPU layer\n"
-              "   and cuFile; this build has no GPU layer yet.)\n");
+  std::printf("%s [YES] ...... %s\n", dots("gds", 24).c_str(), gds_ok ? "[OKAY]" : "[NO]");
+  std::printf("  (deepio is compiled ahead of time: nothing is JIT-built; CUDA and cuFile are loaded at\n"
+              "   run time when present.)\n");
   std::printf("\nbackends (auto picks %s):\n", std::string(to_string(caps.auto_choice)).c_str());
   for (const auto& b : caps.backends) {
     std::printf("  %-9s %-13s %s\n", std::string(to_string(b.kind)).c_str(),
@@ -232,8 +218,16 @@ int cmd_info(int argc, char** argv) {
               : caps.memlock_limit_bytes != UINT64_MAX && caps.memlock_limit_bytes < (1ULL << 30)
                   ? " (larger pinned buffers are allocated unlocked; raise with ulimit -l)"
                   : "");
-  std::printf("\nCUDA driver (%s): %s\n", cuda.name.c_str(), cuda.found ? "found" : ("not found: " + cuda.detail).c_str());
-  std::printf("cuFile (%s): %s\n", cufile.name.c_str(), cufile.found ? "found" : ("not found: " + cufile.detail).c_str());
+  if (gpu.cuda_found) {
+    std::printf("\nCUDA driver (%s): found, version %d, %d device(s)\n", gpu.cuda_library.c_str(), gpu.driver_version,
+                gpu.device_count);
+  } else {
+    std::printf("\nCUDA driver: not usable: %s\n", gpu.cuda_reason.c_str());
+  }
+  std::printf("cuFile: %s\n", gpu.cufile_found ? ("found (" + gpu.cufile_library + ")").c_str()
+                                                : ("not usable: " + gpu.cufile_reason).c_str());
+  std::printf("GPU tensors / gds_handle: %s%s%s\n", gpu.gds_mode.c_str(), gpu.gds_reason.empty() ? "" : ": ",
+              gpu.gds_reason.c_str());
   std::printf("MPI for `deepio bench` under mpirun: %s%s\n", mpi_status.c_str(),
               launch.mpi ? (", launched by " + launch.launcher).c_str() : "");
   std::printf("fio: %s\n", fio.empty() ? "not found on PATH (bench measures the ceiling with a raw O_DIRECT loop)"
