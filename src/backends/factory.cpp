@@ -22,11 +22,12 @@ bool backend_compiled(BackendKind kind) noexcept {
   return false;
 }
 
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::size_t queue_depth, Status* why) {
+std::unique_ptr<Backend> make_backend(BackendKind kind, std::size_t queue_depth, Status* why,
+                                      bool single_submit) {
   switch (kind) {
     case BackendKind::IoUring:
 #if DEEPIO_HAVE_URING
-      return make_uring_backend(queue_depth, why);
+      return make_uring_backend(queue_depth, single_submit, why);
 #else
       *why = Status::failure(ENOTSUP, "not compiled in (liburing-dev was not found at build time)");
       return nullptr;

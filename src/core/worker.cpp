@@ -54,6 +54,7 @@ struct Worker::Impl {
   std::size_t inflight = 0;
   std::map<int, std::unique_ptr<DeviceStager>> stagers;  // by device ordinal
   std::deque<std::uint32_t> draining;  // slots whose host-to-device copy may still run
+  std::deque<SliceTask> taken;         // scratch for pull()
 
   explicit Impl(Worker& worker) : w(worker), cursor(active.end()) {
     const std::size_t qd = w.config_.queue_depth;
@@ -67,15 +68,21 @@ struct Worker::Impl {
     synthetic.reserve(qd);
   }
 
-  // Takes the next slice from the queue into `active`. Returns false if the queue is empty.
+  // Moves every queued slice into `active` (one lock for many small ops). Returns false if
+  // the queue was empty.
   bool pull() {
-    std::lock_guard lock(w.mutex_);
-    if (w.queue_.empty()) return false;
-    active.emplace_back(Active{std::move(w.queue_.front()), {}});
-    w.queue_.pop_front();
-    auto it = std::prev(active.end());
-    it->self = it;
-    if (cursor == active.end()) cursor = it;
+    {
+      std::lock_guard lock(w.mutex_);
+      if (w.queue_.empty()) return false;
+      taken.swap(w.queue_);
+    }
+    for (auto& task : taken) {
+      active.emplace_back(Active{std::move(task), {}});
+      auto it = std::prev(active.end());
+      it->self = it;
+      if (cursor == active.end()) cursor = it;
+    }
+    taken.clear();
     return true;
   }
 

@@ -57,7 +57,7 @@ Engine::Engine(const HandleOptions& options) : options_(options) {
   for (BackendKind kind : order) {
     std::vector<std::unique_ptr<Backend>> backends;
     for (std::size_t i = 0; i < options_.intra_op_parallelism; ++i) {
-      auto b = make_backend(kind, options_.queue_depth, &why);
+      auto b = make_backend(kind, options_.queue_depth, &why, options_.single_submit);
       if (!b) break;
       backends.push_back(std::move(b));
     }
@@ -215,7 +215,9 @@ std::size_t Engine::wait() {
     std::lock_guard lock(mutex_);
     ops.assign(unclaimed_.begin(), unclaimed_.end());
   }
-  for (const auto& op : ops) op->wait();
+  // Newest first: workers finish their queues in order, so once the newest op is done most
+  // others are too, and the caller wakes up a few times instead of once per op.
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) (*it)->wait();
   std::size_t count = 0;
   Status first;
   {

@@ -4,8 +4,11 @@
 // io_uring_queue_exit at destruction; the worker only destroys it with nothing in flight.
 // Errors: setup failures are reported with the reason (EPERM: kernel.io_uring_disabled or a
 // seccomp filter; ENOSYS: kernel without io_uring). Each request's result arrives in its CQE.
-// Submission: prepared SQEs are always accepted; if io_uring_enter could not take them now
-// (EAGAIN/EBUSY/EINTR) they stay in the SQ and are flushed by the next reap.
+// Submission: prepared SQEs are always accepted. Without single_submit they reach the kernel
+// in the next reap(), whose io_uring_submit_and_wait submits and waits in one system call
+// (the worker always reaps after submitting); with single_submit each submit() enters the
+// kernel at once. SQEs the kernel could not take (EAGAIN/EBUSY/EINTR) stay in the SQ and are
+// flushed by the next reap.
 // Not used yet: registered buffers and files (no measurable gain at 1 MiB blocks here).
 #include "backends/uring/uring_backend.hpp"
 
@@ -22,7 +25,7 @@ namespace deepio::detail {
 namespace {
 class UringBackend final : public Backend {
  public:
-  UringBackend() = default;
+  explicit UringBackend(bool single_submit) : eager_(single_submit) {}
   ~UringBackend() override { io_uring_queue_exit(&ring_); }
   UringBackend(const UringBackend&) = delete;
   UringBackend& operator=(const UringBackend&) = delete;
@@ -49,8 +52,8 @@ class UringBackend final : public Backend {
       ++prepared;
     }
     if (prepared == 0) return -EAGAIN;
-    const int r = io_uring_submit(&ring_);
-    if (r < 0) unflushed_ = true;  // still in the SQ; the next reap submits them
+    unflushed_ = true;
+    if (eager_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
     return prepared;
   }
 
@@ -87,12 +90,13 @@ class UringBackend final : public Backend {
 
  private:
   io_uring ring_{};
+  bool eager_;
   bool unflushed_ = false;
 };
 }  // namespace
 
-std::unique_ptr<Backend> make_uring_backend(std::size_t queue_depth, Status* why) {
-  auto b = std::make_unique<UringBackend>();
+std::unique_ptr<Backend> make_uring_backend(std::size_t queue_depth, bool single_submit, Status* why) {
+  auto b = std::make_unique<UringBackend>(single_submit);
   const unsigned entries = static_cast<unsigned>(std::clamp<std::size_t>(queue_depth, 1, 32768));
   const int r = b->init(entries);
   if (r < 0) {

@@ -3,5 +3,5 @@
 #include "core/backend.hpp"
 #include "platform/status.hpp"
 namespace deepio::detail {
-std::unique_ptr<Backend> make_uring_backend(std::size_t queue_depth, Status* why);
+std::unique_ptr<Backend> make_uring_backend(std::size_t queue_depth, bool single_submit, Status* why);
 }
