@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--bench", required=True, help="path to the engine_bench program")
     ap.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed runs of each tool before each case (the virtual disk is faster on data it served recently)")
     ap.add_argument("--size", type=int, default=GIB)
     ap.add_argument("--engine", default="io_uring", choices=["io_uring", "libaio"])
     ap.add_argument("--qd", type=int, default=128)
@@ -78,6 +80,9 @@ def main():
         deepio(args, "--mode", "seq", "--op", "write", "--path", big, "--size", str(args.size), "--prepare", *common)
         for op in ("write", "read"):
             f_s, d_s = [], []
+            for _ in range(args.warmup):
+                fio(args, "seq", op, big, args.size, args.block, args.qd, args.engine)
+                deepio(args, "--mode", "seq", "--op", op, "--path", big, "--size", str(args.size), *common)
             for i in range(args.pairs):
                 order = ("fio", "deepio") if i % 2 == 0 else ("deepio", "fio")
                 for who in order:
@@ -94,6 +99,11 @@ def main():
         flat = os.path.join(root, "flat.bin")
         deepio(args, "--mode", "seq", "--op", "write", "--path", flat, "--size", str(total), "--prepare", *common)
         f_s, g_s, d_s = [], [], []
+        for _ in range(args.warmup):
+            fio(args, "small", "read", flat, total, 65536, 64, args.engine)
+            fio(args, "files", "read", small, total, 65536, 64, args.engine, nrfiles=args.small_files)
+            deepio(args, "--mode", "files", "--op", "read", "--path", small, "--size", "65536",
+                   "--files", str(args.small_files), "--backend", backend, "--qd", "64", "--block", str(1 << 20))
         for i in range(args.pairs):
             order = ("fio", "fio_files", "deepio") if i % 2 == 0 else ("deepio", "fio_files", "fio")
             for who in order:
@@ -111,7 +121,7 @@ def main():
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} size={args.size} "
+    print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} warmup={args.warmup} size={args.size} "
           f"direct=1 (deepio backend {backend}, overlap_events=True, intra_op_parallelism=1)")
     print("small_read: fio reads one file of the same total size; small_read_same_files: fio reads "
           "the same separate files (nrfiles, openfiles=64)")
