@@ -3,7 +3,6 @@
 //   --mode seq   : one file of --size bytes, read or written from one locked buffer
 //   --mode files : --files files of --size bytes each in --dir, all submitted async, one wait()
 // The data is verified outside the timed region (--verify), files are prepared by --prepare.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,22 +11,18 @@
 #include <string>
 #include <string_view>
 
+#include "bench_util.hpp"
 #include "deepio/deepio.hpp"
 
 namespace {
+
+using deepio::bench::cpu_seconds;
 
 struct Args {
   std::string mode = "seq", op = "read", path, backend = "auto";
   std::size_t size = 1ull << 30, block = 1 << 20, qd = 128, par = 1, files = 0;
   bool overlap = true, single = false, prepare = false, verify = false;
 };
-
-double cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  auto tv = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
-  return tv(ru.ru_utime) + tv(ru.ru_stime);
-}
 
 std::string file_name(const Args& a, std::size_t i) { return a.path + "/f" + std::to_string(i); }
 
@@ -98,36 +93,26 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "engine_bench: %s needs a value\n", argv[i]);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--mode") a.mode = val();
-    else if (k == "--op") a.op = val();
-    else if (k == "--path") a.path = val();
-    else if (k == "--backend") a.backend = val();
-    else if (k == "--size") a.size = std::stoull(val());
-    else if (k == "--block") a.block = std::stoull(val());
-    else if (k == "--qd") a.qd = std::stoull(val());
-    else if (k == "--par") a.par = std::stoull(val());
-    else if (k == "--files") a.files = std::stoull(val());
+  deepio::bench::Args in("engine_bench", argc, argv);
+  while (in.next()) {
+    const std::string_view k = in.flag();
+    if (k == "--mode") a.mode = in.value();
+    else if (k == "--op") a.op = in.value();
+    else if (k == "--path") a.path = in.value();
+    else if (k == "--backend") a.backend = in.value();
+    else if (k == "--size") a.size = in.number();
+    else if (k == "--block") a.block = in.number();
+    else if (k == "--qd") a.qd = in.number();
+    else if (k == "--par") a.par = in.number();
+    else if (k == "--files") a.files = in.number();
     else if (k == "--no-overlap") a.overlap = false;
     else if (k == "--single-submit") a.single = true;
     else if (k == "--prepare") a.prepare = true;
     else if (k == "--verify") a.verify = true;
-    else {
-      std::fprintf(stderr, "engine_bench: unknown argument %s\n", argv[i]);
-      return 2;
-    }
+    else in.unknown();
   }
   if (a.path.empty() || !deepio::parse_backend(a.backend)) {
-    std::fprintf(stderr, "engine_bench: --path is required; --backend auto|io_uring|libaio|threads\n");
-    return 2;
+    in.fail("--path is required; --backend auto|io_uring|libaio|threads");
   }
   try {
     return run(a);

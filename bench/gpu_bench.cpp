@@ -10,7 +10,6 @@
 //           a pinned host buffer: the host-to-device ceiling
 // Verification (--verify) copies the device buffer back outside the timed region.
 // Runs against any driver DEEPIO_CUDA_LIBRARY names (the fake one in tests/gpu too).
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "deepio/deepio.hpp"
 #include "deepio/gpu.hpp"
 #include "gpu/cuda.hpp"
@@ -26,19 +26,13 @@
 namespace {
 
 using namespace deepio::detail::gpu;
+using deepio::bench::cpu_seconds;
 
 struct Args {
   std::string memory = "device", op = "read", path;
   std::size_t size = 1ull << 30, block = 1 << 20, qd = 32, par = 1;
   bool prepare = false, verify = false;
 };
-
-double cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  auto tv = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
-  return tv(ru.ru_utime) + tv(ru.ru_stime);
-}
 
 unsigned char byte_at(std::size_t i) { return static_cast<unsigned char>((i * 131 + 7) >> 3); }
 
@@ -127,33 +121,21 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "gpu_bench: %s needs a value\n", argv[i]);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--memory") a.memory = val();
-    else if (k == "--op") a.op = val();
-    else if (k == "--path") a.path = val();
-    else if (k == "--size") a.size = std::stoull(val());
-    else if (k == "--block") a.block = std::stoull(val());
-    else if (k == "--qd") a.qd = std::stoull(val());
-    else if (k == "--par") a.par = std::stoull(val());
+  deepio::bench::Args in("gpu_bench", argc, argv);
+  while (in.next()) {
+    const std::string_view k = in.flag();
+    if (k == "--memory") a.memory = in.value();
+    else if (k == "--op") a.op = in.value();
+    else if (k == "--path") a.path = in.value();
+    else if (k == "--size") a.size = in.number();
+    else if (k == "--block") a.block = in.number();
+    else if (k == "--qd") a.qd = in.number();
+    else if (k == "--par") a.par = in.number();
     else if (k == "--prepare") a.prepare = true;
     else if (k == "--verify") a.verify = true;
-    else {
-      std::fprintf(stderr, "gpu_bench: unknown argument %s\n", argv[i]);
-      return 2;
-    }
+    else in.unknown();
   }
-  if (a.path.empty() && a.memory != "h2d") {
-    std::fprintf(stderr, "gpu_bench: --path is required\n");
-    return 2;
-  }
+  if (a.path.empty() && a.memory != "h2d") in.fail("--path is required");
   try {
     return run(a);
   } catch (const deepio::Error& e) {
