@@ -3,6 +3,9 @@
 //   --mode seq   : one file of --size bytes, read or written from one locked buffer
 //   --mode files : --files files of --size bytes each in --dir, all submitted async, one wait()
 // The data is verified outside the timed region (--verify), files are prepared by --prepare.
+// --repeat N times the transfer N times with the same handle and buffer, one line each: on
+// virtual machines the first transfer into freshly allocated memory can be much slower than
+// later ones (docs/benchmarks.md), so the driver reports the first and the last separately.
 #include <unistd.h>
 
 #include <chrono>
@@ -20,7 +23,7 @@ using deepio::bench::cpu_seconds;
 
 struct Args {
   std::string mode = "seq", op = "read", path, backend = "auto";
-  std::size_t size = 1ull << 30, block = 1 << 20, qd = 128, par = 1, files = 0;
+  std::size_t size = 1ull << 30, block = 1 << 20, qd = 128, par = 1, files = 0, repeat = 1;
   bool overlap = true, single = false, prepare = false, verify = false;
 };
 
@@ -51,42 +54,51 @@ int run(const Args& a) {
     ::sync();
     return 0;
   }
-  const double c0 = cpu_seconds();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t f = 0; f < count; ++f) {
-    const std::string name = many ? file_name(a, f) : a.path;
-    if (a.op == "read") {
-      h.async_pread(p + f * a.size, a.size, name);
-    } else {
-      h.async_pwrite(p + f * a.size, a.size, name);
+  for (std::size_t pass = 0; pass < a.repeat; ++pass) {
+    if (pass > 0 && a.verify && a.op == "read") std::memset(p, 0, total);  // untimed
+    const auto before = h.stats();
+    const double c0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t f = 0; f < count; ++f) {
+      const std::string name = many ? file_name(a, f) : a.path;
+      if (a.op == "read") {
+        h.async_pread(p + f * a.size, a.size, name);
+      } else {
+        h.async_pwrite(p + f * a.size, a.size, name);
+      }
     }
-  }
-  const auto ts = std::chrono::steady_clock::now();
-  h.wait();
-  const auto t1 = std::chrono::steady_clock::now();
-  const double cpu = cpu_seconds() - c0;
-  const double secs = std::chrono::duration<double>(t1 - t0).count();
-  const double submit_secs = std::chrono::duration<double>(ts - t0).count();
-  bool ok = true;
-  if (a.verify) {
-    for (std::size_t f = 0; f < count && ok; ++f) {
-      for (std::size_t i = 0; i < a.size; ++i) {
-        if (p[f * a.size + i] != byte_at(f, i)) {
-          ok = false;
-          break;
+    const auto ts = std::chrono::steady_clock::now();
+    h.wait();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double cpu = cpu_seconds() - c0;
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
+    const double submit_secs = std::chrono::duration<double>(ts - t0).count();
+    bool ok = true;
+    if (a.verify) {
+      for (std::size_t f = 0; f < count && ok; ++f) {
+        for (std::size_t i = 0; i < a.size; ++i) {
+          if (p[f * a.size + i] != byte_at(f, i)) {
+            ok = false;
+            break;
+          }
         }
       }
     }
+    const auto s = h.stats();
+    auto delta = [](std::uint64_t now, std::uint64_t then) { return static_cast<unsigned long long>(now - then); };
+    std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"pass\": %zu, \"bytes\": %zu, "
+                "\"seconds\": %.6f, \"submit_seconds\": %.6f, \"cpu_seconds\": %.6f, \"backend\": \"%s\", "
+                "\"bytes_direct\": %llu, \"bytes_bounced\": %llu, \"bytes_buffered\": %llu, \"bytes_fixed\": %llu, "
+                "\"locked\": %s, \"verified\": %s}\n",
+                a.op.c_str(), a.mode.c_str(), pass, total, secs, submit_secs, cpu,
+                std::string(deepio::to_string(h.backend())).c_str(), delta(s.bytes_direct, before.bytes_direct),
+                delta(s.bytes_bounced, before.bytes_bounced), delta(s.bytes_buffered, before.bytes_buffered),
+                delta(s.bytes_fixed, before.bytes_fixed), buf.locked() ? "true" : "false",
+                a.verify ? (ok ? "true" : "false") : "null");
+    std::fflush(stdout);
+    if (!ok) return 3;
   }
-  const auto s = h.stats();
-  std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"submit_seconds\": %.6f, "
-              "\"cpu_seconds\": %.6f, \"backend\": \"%s\", \"bytes_direct\": %llu, \"bytes_bounced\": %llu, "
-              "\"bytes_buffered\": %llu, \"locked\": %s, \"verified\": %s}\n",
-              a.op.c_str(), a.mode.c_str(), total, secs, submit_secs, cpu, std::string(deepio::to_string(h.backend())).c_str(),
-              static_cast<unsigned long long>(s.bytes_direct), static_cast<unsigned long long>(s.bytes_bounced),
-              static_cast<unsigned long long>(s.bytes_buffered), buf.locked() ? "true" : "false",
-              a.verify ? (ok ? "true" : "false") : "null");
-  return ok ? 0 : 3;
+  return 0;
 }
 
 }  // namespace
@@ -105,6 +117,7 @@ int main(int argc, char** argv) {
     else if (k == "--qd") a.qd = in.number();
     else if (k == "--par") a.par = in.number();
     else if (k == "--files") a.files = in.number();
+    else if (k == "--repeat") a.repeat = in.number();
     else if (k == "--no-overlap") a.overlap = false;
     else if (k == "--single-submit") a.single = true;
     else if (k == "--prepare") a.prepare = true;

@@ -319,6 +319,7 @@ class PyHandle {
     d["bytes_direct"] = s.bytes_direct;
     d["bytes_bounced"] = s.bytes_bounced;
     d["bytes_buffered"] = s.bytes_buffered;
+    d["bytes_fixed"] = s.bytes_fixed;
     d["direct_refused"] = s.direct_refused;
     d["short_transfers"] = s.short_transfers;
     d["retries"] = s.retries;

@@ -12,6 +12,8 @@
 #include <span>
 #include <string>
 
+#include "memory/regions.hpp"
+
 namespace deepio::detail {
 
 struct Request {
@@ -20,12 +22,16 @@ struct Request {
   std::uint32_t len = 0;
   std::uint64_t offset = 0;
   bool write = false;
-  std::uint64_t tag = 0;  ///< returned unchanged in the completion
+  std::uint64_t tag = 0;  ///< returned unchanged in the completion; below 2^63
+  /// The locked allocation holding buf (memory/regions.hpp), if any: a backend may register
+  /// it with the kernel once and skip pinning the pages on every request. Ignored otherwise.
+  LockedRegion region;
 };
 
 struct Completion {
   std::uint64_t tag = 0;
   std::int64_t res = 0;
+  bool fixed = false;  ///< the request went through a buffer registered with the kernel
 };
 
 class Backend {

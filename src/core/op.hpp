@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 
+#include "memory/regions.hpp"
 #include "platform/fd.hpp"
 #include "platform/status.hpp"
 
@@ -30,6 +31,7 @@ struct Counters {
   std::atomic<std::uint64_t> bytes_direct{0};
   std::atomic<std::uint64_t> bytes_bounced{0};
   std::atomic<std::uint64_t> bytes_buffered{0};
+  std::atomic<std::uint64_t> bytes_fixed{0};
   std::atomic<std::uint64_t> direct_refused{0};
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
@@ -56,6 +58,9 @@ class OpState {
   /// The GPU whose memory the buffer is in, or -1 for host memory. Set before dispatch.
   [[nodiscard]] int device() const noexcept { return device_; }
   void set_device(int device) noexcept { device_ = device; }
+  /// The locked allocation holding the whole buffer (id 0: none). Set before dispatch.
+  [[nodiscard]] const LockedRegion& region() const noexcept { return region_; }
+  void set_region(const LockedRegion& region) noexcept { region_ = region; }
 
   // --- descriptors (set before the op is handed to workers) ---
   void set_direct_fd(UniqueFd fd) noexcept { owned_direct_ = std::move(fd); direct_fd_ = owned_direct_.get(); }
@@ -105,6 +110,7 @@ class OpState {
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
   int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT
   int device_ = -1;
+  LockedRegion region_;
 
   std::atomic<int> remaining_{0};
   std::atomic<bool> failed_{false};

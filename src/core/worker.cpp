@@ -179,6 +179,7 @@ struct Worker::Impl {
         s.req.fd = op.direct_fd();
       }
       s.req.buf = s.user;
+      if (!staged) s.req.region = op.region();
       if (staged) {
         if (!ensure_bounce()) {
           op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
@@ -284,6 +285,7 @@ struct Worker::Impl {
       return;
     }
     const auto got = static_cast<std::size_t>(res);
+    if (c.fixed) w.counters_->bytes_fixed.fetch_add(got, std::memory_order_relaxed);
     if (got < s.req.len) {
       if (got == 0) {
         op.fail(op.write() ? Status::failure(EIO, "write made no progress", op.path(), s.req.offset, s.req.len)

@@ -78,6 +78,7 @@ Engine::~Engine() {
 Status Engine::open_with_backpressure(const std::string& path, int flags, UniqueFd* fd) {
   for (;;) {
     Status s = open_file(path, flags, 0666, fd);
+    if (s.ok()) reserve_descriptors(fd->get());
     if (s.ok() || (s.errnum != EMFILE && s.errnum != ENFILE)) return s;
     // Out of descriptors: if this handle's own ops hold some, wait for one to finish.
     std::unique_lock lock(signal_.mutex);
@@ -135,6 +136,8 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
   }
   auto op = std::make_shared<OpState>(write, name, file_offset, nbytes, &counters_, &signal_);
   if (nbytes > 0) op->set_device(device_.classify(buf));
+  // Only io_uring registers buffers; the lookup is skipped for the others.
+  if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, nbytes));
   Opened opened;
   std::uint64_t size = 0;
   if (path != nullptr) {
@@ -250,6 +253,7 @@ HandleStats Engine::stats() const noexcept {
   s.bytes_direct = counters_.bytes_direct.load();
   s.bytes_bounced = counters_.bytes_bounced.load();
   s.bytes_buffered = counters_.bytes_buffered.load();
+  s.bytes_fixed = counters_.bytes_fixed.load();
   s.direct_refused = counters_.direct_refused.load();
   s.short_transfers = counters_.short_transfers.load();
   s.retries = counters_.retries.load();

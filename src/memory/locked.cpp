@@ -3,15 +3,19 @@
 // Invariants: the map holds every live allocation keyed by base address; entries never
 // overlap (mmap guarantees it); all access is under g_mutex. Memory comes from anonymous
 // mmap (page-aligned, no allocator header), is locked with mlock when the limit allows, and
-// is returned with munmap. The registry object is deliberately leaked: allocations may be
-// freed by Python finalizers that run after static destructors.
+// is returned with munmap. Each allocation has an id that is never reused; release listeners
+// (memory/regions.hpp) hear of a free before the munmap, under listener_mutex so that a
+// listener being removed is never running. The registry object is deliberately leaked:
+// allocations may be freed by Python finalizers that run after static destructors.
 #include <sys/mman.h>
 
 #include <cerrno>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "deepio/memory.hpp"
+#include "memory/regions.hpp"
 #include "platform/status.hpp"
 #include "platform/sys.hpp"
 
@@ -22,10 +26,15 @@ struct Entry {
   std::size_t nbytes;   // what the caller asked for
   std::size_t mapped;   // what was mapped (whole pages, at least one)
   bool locked;
+  std::uint64_t id;
 };
 struct Registry {
   std::mutex mutex;
   std::map<std::uintptr_t, Entry> entries;
+  std::uint64_t next_id = 1;  // guarded by mutex
+  std::mutex listener_mutex;  // taken without `mutex` held
+  std::vector<std::pair<std::uint64_t, detail::ReleaseListener>> listeners;  // guarded by listener_mutex
+  std::uint64_t next_token = 1;                                               // guarded by listener_mutex
 };
 Registry& registry() {
   static auto* r = new Registry;  // leaked on purpose, see above
@@ -45,7 +54,7 @@ LockedBuffer allocate_locked(std::size_t nbytes) {
   }
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  r.entries.emplace(reinterpret_cast<std::uintptr_t>(p), Entry{nbytes, mapped, buf.locked});
+  r.entries.emplace(reinterpret_cast<std::uintptr_t>(p), Entry{nbytes, mapped, buf.locked, r.next_id++});
   return buf;
 }
 
@@ -58,6 +67,11 @@ bool free_locked(void* data) noexcept {
     if (it == r.entries.end()) return false;
     e = it->second;
     r.entries.erase(it);
+  }
+  {
+    // Registrations with the kernel end before the pages go back.
+    std::lock_guard lock(r.listener_mutex);
+    for (const auto& [token, listener] : r.listeners) listener(e.id);
   }
   // munmap also unlocks; munlock first keeps the accounting obvious.
   if (e.locked) ::munlock(data, e.mapped);
@@ -76,6 +90,36 @@ bool is_pinned(const void* data, std::size_t nbytes) noexcept {
   const std::size_t size = it->second.nbytes == 0 ? it->second.mapped : it->second.nbytes;
   return p >= base && p - base <= size && nbytes <= size - (p - base);
 }
+
+namespace detail {
+
+LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept {
+  const auto p = reinterpret_cast<std::uintptr_t>(data);
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.entries.upper_bound(p);
+  if (it == r.entries.begin()) return {};
+  --it;
+  const Entry& e = it->second;
+  if (!e.locked || p < it->first || p - it->first > e.mapped || nbytes > e.mapped - (p - it->first)) return {};
+  return {e.id, reinterpret_cast<std::byte*>(it->first), e.mapped};
+}
+
+std::uint64_t add_release_listener(ReleaseListener listener) {
+  auto& r = registry();
+  std::lock_guard lock(r.listener_mutex);
+  const std::uint64_t token = r.next_token++;
+  r.listeners.emplace_back(token, std::move(listener));
+  return token;
+}
+
+void remove_release_listener(std::uint64_t token) noexcept {
+  auto& r = registry();
+  std::lock_guard lock(r.listener_mutex);
+  std::erase_if(r.listeners, [&](const auto& l) { return l.first == token; });
+}
+
+}  // namespace detail
 
 LockedMemoryStats locked_memory_stats() noexcept {
   auto& r = registry();

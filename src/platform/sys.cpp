@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <linux/stat.h>
@@ -28,6 +31,21 @@ std::size_t page_size() noexcept {
     return v > 0 ? static_cast<std::size_t>(v) : std::size_t{4096};
   }();
   return size;
+}
+
+void reserve_descriptors(int fd) noexcept {
+  static std::atomic<long> reserved{64};  // the table every process starts with
+  long have = reserved.load(std::memory_order_relaxed);
+  if (fd < have / 2) return;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const long limit = rl.rlim_cur == RLIM_INFINITY ? (1L << 20) : static_cast<long>(rl.rlim_cur);
+  const long want = std::min(limit, std::max(4096L, 16L * fd));
+  if (want <= have || !reserved.compare_exchange_strong(have, want)) return;  // done, or another thread does it
+  // F_DUPFD takes the lowest free descriptor >= want - 1, which makes the kernel size the
+  // table for it; closing it keeps the table. Failure (EMFILE, EINVAL) only means no reservation.
+  const int probe = ::fcntl(fd, F_DUPFD_CLOEXEC, static_cast<int>(want - 1));
+  if (probe >= 0) ::close(probe);
 }
 
 Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out) {

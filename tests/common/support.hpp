@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +77,25 @@ inline std::vector<std::byte> slurp(const std::string& path) {
   ::close(fd);
   out.resize(done);
   return out;
+}
+
+/// Runs fn in a child process (for process-wide limits and identities); returns its exit code
+/// (101 if it threw, 200 + the signal if it was killed).
+template <typename Fn>
+int in_child(Fn fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 100;
+    try {
+      code = fn();
+    } catch (...) {
+      code = 101;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 200 + WTERMSIG(status);
 }
 
 /// Writes bytes with plain pwrite (creating the file).

@@ -24,23 +24,7 @@ using test::slurp;
 
 using Failures = test::BackendTest;
 
-// Runs fn in a child process (for process-wide limits and identities); returns its exit code.
-template <typename Fn>
-int in_child(Fn fn) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 100;
-    try {
-      code = fn();
-    } catch (...) {
-      code = 101;
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 200 + WTERMSIG(status);
-}
+using test::in_child;
 
 TEST_P(Failures, MissingFileIsENOENTWithPath) {
   Handle h(opts());

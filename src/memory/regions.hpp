@@ -1,0 +1,36 @@
+// What the I/O backends need from the locked-memory registry to register buffers with the
+// kernel (io_uring fixed buffers): which locked allocation holds a buffer, and a call before
+// an allocation's memory is unmapped.
+//
+// A registration pins the allocation's pages for as long as it exists, so it must end before
+// free_locked() unmaps them: otherwise the kernel would keep the old pages pinned (memory that
+// never comes back) and a later allocation at the same address would not be what the
+// registration points at. Region ids are never reused, so a stale id can never match.
+// Thread safety: all functions are thread-safe. Release listeners run on the thread that
+// calls free_locked(), before the memory is unmapped; remove_release_listener() waits for a
+// listener that is running. A listener must not call back into this registry.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace deepio::detail {
+
+struct LockedRegion {
+  std::uint64_t id = 0;  ///< unique for the life of the process; 0: no region
+  std::byte* base = nullptr;
+  std::size_t size = 0;  ///< the whole mapping, in pages
+};
+
+/// The allocation made by allocate_locked() that holds [data, data + nbytes) and whose mlock
+/// succeeded; {} (id 0) when there is none (foreign memory, or the unlocked fallback).
+[[nodiscard]] LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept;
+
+using ReleaseListener = std::function<void(std::uint64_t region_id)>;
+/// Calls `listener` with the id of every region about to be freed. Returns a token for
+/// remove_release_listener().
+std::uint64_t add_release_listener(ReleaseListener listener);
+void remove_release_listener(std::uint64_t token) noexcept;
+
+}  // namespace deepio::detail
