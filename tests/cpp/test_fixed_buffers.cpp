@@ -1,7 +1,7 @@
 // io_uring registered ("fixed") buffers for locked allocations: the bytes are right, the
 // registration is used, it ends before the memory is freed (the kernel's own pinned-page
 // count, VmPin, goes back down), addresses reused by a later allocation get the new pages,
-// more allocations than table slots, a request crossing a 1 GiB registration piece, a
+// more allocations than table slots, a request crossing two registration pieces, a
 // registration refused by a real RLIMIT_MEMLOCK, and frees racing with I/O on other buffers.
 #include <sys/resource.h>
 #include <sys/utsname.h>
@@ -145,40 +145,41 @@ TEST_F(FixedBuffers, AReusedAddressGetsTheNewAllocationsPages) {
 }
 
 TEST_F(FixedBuffers, MoreLiveAllocationsThanTableSlots) {
-  // 80 live allocations against a 64-slot table: least recently used registrations are
+  // 300 live allocations against a 256-slot table: least recently used registrations are
   // replaced while their buffers are still alive and used again later.
   Handle h(opts({.queue_depth = 16}));
-  const std::size_t n = 64 << 10;
+  const std::size_t n = 16 << 10;
+  constexpr std::uint32_t kCount = 300;
   std::vector<PinnedBuffer> bufs;
-  for (std::uint32_t i = 0; i < 80; ++i) {
+  for (std::uint32_t i = 0; i < kCount; ++i) {
     bufs.emplace_back(n);
     const auto data = pattern(n, i);
     std::memcpy(bufs.back().data(), data.data(), n);
   }
   for (int pass = 0; pass < 2; ++pass) {
-    for (std::uint32_t i = 0; i < 80; ++i) h.async_pwrite(bufs[i].data(), n, dir_.file("f" + std::to_string(i)));
-    EXPECT_EQ(h.wait(), 80u);
+    for (std::uint32_t i = 0; i < kCount; ++i) h.async_pwrite(bufs[i].data(), n, dir_.file("f" + std::to_string(i)));
+    EXPECT_EQ(h.wait(), kCount);
   }
   for (auto& b : bufs) std::memset(b.data(), 0, n);
-  for (std::uint32_t i = 0; i < 80; ++i) h.async_pread(bufs[i].data(), n, dir_.file("f" + std::to_string(i)));
-  EXPECT_EQ(h.wait(), 80u);
-  for (std::uint32_t i = 0; i < 80; ++i) {
+  for (std::uint32_t i = 0; i < kCount; ++i) h.async_pread(bufs[i].data(), n, dir_.file("f" + std::to_string(i)));
+  EXPECT_EQ(h.wait(), kCount);
+  for (std::uint32_t i = 0; i < kCount; ++i) {
     const auto data = pattern(n, i);
     ASSERT_EQ(std::memcmp(bufs[i].data(), data.data(), n), 0) << i;
   }
   if (bufs[0].locked()) {
-    EXPECT_EQ(h.stats().bytes_fixed, 3 * 80 * n);
+    EXPECT_EQ(h.stats().bytes_fixed, 3 * kCount * n);
   }
 }
 
-TEST_F(FixedBuffers, ARequestCrossingA1GiBPieceTakesTheOrdinaryPath) {
-  // The kernel registers at most 1 GiB per buffer, so a larger allocation is registered in
-  // 1 GiB pieces; a request that crosses from one into the next cannot use either.
-  const std::size_t gib = std::size_t{1} << 30;
-  PinnedBuffer big(gib + (4 << 20));
-  if (!big.locked()) GTEST_SKIP() << "cannot lock 1 GiB here";
+TEST_F(FixedBuffers, ARequestCrossingTwoRegistrationPiecesTakesTheOrdinaryPath) {
+  // Allocations are registered in 64 MiB pieces (the kernel takes at most 1 GiB per buffer);
+  // a request that crosses from one piece into the next cannot use either.
+  const std::size_t piece = std::size_t{64} << 20;
+  PinnedBuffer big(piece + (4 << 20));
+  if (!big.locked()) GTEST_SKIP() << "cannot lock 68 MiB here";
   const std::size_t n = 2 << 20;
-  std::byte* p = big.bytes() + gib - (1 << 20);  // 1 MiB on each side of the boundary
+  std::byte* p = big.bytes() + piece - (1 << 20);  // 1 MiB on each side of the boundary
   const auto data = pattern(n, 9);
   std::memcpy(p, data.data(), n);
   const std::string path = dir_.file("f");

@@ -10,9 +10,9 @@
 // kernel at once. SQEs the kernel could not take (EAGAIN/EBUSY/EINTR) stay in the SQ and are
 // flushed by the next reap.
 // Registered ("fixed") buffers: a request whose buffer lies in a locked allocation
-// (Request::region) uses READ_FIXED/WRITE_FIXED on a registration of that allocation, made on
-// first use in a sparse table of kFixedSlots entries (least recently used replaced), one per
-// 1 GiB piece (the kernel's limit for one buffer). Registering pins the pages once; without
+// (Request::region) uses READ_FIXED/WRITE_FIXED on a registration of the 64 MiB piece of that
+// allocation it falls in, made on first use in a sparse table of kFixedSlots entries (least
+// recently used replaced). Registering pins the pages once; without
 // it the kernel pins and unpins every request's pages, which was the largest cost of the
 // worker thread for 64 KiB reads here. A registration ends before the allocation is freed
 // (a release listener clears the slot; in-flight requests keep their pages until they
@@ -42,8 +42,12 @@ namespace deepio::detail {
 
 namespace {
 
-constexpr std::size_t kFixedPiece = std::size_t{1} << 30;  // the kernel's limit for one registered buffer
-constexpr unsigned kFixedSlots = 64;
+// Allocations are registered in pieces: the kernel takes at most 1 GiB per buffer, and a
+// smaller piece keeps each registration short (about 3 ms for 64 MiB here) so that the first
+// requests into a large fresh buffer start at once and later pieces are registered while
+// earlier requests are in flight. 256 slots cover 16 GiB per ring before any replacement.
+constexpr std::size_t kFixedPiece = std::size_t{64} << 20;
+constexpr unsigned kFixedSlots = 256;
 constexpr std::uint64_t kFixedBit = std::uint64_t{1} << 63;  // in user_data: the request used a fixed buffer
 
 class UringBackend final : public Backend {
