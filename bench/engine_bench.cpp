@@ -2,6 +2,9 @@
 // fio, interleaved. Modes:
 //   --mode seq   : one file of --size bytes, read or written from one locked buffer
 //   --mode files : --files files of --size bytes each in --dir, all submitted async, one wait()
+//   --mode ops   : --files operations of --size bytes each on one file (--path) at consecutive
+//                  offsets, all submitted async, one wait(): the per-operation cost without the
+//                  per-file one (open, statx, close)
 // The data is verified outside the timed region (--verify), files are prepared by --prepare.
 // --repeat N times the transfer N times with the same handle and buffer, one line each: on
 // virtual machines the first transfer into freshly allocated memory can be much slower than
@@ -33,7 +36,8 @@ unsigned char byte_at(std::size_t file, std::size_t i) { return static_cast<unsi
 
 int run(const Args& a) {
   const bool many = a.mode == "files";
-  const std::size_t count = many ? a.files : 1;
+  const bool ops = a.mode == "ops";
+  const std::size_t count = many || ops ? a.files : 1;
   const std::size_t total = a.size * count;
   deepio::PinnedBuffer buf(total);
   auto* p = static_cast<unsigned char*>(buf.data());
@@ -49,7 +53,9 @@ int run(const Args& a) {
     std::memset(p, 0, total);
   }
   if (a.prepare) {
-    for (std::size_t f = 0; f < count; ++f) h.async_pwrite(p + f * a.size, a.size, many ? file_name(a, f) : a.path);
+    for (std::size_t f = 0; f < count; ++f) {
+      h.async_pwrite(p + f * a.size, a.size, many ? file_name(a, f) : a.path, ops ? f * a.size : 0);
+    }
     h.wait();
     ::sync();
     return 0;
@@ -61,10 +67,11 @@ int run(const Args& a) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t f = 0; f < count; ++f) {
       const std::string name = many ? file_name(a, f) : a.path;
+      const std::uint64_t offset = ops ? f * a.size : 0;
       if (a.op == "read") {
-        h.async_pread(p + f * a.size, a.size, name);
+        h.async_pread(p + f * a.size, a.size, name, offset);
       } else {
-        h.async_pwrite(p + f * a.size, a.size, name);
+        h.async_pwrite(p + f * a.size, a.size, name, offset);
       }
     }
     const auto ts = std::chrono::steady_clock::now();
@@ -124,8 +131,9 @@ int main(int argc, char** argv) {
     else if (k == "--verify") a.verify = true;
     else in.unknown();
   }
-  if (a.path.empty() || !deepio::parse_backend(a.backend)) {
-    in.fail("--path is required; --backend auto|io_uring|libaio|threads");
+  if (a.path.empty() || !deepio::parse_backend(a.backend) ||
+      (a.mode != "seq" && a.mode != "files" && a.mode != "ops")) {
+    in.fail("--path is required; --mode seq|files|ops; --backend auto|io_uring|libaio|threads");
   }
   try {
     return run(a);

@@ -46,6 +46,10 @@ class Backend {
   /// than the number in flight), then stores up to out.size() of them. Returns the count
   /// stored or a negative errno (EINTR is handled inside).
   virtual int reap(std::span<Completion> out, std::size_t min) = 0;
+  /// Makes the kernel start every accepted request now, for a backend that would otherwise
+  /// hold them until the next reap() (io_uring batches submission into its wait). The worker
+  /// calls it before spending time on other things, so the device is never left idle.
+  virtual void flush() {}
 };
 
 }  // namespace deepio::detail

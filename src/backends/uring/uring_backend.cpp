@@ -99,6 +99,10 @@ class UringBackend final : public Backend {
     return prepared;
   }
 
+  void flush() override {
+    if (unflushed_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
+  }
+
   int reap(std::span<Completion> out, std::size_t min) override {
     for (;;) {
       int r = 0;
