@@ -104,7 +104,7 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
   throw_if_error(s);
   FileFacts facts;
   throw_if_error(file_facts(fd.get(), path, &facts));
-  *size = facts.regular ? facts.size : std::numeric_limits<std::uint64_t>::max();
+  *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
   if (direct && facts.from_statx && facts.dio_offset_align == 0) {
     // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
     if (options_.direct_io == DirectIo::On) {
@@ -147,7 +147,7 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
     if (flags < 0) throw_error(errno, "bad file descriptor", name);
     FileFacts facts;
     throw_if_error(file_facts(fd, name, &facts));
-    size = facts.regular ? facts.size : std::numeric_limits<std::uint64_t>::max();
+    size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
     op->set_borrowed_source(fd);
     opened.direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
     if (opened.direct) {

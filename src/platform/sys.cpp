@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -99,21 +101,31 @@ Status file_facts(int fd, const std::string& path, FileFacts* out) {
   struct statx stx {};
   const long r = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_DIOALIGN,
                            &stx);
+  mode_t mode = 0;
   if (r == 0) {
     out->size = stx.stx_size;
-    out->regular = S_ISREG(stx.stx_mode);
+    mode = stx.stx_mode;
     if ((stx.stx_mask & STATX_DIOALIGN) != 0U) {
       out->from_statx = true;
       out->dio_mem_align = stx.stx_dio_mem_align;
       out->dio_offset_align = stx.stx_dio_offset_align;
     }
-    return Status::success();
+  } else {
+    if (errno != ENOSYS) return Status::failure(errno, "cannot stat", path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Status::failure(errno, "cannot stat", path);
+    out->size = static_cast<std::uint64_t>(st.st_size);
+    mode = st.st_mode;
   }
-  if (errno != ENOSYS) return Status::failure(errno, "cannot stat", path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return Status::failure(errno, "cannot stat", path);
-  out->size = static_cast<std::uint64_t>(st.st_size);
-  out->regular = S_ISREG(st.st_mode);
+  out->regular = S_ISREG(mode);
+  if (S_ISBLK(mode)) {
+    // stat reports no size for a block device; the device knows it.
+    std::uint64_t bytes = 0;
+    if (::ioctl(fd, BLKGETSIZE64, &bytes) == 0) {
+      out->size = bytes;
+      out->block_device = true;
+    }
+  }
   return Status::success();
 }
 

@@ -30,6 +30,9 @@ struct FileFacts {
   std::uint32_t dio_offset_align = 0;  ///< 0 when unknown (or O_DIRECT unsupported)
   bool from_statx = false;
   bool regular = false;
+  bool block_device = false;  ///< size is the device's size (BLKGETSIZE64)
+  /// Whether `size` bounds what can be read (a regular file or a block device).
+  [[nodiscard]] bool sized() const noexcept { return regular || block_device; }
 };
 Status file_facts(int fd, const std::string& path, FileFacts* out);
 

@@ -161,6 +161,51 @@ TEST_P(Failures, FullFilesystemGivesENOSPC) {
   EXPECT_EQ(h.sync_pread(small.data(), small.size(), fs.file("fill")), 1u);
 }
 
+// A block device: a 1 MiB image attached to a loop device (root only).
+class LoopDevice {
+ public:
+  explicit LoopDevice(const std::filesystem::path& image) {
+    if (::geteuid() != 0) return;
+    const std::string cmd = "losetup --find --show " + image.string() + " 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return;
+    char line[256] = {};
+    if (std::fgets(line, sizeof line, p) != nullptr) device_ = std::string(line, std::strcspn(line, "\n"));
+    ::pclose(p);
+  }
+  ~LoopDevice() {
+    if (!device_.empty()) (void)std::system(("losetup -d " + device_ + " 2>/dev/null").c_str());
+  }
+  LoopDevice(const LoopDevice&) = delete;
+  LoopDevice& operator=(const LoopDevice&) = delete;
+  [[nodiscard]] const std::string& device() const { return device_; }
+
+ private:
+  std::string device_;
+};
+
+TEST_P(Failures, ReadPastTheEndOfABlockDeviceIsRefusedAtSubmission) {
+  const std::string image = dir_.file("disk.img");
+  const auto data = pattern(1 << 20, 21);
+  test::put(image, data);
+  LoopDevice loop(image);
+  if (loop.device().empty()) GTEST_SKIP() << "needs root and a free loop device";
+  Handle h(opts({.block_size = 256 << 10}));
+  PinnedBuffer buf((1 << 20) + 4096);
+  try {
+    h.async_pread(buf.data(), buf.size(), loop.device());
+    FAIL() << "read past the end of the device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENODATA) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), loop.device());
+  }
+  EXPECT_EQ(h.wait(), 0u);
+  // Within the device, the bytes are the image's.
+  EXPECT_EQ(h.sync_pread(buf.bytes() + 4096, (1 << 20) - 8192, loop.device(), 4096), 1u);
+  EXPECT_TRUE(std::equal(data.begin() + 4096, data.end() - 4096, buf.bytes() + 4096));
+}
+
 TEST_P(Failures, InjectedEIOFailsOnlyItsOpAfterAllFinish) {
   Handle h(opts({.block_size = 65536, .queue_depth = 8, .overlap_events = true}));
   const std::string bad = dir_.file("bad"), good = dir_.file("good");
