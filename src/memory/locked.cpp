@@ -40,6 +40,18 @@ Registry& registry() {
   static auto* r = new Registry;  // leaked on purpose, see above
   return *r;
 }
+
+// The allocation holding [p, p + nbytes) when `size` of it counts, or nullptr. Caller holds r.mutex.
+template <typename SizeOf>
+const std::pair<const std::uintptr_t, Entry>* holder(const Registry& r, std::uintptr_t p, std::size_t nbytes,
+                                                     SizeOf size_of) {
+  auto it = r.entries.upper_bound(p);
+  if (it == r.entries.begin()) return nullptr;
+  --it;
+  const std::size_t size = size_of(it->second);
+  const std::uintptr_t off = p - it->first;  // p >= base: upper_bound's predecessor
+  return off <= size && nbytes <= size - off ? &*it : nullptr;
+}
 }  // namespace
 
 LockedBuffer allocate_locked(std::size_t nbytes) {
@@ -83,12 +95,7 @@ bool is_pinned(const void* data, std::size_t nbytes) noexcept {
   const auto p = reinterpret_cast<std::uintptr_t>(data);
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  auto it = r.entries.upper_bound(p);
-  if (it == r.entries.begin()) return false;
-  --it;
-  const std::uintptr_t base = it->first;
-  const std::size_t size = it->second.nbytes == 0 ? it->second.mapped : it->second.nbytes;
-  return p >= base && p - base <= size && nbytes <= size - (p - base);
+  return holder(r, p, nbytes, [](const Entry& e) { return e.nbytes == 0 ? e.mapped : e.nbytes; }) != nullptr;
 }
 
 namespace detail {
@@ -97,12 +104,9 @@ LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept {
   const auto p = reinterpret_cast<std::uintptr_t>(data);
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  auto it = r.entries.upper_bound(p);
-  if (it == r.entries.begin()) return {};
-  --it;
-  const Entry& e = it->second;
-  if (!e.locked || p < it->first || p - it->first > e.mapped || nbytes > e.mapped - (p - it->first)) return {};
-  return {e.id, reinterpret_cast<std::byte*>(it->first), e.mapped};
+  const auto* h = holder(r, p, nbytes, [](const Entry& e) { return e.mapped; });
+  if (h == nullptr || !h->second.locked) return {};
+  return {h->second.id, reinterpret_cast<std::byte*>(h->first), h->second.mapped};
 }
 
 std::uint64_t add_release_listener(ReleaseListener listener) {
