@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <linux/stat.h>
 
@@ -132,20 +133,38 @@ Status file_facts(int fd, const std::string& path, FileFacts* out) {
 std::string filesystem_name(int fd) {
   struct statfs sfs {};
   if (::fstatfs(fd, &sfs) != 0) return "unknown";
-  switch (static_cast<unsigned long>(sfs.f_type)) {
-    case EXT4_SUPER_MAGIC: return "ext4";  // ext2/3/4 share the magic
-    case XFS_SUPER_MAGIC: return "xfs";
-    case BTRFS_SUPER_MAGIC: return "btrfs";
-    case TMPFS_MAGIC: return "tmpfs";
-    case 0x65735546UL: return "fuse";
-    case NFS_SUPER_MAGIC: return "nfs";
-    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
-    case 0x2fc12fc1UL: return "zfs";
-    case 0xf2f52010UL: return "f2fs";
-    default: break;
+  return filesystem_type_name(static_cast<std::uint64_t>(sfs.f_type));
+}
+
+std::string filesystem_type_name(std::uint64_t f_type) {
+  // f_type is a signed word on some ABIs: a magic with the top bit set (0xf2f52010) may come
+  // back sign-extended, so only the low 32 bits are compared (every magic fits in them).
+  static constexpr struct {
+    std::uint32_t magic;
+    const char* name;
+  } kNames[] = {
+      {EXT4_SUPER_MAGIC, "ext4"},  // ext2/3/4 share the magic
+      {XFS_SUPER_MAGIC, "xfs"},
+      {BTRFS_SUPER_MAGIC, "btrfs"},
+      {TMPFS_MAGIC, "tmpfs"},
+      {RAMFS_MAGIC, "ramfs"},
+      {0x65735546U, "fuse"},
+      {NFS_SUPER_MAGIC, "nfs"},
+      {OVERLAYFS_SUPER_MAGIC, "overlayfs"},
+      {0x2fc12fc1U, "zfs"},
+      {F2FS_SUPER_MAGIC, "f2fs"},
+      {V9FS_MAGIC, "9p"},
+      {0x0bd00bd0U, "lustre"},
+      {0x47504653U, "gpfs"},
+      {SQUASHFS_MAGIC, "squashfs"},
+      {MSDOS_SUPER_MAGIC, "vfat"},
+  };
+  const auto magic = static_cast<std::uint32_t>(f_type & 0xffffffffU);
+  for (const auto& n : kNames) {
+    if (n.magic == magic) return n.name;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(sfs.f_type));
+  std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(magic));
   return buf;
 }
 

@@ -39,6 +39,12 @@ Status file_facts(int fd, const std::string& path, FileFacts* out);
 /// The name of the file system holding fd ("ext4", "tmpfs", ... or "0x<magic>").
 std::string filesystem_name(int fd);
 
+/// The one table of file-system names: statfs(2)'s f_type -> "ext4", "xfs", "tmpfs", "ramfs",
+/// "overlayfs", ... or "0x<magic>" for a type not in it. filesystem_name() and the `deepio`
+/// command (tools/lib/system.cpp, which links deepio_platform for this alone) both use it, so
+/// what `deepio info` and DirectIoInfo::filesystem say cannot drift apart. Pure, thread-safe.
+std::string filesystem_type_name(std::uint64_t f_type);
+
 /// Grows the process's descriptor table ahead of need once an opened descriptor `fd` reaches
 /// half of what was last reserved. The kernel grows the table by doubling, and in a
 /// multi-threaded process each growth waits for an RCU grace period (expand_fdtable calls
