@@ -34,6 +34,7 @@ struct Slot {
   std::size_t len = 0;        // original length
   int bounce = -1;            // bounce slot index, or -1
   int retries = 0;
+  bool in_kernel = false;     // accepted by the backend, completion not yet reaped
 };
 
 }  // namespace
@@ -52,6 +53,10 @@ struct Worker::Impl {
   AlignedBuffer bounce_mem;
   std::vector<int> free_bounce;
   std::size_t inflight = 0;
+  // Set when the backend's queue failed in a way that cannot be retried (a reap error other
+  // than EINTR/EAGAIN/EBUSY): every request that was in it has failed, and every later one
+  // fails at once with this status instead of going to a queue that no longer works.
+  Status dead;
   std::map<int, std::unique_ptr<DeviceStager>> stagers;  // by device ordinal
   std::deque<std::uint32_t> draining;  // slots whose host-to-device copy may still run
   std::deque<SliceTask> taken;         // scratch for pull()
@@ -249,8 +254,17 @@ struct Worker::Impl {
     std::size_t i = 0;
     while (i < batch.size()) {
       const std::size_t n = w.config_.single_submit ? 1 : batch.size() - i;
-      const int r = w.backend_->submit(std::span<const Request>(batch).subspan(i, n));
+      int r = 0;
+      if (!dead.ok()) {
+        r = -dead.errnum;
+      } else if (auto injected = consult_fault_hook({FaultPoint::Submit, nullptr, batch[i].fd, batch[i].offset,
+                                                      batch[i].len, 0})) {
+        r = static_cast<int>(*injected);
+      } else {
+        r = w.backend_->submit(std::span<const Request>(batch).subspan(i, n));
+      }
       if (r > 0) {
+        for (std::size_t k = i; k < i + static_cast<std::size_t>(r); ++k) slots[batch_slots[k]].in_kernel = true;
         inflight += static_cast<std::size_t>(r);
         i += static_cast<std::size_t>(r);
       } else {
@@ -267,8 +281,15 @@ struct Worker::Impl {
   void complete(const Completion& c) {
     const auto id = static_cast<std::uint32_t>(c.tag);
     Slot& s = slots[id];
+    s.in_kernel = false;
     OpState& op = *s.owner->task.op;
     std::int64_t res = c.res;
+    if (!dead.ok() && res == -dead.errnum) {
+      // A request refused because the queue died: not retried, reported with the cause.
+      op.fail(Status::failure(dead.errnum, dead.message, op.path(), s.req.offset, s.req.len));
+      release(id);
+      return;
+    }
     if (auto injected = consult_fault_hook({op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr,
                                             s.req.fd, s.req.offset, s.req.len, res})) {
       res = *injected;
@@ -349,6 +370,32 @@ struct Worker::Impl {
     release(id);
   }
 
+  int reap(std::size_t min) {
+    if (auto injected = consult_fault_hook({FaultPoint::Reap, nullptr, -1, 0, 0, 0})) {
+      if (*injected < 0) return static_cast<int>(*injected);
+    }
+    return w.backend_->reap(completions, min);
+  }
+
+  // The backend could not hand back completions and retrying cannot help (the ring or
+  // context is broken). Looping would spin at 100% CPU with wait() never returning, so every
+  // request in the queue fails with the errno (waking its op's waiters) and the backend is
+  // never used again: later requests on this worker fail at once with the same cause. The
+  // kernel may still finish the abandoned requests; the message says so.
+  void abandon_queue(int err) {
+    dead = Status::failure(err, std::string("the ") + w.backend_->name() +
+                                    " queue failed while collecting completions; its requests were "
+                                    "abandoned and may still be completed by the kernel");
+    for (std::uint32_t id = 0; id < slots.size(); ++id) {
+      Slot& s = slots[id];
+      if (!s.in_kernel) continue;
+      s.in_kernel = false;
+      s.owner->task.op->fail(Status::failure(err, dead.message, s.owner->task.op->path(), s.req.offset, s.req.len));
+      release(id);
+    }
+    inflight = 0;
+  }
+
   void run() {
     const std::size_t qd = w.config_.queue_depth;
     for (;;) {
@@ -384,8 +431,12 @@ struct Worker::Impl {
         continue;
       }
       const std::size_t min = w.config_.overlap_events ? 1 : inflight;
-      const int n = w.backend_->reap(completions, min);
-      if (n < 0) continue;  // EINTR handled inside; anything else: try again
+      const int n = reap(min);
+      if (n < 0) {
+        if (n == -EINTR || n == -EAGAIN || n == -EBUSY) continue;  // transient: reap again
+        abandon_queue(-n);
+        continue;
+      }
       inflight -= static_cast<std::size_t>(n);
       for (int i = 0; i < n; ++i) complete(completions[static_cast<std::size_t>(i)]);
     }

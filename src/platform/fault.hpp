@@ -5,7 +5,10 @@
 // engine looks at the result), the engine asks the hook. The hook returns std::nullopt to
 // leave things alone, or a replacement result: a negative errno to fail the call, or a byte
 // count smaller than the real one to simulate a short transfer (which the engine must finish
-// by resubmitting the rest). Hooks run on worker threads and must be thread-safe.
+// by resubmitting the rest). Reap and Submit are asked before a worker collects completions
+// from (or hands requests to) its backend: a negative errno replaces the backend's answer
+// without calling it, which is how tests make a kernel queue fail. Hooks run on worker
+// threads and must be thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +18,7 @@
 
 namespace deepio::detail {
 
-enum class FaultPoint { Open, Read, Write };
+enum class FaultPoint { Open, Read, Write, Reap, Submit };
 
 struct FaultSite {
   FaultPoint point;

@@ -8,7 +8,8 @@
 
 namespace deepio::detail {
 
-struct Status {
+/// [[nodiscard]]: a Status nobody looks at is an error nobody hears about.
+struct [[nodiscard]] Status {
   int errnum = 0;  ///< 0: success; otherwise a positive errno value
   std::string message;
   std::string path;

@@ -349,6 +349,59 @@ TEST_P(Failures, EveryBlockFailingStillCompletesTheOp) {
   EXPECT_EQ(h.stats().ops_failed, 10u);
 }
 
+// A queue that cannot hand back completions (a reap error other than EINTR/EAGAIN/EBUSY)
+// must not leave the worker spinning and wait() hanging: every request in it fails with the
+// errno, wait() raises it, and later requests on the same handle fail at once the same way.
+TEST_P(Failures, ReapErrorFailsEveryRequestInFlightAndWaitRaises) {
+  const auto data = pattern(4 << 20, 8);
+  const std::string f = dir_.file("reap");
+  test::put(f, data);
+  std::atomic<int> reaps{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    // Let a few reaps through so that requests are really in the kernel when it fails.
+    if (s.point == FaultPoint::Reap && reaps.fetch_add(1) >= 2) return -EBADF;
+    return std::nullopt;
+  });
+  // Declared before the handle: the kernel may still finish abandoned reads into it until
+  // the handle (and its rings) are gone.
+  std::vector<std::byte> buf(data.size());
+  Handle h(opts({.block_size = 65536, .queue_depth = 8, .overlap_events = true, .intra_op_parallelism = 2}));
+  for (int i = 0; i < 4; ++i) h.async_pread(buf.data(), buf.size(), f);
+  try {
+    h.wait();
+    ADD_FAILURE() << "wait() returned although the queue failed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EBADF) << e.what();
+    EXPECT_NE(std::string(e.what()).find("queue failed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(h.stats().ops_failed, 4u);
+  // The dead queue is not used again: a later request fails fast, it does not hang.
+  h.async_pread(buf.data(), buf.size(), f);
+  EXPECT_THROW(h.wait(), Error);
+  detail::set_fault_hook({});
+}
+
+TEST_P(Failures, SubmitErrorFailsTheRequestAndWaitRaises) {
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    return s.point == FaultPoint::Submit ? std::optional<std::int64_t>(-ENOMEM) : std::nullopt;
+  });
+  Handle h(opts({.block_size = 65536, .queue_depth = 4}));
+  const auto data = pattern(1 << 20, 9);
+  h.async_pwrite(data.data(), data.size(), dir_.file("sub"));
+  try {
+    h.wait();
+    ADD_FAILURE() << "wait() returned although every submission failed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOMEM) << e.what();
+  }
+  detail::set_fault_hook({});
+  // The queue itself is fine: the next request works.
+  h.async_pwrite(data.data(), data.size(), dir_.file("sub"));
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_EQ(slurp(dir_.file("sub")), data);
+}
+
 TEST_P(Failures, HandleDestroyedWithWorkInFlightFinishesIt) {
   const auto data = pattern(8 << 20, 4);
   {
