@@ -52,8 +52,8 @@ const std::error_category& mpi_category() noexcept;
 // call returned an error (only possible when comm's error handler is not MPI_ERRORS_ARE_FATAL,
 // which is MPI's default: with it, MPI aborts the job itself).
 class Error : public std::system_error {
-public:
-    using std::system_error::system_error;
+ public:
+  using std::system_error::system_error;
 };
 
 // Bad sizes, aliasing buffers, or a communicator we cannot use. Raised on every rank of the
@@ -61,9 +61,8 @@ public:
 // reason); raised on the calling rank only, before any communication, when comm itself is
 // unusable (MPI_COMM_NULL, an intercommunicator, MPI not initialised or already finalised).
 class ArgumentError : public Error {
-public:
-    explicit ArgumentError(const std::string& what)
-        : Error(std::make_error_code(std::errc::invalid_argument), what) {}
+ public:
+  explicit ArgumentError(const std::string& what) : Error(std::make_error_code(std::errc::invalid_argument), what) {}
 };
 
 // The packing/unpacking code paths. `best` picks AVX2 when the CPU has it (checked once at
@@ -113,14 +112,14 @@ void unpack_signs(std::span<const std::uint8_t> packed, std::span<float> out, fl
 // thread keeps a scratch workspace of about 3N/8 bytes that it reuses across calls and frees
 // at thread exit.
 // Buffer lifetimes: all spans are used only during the call; nothing is retained.
-void compressed_allreduce(std::span<const float> input, std::span<float> output,
-                          std::span<float> worker_error, std::span<float> server_error, MPI_Comm comm);
+void compressed_allreduce(std::span<const float> input, std::span<float> output, std::span<float> worker_error,
+                          std::span<float> server_error, MPI_Comm comm);
 
 // In-place form: buffer is both input and output (DeepSpeed's unpadded case, N0 == N, where
 // the caller's tensor ends up holding the result; here it does for any N0 <= N).
-inline void compressed_allreduce(std::span<float> buffer, std::span<float> worker_error,
-                                 std::span<float> server_error, MPI_Comm comm) {
-    compressed_allreduce(std::span<const float>(buffer), buffer, worker_error, server_error, comm);
+inline void compressed_allreduce(std::span<float> buffer, std::span<float> worker_error, std::span<float> server_error,
+                                 MPI_Comm comm) {
+  compressed_allreduce(std::span<const float>(buffer), buffer, worker_error, server_error, comm);
 }
 
 // The smallest valid worker_error length for n elements on w ranks: n rounded up to a

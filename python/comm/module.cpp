@@ -35,11 +35,11 @@ using U8Out = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::c
 // A template so that only the branch for this MPI's handle type is instantiated.
 template <class Comm>
 Comm comm_cast(std::uintptr_t handle) {
-    if constexpr (std::is_pointer_v<Comm>) {
-        return reinterpret_cast<Comm>(handle);
-    } else {
-        return static_cast<Comm>(handle);
-    }
+  if constexpr (std::is_pointer_v<Comm>) {
+    return reinterpret_cast<Comm>(handle);
+  } else {
+    return static_cast<Comm>(handle);
+  }
 }
 MPI_Comm comm_from_handle(std::uintptr_t handle) { return comm_cast<MPI_Comm>(handle); }
 
@@ -47,113 +47,113 @@ std::span<const float> in_span(const F32In& a) { return {a.data(), a.shape(0)}; 
 std::span<float> out_span(F32Out& a) { return {a.data(), a.shape(0)}; }
 
 dc::Kernel kernel_from(const std::string& name) {
-    if (name == "best") return dc::Kernel::best;
-    if (name == "scalar") return dc::Kernel::scalar;
-    if (name == "avx2") return dc::Kernel::avx2;
-    throw dc::ArgumentError("unknown kernel '" + name + "' (best, scalar, avx2)");
+  if (name == "best") return dc::Kernel::best;
+  if (name == "scalar") return dc::Kernel::scalar;
+  if (name == "avx2") return dc::Kernel::avx2;
+  throw dc::ArgumentError("unknown kernel '" + name + "' (best, scalar, avx2)");
 }
 
 void require(bool ok, const std::string& what) {
-    if (!ok) throw dc::ArgumentError(what);
+  if (!ok) throw dc::ArgumentError(what);
 }
 
 // Checks shared by the stage functions (the MPI path checks inside the library).
 void check_layout(std::size_t n0, std::size_t n, std::size_t c, std::size_t w) {
-    require(w >= 1, "world size must be >= 1");
-    require(n % (8 * w) == 0, "worker_error length " + std::to_string(n) + " is not a multiple of 8 * W (W = " +
-                                  std::to_string(w) + ")");
-    require(c * w == n, "server_error length " + std::to_string(c) + " is not worker_error length / W");
-    require(n0 <= n, "buffer is longer than worker_error");
+  require(w >= 1, "world size must be >= 1");
+  require(n % (8 * w) == 0,
+          "worker_error length " + std::to_string(n) + " is not a multiple of 8 * W (W = " + std::to_string(w) + ")");
+  require(c * w == n, "server_error length " + std::to_string(c) + " is not worker_error length / W");
+  require(n0 <= n, "buffer is longer than worker_error");
 }
 
 }  // namespace
 
 NB_MODULE(_comm, m) {
-    m.doc() = "deepio 1-bit compressed allreduce (C++ core); use deepio.comm instead of this module";
+  m.doc() = "deepio 1-bit compressed allreduce (C++ core); use deepio.comm instead of this module";
 
-    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-        try {
-            std::rethrow_exception(p);
-        } catch (const dc::ArgumentError& e) {
-            PyErr_SetString(PyExc_ValueError, e.what());
-        } catch (const dc::Error& e) {
-            PyErr_SetString(PyExc_RuntimeError, e.what());
-        }
-    });
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const dc::ArgumentError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const dc::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
 
-    m.def("best_kernel", [] { return dc::best_kernel() == dc::Kernel::avx2 ? "avx2" : "scalar"; });
-    m.def("kernel_available", [](const std::string& k) { return dc::kernel_available(kernel_from(k)); });
-    m.def("padded_size", &dc::padded_size, nb::arg("n"), nb::arg("world_size"));
+  m.def("best_kernel", [] { return dc::best_kernel() == dc::Kernel::avx2 ? "avx2" : "scalar"; });
+  m.def("kernel_available", [](const std::string& k) { return dc::kernel_available(kernel_from(k)); });
+  m.def("padded_size", &dc::padded_size, nb::arg("n"), nb::arg("world_size"));
 
-    m.def(
-        "compressed_allreduce",
-        [](F32In input, F32Out output, F32Out worker_error, F32Out server_error, std::uintptr_t comm) {
-            dc::compressed_allreduce(in_span(input), out_span(output), out_span(worker_error), out_span(server_error),
-                                     comm_from_handle(comm));
-        },
-        nb::arg("input"), nb::arg("output").noconvert(), nb::arg("worker_error").noconvert(),
-        nb::arg("server_error").noconvert(), nb::arg("comm_handle"), nb::call_guard<nb::gil_scoped_release>(),
-        "MPI compressed allreduce of input into output (which may be the same array). Collective.");
+  m.def(
+      "compressed_allreduce",
+      [](F32In input, F32Out output, F32Out worker_error, F32Out server_error, std::uintptr_t comm) {
+        dc::compressed_allreduce(in_span(input), out_span(output), out_span(worker_error), out_span(server_error),
+                                 comm_from_handle(comm));
+      },
+      nb::arg("input"), nb::arg("output").noconvert(), nb::arg("worker_error").noconvert(),
+      nb::arg("server_error").noconvert(), nb::arg("comm_handle"), nb::call_guard<nb::gil_scoped_release>(),
+      "MPI compressed allreduce of input into output (which may be the same array). Collective.");
 
-    m.def(
-        "pack_signs",
-        [](F32In x, U8Out packed, const std::string& kernel) {
-            dc::pack_signs(in_span(x), {packed.data(), packed.shape(0)}, kernel_from(kernel));
-        },
-        nb::arg("x"), nb::arg("packed").noconvert(), nb::arg("kernel") = "best",
-        nb::call_guard<nb::gil_scoped_release>());
-    m.def(
-        "unpack_signs",
-        [](U8In packed, F32Out out, float scale, const std::string& kernel) {
-            dc::unpack_signs({packed.data(), packed.shape(0)}, out_span(out), scale, kernel_from(kernel));
-        },
-        nb::arg("packed"), nb::arg("out").noconvert(), nb::arg("scale") = 1.0f, nb::arg("kernel") = "best",
-        nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "pack_signs",
+      [](F32In x, U8Out packed, const std::string& kernel) {
+        dc::pack_signs(in_span(x), {packed.data(), packed.shape(0)}, kernel_from(kernel));
+      },
+      nb::arg("x"), nb::arg("packed").noconvert(), nb::arg("kernel") = "best",
+      nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "unpack_signs",
+      [](U8In packed, F32Out out, float scale, const std::string& kernel) {
+        dc::unpack_signs({packed.data(), packed.shape(0)}, out_span(out), scale, kernel_from(kernel));
+      },
+      nb::arg("packed"), nb::arg("out").noconvert(), nb::arg("scale") = 1.0f, nb::arg("kernel") = "best",
+      nb::call_guard<nb::gil_scoped_release>());
 
-    // The three stages of the torch.distributed transport (same wire layout as MPI).
-    m.def("block_stride", [](std::size_t chunk) { return dd::block_stride(chunk); }, nb::arg("chunk"));
-    m.def(
-        "worker_stage",
-        [](F32In input, F32Out worker_error, std::size_t w, U8Out send) {
-            const std::size_t n = worker_error.shape(0);
-            check_layout(input.shape(0), n, w ? n / w : 0, w);
-            require(send.shape(0) == w * dd::block_stride(n / w), "send buffer must hold W * block_stride bytes");
-            const dc::Kernel k = dc::best_kernel();
-            auto* bytes = reinterpret_cast<std::byte*>(send.data());
-            const float s = dd::worker_stage(input.data(), input.shape(0), worker_error.data(), n, w, bytes, k);
-            dd::residual_pass(worker_error.data(), n, s, k);
-            return s;
-        },
-        nb::arg("input"), nb::arg("worker_error").noconvert(), nb::arg("world_size"), nb::arg("send").noconvert(),
-        nb::call_guard<nb::gil_scoped_release>(),
-        "Worker side: compensate, scale, residual, pack W blocks into send. Returns the worker scale.");
-    m.def(
-        "server_stage",
-        [](U8In recv, F32Out server_error, std::size_t w, U8Out own) {
-            const std::size_t c = server_error.shape(0);
-            require(w >= 1 && c % 8 == 0, "server_error length must be a multiple of 8");
-            require(recv.shape(0) == w * dd::block_stride(c), "recv buffer must hold W * block_stride bytes");
-            require(own.shape(0) == dd::block_stride(c), "own block must hold block_stride bytes");
-            const dc::Kernel k = dc::best_kernel();
-            const float s = dd::server_stage(reinterpret_cast<const std::byte*>(recv.data()), w, server_error.data(),
-                                             c, reinterpret_cast<std::byte*>(own.data()), k);
-            dd::residual_pass(server_error.data(), c, s, k);
-            return s;
-        },
-        nb::arg("recv"), nb::arg("server_error").noconvert(), nb::arg("world_size"), nb::arg("own").noconvert(),
-        nb::call_guard<nb::gil_scoped_release>(),
-        "Server side: average the W received blocks, compensate, residual, pack into own. Returns the server scale.");
-    m.def(
-        "decode",
-        [](U8In gathered, std::size_t w, std::size_t chunk, F32Out out) {
-            require(w >= 1 && chunk % 8 == 0, "chunk must be a multiple of 8");
-            require(gathered.shape(0) == w * dd::block_stride(chunk), "gathered must hold W * block_stride bytes");
-            require(out.shape(0) <= w * chunk, "out is longer than W * chunk");
-            const dc::Kernel k = dc::best_kernel();
-            for (std::size_t b = 0; b < w; ++b)
-                dd::decode_block(reinterpret_cast<const std::byte*>(gathered.data()), b, chunk, out.data(),
-                                 out.shape(0), k);
-        },
-        nb::arg("gathered"), nb::arg("world_size"), nb::arg("chunk"), nb::arg("out").noconvert(),
-        nb::call_guard<nb::gil_scoped_release>(), "Decode the W gathered server blocks into out.");
+  // The three stages of the torch.distributed transport (same wire layout as MPI).
+  m.def(
+      "block_stride", [](std::size_t chunk) { return dd::block_stride(chunk); }, nb::arg("chunk"));
+  m.def(
+      "worker_stage",
+      [](F32In input, F32Out worker_error, std::size_t w, U8Out send) {
+        const std::size_t n = worker_error.shape(0);
+        check_layout(input.shape(0), n, w ? n / w : 0, w);
+        require(send.shape(0) == w * dd::block_stride(n / w), "send buffer must hold W * block_stride bytes");
+        const dc::Kernel k = dc::best_kernel();
+        auto* bytes = reinterpret_cast<std::byte*>(send.data());
+        const float s = dd::worker_stage(input.data(), input.shape(0), worker_error.data(), n, w, bytes, k);
+        dd::residual_pass(worker_error.data(), n, s, k);
+        return s;
+      },
+      nb::arg("input"), nb::arg("worker_error").noconvert(), nb::arg("world_size"), nb::arg("send").noconvert(),
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Worker side: compensate, scale, residual, pack W blocks into send. Returns the worker scale.");
+  m.def(
+      "server_stage",
+      [](U8In recv, F32Out server_error, std::size_t w, U8Out own) {
+        const std::size_t c = server_error.shape(0);
+        require(w >= 1 && c % 8 == 0, "server_error length must be a multiple of 8");
+        require(recv.shape(0) == w * dd::block_stride(c), "recv buffer must hold W * block_stride bytes");
+        require(own.shape(0) == dd::block_stride(c), "own block must hold block_stride bytes");
+        const dc::Kernel k = dc::best_kernel();
+        const float s = dd::server_stage(reinterpret_cast<const std::byte*>(recv.data()), w, server_error.data(), c,
+                                         reinterpret_cast<std::byte*>(own.data()), k);
+        dd::residual_pass(server_error.data(), c, s, k);
+        return s;
+      },
+      nb::arg("recv"), nb::arg("server_error").noconvert(), nb::arg("world_size"), nb::arg("own").noconvert(),
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Server side: average the W received blocks, compensate, residual, pack into own. Returns the server scale.");
+  m.def(
+      "decode",
+      [](U8In gathered, std::size_t w, std::size_t chunk, F32Out out) {
+        require(w >= 1 && chunk % 8 == 0, "chunk must be a multiple of 8");
+        require(gathered.shape(0) == w * dd::block_stride(chunk), "gathered must hold W * block_stride bytes");
+        require(out.shape(0) <= w * chunk, "out is longer than W * chunk");
+        const dc::Kernel k = dc::best_kernel();
+        for (std::size_t b = 0; b < w; ++b)
+          dd::decode_block(reinterpret_cast<const std::byte*>(gathered.data()), b, chunk, out.data(), out.shape(0), k);
+      },
+      nb::arg("gathered"), nb::arg("world_size"), nb::arg("chunk"), nb::arg("out").noconvert(),
+      nb::call_guard<nb::gil_scoped_release>(), "Decode the W gathered server blocks into out.");
 }

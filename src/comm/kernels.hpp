@@ -22,10 +22,10 @@
 namespace deepio::comm::detail {
 
 struct SumSq {
-    double lane[8] = {};
+  double lane[8] = {};
 
-    // ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
-    double total() const noexcept;
+  // ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+  double total() const noexcept;
 };
 
 // ||v|| / sqrt(n) as documented in comm.hpp: (float)sqrt(total) / (float)sqrt((double)n).
@@ -38,8 +38,8 @@ Kernel resolve(Kernel kernel);
 // ew[i] = x[i] (the compensated value, turned into the residual later by residual_pass);
 // acc += x[i]^2; packed[i / 8] gets bit(x[i]). in may be null when n_in == 0. n_in may be
 // anything (also > n: only the first n are read).
-void worker_pass(const float* in, std::size_t n_in, float* ew, std::size_t n, std::uint8_t* packed,
-                 SumSq& acc, Kernel kernel) noexcept;
+void worker_pass(const float* in, std::size_t n_in, float* ew, std::size_t n, std::uint8_t* packed, SumSq& acc,
+                 Kernel kernel) noexcept;
 
 // Residual: e[i] = e[i] - (bit(e[i]) ? s : -s), for any n.
 void residual_pass(float* e, std::size_t n, float s, Kernel kernel) noexcept;

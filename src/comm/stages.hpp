@@ -28,8 +28,7 @@ float worker_stage(const float* in, std::size_t n0, float* ew, std::size_t n, st
 
 // Server pass over the W received blocks of `recv` into the single block `own` (header
 // included). Leaves c in es; returns s_s. Call residual_pass(es, c, s_s) afterwards.
-float server_stage(const std::byte* recv, std::size_t w, float* es, std::size_t c, std::byte* own,
-                   Kernel kernel);
+float server_stage(const std::byte* recv, std::size_t w, float* es, std::size_t c, std::byte* own, Kernel kernel);
 
 // Writes block k of the gathered server blocks into out[k*c, min(n0, (k+1)*c)).
 void decode_block(const std::byte* gathered, std::size_t k, std::size_t c, float* out, std::size_t n0,
