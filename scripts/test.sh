@@ -35,7 +35,7 @@ fi
 
 if [ -f pyproject.toml ]; then
   step "Python package"
-  python3 -m pip install -q --no-build-isolation -Cbuild-dir=build/py .
+  python3 -m pip install -q --no-build-isolation -Cbuild-dir=build/py -Ccmake.define.DEEPIO_TEST_HOOKS=ON .
   step "pytest"
   # Run from tests/ so the installed package is imported, not the source folder.
   (cd tests && python3 -m pytest -q -p no:cacheprovider python)

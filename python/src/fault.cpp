@@ -1,4 +1,6 @@
 // Test-only fault injection: `_deepio._set_fault(...)` / `_deepio._clear_fault()`.
+// Compiled only into test builds (CMake option DEEPIO_TEST_HOOKS, python/CMakeLists.txt), so
+// no wheel carries it.
 //
 // Installs a process-wide engine hook (src/platform/fault.hpp) that makes the n-th matching
 // open/read/write fail with an errno or come back short. The hook runs on engine worker

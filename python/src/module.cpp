@@ -123,7 +123,9 @@ NB_MODULE(_deepio, m) {
   init_errors(m);
   init_handle(m);
   init_memory(m);
-  init_fault(m);
+#ifdef DEEPIO_TEST_HOOKS
+  init_fault(m);  // test builds only (python/CMakeLists.txt, DEEPIO_TEST_HOOKS)
+#endif
   init_gds(m);
   m.def("compare_with_file", &compare_with_file, nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
         "Index of the first byte where the file range differs from the buffer, or -1 (validate=True).");

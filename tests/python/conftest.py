@@ -121,6 +121,12 @@ def _open_fds() -> set:
 
 BASE_DIR = _base_dir()
 
+# The fault-injection hooks (_deepio._set_fault, _clear_fault, _fault_hits) are compiled only
+# into test builds: scripts/test.sh installs with -Ccmake.define.DEEPIO_TEST_HOOKS=ON. A default
+# build (any wheel) lacks them, and the tests that inject faults skip through `fault` below.
+HAS_TEST_HOOKS = hasattr(_deepio, "_set_fault")
+NO_TEST_HOOKS = "built without DEEPIO_TEST_HOOKS (pip install -Ccmake.define.DEEPIO_TEST_HOOKS=ON ...)"
+
 
 @pytest.fixture(autouse=True)
 def no_leaks(request):
@@ -129,7 +135,8 @@ def no_leaks(request):
     before = _open_fds()
     locked_before = deepio.locked_memory_stats()["allocations"]
     yield
-    _deepio._clear_fault()
+    if HAS_TEST_HOOKS:
+        _deepio._clear_fault()
     base = str(BASE_DIR.resolve())
     leaked = [(fd, target) for fd, target in _open_fds() - before if target.startswith(base)]
     assert not leaked, f"leaked descriptors: {leaked}"
@@ -142,7 +149,10 @@ def no_leaks(request):
 
 @pytest.fixture
 def fault():
-    """_deepio._set_fault with automatic clearing."""
+    """_deepio._set_fault with automatic clearing. The one gate on the test hooks: a test that
+    takes this fixture skips, with the reason, when the extension was built without them."""
+    if not HAS_TEST_HOOKS:
+        pytest.skip(NO_TEST_HOOKS)
     yield _deepio._set_fault
     _deepio._clear_fault()
 
@@ -187,7 +197,8 @@ def as_bytes(buf) -> bytes:
 def pytest_report_header(config):
     base = BASE_DIR
     return [
-        f"deepio {deepio.__version__}; test files under {base} ({_fs_type(base.resolve()) or '?'})",
+        f"deepio {deepio.__version__} from {Path(deepio.__file__).parent}; test hooks: {HAS_TEST_HOOKS}; "
+        f"test files under {base} ({_fs_type(base.resolve()) or '?'})",
         f"torch: {getattr(torch, '__version__', 'missing')}; numpy: {getattr(np, '__version__', 'missing')}; "
         f"torch pinning: {TORCH_PINNED}; python {sys.version.split()[0]}",
     ]
