@@ -1,17 +1,27 @@
-"""deepio's native extension. Use the `deepio` package, not this module.
+"""deepio's native extension. Use the `deepio` package, not this module."""
 
-Generated with `python -m nanobind.stubgen -m deepio._deepio`, then edited: EndOfFileError,
-__version__ and the private testing functions added.
-"""
+
 
 __version__: str
 
 class EndOfFileError(OSError, EOFError):
-    """A read reached the end of the file before the requested range (errno ENODATA)."""
+    """
+    A read reached the end of the file before the requested range (errno ENODATA).
+    Both an OSError (errno, filename, offset, nbytes) and an EOFError.
+    """
 
     offset: int
     nbytes: int
 
+class InvalidArgumentError(OSError, ValueError):
+    """
+    deepio refused an argument before doing any I/O (errno EINVAL): a bad block_size,
+    queue_depth, intra_op_parallelism, backend or direct_io, a negative file_offset.
+    Both an OSError (errno EINVAL) and a ValueError; the message names the parameter.
+    """
+
+    offset: int
+    nbytes: int
 
 class Op:
     """One operation submitted through deepio.File; wrapped by deepio.Future."""
@@ -136,6 +146,60 @@ def is_locked_range(buffer: object) -> bool:
 
 def locked_memory_stats() -> dict: ...
 
+def gpu_info() -> dict:
+    """
+    What CUDA and cuFile this process can use (deepio::gpu_info()); never raises.
+    """
+
+class GdsHandle:
+    """deepio::GdsHandle for CUDA buffers (behind deepio.gds_handle)."""
+
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, mode: str = 'auto') -> None: ...
+
+    def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> None:
+        """
+        Queues a read or write of a CUDA buffer; raises on submission failures.
+        """
+
+    def wait(self) -> int:
+        """Waits (GIL released) for every queued operation; returns how many."""
+
+    def pin(self, tensor: object) -> int:
+        """cuFileBufRegister the tensor; returns its address."""
+
+    def unpin(self, tensor: object) -> tuple[bool, int]:
+        """Deregisters; returns (was pinned, address)."""
+
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def pending(self) -> int: ...
+
+    def stats(self) -> dict: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def mode_reason(self) -> str: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def single_submit(self) -> bool: ...
+
+    @property
+    def overlap_events(self) -> bool: ...
+
+    @property
+    def intra_op_parallelism(self) -> int: ...
+
 def compare_with_file(buffer: object, file: object, file_offset: int = 0) -> int:
     """
     Index of the first byte where the file range differs from the buffer, or -1 (validate=True).
@@ -149,12 +213,3 @@ def capabilities() -> dict:
 
 def probe_direct_io(folder: object) -> dict:
     """Direct-I/O facts for files in `folder` (or the file itself)."""
-
-def _set_fault(point: str, errno: int | None = None, short: int | None = None, after: int = 0, count: int = 1, path_contains: str = '', delay: float = 0.0) -> None:
-    """TESTING ONLY. Makes matching open/read/write calls fail, come back short, or stall."""
-
-def _clear_fault() -> None:
-    """TESTING ONLY. Removes the fault hook."""
-
-def _fault_hits() -> int:
-    """TESTING ONLY. How many calls the current rule changed."""

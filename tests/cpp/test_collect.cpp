@@ -1,0 +1,437 @@
+// Collection: Handle::collect / wait / Future::get own the ledger of operations. Checked with
+// real files and a fault hook that holds every read until a gate opens, so "not done yet" is
+// deterministic: keep-alives are released exactly once, only at collection, never before the
+// operation is done and never on a worker thread; a collect() with a deadline claims nothing
+// unless everything it covers is done; racing waiters count each operation once; detached
+// operations belong to their Future. Also the one validation of arguments (InvalidArgument).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/support.hpp"
+
+namespace deepio {
+namespace {
+
+using namespace std::chrono_literals;
+using detail::FaultPoint;
+using detail::FaultSite;
+
+// Holds every read completion until open() (the hook runs on the worker thread).
+class Gate {
+ public:
+  Gate() {
+    detail::set_fault_hook([this](const FaultSite& s) -> std::optional<std::int64_t> {
+      if (s.point == FaultPoint::Read) {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return open_; });
+        if (fail_offsets_.count(s.offset) != 0) return -EIO;
+      }
+      return std::nullopt;
+    });
+  }
+  ~Gate() {
+    open();
+    detail::set_fault_hook({});
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+    opened_.store(true);
+  }
+  [[nodiscard]] bool is_open() const { return opened_.load(); }
+  void fail_at(std::uint64_t offset) { fail_offsets_.insert(offset); }  // before any I/O
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::atomic<bool> opened_{false};
+  std::set<std::uint64_t> fail_offsets_;
+};
+
+// Keep-alives that count their releases and record where and when they happened.
+struct Tracker {
+  std::atomic<int> released{0};
+  std::atomic<int> released_while_gate_closed{0};
+  std::mutex mutex;
+  std::vector<std::thread::id> threads;  // guarded by mutex
+  const Gate* gate = nullptr;
+
+  std::shared_ptr<void> make() {
+    return std::shared_ptr<void>(new int(0), [this](int* p) {
+      delete p;
+      if (gate != nullptr && !gate->is_open()) released_while_gate_closed.fetch_add(1);
+      {
+        std::lock_guard lock(mutex);
+        threads.push_back(std::this_thread::get_id());
+      }
+      released.fetch_add(1);
+    });
+  }
+};
+
+OpOptions keep(Tracker& t, bool detached = false) {
+  OpOptions o;
+  o.keep_alive = t.make();
+  o.detached = detached;
+  return o;
+}
+
+HandleOptions threads_backend(std::size_t workers = 2) {
+  HandleOptions o;
+  o.block_size = 4096;
+  o.queue_depth = 4;
+  o.intra_op_parallelism = workers;
+  o.backend = BackendKind::Threads;
+  return o;
+}
+
+class Collect : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.file("data.bin");
+    const auto data = test::pattern(kFile, 7);
+    Handle h;
+    h.sync_pwrite(data.data(), data.size(), path_);
+  }
+  static constexpr std::size_t kFile = 16 * 4096;
+  test::TempDir dir_;
+  std::string path_;
+};
+
+TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
+  Tracker t;
+  std::vector<std::vector<std::byte>> bufs(6, std::vector<std::byte>(4096));
+  {
+    Gate gate;
+    t.gate = &gate;
+    Handle h(threads_backend());
+    std::vector<Future> futs;
+    for (std::size_t i = 0; i < bufs.size(); ++i) futs.push_back(h.async_pread(bufs[i].data(), 4096, path_, i * 4096, keep(t)));
+    EXPECT_EQ(h.pending(), bufs.size());
+    // Not done: a deadline collect claims nothing and hands nothing back.
+    CollectOptions soon;
+    soon.deadline = std::chrono::steady_clock::now() + 20ms;
+    WaitResult r = h.collect(soon);
+    EXPECT_FALSE(r.complete);
+    EXPECT_EQ(r.count, 0u);
+    EXPECT_TRUE(r.keep_alive.empty());
+    EXPECT_EQ(h.pending(), bufs.size());
+    EXPECT_EQ(t.released.load(), 0);
+
+    gate.open();
+    for (auto& f : futs) f.wait();
+    // Done but not collected: the handle still holds every keep-alive.
+    EXPECT_EQ(t.released.load(), 0);
+    r = h.collect();
+    EXPECT_TRUE(r.complete);
+    EXPECT_EQ(r.count, bufs.size());
+    EXPECT_TRUE(r.errors.empty());
+    ASSERT_EQ(r.keep_alive.size(), bufs.size());
+    EXPECT_EQ(t.released.load(), 0);  // handed back, not released
+    r.keep_alive.clear();
+    EXPECT_EQ(t.released.load(), static_cast<int>(bufs.size()));
+    EXPECT_EQ(h.pending(), 0u);
+    EXPECT_EQ(h.wait(), 0u);
+  }
+  EXPECT_EQ(t.released.load(), static_cast<int>(bufs.size()));  // exactly once each
+  EXPECT_EQ(t.released_while_gate_closed.load(), 0);
+  for (auto id : t.threads) EXPECT_EQ(id, std::this_thread::get_id());
+}
+
+TEST_F(Collect, DeadlineCollectClaimsNothingUnlessAllDone) {
+  Tracker t;
+  std::vector<std::byte> a(4096), b(4096);
+  Gate gate;
+  t.gate = &gate;
+  Handle h(threads_backend(1));
+  // The first op finishes at once (a zero-byte op needs no read); the second is held.
+  Future first = h.async_pread(a.data(), 0, path_, 0, keep(t));
+  first.wait();
+  const std::uint64_t after_first = h.mark();
+  Future second = h.async_pread(b.data(), 4096, path_, 0, keep(t));
+  CollectOptions soon;
+  soon.deadline = std::chrono::steady_clock::now() + 20ms;
+  WaitResult r = h.collect(soon);
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.count, 0u);
+  EXPECT_TRUE(r.keep_alive.empty());
+  EXPECT_EQ(h.pending(), 2u);  // the finished one was not claimed either
+  EXPECT_EQ(t.released.load(), 0);
+  // A mark before the second op covers only the first, which is done.
+  CollectOptions first_only;
+  first_only.through = after_first;
+  first_only.deadline = std::chrono::steady_clock::now() + 20ms;
+  r = h.collect(first_only);
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(r.count, 1u);
+  EXPECT_EQ(r.keep_alive.size(), 1u);
+  r = WaitResult{};
+  EXPECT_EQ(t.released.load(), 1);
+  gate.open();
+  EXPECT_EQ(h.wait(), 1u);
+  EXPECT_EQ(t.released.load(), 2);
+}
+
+TEST_F(Collect, RacingWaitersCountEachOpOnceAndReleaseEachKeepAliveOnce) {
+  constexpr int kOps = 64;
+  constexpr int kWaiters = 4;
+  Tracker t;
+  std::vector<std::vector<std::byte>> bufs(kOps, std::vector<std::byte>(4096));
+  std::set<std::thread::id> waiter_ids;
+  {
+    Gate gate;
+    t.gate = &gate;
+    Handle h(threads_backend(2));
+    for (int i = 0; i < kOps; ++i) h.async_pread(bufs[i].data(), 4096, path_, (i % 16) * 4096, keep(t));
+    std::atomic<std::size_t> total{0};
+    std::mutex ids_mutex;
+    std::vector<std::thread> waiters;
+    for (int w = 0; w < kWaiters; ++w) {
+      waiters.emplace_back([&] {
+        {
+          std::lock_guard lock(ids_mutex);
+          waiter_ids.insert(std::this_thread::get_id());
+        }
+        total += h.wait();
+      });
+    }
+    std::this_thread::sleep_for(20ms);
+    EXPECT_EQ(t.released.load(), 0);
+    gate.open();
+    for (auto& th : waiters) th.join();
+    EXPECT_EQ(total.load(), static_cast<std::size_t>(kOps));
+    EXPECT_EQ(t.released.load(), kOps);
+    EXPECT_EQ(h.wait(), 0u);
+  }
+  EXPECT_EQ(t.released.load(), kOps);
+  EXPECT_EQ(t.released_while_gate_closed.load(), 0);
+  for (auto id : t.threads) EXPECT_EQ(waiter_ids.count(id), 1u) << "released off a waiter thread";
+  const auto data = test::pattern(kFile, 7);
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_EQ(std::memcmp(bufs[i].data(), data.data() + (i % 16) * 4096, 4096), 0) << i;
+  }
+}
+
+TEST_F(Collect, FailuresInSubmissionOrderAndFirstThrownByWait) {
+  Gate gate;
+  gate.fail_at(3 * 4096);
+  gate.fail_at(1 * 4096);
+  Handle h(threads_backend(1));
+  std::vector<std::vector<std::byte>> bufs(5, std::vector<std::byte>(4096));
+  for (std::size_t i = 0; i < bufs.size(); ++i) h.async_pread(bufs[i].data(), 4096, path_, i * 4096);
+  gate.open();
+  WaitResult r = h.collect();
+  EXPECT_EQ(r.count, 5u);
+  ASSERT_EQ(r.errors.size(), 2u);
+  EXPECT_EQ(r.errors[0].offset(), 1 * 4096u);
+  EXPECT_EQ(r.errors[1].offset(), 3 * 4096u);
+  EXPECT_EQ(r.errors[0].errnum(), EIO);
+  EXPECT_FALSE(r.errors[0].invalid_argument());
+  for (std::size_t i = 0; i < 2; ++i) h.async_pread(bufs[i].data(), 4096, path_, (3 - 2 * i) * 4096);
+  try {
+    h.wait();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.offset(), 3 * 4096u);  // the first submitted of the two failures
+  }
+  EXPECT_EQ(h.pending(), 0u);
+}
+
+TEST_F(Collect, FutureGetCollectsItsOpAndReleasesTheKeepAlive) {
+  Tracker t;
+  Handle h(threads_backend());
+  std::vector<std::byte> a(4096), b(4096);
+  Future fa = h.async_pread(a.data(), 4096, path_, 0, keep(t));
+  h.async_pread(b.data(), 4096, path_, 4096, keep(t));
+  EXPECT_EQ(fa.get(), 4096u);
+  EXPECT_EQ(t.released.load(), 1);
+  EXPECT_EQ(fa.get(), 4096u);  // the same again, nothing released twice
+  EXPECT_EQ(t.released.load(), 1);
+  EXPECT_EQ(h.pending(), 1u);
+  EXPECT_EQ(h.wait(), 1u);  // only the other one
+  EXPECT_EQ(t.released.load(), 2);
+}
+
+TEST_F(Collect, DetachedOpsBelongToTheirFuture) {
+  Tracker t;
+  std::vector<std::byte> a(4096), b(4096), c(4096);
+  {
+    Gate gate;
+    t.gate = &gate;
+    Handle h(threads_backend());
+    Future mine = h.async_pread(a.data(), 4096, path_, 0, keep(t, /*detached=*/true));
+    EXPECT_EQ(h.pending(), 0u);
+    EXPECT_EQ(h.wait(), 0u);  // neither waited for nor counted
+    EXPECT_FALSE(mine.done());
+    // Named in `with`, it is collected and counted with the others.
+    h.async_pread(b.data(), 4096, path_, 4096, keep(t));
+    gate.open();
+    CollectOptions o;
+    o.with = &mine;
+    WaitResult r = h.collect(o);
+    EXPECT_EQ(r.count, 2u);
+    EXPECT_EQ(r.keep_alive.size(), 2u);
+    r = WaitResult{};
+    EXPECT_EQ(t.released.load(), 2);
+    EXPECT_EQ(mine.get(), 4096u);  // the outcome is still there for the Future
+
+    // give_to_wait: an ordinary op from then on.
+    Future handed = h.async_pread(c.data(), 4096, path_, 0, keep(t, true));
+    handed.give_to_wait();
+    EXPECT_EQ(h.pending(), 1u);
+    EXPECT_EQ(h.wait(), 1u);
+    EXPECT_EQ(t.released.load(), 3);
+  }
+  EXPECT_EQ(t.released.load(), 3);
+}
+
+TEST_F(Collect, AbandonedDetachedOpReleasedByALaterCollectOnlyWhenDone) {
+  Tracker t;
+  std::vector<std::byte> a(4096);
+  Gate gate;
+  t.gate = &gate;
+  Handle h(threads_backend(1));
+  { (void)h.async_pread(a.data(), 4096, path_, 0, keep(t, true)); }  // every Future dropped
+  CollectOptions poll;
+  poll.through = 0;
+  WaitResult r = h.collect(poll);
+  EXPECT_TRUE(r.keep_alive.empty());  // still running
+  gate.open();
+  for (int i = 0; i < 200 && r.keep_alive.empty(); ++i) {
+    std::this_thread::sleep_for(5ms);
+    r = h.collect(poll);
+  }
+  EXPECT_EQ(r.keep_alive.size(), 1u);
+  EXPECT_EQ(r.count, 0u);  // abandoned ops are not counted
+  EXPECT_EQ(t.released.load(), 0);
+  r = WaitResult{};
+  EXPECT_EQ(t.released.load(), 1);
+  EXPECT_EQ(t.released_while_gate_closed.load(), 0);
+}
+
+TEST_F(Collect, SyncCallCountsItsOwnOpWhileOthersWait) {
+  Handle h(threads_backend(2));
+  std::vector<std::byte> buf(4096);
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    while (!stop.load()) (void)h.wait();
+  });
+  for (int i = 0; i < 200; ++i) ASSERT_GE(h.sync_pread(buf.data(), 4096, path_, 0), 1u) << i;
+  stop = true;
+  waiter.join();
+}
+
+TEST_F(Collect, HandleDestroyedWithUncollectedOpsReleasesTheirKeepAlives) {
+  Tracker t;
+  std::vector<std::byte> a(4096);
+  {
+    Handle h(threads_backend());
+    h.async_pread(a.data(), 4096, path_, 0, keep(t));
+    h.async_pread(a.data(), 4096, path_, 0, keep(t, true));
+  }
+  EXPECT_EQ(t.released.load(), 2);
+}
+
+// ----------------------------------------------------------------------- one validation
+
+template <typename F>
+InvalidArgument invalid(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no InvalidArgument";
+  return InvalidArgument("none");
+}
+
+TEST(Validation, BadOptionsAreInvalidArgumentsNamingTheParameter) {
+  HandleOptions o;
+  o.block_size = 0;
+  InvalidArgument e = invalid([&] { Handle h(o); });
+  EXPECT_EQ(e.errnum(), EINVAL);
+  EXPECT_TRUE(e.invalid_argument());
+  EXPECT_NE(e.message().find("block_size"), std::string::npos) << e.message();
+  o = {};
+  o.queue_depth = static_cast<std::size_t>(-1);  // what a binding passes for -1
+  e = invalid([&] { Handle h(o); });
+  EXPECT_NE(e.message().find("queue_depth"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("got -1"), std::string::npos) << e.message();
+  o = {};
+  o.queue_depth = 65537;
+  e = invalid([&] { Handle h(o); });
+  EXPECT_NE(e.message().find("65536"), std::string::npos) << e.message();
+  o = {};
+  o.intra_op_parallelism = 1025;
+  e = invalid([&] { Handle h(o); });
+  EXPECT_NE(e.message().find("intra_op_parallelism"), std::string::npos) << e.message();
+  o = {};
+  o.block_size = static_cast<std::size_t>(-4096);
+  e = invalid([&] { Handle h(o); });
+  EXPECT_NE(e.message().find("got -4096"), std::string::npos) << e.message();
+  // The bounds themselves are accepted.
+  o = {};
+  o.queue_depth = 65536;
+  o.intra_op_parallelism = 1;
+  o.backend = BackendKind::Threads;
+  EXPECT_NO_THROW(Handle h(o));
+}
+
+TEST(Validation, NegativeOffsetIsAnInvalidArgumentOverflowIsNot) {
+  test::TempDir dir;
+  const std::string path = dir.file("v.bin");
+  Handle h;
+  std::vector<std::byte> buf(16);
+  h.sync_pwrite(buf.data(), buf.size(), path);
+  InvalidArgument e = invalid([&] { h.async_pread(buf.data(), 16, path, static_cast<std::uint64_t>(-5)); });
+  EXPECT_NE(e.message().find("file_offset"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("got -5"), std::string::npos) << e.message();
+  EXPECT_EQ(e.path(), path);
+  e = invalid([&] { h.async_pwrite(nullptr, 16, path, 0); });
+  EXPECT_EQ(e.errnum(), EINVAL);
+  try {
+    h.async_pwrite(buf.data(), 16, path, static_cast<std::uint64_t>(INT64_MAX) - 4);
+    FAIL() << "no EOVERFLOW";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.errnum(), EOVERFLOW);
+    EXPECT_FALSE(err.invalid_argument());
+  }
+  EXPECT_EQ(h.pending(), 0u);
+}
+
+TEST(Validation, EinvalFromTheFileSystemIsNotAnInvalidArgument) {
+  // A file system that refuses O_DIRECT (tmpfs on older kernels, some FUSE) answers open()
+  // with EINVAL; with direct_io=on that reaches the caller as the file system's error.
+  test::TempDir dir;
+  const std::string path = dir.file("refuses_direct.bin");
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Open && (s.flags & O_DIRECT) != 0) return -EINVAL;
+    return std::nullopt;
+  });
+  HandleOptions o;
+  o.direct_io = DirectIo::On;
+  Handle h(o);
+  std::vector<std::byte> buf(4096);
+  try {
+    h.async_pwrite(buf.data(), buf.size(), path, 0);
+    ADD_FAILURE() << "no EINVAL";
+  } catch (const InvalidArgument&) {
+    ADD_FAILURE() << "the file system's EINVAL was taken for a bad argument";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_FALSE(e.invalid_argument());
+  }
+  detail::set_fault_hook({});
+}
+
+}  // namespace
+}  // namespace deepio
