@@ -20,7 +20,8 @@ See docs/python.md.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any
 
 from . import _deepio
 from ._aio import ValidationError, aio_handle
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 
-def info(path: Optional[Any] = None) -> dict:
+def info(path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None = None) -> dict[str, Any]:
     """The engine's capabilities: version, each backend (compiled, available, why not),
     the backend "auto" picks, RLIMIT_MEMLOCK, and ``gpu`` (``gpu_info()``: CUDA, cuFile, GDS
     mode and why not). With ``path`` (a folder or file), also what direct I/O deepio will
@@ -58,7 +59,7 @@ def info(path: Optional[Any] = None) -> dict:
     return d
 
 
-def locked_memory_stats() -> dict:
+def locked_memory_stats() -> dict[str, Any]:
     """Live locked allocations of the process: count, bytes, bytes actually locked, and how
     many were freed with free_cpu_locked_tensor() but are still referenced by an array."""
     return _deepio.locked_memory_stats()
