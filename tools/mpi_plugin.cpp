@@ -1,5 +1,5 @@
 // libdeepio_cli_mpi.so: the MPI calls `deepio bench` makes under mpirun, behind a C ABI so
-// the executable itself never links MPI (see group.hpp). Built only when CMake finds MPI.
+// the executable itself never links MPI (see lib/group.hpp). Built only when CMake finds MPI.
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings would need libmpi_cxx.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1

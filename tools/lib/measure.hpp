@@ -1,6 +1,6 @@
 // The transfers `deepio bench` and `deepio tune` time: deepio itself, the naive
-// single-threaded buffered copy users write without deepio, and the device ceiling (fio with
-// matching parameters, or a raw O_DIRECT loop when fio is not installed).
+// single-threaded buffered copy users write without deepio, and a raw O_DIRECT loop (the
+// device ceiling when fio is not installed; fio itself is run by fio.hpp).
 //
 // Every function moves exactly nbytes or throws deepio::Error with errno, path and offset;
 // timings cover open to close, and for writes include fsync (the data is durable when the
@@ -42,31 +42,6 @@ Sample naive_write(const void* src, std::size_t nbytes, const std::string& path)
 /// `buf` must be page aligned and nbytes a multiple of 4096. Writes end with fsync.
 Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_size,
                   std::size_t threads, const std::string& path);
-
-struct FioJob {
-  std::string path;
-  bool write = false;
-  std::uint64_t nbytes = 0;
-  std::size_t block_size = 1 << 20;
-  std::size_t iodepth = 32;
-  std::size_t numjobs = 1;       ///< the file is split into numjobs equal ranges
-  std::string ioengine = "io_uring";
-  bool direct = true;
-};
-
-struct FioResult {
-  bool ok = false;
-  Sample sample;
-  std::string command;  ///< the exact command line run
-  std::string error;    ///< why not ok
-};
-
-/// Runs `fio` (found on PATH as `fio_path`) on one job and parses --output-format=json.
-FioResult run_fio(const std::string& fio_path, const FioJob& job);
-/// "fio-3.33", or empty when `fio --version` fails.
-std::string fio_version(const std::string& fio_path);
-/// The fio ioengine that matches a deepio backend: io_uring, libaio, psync.
-std::string fio_engine_for(BackendKind kind);
 
 /// Fills nbytes with a deterministic pattern derived from `seed` (fast: 8 bytes per step).
 void fill_pattern(void* buf, std::size_t nbytes, std::uint64_t seed);

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli_util.hpp"
+#include "system.hpp"
 
 namespace deepio::cli {
 
@@ -143,76 +143,6 @@ Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_s
   }
   if (write && ::fsync(f.fd) != 0) throw Error(errno, "fsync failed", path);
   return c.stop(nbytes);
-}
-
-std::string fio_engine_for(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::IoUring: return "io_uring";
-    case BackendKind::Libaio: return "libaio";
-    default: return "psync";
-  }
-}
-
-std::string fio_version(const std::string& fio_path) {
-  std::string out;
-  if (run_capture({fio_path, "--version"}, out) != 0) return {};
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
-FioResult run_fio(const std::string& fio_path, const FioJob& job) {
-  FioResult r;
-  const std::uint64_t per_job = job.nbytes / job.numjobs;
-  std::vector<std::string> argv = {
-      fio_path,
-      "--name=deepio-ceiling",
-      "--filename=" + job.path,
-      std::string("--rw=") + (job.write ? "write" : "read"),
-      "--bs=" + std::to_string(job.block_size),
-      "--iodepth=" + std::to_string(job.iodepth),
-      "--ioengine=" + job.ioengine,
-      std::string("--direct=") + (job.direct ? "1" : "0"),
-      "--size=" + std::to_string(per_job),
-      "--numjobs=" + std::to_string(job.numjobs),
-      "--group_reporting",
-      "--thread",
-      "--fallocate=none",  // deepio writes into a fresh, unallocated file: so does fio
-      "--invalidate=1",
-      "--output-format=json"};
-  if (job.numjobs > 1) argv.push_back("--offset_increment=" + std::to_string(per_job));
-  if (job.write) argv.push_back("--end_fsync=1");
-  for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + a;
-  std::string out, err;
-  const int rc = run_capture(argv, out, &err);
-  if (rc != 0) {
-    auto line = err.substr(0, err.find('\n'));
-    r.error = "fio exited with status " + std::to_string(rc) + (line.empty() ? "" : ": " + line);
-    return r;
-  }
-  const auto brace = out.find('{');
-  std::string perr;
-  auto doc = brace == std::string::npos ? std::nullopt : parse_json(std::string_view(out).substr(brace), &perr);
-  const JsonValue* j = doc ? doc->get("jobs") : nullptr;
-  const JsonValue* j0 = j ? j->at(0) : nullptr;
-  const JsonValue* side = j0 ? j0->get(job.write ? "write" : "read") : nullptr;
-  if (side == nullptr) {
-    r.error = "cannot parse fio's JSON output" + (perr.empty() ? "" : ": " + perr);
-    return r;
-  }
-  const double io_bytes = side->num("io_bytes");
-  const double runtime_ms = side->num("runtime");
-  if (io_bytes <= 0 || runtime_ms <= 0) {
-    r.error = "fio reported no I/O";
-    return r;
-  }
-  // usr_cpu/sys_cpu are percentages of job_runtime for the (group-reported) job.
-  const double cpu_pct = j0->num("usr_cpu") + j0->num("sys_cpu");
-  const double job_runtime_ms = j0->num("job_runtime", runtime_ms);
-  r.sample.nbytes = static_cast<std::uint64_t>(io_bytes);
-  r.sample.seconds = runtime_ms / 1000.0;
-  r.sample.cpu_seconds = cpu_pct / 100.0 * job_runtime_ms / 1000.0;
-  r.ok = true;
-  return r;
 }
 
 void fill_pattern(void* buf, std::size_t nbytes, std::uint64_t seed) {

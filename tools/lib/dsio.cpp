@@ -9,8 +9,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "cli_util.hpp"
+#include "format.hpp"
 #include "measure.hpp"
+#include "system.hpp"
 
 namespace deepio::cli {
 
@@ -102,26 +103,51 @@ std::string ds_io_file(const DsIoPlan& p, int tid, std::size_t loop, const std::
          std::to_string(tid) + "_" + std::to_string(p.different_files ? loop : 0);
 }
 
-ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
-  ProcReport r;
-  const int tid = g.rank();
-  const std::string& folder = p.folders[static_cast<std::size_t>(tid) % p.folders.size()];
-  const std::size_t n = static_cast<std::size_t>(p.io_size);
-  const std::size_t iterations = p.warmup + p.loops;
-  const std::size_t nfiles = p.different_files ? iterations : 1;
-  if (!g.barrier()) return r;
-  // Set-up (not timed): files, buffer, handle.
+namespace {
+
+/// Set-up (not timed): read files created when missing or of the wrong size, write files
+/// removed, as ds_io does.
+void prepare_files(const DsIoPlan& p, int tid, const std::string& folder) {
+  const std::size_t nfiles = p.different_files ? p.warmup + p.loops : 1;
   for (std::size_t i = 0; i < nfiles; ++i) {
     const std::string f = ds_io_file(p, tid, i, folder);
     if (p.read) {
       struct stat st {};
       if (::stat(f.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != p.io_size) {
-        write_file_plain(f, n, static_cast<std::uint64_t>(tid) * 1000 + i);
+        write_file_plain(f, static_cast<std::size_t>(p.io_size), static_cast<std::uint64_t>(tid) * 1000 + i);
       }
     } else {
       ::unlink(f.c_str());
     }
   }
+}
+
+/// One timed op: ds_io's read is pread + wait; its write is pwrite + wait, without fsync.
+Sample timed_op(const DsIoPlan& p, Handle& h, void* buf, const std::string& f) {
+  const std::size_t n = static_cast<std::size_t>(p.io_size);
+  if (p.read) return deepio_read(h, buf, n, f);
+  const double w0 = now_seconds();
+  h.async_pwrite(buf, n, f, 0);
+  h.wait();
+  return Sample{now_seconds() - w0, 0.0, n};
+}
+
+void add_stats(ProcReport& r, const HandleStats& st) {
+  r.bytes_direct = st.bytes_direct;
+  r.bytes_bounced = st.bytes_bounced;
+  r.bytes_buffered = st.bytes_buffered;
+  r.direct_refused = st.direct_refused;
+}
+
+}  // namespace
+
+ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
+  ProcReport r;
+  const int tid = g.rank();
+  const std::string& folder = p.folders[static_cast<std::size_t>(tid) % p.folders.size()];
+  const std::size_t n = static_cast<std::size_t>(p.io_size);
+  if (!g.barrier()) return r;
+  prepare_files(p, tid, folder);
   PinnedBuffer buf(n);
   if (!p.read) fill_pattern(buf.data(), n, static_cast<std::uint64_t>(tid) + 7);
   else touch_pages(buf.data(), n);
@@ -129,16 +155,10 @@ ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
   r.backend = static_cast<int>(h.backend());
   if (!g.barrier()) return r;
   const double cpu0 = process_cpu_seconds();
-  for (std::size_t i = 0; i < iterations; ++i) {
+  for (std::size_t i = 0; i < p.warmup + p.loops; ++i) {
     const std::string f = ds_io_file(p, tid, i, folder);
     const double t0 = now_seconds();
-    Sample s = p.read ? deepio_read(h, buf.data(), n, f) : [&] {
-      // ds_io's write op is pwrite + wait; it does not fsync.
-      const double w0 = now_seconds();
-      h.async_pwrite(buf.data(), n, f, 0);
-      h.wait();
-      return Sample{now_seconds() - w0, 0.0, n};
-    }();
+    const Sample s = timed_op(p, h, buf.data(), f);
     if (!g.barrier()) return r;
     const double t1 = now_seconds();
     if (i >= p.warmup || p.include_warmup) {
@@ -152,11 +172,7 @@ ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
     }
   }
   r.cpu_sec = process_cpu_seconds() - cpu0;
-  const HandleStats st = h.stats();
-  r.bytes_direct = st.bytes_direct;
-  r.bytes_bounced = st.bytes_bounced;
-  r.bytes_buffered = st.bytes_buffered;
-  r.direct_refused = st.direct_refused;
+  add_stats(r, h.stats());
   g.barrier();
   return r;
 }

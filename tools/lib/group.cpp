@@ -103,26 +103,46 @@ ProcReport run_guarded(const std::function<ProcReport(Group&)>& body, Group& g) 
 
 }  // namespace
 
-std::vector<ProcReport> run_local(int n, const std::function<ProcReport(Group&)>& body) {
-  if (n <= 1) {
-    LocalGroup g(nullptr, 0);
-    return {run_guarded(body, g)};
-  }
-  const std::size_t bytes = sizeof(SharedState) + sizeof(ProcReport) * static_cast<std::size_t>(n);
-  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error(std::string("cannot map shared memory: ") + std::strerror(errno));
-  auto* s = new (mem) SharedState{};
-  pthread_mutexattr_t ma;
-  pthread_mutexattr_init(&ma);
-  pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-  pthread_mutex_init(&s->mutex, &ma);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-  pthread_cond_init(&s->cond, &ca);
-  s->n = n;
-  for (int i = 0; i < n; ++i) new (&s->reports[i]) ProcReport{};
+namespace {
 
+/// An anonymous shared mapping with a process-shared mutex and condition variable and n
+/// empty report slots; unmapped by the destructor.
+class SharedMapping {
+ public:
+  explicit SharedMapping(int n) : bytes_(sizeof(SharedState) + sizeof(ProcReport) * static_cast<std::size_t>(n)) {
+    mem_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem_ == MAP_FAILED) throw std::runtime_error(std::string("cannot map shared memory: ") + std::strerror(errno));
+    state_ = new (mem_) SharedState{};
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&state_->mutex, &ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&state_->cond, &ca);
+    state_->n = n;
+    for (int i = 0; i < n; ++i) new (&state_->reports[i]) ProcReport{};
+  }
+  ~SharedMapping() {
+    pthread_cond_destroy(&state_->cond);
+    pthread_mutex_destroy(&state_->mutex);
+    ::munmap(mem_, bytes_);
+  }
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+  [[nodiscard]] SharedState* state() const { return state_; }
+
+ private:
+  std::size_t bytes_;
+  void* mem_ = nullptr;
+  SharedState* state_ = nullptr;
+};
+
+/// Forks one worker per rank; a worker runs `body`, stores its report and exits. Returns the
+/// pids (-1 for ranks not started: a failed fork aborts the run and stops forking).
+std::vector<pid_t> fork_workers(SharedState* s, const std::function<ProcReport(Group&)>& body) {
+  const int n = s->n;
   std::fflush(nullptr);  // children must not re-flush the parent's buffered output
   std::vector<pid_t> pids(static_cast<std::size_t>(n), -1);
   LocalGroup parent_view(s, -1);
@@ -142,7 +162,13 @@ std::vector<ProcReport> run_local(int n, const std::function<ProcReport(Group&)>
     }
     pids[static_cast<std::size_t>(i)] = pid;
   }
-  // Reap children in the order they end, so a crash aborts the barrier its peers wait in.
+  return pids;
+}
+
+/// Reaps the workers in the order they end, so a crash aborts the barrier its peers wait in;
+/// a worker that died or failed without saying why gets a report saying how it ended.
+void reap_workers(SharedState* s, const std::vector<pid_t>& pids) {
+  LocalGroup parent_view(s, -1);
   int alive = 0;
   for (pid_t p : pids) alive += p > 0 ? 1 : 0;
   while (alive > 0) {
@@ -153,8 +179,8 @@ std::vector<ProcReport> run_local(int n, const std::function<ProcReport(Group&)>
       break;
     }
     int i = 0;
-    while (i < n && pids[static_cast<std::size_t>(i)] != pid) ++i;
-    if (i == n) continue;
+    while (i < s->n && pids[static_cast<std::size_t>(i)] != pid) ++i;
+    if (i == s->n) continue;
     --alive;
     ProcReport& r = s->reports[i];
     if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 && !r.failed)) {
@@ -165,11 +191,19 @@ std::vector<ProcReport> run_local(int n, const std::function<ProcReport(Group&)>
     }
     if (r.failed) parent_view.abort();
   }
-  std::vector<ProcReport> out(s->reports, s->reports + n);
-  pthread_cond_destroy(&s->cond);
-  pthread_mutex_destroy(&s->mutex);
-  ::munmap(mem, bytes);
-  return out;
+}
+
+}  // namespace
+
+std::vector<ProcReport> run_local(int n, const std::function<ProcReport(Group&)>& body) {
+  if (n <= 1) {
+    LocalGroup g(nullptr, 0);
+    return {run_guarded(body, g)};
+  }
+  SharedMapping shared(n);
+  SharedState* s = shared.state();
+  reap_workers(s, fork_workers(s, body));
+  return std::vector<ProcReport>(s->reports, s->reports + n);
 }
 
 // ---- MPI ---------------------------------------------------------------------------------

@@ -1,0 +1,232 @@
+#include "compare.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "dsio.hpp"
+#include "fio.hpp"
+#include "format.hpp"
+#include "process.hpp"
+#include "system.hpp"
+
+namespace deepio::cli {
+
+SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk, std::uint64_t ram,
+                       std::size_t block_size, const std::string& parent) {
+  SizeChoice c;
+  if (requested) {
+    c = {*requested, "--size", {}};
+  } else {
+    c = {1ULL << 30, "1 GiB", {}};
+    if (free_disk / 8 < c.nbytes) c = {free_disk / 8, "1/8 of free disk", {}};
+    if (ram / 8 < c.nbytes) c = {ram / 8, "1/8 of RAM", {}};
+    c.nbytes -= c.nbytes % std::max<std::uint64_t>(block_size, 1 << 20);
+    if (c.nbytes < (16ULL << 20)) {
+      c.error = "not enough room for a meaningful run in " + parent + " (" + human_bytes(free_disk) +
+                " free disk, " + human_bytes(ram) + " RAM); give --size";
+      return c;
+    }
+  }
+  if (c.nbytes % 4096 != 0) c.nbytes += 4096 - c.nbytes % 4096;  // the raw ceiling loop needs whole O_DIRECT blocks
+  if (3 * c.nbytes > free_disk) {
+    c.error = "not enough free space in " + parent + ": need " + human_bytes(3 * c.nbytes) + " for three files, " +
+              human_bytes(free_disk) + " free";
+  }
+  return c;
+}
+
+CompareSetup prepare_compare(const std::string& parent) {
+  CompareSetup s;
+  s.dir = make_temp_dir(parent, "bench");
+  s.dinfo = probe_direct_io(s.dir);
+  s.f_deepio = s.dir + "/deepio.bin";
+  s.f_naive = s.dir + "/naive.bin";
+  s.f_ceiling = s.dir + "/ceiling.bin";
+  for (const auto& f : {s.f_deepio, s.f_naive, s.f_ceiling}) register_temp_file(f);
+  return s;
+}
+
+double EngineResult::median_gib() const {
+  std::vector<double> v;
+  for (const auto& s : samples) v.push_back(s.gib_per_s());
+  return median(v);
+}
+
+double EngineResult::cpu_per_gib() const {
+  double cpu = 0, gib = 0;
+  for (const auto& s : samples) {
+    cpu += s.cpu_seconds;
+    gib += static_cast<double>(s.nbytes) / static_cast<double>(1ULL << 30);
+  }
+  return gib > 0 ? cpu / gib : 0.0;
+}
+
+const EngineResult& CompareReport::find(const std::string& op, const std::string& engine) const {
+  for (const auto& r : results) {
+    if (r.op == op && r.engine == engine) return r;
+  }
+  return results.front();
+}
+
+namespace {
+
+enum Engine : std::size_t { kDeepio = 0, kNaive = 1, kCeiling = 2 };
+
+/// One comparison in progress: the buffers, the handle, the ceiling's state, the results.
+class CompareRun {
+ public:
+  CompareRun(const CompareRequest& req, CompareReport& rep)
+      : req_(req), rep_(rep), n_(static_cast<std::size_t>(rep.size.nbytes)), src_(n_), dst_(n_), h_(req.handle) {
+    rep_.locked = src_.locked() && dst_.locked();
+    fill_pattern(src_.data(), n_, 42);
+    touch_pages(dst_.data(), n_);
+    rep_.backend = h_.backend();
+  }
+  void plan_ceiling();
+  void measure_all();
+
+ private:
+  void init_results();
+  void measure_op(std::size_t op, Progress& progress);
+  Sample sample(std::size_t op, std::size_t e, bool first);
+  Sample ceiling_sample(bool write);
+  [[nodiscard]] std::string raw_desc() const {
+    return "raw O_DIRECT pread/pwrite loop, " + std::to_string(raw_threads_) + " threads x " +
+           size_label(req_.handle.block_size);
+  }
+  const CompareRequest& req_;
+  CompareReport& rep_;
+  std::size_t n_;
+  PinnedBuffer src_, dst_;
+  Handle h_;
+  std::string fio_path_, fio_engine_;
+  std::size_t raw_threads_ = 1;
+  bool use_fio_ = false, fio_failed_ = false;
+  std::uint64_t acc_[4] = {};  // this op's handle stats deltas: direct, bounced, buffered, refused
+  EngineResult res_[2][3];     // [write, read][deepio, naive, ceiling]
+};
+
+void CompareRun::plan_ceiling() {
+  const HandleOptions& ho = req_.handle;
+  fio_path_ = req_.no_fio ? std::string() : find_on_path("fio");
+  const std::string fio_ver = fio_path_.empty() ? std::string() : fio_version(fio_path_);
+  fio_engine_ = fio_engine_for(rep_.backend);
+  raw_threads_ = std::min<std::size_t>(ho.queue_depth * ho.intra_op_parallelism, 64);
+  use_fio_ = !fio_path_.empty() && !rep_.memory_fs && rep_.setup.dinfo.supported;
+  if (!fio_path_.empty() && !use_fio_) rep_.ceiling_note = "fio skipped: the folder does not support O_DIRECT";
+  if (fio_path_.empty() && !req_.no_fio) rep_.ceiling_note = "fio not found on PATH";
+  rep_.ceiling_desc = use_fio_ ? fio_ver + " --ioengine=" + fio_engine_ + " --bs=" + size_label(ho.block_size) +
+                                     " --iodepth=" + std::to_string(ho.queue_depth) +
+                                     " --numjobs=" + std::to_string(ho.intra_op_parallelism) + " --direct=1"
+                               : raw_desc();
+  init_results();
+}
+
+void CompareRun::init_results() {
+  const std::string naive_label = "naive 1-thread buffered copy";
+  const std::string ceil_label = use_fio_ ? "fio (device ceiling)" : "raw O_DIRECT (ceiling)";
+  for (std::size_t op = 0; op < 2; ++op) {
+    const char* name = op ? "read" : "write";
+    res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}};
+    res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}};
+    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered", {}};
+  }
+  res_[1][kNaive].path = "buffered read(2) + memcpy";
+  res_[0][kNaive].path = "memcpy + buffered write(2)";
+}
+
+Sample CompareRun::ceiling_sample(bool write) {
+  const CompareSetup& f = rep_.setup;
+  if (use_fio_ && !fio_failed_) {
+    const HandleOptions& ho = req_.handle;
+    FioJob job{write ? f.f_ceiling : f.f_deepio, write, n_, ho.block_size, ho.queue_depth, ho.intra_op_parallelism,
+               fio_engine_, true};
+    FioResult fr = run_fio(fio_path_, job);
+    (write ? rep_.fio_command_write : rep_.fio_command_read) = fr.command;
+    if (fr.ok) return fr.sample;
+    // Fall back to the raw loop for this and every later ceiling sample.
+    fio_failed_ = true;
+    rep_.ceiling_note = fr.error + "; ceiling measured with the raw O_DIRECT loop instead";
+  }
+  return raw_direct(write, write ? src_.data() : dst_.data(), n_, req_.handle.block_size, raw_threads_,
+                    write ? f.f_ceiling : f.f_deepio);
+}
+
+/// One timed transfer of engine `e`; a write goes to a fresh file, a read starts from a
+/// dropped page cache (and the first one into a zeroed buffer, to be verified).
+Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
+  const bool write = op == 0;
+  const CompareSetup& f = rep_.setup;
+  if (write) {
+    ::unlink((e == kDeepio ? f.f_deepio : e == kNaive ? f.f_naive : f.f_ceiling).c_str());
+  } else {
+    drop_page_cache(f.f_deepio);
+    if (first && e != kCeiling) std::memset(dst_.data(), 0, n_);
+  }
+  if (e == kNaive) return write ? naive_write(src_.data(), n_, f.f_naive) : naive_read(dst_.data(), n_, f.f_deepio);
+  if (e == kCeiling) return ceiling_sample(write);
+  const HandleStats s0 = h_.stats();
+  const Sample s = write ? deepio_write(h_, src_.data(), n_, f.f_deepio) : deepio_read(h_, dst_.data(), n_, f.f_deepio);
+  const HandleStats s1 = h_.stats();
+  acc_[0] += s1.bytes_direct - s0.bytes_direct;
+  acc_[1] += s1.bytes_bounced - s0.bytes_bounced;
+  acc_[2] += s1.bytes_buffered - s0.bytes_buffered;
+  acc_[3] += s1.direct_refused - s0.direct_refused;
+  return s;
+}
+
+void CompareRun::measure_op(std::size_t op, Progress& progress) {
+  const bool write = op == 0;
+  std::fill(std::begin(acc_), std::end(acc_), 0);
+  for (std::size_t r = 0; r < req_.runs; ++r) {
+    for (std::size_t k = 0; k < 3; ++k) {
+      const std::size_t e = (r + k) % 3;  // rotate the order: A B C, B C A, C A B
+      progress.step(std::string(write ? "write " : "read ") + res_[op][e].engine + ", run " + std::to_string(r + 1) +
+                    "/" + std::to_string(req_.runs));
+      res_[op][e].samples.push_back(sample(op, e, r == 0));
+      if (!write && r == 0 && e != kCeiling) {
+        res_[op][e].verified = std::memcmp(dst_.data(), src_.data(), n_) == 0 ? "yes" : "MISMATCH";
+        if (res_[op][e].verified != "yes") rep_.mismatch = true;
+      }
+    }
+  }
+  res_[op][kDeepio].path = std::string(to_string(rep_.backend)) + ", " + io_path(acc_[0], acc_[1], acc_[2], acc_[3]);
+  if (fio_failed_) {
+    res_[op][kCeiling].label = "raw O_DIRECT (ceiling)";
+    rep_.ceiling_desc = raw_desc();
+  }
+}
+
+void CompareRun::measure_all() {
+  Progress progress(req_.runs * 6, req_.progress);
+  for (std::size_t op = 0; op < 2; ++op) measure_op(op, progress);
+  progress.done();
+  for (auto& row : res_) {
+    for (auto& e : row) rep_.results.push_back(std::move(e));
+  }
+}
+
+}  // namespace
+
+CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const CompareSetup& setup,
+                          std::uint64_t free_disk, std::uint64_t ram) {
+  CompareReport rep;
+  rep.setup = setup;
+  rep.size = size;
+  rep.free_disk = free_disk;
+  rep.ram = ram;
+  rep.runs = req.runs;
+  rep.handle = req.handle;
+  rep.memory_fs = is_memory_filesystem(setup.dir);
+  {
+    CompareRun run(req, rep);
+    run.plan_ceiling();
+    run.measure_all();
+  }
+  rep.memlock = capabilities().memlock_limit_bytes;
+  return rep;
+}
+
+}  // namespace deepio::cli

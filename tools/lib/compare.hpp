@@ -1,0 +1,87 @@
+// `deepio bench` without --io_size: deepio beside the naive single-threaded buffered copy and
+// the device ceiling (fio with the engine, block size and depth deepio used, or a raw
+// O_DIRECT loop), all measured in one run, interleaved with the order rotated (A B C, B C A,
+// C A B), medians of `runs`. Reads start from a dropped page cache; writes go to a fresh file
+// and include fsync, for every engine; the first read of deepio and of the naive copy is
+// compared with what was written (outside the timed region).
+//
+// choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
+// with errno and path for I/O) and leave the temporary folder to remove_temp_dir().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deepio/deepio.hpp"
+#include "measure.hpp"
+
+namespace deepio::cli {
+
+struct CompareRequest {
+  HandleOptions handle;
+  std::size_t runs = 3;
+  bool no_fio = false;    ///< measure the ceiling with the raw loop even if fio is installed
+  bool progress = true;   ///< draw a progress line (on a terminal)
+};
+
+/// How many bytes each file gets, and why.
+struct SizeChoice {
+  std::uint64_t nbytes = 0;
+  std::string reason;  ///< "--size", "1 GiB", "1/8 of free disk", "1/8 of RAM"
+  std::string error;   ///< not empty: no run possible (says why and what to give)
+};
+/// `requested` (--size) or min(1 GiB, free_disk/8, ram/8) cut to whole max(block_size, 1 MiB)
+/// blocks (at least 16 MiB); then rounded up to 4 KiB (the raw loop's O_DIRECT blocks). Three
+/// files of that size must fit in free_disk.
+[[nodiscard]] SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk,
+                                     std::uint64_t ram, std::size_t block_size, const std::string& parent);
+
+/// The temporary folder of one comparison and its three files.
+struct CompareSetup {
+  std::string dir;
+  DirectIoInfo dinfo;
+  std::string f_deepio, f_naive, f_ceiling;
+};
+/// Creates "<parent>/deepio-bench-XXXXXX", probes its direct-I/O support and registers the
+/// files for removal on every way out.
+CompareSetup prepare_compare(const std::string& parent);
+
+/// One engine's samples for one operation.
+struct EngineResult {
+  std::string op;      ///< "write" / "read"
+  std::string engine;  ///< "deepio", "naive", "ceiling"
+  std::string label;
+  std::vector<Sample> samples;
+  std::string path;      ///< I/O path actually used
+  std::string verified;  ///< "" not checked, "yes", "MISMATCH"
+  [[nodiscard]] double median_gib() const;
+  [[nodiscard]] double cpu_per_gib() const;
+};
+
+struct CompareReport {
+  CompareSetup setup;
+  SizeChoice size;
+  std::uint64_t free_disk = 0, ram = 0, memlock = 0;
+  std::size_t runs = 0;
+  HandleOptions handle;
+  BackendKind backend = BackendKind::Threads;
+  bool locked = false, memory_fs = false;
+  std::string ceiling_desc, ceiling_note, fio_command_read, fio_command_write;
+  std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each
+  bool mismatch = false;              ///< data read back differed from what was written
+  /// The result of `engine` for `op` (the first result when absent).
+  [[nodiscard]] const EngineResult& find(const std::string& op, const std::string& engine) const;
+};
+
+CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const CompareSetup& setup,
+                          std::uint64_t free_disk, std::uint64_t ram);
+
+/// The text report: configuration first, then the table and one line per operation.
+[[nodiscard]] std::string compare_text(const CompareReport& r, const std::string& version);
+/// The --json document (schema deepio.bench.compare/1).
+[[nodiscard]] std::string compare_json(const CompareReport& r, const std::string& version);
+
+}  // namespace deepio::cli

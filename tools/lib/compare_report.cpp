@@ -1,0 +1,147 @@
+// compare_text and compare_json (compare.hpp): what `deepio bench` prints in comparison mode.
+#include <cstdint>
+#include <cstdio>
+
+#include "compare.hpp"
+#include "format.hpp"
+#include "json.hpp"
+#include "table.hpp"
+
+namespace deepio::cli {
+
+namespace {
+
+std::string config_lines(const CompareReport& r, const std::string& version) {
+  const DirectIoInfo& d = r.setup.dinfo;
+  const HandleOptions& ho = r.handle;
+  std::string s = "deepio " + version + " bench: " + human_bytes(r.size.nbytes) + " per file in " + r.setup.dir + " (" +
+                  d.filesystem + ", " +
+                  (d.supported ? "O_DIRECT ok, alignment " + std::to_string(d.mem_align) + "/" + std::to_string(d.offset_align)
+                               : std::string("no O_DIRECT: buffered")) + ")\n";
+  s += "size: " + human_bytes(r.size.nbytes) + " (" + r.size.reason + "; " + human_bytes(r.free_disk) + " free disk, " +
+       human_bytes(r.ram) + " RAM)\n";
+  s += "deepio: backend " + std::string(to_string(r.backend)) + ", block_size " + size_label(ho.block_size) +
+       ", queue_depth " + std::to_string(ho.queue_depth) + ", overlap_events " + (ho.overlap_events ? "true" : "false") +
+       ", single_submit " + (ho.single_submit ? "true" : "false") + ", intra_op_parallelism " +
+       std::to_string(ho.intra_op_parallelism) + ", buffers " +
+       (r.locked ? std::string("page-locked")
+                 : "not page-locked (RLIMIT_MEMLOCK " +
+                       (r.memlock == UINT64_MAX ? std::string("unlimited") : human_bytes(r.memlock)) + ")") + "\n";
+  s += "ceiling: " + r.ceiling_desc + (r.ceiling_note.empty() ? "" : "; ") + r.ceiling_note + "\n";
+  s += "method: " + std::to_string(r.runs) +
+       " interleaved runs per engine (order rotated), medians; reads start from a dropped page\n"
+       "        cache (fsync + posix_fadvise DONTNEED); writes go to a fresh file and include fsync\n";
+  if (r.memory_fs) {
+    s += "warning: " + r.setup.dir + " is in memory (" + d.filesystem + "): these are memory speeds, not a device's\n";
+  }
+  return s;
+}
+
+/// "3.2x" / "-" and "85%" / "-": g against the naive copy and against the ceiling.
+std::string ratio(double g, double base, int decimals, double factor, const char* suffix) {
+  return base > 0 ? fixed(factor * g / base, decimals) + suffix : "-";
+}
+
+std::string results_table(const CompareReport& r) {
+  Table t({{6}, {30}, {8, Align::Right}, {9, Align::Right}, {9, Align::Right}, {10, Align::Right}, {0, Align::Left, 2}});
+  t.row({"op", "engine", "GiB/s", "vs naive", "% ceiling", "CPU s/GiB", "I/O path"});
+  for (const auto& e : r.results) {
+    const double naive = r.find(e.op, "naive").median_gib(), ceil = r.find(e.op, "ceiling").median_gib();
+    const double g = e.median_gib();
+    std::string path = e.path;
+    if (!e.verified.empty()) path += e.verified == "yes" ? ", data verified" : ", DATA MISMATCH";
+    t.row({e.op, e.label, fixed(g, 2), ratio(g, naive, 1, 1.0, "x"), ratio(g, ceil, 0, 100.0, "%"),
+           fixed(e.cpu_per_gib(), 2), path});
+  }
+  return "\n" + t.str();
+}
+
+std::string op_lines(const CompareReport& r) {
+  std::string s;
+  for (const char* op : {"write", "read"}) {
+    const double g = r.find(op, "deepio").median_gib();
+    const double naive = r.find(op, "naive").median_gib(), ceil = r.find(op, "ceiling").median_gib();
+    s += std::string(op == std::string("write") ? "\n" : "") + " " + op + ": deepio " + fixed(g, 2) + " GiB/s = " +
+         ratio(g, naive, 1, 1.0, "") + "x the naive copy, " + ratio(g, ceil, 0, 100.0, "") + "% of the ceiling\n";
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string compare_text(const CompareReport& r, const std::string& version) {
+  return config_lines(r, version) + results_table(r) + op_lines(r);
+}
+
+namespace {
+
+void json_settings(Json& j, const CompareReport& r) {
+  const HandleOptions& ho = r.handle;
+  j.begin_object("config");
+  j.value("backend", to_string(r.backend));
+  j.value("block_size", static_cast<std::uint64_t>(ho.block_size));
+  j.value("queue_depth", static_cast<std::uint64_t>(ho.queue_depth));
+  j.value("single_submit", ho.single_submit);
+  j.value("overlap_events", ho.overlap_events);
+  j.value("intra_op_parallelism", static_cast<std::uint64_t>(ho.intra_op_parallelism));
+  j.value("direct_io", to_string(ho.direct_io));
+  j.end_object();
+  j.begin_object("ceiling");
+  j.value("source", r.ceiling_desc.rfind("fio", 0) == 0 ? "fio" : "raw");
+  j.value("description", r.ceiling_desc);
+  j.value("fio_write_command", r.fio_command_write);
+  j.value("fio_read_command", r.fio_command_read);
+  j.value("note", r.ceiling_note);
+  j.end_object();
+}
+
+void json_results(Json& j, const CompareReport& r) {
+  j.begin_array("results");
+  for (const auto& e : r.results) {
+    const double naive = r.find(e.op, "naive").median_gib(), ceil = r.find(e.op, "ceiling").median_gib();
+    j.begin_object();
+    j.value("op", e.op);
+    j.value("engine", e.engine);
+    j.value("label", e.label);
+    j.value("gib_per_sec", e.median_gib());
+    j.begin_array("samples_gib_per_sec");
+    for (const auto& s : e.samples) j.item(s.gib_per_s());
+    j.end_array();
+    j.value("speedup_vs_naive", naive > 0 ? e.median_gib() / naive : 0.0);
+    j.value("percent_of_ceiling", ceil > 0 ? 100.0 * e.median_gib() / ceil : 0.0);
+    j.value("cpu_sec_per_gib", e.cpu_per_gib());
+    j.value("io_path", e.path);
+    if (e.verified.empty()) j.null("verified");
+    else j.value("verified", e.verified == "yes");
+    j.end_object();
+  }
+  j.end_array();
+}
+
+}  // namespace
+
+std::string compare_json(const CompareReport& r, const std::string& version) {
+  const DirectIoInfo& d = r.setup.dinfo;
+  Json j;
+  j.begin_object();
+  j.value("schema", "deepio.bench.compare/1");
+  j.value("version", version);
+  j.value("folder", r.setup.dir);
+  j.value("filesystem", d.filesystem);
+  j.begin_object("direct_io");
+  j.value("supported", d.supported);
+  j.value("mem_align", static_cast<std::uint64_t>(d.mem_align));
+  j.value("offset_align", static_cast<std::uint64_t>(d.offset_align));
+  j.end_object();
+  j.value("size_bytes", r.size.nbytes);
+  j.value("size_reason", r.size.reason);
+  j.value("runs", static_cast<std::uint64_t>(r.runs));
+  j.value("page_locked", r.locked);
+  j.value("memlock_limit_bytes", r.memlock);
+  json_settings(j, r);
+  json_results(j, r);
+  j.end_object();
+  return j.str();
+}
+
+}  // namespace deepio::cli

@@ -1,0 +1,50 @@
+// The device ceiling: fio run with the engine, block size and depth deepio used, and its JSON
+// report read back. fio_argv and parse_fio_report are pure (tested without fio); run_fio
+// runs the program through run_process (process.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepio/options.hpp"
+#include "measure.hpp"
+
+namespace deepio::cli {
+
+struct FioJob {
+  std::string path;
+  bool write = false;
+  std::uint64_t nbytes = 0;
+  std::size_t block_size = 1 << 20;
+  std::size_t iodepth = 32;
+  std::size_t numjobs = 1;  ///< the file is split into numjobs equal ranges
+  std::string ioengine = "io_uring";
+  bool direct = true;
+};
+
+struct FioResult {
+  bool ok = false;
+  Sample sample;
+  std::string command;  ///< the exact command line run
+  std::string error;    ///< why not ok
+};
+
+/// The command line for one job: sequential read or write of nbytes split over numjobs
+/// threads, --output-format=json, no preallocation (deepio writes into a fresh file too),
+/// --end_fsync=1 for writes (deepio's write timings include fsync).
+[[nodiscard]] std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job);
+/// Reads fio's --output-format=json (anything before the first '{' is skipped: fio prints
+/// notes there): bytes and runtime of the job's read or write side, CPU from usr_cpu/sys_cpu.
+/// ok = false with the reason when the text is not such a report or reports no I/O.
+[[nodiscard]] FioResult parse_fio_report(std::string_view out, bool write);
+/// Runs `fio` (fio_path: a path or a name on PATH) on one job and parses its report.
+FioResult run_fio(const std::string& fio_path, const FioJob& job);
+/// "fio-3.33", or empty when `fio --version` fails.
+[[nodiscard]] std::string fio_version(const std::string& fio_path);
+/// The fio ioengine that matches a deepio backend: io_uring, libaio, psync.
+[[nodiscard]] std::string fio_engine_for(BackendKind kind);
+
+}  // namespace deepio::cli

@@ -1,0 +1,71 @@
+// What the `deepio` command asks of the machine: clocks and CPU time, free space and memory,
+// a folder's file system (the platform's one name table, src/platform/sys.hpp), whether a
+// folder is usable, where to write when no folder is given, temporary folders removed on
+// every way out, a progress line, and why a GPU run cannot happen here.
+//
+// Nothing here throws on a machine's answer except make_temp_dir (std::runtime_error);
+// Progress prints on stderr only when it is a terminal.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace deepio::cli {
+
+[[nodiscard]] double now_seconds() noexcept;          ///< steady clock
+[[nodiscard]] double process_cpu_seconds() noexcept;  ///< getrusage(SELF) user + system
+[[nodiscard]] double children_cpu_seconds() noexcept; ///< getrusage(CHILDREN) user + system
+
+/// fsync()s the file and asks the kernel to drop its pages (posix_fadvise DONTNEED), so the
+/// next read comes from the device. Returns false if the file cannot be opened.
+bool drop_page_cache(const std::string& path) noexcept;
+/// Free bytes for unprivileged users on the filesystem holding `path`; 0 on error.
+[[nodiscard]] std::uint64_t free_disk_bytes(const std::string& path) noexcept;
+/// Physical memory in bytes; 0 on error.
+[[nodiscard]] std::uint64_t physical_memory_bytes() noexcept;
+/// The file system holding `path`, named by the platform's table (the name DirectIoInfo
+/// gives): "ext4", "xfs", "tmpfs", ..., "0x<magic>", or "unknown" when statfs fails.
+[[nodiscard]] std::string filesystem_of(const std::string& path);
+/// True when the folder lives in memory (tmpfs, ramfs): no device to measure there.
+[[nodiscard]] bool is_memory_filesystem(const std::string& path);
+/// True when stderr is a terminal (progress output goes there only then).
+[[nodiscard]] bool stderr_is_tty() noexcept;
+
+/// Checks that `folder` exists, is a directory and is writable (by creating a file there);
+/// returns the problem as one sentence, or "".
+[[nodiscard]] std::string folder_problem(const std::string& folder);
+
+/// Where the bench writes when no folder is given: DEEPIO_BENCH_DIR, TMPDIR, /var/tmp, /tmp,
+/// the current folder — the first that is writable and not in memory (tmpfs/ramfs).
+/// Empty when none qualifies; `why` (when given) then lists what was rejected.
+std::string pick_disk_folder(std::string* why);
+
+/// Creates "<parent>/deepio-<tag>-XXXXXX"; removes it (and the files registered with
+/// register_temp_file) at exit, on SIGINT/SIGTERM/SIGHUP and by remove_temp_dir(). At most 16
+/// folders and 64 files per process. Throws std::runtime_error when it cannot.
+std::string make_temp_dir(const std::string& parent, const std::string& tag);
+void register_temp_file(const std::string& path);
+void remove_temp_dir();
+
+/// Why `--gpu` (and `--use_gds` / `--gds` when `gds`) cannot run here, as one line naming the
+/// flag and the cause (no usable CUDA driver, no cuFile); the GPU modes of bench and tune
+/// are not in the command yet, so with CUDA present it says that and where to go instead.
+[[nodiscard]] std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds);
+
+/// One line of progress on stderr, only when stderr is a terminal ("\r" rewrites it).
+class Progress {
+ public:
+  Progress(std::size_t total, bool enabled);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  void step(const std::string& what);
+  void done();
+
+ private:
+  std::size_t total_, current_ = 0;
+  bool enabled_;
+};
+
+}  // namespace deepio::cli
