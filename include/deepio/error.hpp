@@ -4,11 +4,19 @@
 // EIO, bad argument) reaches the caller as deepio::Error: a std::system_error whose code() is
 // the errno in std::generic_category(), carrying the path, file offset and size of the
 // request that failed. The library never prints, asserts on user input or exits.
+//
+// An argument deepio itself rejects before doing any I/O (a zero block_size, a negative
+// file offset, an unknown backend name) throws deepio::InvalidArgument, an Error with errno
+// EINVAL whose invalid_argument() is true; the Python package turns exactly these into
+// ValueError. EINVAL from the kernel or a file system (e.g. O_DIRECT refused with
+// direct_io=on) is a plain Error with invalid_argument() false.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace deepio {
 
@@ -29,12 +37,29 @@ class Error : public std::system_error {
   [[nodiscard]] std::uint64_t nbytes() const noexcept { return nbytes_; }
   /// The message without the strerror suffix that what() appends.
   [[nodiscard]] const std::string& message() const noexcept { return message_; }
+  /// True when deepio rejected an argument of the call (see InvalidArgument); survives copies
+  /// into an Error.
+  [[nodiscard]] bool invalid_argument() const noexcept { return invalid_argument_; }
+
+ protected:
+  bool invalid_argument_ = false;
 
  private:
   std::string message_;
   std::string path_;
   std::uint64_t offset_;
   std::uint64_t nbytes_;
+};
+
+/// A bad argument, found by deepio's own checks before any I/O: errno EINVAL, a message that
+/// names the parameter and the value, invalid_argument() true.
+class InvalidArgument : public Error {
+ public:
+  explicit InvalidArgument(const std::string& message, std::string path = {}, std::uint64_t offset = 0,
+                           std::uint64_t nbytes = 0)
+      : Error(EINVAL, message, std::move(path), offset, nbytes) {
+    invalid_argument_ = true;
+  }
 };
 
 }  // namespace deepio

@@ -12,14 +12,26 @@
 // Thread safety: every member function may be called from several threads at once.
 // Buffer lifetime: the caller keeps `buffer` valid and untouched (readable for writes,
 // unaliased for reads) until the operation is complete: its Future reports done, or a
-// wait() that started after the submission returned, or the handle was destroyed.
+// wait() that started after the submission returned, or the handle was destroyed. A caller
+// that cannot promise that (a language binding) passes OpOptions::keep_alive: an owner of
+// the buffer that the handle holds until the operation is collected.
+//
+// Collection. Every operation is collected exactly once: by the wait()/collect() that covers
+// it, or by Future::get(), whichever comes first. Only collection counts an operation,
+// reports its failure to a waiter and releases its keep_alive, and it never happens before
+// the operation is done. collect() hands the keep-alives to its caller instead of releasing
+// them, so that a binding can drop them in its own context (with its interpreter lock held),
+// never on a worker thread.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "deepio/error.hpp"
 #include "deepio/options.hpp"
@@ -46,11 +58,61 @@ class Future {
   /// Blocks until done() or the timeout; returns done().
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const noexcept;
   /// Blocks until done(); returns the number of bytes transferred or throws the operation's
-  /// deepio::Error. An error retrieved here is not reported again by Handle::wait().
+  /// deepio::Error. The first get() collects the operation if no wait() did (it is then not
+  /// counted or reported by wait(), and its keep_alive is released here, on the calling
+  /// thread); later calls return or throw the same again.
   std::size_t get();
+  /// For a detached operation (OpOptions::detached) whose owner gives up waiting for it (a
+  /// synchronous call interrupted by a signal): from now on it is an ordinary operation that
+  /// the next wait()/collect() collects, counts and reports. No effect once collected.
+  void give_to_wait() const noexcept;
 
  private:
+  friend class Handle;
   std::shared_ptr<detail::OpState> state_;
+};
+
+/// Per-operation options of the async_* calls.
+struct OpOptions {
+  /// Opaque owner of whatever must outlive the transfer (e.g. the Python object exporting the
+  /// buffer). The handle holds it until the operation is collected (never shorter than the
+  /// transfer) and then gives it to the collecting caller: collect() returns it, wait() and
+  /// Future::get() release it on their own thread. Never touched by a worker thread.
+  std::shared_ptr<void> keep_alive;
+  /// true: the operation belongs to its Future. wait() and collect() neither wait for it,
+  /// count it nor report its failure, unless a collect() names it in CollectOptions::with;
+  /// Future::get() collects it. If every Future of it is dropped first, the next collect()
+  /// after it is done collects it silently (the failure, if any, is then dropped).
+  bool detached = false;
+};
+
+/// What collect() took over: the operations it collected, their failures, their keep-alives.
+struct WaitResult {
+  /// false: the deadline passed before every operation in the collection was done, and
+  /// nothing was collected (call again).
+  bool complete = true;
+  /// Operations collected (each operation is counted by exactly one caller).
+  std::size_t count = 0;
+  /// Failures of the collected operations, in submission order. wait() throws the first.
+  std::vector<Error> errors;
+  /// The keep-alives of the collected operations (and of abandoned detached ones), for the
+  /// caller to release in its own context.
+  std::vector<std::shared_ptr<void>> keep_alive;
+};
+
+struct CollectOptions {
+  /// Collect the operations submitted up to this mark (Handle::mark()); operations submitted
+  /// later are left alone. Default (and any later mark): everything submitted before the call.
+  std::uint64_t through = std::numeric_limits<std::uint64_t>::max();
+  /// Also collect this detached operation, counted and reported in its submission order (a
+  /// synchronous call's own operation). Must be an operation of this handle.
+  const Future* with = nullptr;
+  /// Also wait for every detached operation and take its keep-alive (a binding's shutdown).
+  /// Their outcomes stay with their Futures: they are not counted or reported here.
+  bool detached = false;
+  /// Give up at this point (returning complete == false and collecting nothing) if some
+  /// operation is still running. Unset: wait as long as it takes.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 /// Counters of what a handle actually did; they make benchmarks and fallbacks visible.
@@ -72,9 +134,11 @@ struct HandleStats {
 
 class Handle {
  public:
-  /// Starts the workers. Throws deepio::Error(EINVAL) for a zero block_size, queue_depth or
-  /// intra_op_parallelism, and deepio::Error with the reason when the requested backend
-  /// cannot be set up (Auto never fails for that reason: it falls back down to threads).
+  /// Starts the workers. Throws deepio::InvalidArgument (EINVAL) for a block_size,
+  /// queue_depth or intra_op_parallelism that is zero, above its bound (queue_depth 65536,
+  /// intra_op_parallelism 1024) or above 2^63 (a negative number cast to size_t), and
+  /// deepio::Error with the reason when the requested backend cannot be set up (Auto never
+  /// fails for that reason: it falls back down to threads).
   explicit Handle(const HandleOptions& options = {});
   /// Finishes every operation still in flight (never abandons a write), then stops the
   /// workers. Errors of operations nobody waited for are dropped. Never throws.
@@ -84,23 +148,28 @@ class Handle {
 
   /// Reads nbytes at file_offset of `path` into buffer. Returns at once.
   /// Throws deepio::Error at submission when the file cannot be opened (ENOENT, EACCES, ...)
-  /// or file_offset + nbytes lies past its end (ENODATA); failures during the transfer are
-  /// reported by the Future and by wait().
+  /// or file_offset + nbytes lies past its end (ENODATA), deepio::InvalidArgument for a
+  /// file_offset above 2^63 - 1 (a negative offset cast) or a null buffer with nbytes > 0,
+  /// EOVERFLOW when file_offset + nbytes overflows; failures during the transfer are
+  /// reported by the Future and by wait(). On a throw, `op.keep_alive` is not kept.
   Future async_pread(void* buffer, std::size_t nbytes, const std::string& path,
-                     std::uint64_t file_offset = 0);
+                     std::uint64_t file_offset = 0, OpOptions op = {});
   /// Writes nbytes from buffer at file_offset of `path`, creating the file (mode 0666 & ~umask)
   /// if needed and never truncating it. Returns at once. Throws deepio::Error at submission
-  /// when the file cannot be opened or created.
+  /// when the file cannot be opened or created, and as async_pread for bad arguments.
   Future async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                      std::uint64_t file_offset = 0);
+                      std::uint64_t file_offset = 0, OpOptions op = {});
   /// As above on a descriptor the caller owns and keeps open until the operation completes;
   /// deepio never closes it. O_DIRECT is used only if the descriptor was opened with it.
-  Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0);
+  Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0,
+                     OpOptions op = {});
   Future async_pwrite(const void* buffer, std::size_t nbytes, int fd,
-                      std::uint64_t file_offset = 0);
+                      std::uint64_t file_offset = 0, OpOptions op = {});
 
-  /// Submits, then wait()s for every pending operation of the handle (DeepNVMe semantics).
-  /// Returns the number of operations completed (this one included). Throws as wait() does.
+  /// Submits, then waits for this operation and every operation submitted before it that
+  /// is not detached (DeepNVMe semantics). Returns the number of operations collected, this
+  /// one included (so >= 1 even when other threads wait at the same time). Throws as wait()
+  /// does, the first failure in submission order.
   std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path,
                          std::uint64_t file_offset = 0);
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
@@ -112,7 +181,21 @@ class Handle {
   /// failed, throws the first failure's deepio::Error after all of them have completed.
   std::size_t wait();
 
-  /// Operations submitted and collected neither by wait() nor through their Future.
+  /// The general form of wait(): collects the operations that `options` select (by default
+  /// every non-detached operation submitted before the call) once all of them are done, and
+  /// returns them instead of throwing: count, failures in submission order, keep-alives to
+  /// release. With a deadline it returns complete == false, collecting nothing, if that
+  /// passes first, so a caller can wait in slices and do other work (check for signals) in
+  /// between; the operations then stay pending for a later call. Abandoned detached
+  /// operations that are done are collected too (their keep-alives returned, not counted).
+  /// Never throws except std::bad_alloc. Thread-safe; each operation is collected once.
+  WaitResult collect(const CollectOptions& options = {});
+
+  /// The current end of the submission order, for CollectOptions::through: a collect() with
+  /// this mark leaves alone every operation submitted after mark() returned.
+  [[nodiscard]] std::uint64_t mark() const noexcept;
+
+  /// Operations submitted, not detached and not yet collected (by wait() or their Future).
   [[nodiscard]] std::size_t pending() const noexcept;
   [[nodiscard]] const HandleOptions& options() const noexcept;
   /// The backend the workers really use (never Auto).

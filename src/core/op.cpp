@@ -83,33 +83,48 @@ bool OpState::wait_for(std::chrono::nanoseconds timeout) const noexcept {
   return cv_.wait_for(lock, timeout, [&] { return done_; });
 }
 
-Status OpState::take_result() {
+bool OpState::wait_until(std::chrono::steady_clock::time_point deadline) const noexcept {
+  std::unique_lock lock(mutex_);
+  return cv_.wait_until(lock, deadline, [&] { return done_; });
+}
+
+void OpState::set_keep_alive(std::shared_ptr<void> keep_alive) noexcept {
+  std::lock_guard lock(mutex_);
+  keep_alive_ = std::move(keep_alive);
+}
+
+bool OpState::detached() const noexcept {
+  std::lock_guard lock(mutex_);
+  return detached_;
+}
+
+void OpState::set_detached(bool detached) noexcept {
+  std::lock_guard lock(mutex_);
+  detached_ = detached;
+}
+
+Status OpState::take_result(std::shared_ptr<void>* keep_alive) {
   std::unique_lock lock(mutex_);
   cv_.wait(lock, [&] { return done_; });
-  future_claimed_ = true;
-  error_observed_ = true;
+  if (!claimed_) {
+    claimed_ = true;
+    *keep_alive = std::move(keep_alive_);
+  }
   return error_;
 }
 
-bool OpState::claim(Status* error) {
+bool OpState::claim(Status* error, std::shared_ptr<void>* keep_alive) {
   std::lock_guard lock(mutex_);
-  if (claimed_) return false;
+  if (claimed_ || !done_) return false;
   claimed_ = true;
-  if (!error_.ok() && !error_observed_) {
-    error_observed_ = true;
-    *error = error_;
-  }
+  *error = error_;
+  *keep_alive = std::move(keep_alive_);
   return true;
 }
 
 bool OpState::claimed() const noexcept {
   std::lock_guard lock(mutex_);
   return claimed_;
-}
-
-bool OpState::claimed_by_future() const noexcept {
-  std::lock_guard lock(mutex_);
-  return future_claimed_;
 }
 
 }  // namespace deepio::detail

@@ -5,9 +5,18 @@
 // when its slice has fully completed or failed; the last call closes the descriptors deepio
 // opened, marks the op done and wakes waiters. Failures are recorded with fail(): the first
 // one is kept, later ones are dropped, and workers skip the unsubmitted blocks of a failed op.
+//
+// Collection: a done op is collected exactly once, by claim() (a Handle::collect/wait) or by
+// take_result() (Future::get), whichever comes first. Collection hands the caller's
+// keep-alive (an opaque owner of the buffer, e.g. a Python object) to the collecting thread,
+// so it is never released on a worker thread and never before the op is done; a keep-alive
+// is only ever destroyed by whoever collects it, or with the OpState itself when nobody did.
+// A detached op (OpOptions::detached) is skipped by waits that do not name it.
+//
 // Thread safety: all mutable fields are guarded by mutex_, except remaining_ and failed_
 // which are atomics; descriptors are immutable after submission except the lazily opened
-// buffered one, which is created under mutex_.
+// buffered one, which is created under mutex_; sequence_ is written once, by the engine,
+// before the op is published to other threads.
 #pragma once
 
 #include <atomic>
@@ -15,6 +24,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -82,16 +92,26 @@ class OpState {
   /// Completes an op that has no slices (nbytes == 0) or failed before any was queued.
   void complete_now() noexcept;
 
+  // --- collection bookkeeping (set before the op is published) ---
+  void set_keep_alive(std::shared_ptr<void> keep_alive) noexcept;
+  /// Position in the engine's submission order (1, 2, ...); 0 until the engine tracks it.
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
+  void set_sequence(std::uint64_t sequence) noexcept { sequence_ = sequence; }
+  /// Detached ops are collected only by their Future or by a collect() that names them.
+  [[nodiscard]] bool detached() const noexcept;
+  void set_detached(bool detached) noexcept;
+
   // --- waiting and collection ---
   [[nodiscard]] bool done() const noexcept;
   void wait() const noexcept;
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const noexcept;
-  /// For Future::get(): the error (marked observed so wait() skips it) or success.
-  Status take_result();
-  /// For Handle::wait(): claims the op once; returns false if already claimed. Sets *error to
-  /// the op's unobserved failure, if any.
-  bool claim(Status* error);
-  [[nodiscard]] bool claimed_by_future() const noexcept;
+  [[nodiscard]] bool wait_until(std::chrono::steady_clock::time_point deadline) const noexcept;
+  /// For Future::get(): waits until done, collects the op if nobody did (moving its keep-alive
+  /// into *keep_alive) and returns its error or success. Every call returns the same outcome.
+  Status take_result(std::shared_ptr<void>* keep_alive);
+  /// For Handle::collect(): collects a done op once; returns false if it was already
+  /// collected. Sets *error to the op's failure and moves its keep-alive into *keep_alive.
+  bool claim(Status* error, std::shared_ptr<void>* keep_alive);
   [[nodiscard]] bool claimed() const noexcept;
 
  private:
@@ -116,11 +136,12 @@ class OpState {
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
-  bool done_ = false;               // guarded by mutex_
-  Status error_;                    // guarded by mutex_
-  bool error_observed_ = false;     // guarded by mutex_
-  bool claimed_ = false;            // guarded by mutex_
-  bool future_claimed_ = false;     // guarded by mutex_
+  std::uint64_t sequence_ = 0;
+  bool done_ = false;                  // guarded by mutex_
+  Status error_;                       // guarded by mutex_
+  bool claimed_ = false;               // guarded by mutex_
+  bool detached_ = false;              // guarded by mutex_
+  std::shared_ptr<void> keep_alive_;   // guarded by mutex_; empty once claimed
 };
 
 }  // namespace deepio::detail

@@ -16,8 +16,25 @@ namespace deepio::detail {
 namespace {
 constexpr std::size_t kMaxBlock = std::size_t{1} << 30;  // one request never exceeds 1 GiB
 constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker
+constexpr std::size_t kMaxCount = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// A value as its caller most likely wrote it: callers that take signed integers (the Python
+// binding) pass a negative number through as a huge unsigned one.
+std::string as_written(std::uint64_t v) {
+  return v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+             ? std::to_string(static_cast<std::int64_t>(v))
+             : std::to_string(v);
+}
+
+// The one check of a count option: positive and at most `max`.
+void check_count(const char* name, std::size_t value, std::size_t max) {
+  if (value != 0 && value <= max) return;
+  throw InvalidArgument(std::string(name) + " must be a positive integer" +
+                        (max < kMaxCount ? " of at most " + std::to_string(max) : std::string()) + ", got " +
+                        as_written(value));
+}
 }  // namespace
 
 struct Engine::Opened {
@@ -29,11 +46,9 @@ struct Engine::Opened {
 Engine::Engine(const HandleOptions& options) : options_(options) {
   if (options_.backend == BackendKind::Auto) options_.backend = env_backend().value_or(BackendKind::Auto);
   if (options_.direct_io == DirectIo::Auto) options_.direct_io = env_direct_io().value_or(DirectIo::Auto);
-  if (options_.block_size == 0) throw_error(EINVAL, "block_size must be positive");
-  if (options_.queue_depth == 0) throw_error(EINVAL, "queue_depth must be positive");
-  if (options_.intra_op_parallelism == 0) throw_error(EINVAL, "intra_op_parallelism must be positive");
-  if (options_.queue_depth > 65536) throw_error(EINVAL, "queue_depth must be at most 65536");
-  if (options_.intra_op_parallelism > 1024) throw_error(EINVAL, "intra_op_parallelism must be at most 1024");
+  check_count("block_size", options_.block_size, kMaxCount);
+  check_count("queue_depth", options_.queue_depth, 65536);
+  check_count("intra_op_parallelism", options_.intra_op_parallelism, 1024);
 
   const std::size_t page = page_size();
   bounce_slot_bytes_ = round_up(std::clamp<std::size_t>(options_.block_size, 64 << 10, 4 << 20), page);
@@ -128,13 +143,20 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
 }
 
 std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path,
-                                        int fd, std::uint64_t file_offset) {
+                                        int fd, std::uint64_t file_offset, OpOptions op_options) {
   const std::string name = path != nullptr ? *path : "fd " + std::to_string(fd);
-  if (buf == nullptr && nbytes > 0) throw_error(EINVAL, "null buffer", name, file_offset, nbytes);
+  if (buf == nullptr && nbytes > 0) throw InvalidArgument("null buffer", name, file_offset, nbytes);
+  if (file_offset > kMaxCount) {
+    throw InvalidArgument("file_offset must be non-negative, got " + as_written(file_offset), name);
+  }
   if (file_offset > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - nbytes) {
     throw_error(EOVERFLOW, "file_offset + nbytes overflows a file offset", name, file_offset, nbytes);
   }
   auto op = std::make_shared<OpState>(write, name, file_offset, nbytes, &counters_, &signal_);
+  // The caller holds its own reference across this call, so dropping the op on a throw below
+  // never releases the keep-alive here.
+  op->set_keep_alive(std::move(op_options.keep_alive));
+  op->set_detached(op_options.detached);
   if (nbytes > 0) op->set_device(device_.classify(buf));
   // Only io_uring registers buffers; the lookup is skipped for the others.
   if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, nbytes));
@@ -196,14 +218,7 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
   }
 
   submitted_.fetch_add(1);
-  {
-    std::lock_guard lock(mutex_);
-    // Ops already observed through their Future and finished need no wait(): drop them.
-    while (!unclaimed_.empty() && unclaimed_.front()->done() && unclaimed_.front()->claimed_by_future()) {
-      unclaimed_.pop_front();
-    }
-    unclaimed_.push_back(op);
-  }
+  track(op);
   if (slices.empty()) {
     op->complete_now();
     return;
@@ -212,38 +227,84 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
   for (Slice& s : slices) workers_[s.worker]->enqueue(SliceTask{op, std::move(s.segments)});
 }
 
-std::size_t Engine::wait() {
+void Engine::track(const std::shared_ptr<OpState>& op) {
+  std::lock_guard lock(mutex_);
+  // Ops already collected (through their Future) need no wait(): drop them. Their keep-alives
+  // went to whoever collected them, so nothing of the caller's is released here.
+  while (!unclaimed_.empty() && unclaimed_.front()->claimed()) unclaimed_.pop_front();
+  op->set_sequence(next_sequence_++);
+  unclaimed_.push_back(op);
+}
+
+std::uint64_t Engine::mark() const noexcept {
+  std::lock_guard lock(mutex_);
+  return next_sequence_ - 1;
+}
+
+WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<OpState>& with) {
+  // 1. The snapshot, in submission order: what this call waits for and collects.
   std::vector<std::shared_ptr<OpState>> ops;
   {
     std::lock_guard lock(mutex_);
-    ops.assign(unclaimed_.begin(), unclaimed_.end());
-  }
-  // Newest first: workers finish their queues in order, so once the newest op is done most
-  // others are too, and the caller wakes up a few times instead of once per op.
-  for (auto it = ops.rbegin(); it != ops.rend(); ++it) (*it)->wait();
-  std::size_t count = 0;
-  Status first;
-  {
-    std::lock_guard lock(mutex_);
-    for (const auto& op : ops) {
-      Status err;
-      if (op->claim(&err)) {
-        if (!op->claimed_by_future()) ++count;
-        if (first.ok() && !err.ok()) first = std::move(err);
-      }
+    const std::uint64_t through = std::min(options.through, next_sequence_ - 1);
+    for (const auto& op : unclaimed_) {
+      if (op->sequence() > through || op->claimed()) continue;
+      if (op.get() == with.get() || !op->detached() || options.detached) ops.push_back(op);
     }
-    std::erase_if(unclaimed_, [](const std::shared_ptr<OpState>& op) { return op->claimed(); });
   }
-  throw_if_error(first);
-  return count;
+  if (with && std::find(ops.begin(), ops.end(), with) == ops.end() && !with->claimed()) {
+    ops.insert(std::upper_bound(ops.begin(), ops.end(), with,
+                                [](const auto& a, const auto& b) { return a->sequence() < b->sequence(); }),
+               with);
+  }
+  // 2. Wait, newest first: workers finish their queues in order, so once the newest op is
+  // done most others are too, and the caller wakes up a few times instead of once per op.
+  WaitResult result;
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    if (!options.deadline) {
+      (*it)->wait();
+    } else if (!(*it)->wait_until(*options.deadline)) {
+      result.complete = false;  // nothing claimed: the ops stay pending for a later call
+      return result;
+    }
+  }
+  // 3. Claim. An op another thread collected meanwhile is skipped: each op is counted once.
+  std::lock_guard lock(mutex_);
+  for (const auto& op : ops) {
+    Status err;
+    std::shared_ptr<void> keep;
+    if (!op->claim(&err, &keep)) continue;
+    if (keep) result.keep_alive.push_back(std::move(keep));
+    if (op->detached() && op.get() != with.get()) continue;  // its outcome stays with its Future
+    ++result.count;
+    if (!err.ok()) result.errors.emplace_back(err.errnum, err.message, err.path, err.offset, err.nbytes);
+  }
+  // Detached ops whose every Future is gone and that are done: nobody else can collect them.
+  // use_count() == 1 under mutex_ means unclaimed_ holds the only reference, and no new one
+  // can be made without mutex_; transient references (a worker's, another snapshot's) only
+  // postpone this to a later call.
+  for (const auto& op : unclaimed_) {
+    if (op.use_count() != 1 || !op->detached()) continue;
+    Status err;
+    std::shared_ptr<void> keep;
+    if (op->claim(&err, &keep) && keep) result.keep_alive.push_back(std::move(keep));
+  }
+  std::erase_if(unclaimed_, [](const std::shared_ptr<OpState>& op) { return op->claimed(); });
+  return result;
+}
+
+std::size_t Engine::wait() {
+  WaitResult r = collect(CollectOptions{}, nullptr);
+  if (!r.errors.empty()) throw r.errors.front();
+  return r.count;
 }
 
 std::size_t Engine::pending() const noexcept {
   std::lock_guard lock(mutex_);
-  // Ops already collected through their Future are no longer pending, even before a later
-  // submission or wait() drops them from the list.
-  return static_cast<std::size_t>(std::count_if(unclaimed_.begin(), unclaimed_.end(),
-                                                [](const auto& op) { return !op->claimed_by_future(); }));
+  // Collected ops (through their Future) and detached ones are not waited for by wait().
+  return static_cast<std::size_t>(std::count_if(unclaimed_.begin(), unclaimed_.end(), [](const auto& op) {
+    return !op->claimed() && !op->detached();
+  }));
 }
 
 HandleStats Engine::stats() const noexcept {

@@ -1,11 +1,15 @@
 // Engine: what a deepio::Handle is made of. Opens files, plans requests, hands slices to
-// the workers, and tracks operations until wait() collects them.
+// the workers, and tracks operations until they are collected.
 //
-// Invariants: every submitted op is in unclaimed_ until a wait() claims it (or, for ops
-// whose Future::get() observed them, until they are pruned); an op leaves unclaimed_ only
-// when done. The destructor stops the workers, and a worker stops only after finishing
-// every slice queued to it, so no op is ever abandoned. Thread safety: all public members
-// may be called concurrently; unclaimed_ is guarded by mutex_.
+// Invariants: every submitted op is in unclaimed_, in submission order (sequence 1, 2, ...,
+// given by track()), until it is collected: by collect() (claim) or by its Future
+// (take_result); collected ops are dropped from unclaimed_ by the next collect() or
+// submission. An op is collected only when done, and collection moves its keep-alive to the
+// collecting thread, so the engine itself never releases a keep-alive except in its
+// destructor (ops nobody collected). The destructor stops the workers, and a worker stops
+// only after finishing every slice queued to it, so no op is ever abandoned. Thread safety:
+// all public members may be called concurrently; unclaimed_ and next_sequence_ are guarded
+// by mutex_.
 #pragma once
 
 #include <atomic>
@@ -31,8 +35,11 @@ class Engine {
 
   /// Exactly one of path / fd names the file (fd < 0 when path is used).
   std::shared_ptr<OpState> submit(bool write, void* buf, std::size_t nbytes, const std::string* path,
-                                  int fd, std::uint64_t file_offset);
+                                  int fd, std::uint64_t file_offset, OpOptions op_options = {});
+  /// Handle::collect; `with` is the state of CollectOptions::with (or null).
+  WaitResult collect(const CollectOptions& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
+  [[nodiscard]] std::uint64_t mark() const noexcept;
   [[nodiscard]] std::size_t pending() const noexcept;
   [[nodiscard]] const HandleOptions& options() const noexcept { return options_; }
   [[nodiscard]] BackendKind backend() const noexcept { return kind_; }
@@ -44,6 +51,9 @@ class Engine {
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
                 const Opened& opened);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
+  /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
+  /// ops from the front on the way).
+  void track(const std::shared_ptr<OpState>& op);
 
   HandleOptions options_;
   BackendKind kind_ = BackendKind::Threads;
@@ -56,6 +66,7 @@ class Engine {
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<OpState>> unclaimed_;  // guarded by mutex_
+  std::uint64_t next_sequence_ = 1;                  // guarded by mutex_
 };
 
 }  // namespace deepio::detail

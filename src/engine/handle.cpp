@@ -17,40 +17,69 @@ bool Future::wait_for(std::chrono::nanoseconds timeout) const noexcept {
 }
 
 std::size_t Future::get() {
-  if (!state_) detail::throw_error(EINVAL, "get() on an empty Future");
-  detail::throw_if_error(state_->take_result());
+  if (!state_) throw InvalidArgument("get() on an empty Future");
+  std::shared_ptr<void> keep_alive;  // released on return, on this thread
+  detail::throw_if_error(state_->take_result(&keep_alive));
   return state_->nbytes();
+}
+
+void Future::give_to_wait() const noexcept {
+  if (state_) state_->set_detached(false);
 }
 
 Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
 Handle::~Handle() = default;
 
-Future Handle::async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset) {
-  return Future(engine_->submit(false, buffer, nbytes, &path, -1, file_offset));
+Future Handle::async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset,
+                           OpOptions op) {
+  return Future(engine_->submit(false, buffer, nbytes, &path, -1, file_offset, std::move(op)));
 }
 Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                            std::uint64_t file_offset) {
+                            std::uint64_t file_offset, OpOptions op) {
   // The engine never writes through a write op's buffer; the cast only unifies the plumbing.
-  return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset));
+  return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset, std::move(op)));
 }
-Future Handle::async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset) {
-  return Future(engine_->submit(false, buffer, nbytes, nullptr, fd, file_offset));
+Future Handle::async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset, OpOptions op) {
+  return Future(engine_->submit(false, buffer, nbytes, nullptr, fd, file_offset, std::move(op)));
 }
-Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset) {
-  return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, nullptr, fd, file_offset));
+Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset,
+                            OpOptions op) {
+  return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, nullptr, fd, file_offset, std::move(op)));
 }
 
+namespace {
+// A synchronous call: its own op is detached so that a wait() in another thread never takes
+// it (and its count and failure) away from this call; this call then collects it together
+// with everything submitted before it.
+std::size_t drain_with(Handle& h, const Future& own) {
+  CollectOptions options;
+  options.through = h.mark();
+  options.with = &own;
+  WaitResult r = h.collect(options);
+  if (!r.errors.empty()) throw r.errors.front();
+  return r.count;
+}
+
+OpOptions detached() {
+  OpOptions op;
+  op.detached = true;
+  return op;
+}
+}  // namespace
+
 std::size_t Handle::sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset) {
-  async_pread(buffer, nbytes, path, file_offset);
-  return wait();
+  return drain_with(*this, async_pread(buffer, nbytes, path, file_offset, detached()));
 }
 std::size_t Handle::sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                                 std::uint64_t file_offset) {
-  async_pwrite(buffer, nbytes, path, file_offset);
-  return wait();
+  return drain_with(*this, async_pwrite(buffer, nbytes, path, file_offset, detached()));
 }
 
 std::size_t Handle::wait() { return engine_->wait(); }
+WaitResult Handle::collect(const CollectOptions& options) {
+  return engine_->collect(options, options.with != nullptr ? options.with->state_ : nullptr);
+}
+std::uint64_t Handle::mark() const noexcept { return engine_->mark(); }
 std::size_t Handle::pending() const noexcept { return engine_->pending(); }
 const HandleOptions& Handle::options() const noexcept { return engine_->options(); }
 BackendKind Handle::backend() const noexcept { return engine_->backend(); }
