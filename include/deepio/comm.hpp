@@ -27,42 +27,84 @@
 //
 // Sizes: N must be a multiple of 8*W, server_error must have N/W elements, and N0 <= N.
 // Every rank must pass the same N0 and N. A violation on any rank raises ArgumentError on
-// every rank of comm (the sizes are agreed with one small MPI_Allreduce before any data
-// moves), so a mistake never hangs the job.
+// every rank of comm, with the same reason() everywhere: the ranks agree on the sizes (and on
+// whether every rank's own arguments are valid) with one small MPI_Allreduce before any data
+// moves, so a mistake never hangs the job. Every transport runs this same agreement (the
+// torch.distributed transport of the Python package too); the reason codes are Reason below.
 //
 // Empty input (N0 == 0): both error buffers are zeroed and no data is exchanged (the size
 // agreement collective still runs, so that "empty here, not there" is an error, not a hang).
 #pragma once
 
+#include <deepio/error.hpp>
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
-#include <system_error>
 
 namespace deepio::comm {
 
-// The error category of codes that come from MPI (value = the MPI error class).
-const std::error_category& mpi_category() noexcept;
+// Every failure of deepio::comm is a deepio::Error (a std::system_error whose code() is an
+// errno in std::generic_category()): ArgumentError (EINVAL) or CommError (EIO). The old name
+// deepio::comm::Error still catches them all.
+using Error = deepio::Error;
 
-// Every failure of deepio::comm is an Error. code() is std::errc::invalid_argument (in the
-// generic category) for bad arguments, or an MPI error class in mpi_category() when an MPI
-// call returned an error (only possible when comm's error handler is not MPI_ERRORS_ARE_FATAL,
-// which is MPI's default: with it, MPI aborts the job itself).
-class Error : public std::system_error {
- public:
-  using std::system_error::system_error;
+// Why the ranks' arguments were refused: the reason codes of the size agreement, the same for
+// every transport (docs/comm.md lists them). Codes 1..7 are checks of one rank's own
+// arguments; 8..10 are lengths that are valid on each rank but differ across ranks.
+enum class Reason : int {
+  none = 0,                 // not an agreement failure (e.g. an unusable communicator)
+  output_size = 1,          // output length differs from input length
+  worker_not_multiple = 2,  // worker_error length is not a multiple of 8 * W
+  server_size = 3,          // server_error length is not worker_error length / W
+  input_too_long = 4,       // input is longer than worker_error
+  output_overlap = 5,       // output partially overlaps input
+  error_overlap = 6,        // worker_error or server_error overlaps another argument
+  too_large = 7,            // one chunk of signs exceeds INT_MAX bytes
+  input_mismatch = 8,       // input length differs across ranks
+  worker_mismatch = 9,      // worker_error length differs across ranks
+  server_mismatch = 10,     // server_error length differs across ranks
 };
 
-// Bad sizes, aliasing buffers, or a communicator we cannot use. Raised on every rank of the
-// communicator when any rank's arguments are bad (what() names the lowest such rank and its
-// reason); raised on the calling rank only, before any communication, when comm itself is
-// unusable (MPI_COMM_NULL, an intercommunicator, MPI not initialised or already finalised).
-class ArgumentError : public Error {
+// The reason's name as written above ("worker_not_multiple", ...); "unknown" for other values.
+const char* reason_name(Reason reason) noexcept;
+
+// Bad sizes, aliasing buffers, an unknown kernel, or a communicator we cannot use: a
+// deepio::InvalidArgument (errno EINVAL, invalid_argument() true; Python:
+// deepio.InvalidArgumentError, a ValueError). Raised on every rank of the communicator when
+// the size agreement fails (reason() says why; what() names the lowest failing rank); raised
+// on the calling rank only, before any communication, when comm itself is unusable
+// (MPI_COMM_NULL, an intercommunicator, MPI not initialised or already finalised) or for the
+// local functions (pack_signs, padded_size, ...): then reason() is Reason::none.
+class ArgumentError : public InvalidArgument {
  public:
-  explicit ArgumentError(const std::string& what) : Error(std::make_error_code(std::errc::invalid_argument), what) {}
+  explicit ArgumentError(const std::string& message, Reason reason = Reason::none, int rank = -1)
+      : InvalidArgument(message), reason_(reason), rank_(rank) {}
+
+  // The agreement's reason code; Reason::none when no agreement was involved.
+  [[nodiscard]] Reason reason() const noexcept { return reason_; }
+  // The lowest rank whose own arguments failed (reasons 1..7); -1 otherwise.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+
+ private:
+  Reason reason_;
+  int rank_;
+};
+
+// An MPI call failed: errno EIO, what() names the call and MPI's error string. Only possible
+// when comm's error handler is not MPI_ERRORS_ARE_FATAL (MPI's default, under which MPI aborts
+// the job itself). Python: OSError with errno EIO and the attribute mpi_error_class.
+class CommError : public deepio::Error {
+ public:
+  CommError(int mpi_error_class, const std::string& message);
+
+  // The MPI error class (MPI_Error_class of the code the call returned).
+  [[nodiscard]] int mpi_error_class() const noexcept { return mpi_error_class_; }
+
+ private:
+  int mpi_error_class_;
 };
 
 // The packing/unpacking code paths. `best` picks AVX2 when the CPU has it (checked once at
@@ -105,8 +147,8 @@ void unpack_signs(std::span<const std::uint8_t> packed, std::span<float> out, fl
 // All ranks end with the same output bytes. Padding positions (N0..N) take part in the
 // norms and keep their residual in worker_error, as in DeepSpeed.
 //
-// Errors: ArgumentError (see above) on every rank; Error with mpi_category() if an MPI call
-// fails under a non-fatal error handler (then the residuals are unspecified).
+// Errors: ArgumentError (see above) on every rank; CommError if an MPI call fails under a
+// non-fatal error handler (then the residuals and the output are unspecified).
 // Thread-safety: calls on different communicators may run concurrently if MPI was
 // initialised with MPI_THREAD_MULTIPLE; calls on one communicator must not overlap. Each
 // thread keeps a scratch workspace of about 3N/8 bytes that it reuses across calls and frees

@@ -7,8 +7,15 @@
 // in as the integer from mpi4py's MPI._handleof(comm): for Open MPI that is the MPI_Comm
 // pointer value, for MPICH-ABI MPIs the MPI_Comm integer. mpi4py is not linked.
 //
-// Errors: deepio::comm::ArgumentError -> ValueError, other deepio::comm::Error -> RuntimeError
-// (with the MPI error text).
+// Errors: every deepio::Error becomes the exception deepio's I/O calls raise for it
+// (python/src/errors.cpp): deepio.InvalidArgumentError (an OSError and a ValueError, errno
+// EINVAL) for an argument deepio refused, else OSError(errno, message), which Python turns into
+// the subclass for that errno (plain OSError for EIO). The classes are deepio's own, looked up
+// once at import (this extension cannot call into _deepio's C++ code), so comm and I/O share
+// one family of exceptions. Each carries `offset` and `nbytes` (0 here) like the I/O ones, and
+// comm adds: `reason` (the agreement's reason code, an int; 0 when none), `reason_name` and
+// `rank` (the lowest failing rank or -1) for deepio::comm::ArgumentError; `mpi_error_class`
+// for deepio::comm::CommError (an MPI failure, errno EIO).
 #include <deepio/comm.hpp>
 
 #include "../../src/comm/stages.hpp"
@@ -17,6 +24,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -31,6 +39,28 @@ using F32In = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cp
 using F32Out = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using U8In = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using U8Out = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Message =
+    nb::ndarray<std::int64_t, nb::shape<std::tuple_size_v<dd::AgreementMessage>>, nb::c_contig, nb::device::cpu>;
+
+// deepio.InvalidArgumentError, from deepio._deepio. A strong reference that is never dropped
+// (errors may be raised while the interpreter tears modules down).
+PyObject* g_invalid_argument_error = nullptr;
+
+// The Python exception for a deepio::Error (see the top of this file).
+nb::object make_exception(const deepio::Error& e) {
+  nb::handle cls = e.invalid_argument() ? nb::handle(g_invalid_argument_error) : nb::handle(PyExc_OSError);
+  nb::object exc = cls(e.errnum(), e.message());
+  exc.attr("offset") = e.offset();
+  exc.attr("nbytes") = e.nbytes();
+  if (const auto* a = dynamic_cast<const dc::ArgumentError*>(&e)) {
+    exc.attr("reason") = static_cast<int>(a->reason());
+    exc.attr("reason_name") = dc::reason_name(a->reason());
+    exc.attr("rank") = a->rank();
+  } else if (const auto* c = dynamic_cast<const dc::CommError*>(&e)) {
+    exc.attr("mpi_error_class") = c->mpi_error_class();
+  }
+  return exc;
+}
 
 // A template so that only the branch for this MPI's handle type is instantiated.
 template <class Comm>
@@ -57,13 +87,21 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw dc::ArgumentError(what);
 }
 
-// Checks shared by the stage functions (the MPI path checks inside the library).
-void check_layout(std::size_t n0, std::size_t n, std::size_t c, std::size_t w) {
+// The length rules of the agreement (stages.hpp), for the stage functions called one by one.
+void check_layout(std::size_t n0, std::size_t n, std::size_t w) {
   require(w >= 1, "world size must be >= 1");
-  require(n % (8 * w) == 0,
-          "worker_error length " + std::to_string(n) + " is not a multiple of 8 * W (W = " + std::to_string(w) + ")");
-  require(c * w == n, "server_error length " + std::to_string(c) + " is not worker_error length / W");
-  require(n0 <= n, "buffer is longer than worker_error");
+  if (const dc::Reason r = dd::check_lengths(n0, n0, n, n / w, w); r != dc::Reason::none)
+    throw dc::ArgumentError(dd::reason_text(r, w), r);
+}
+
+dd::CallArgs call_args(const F32In& input, const F32In& output, const F32In& worker_error, const F32In& server_error) {
+  return {input.data(),        input.shape(0),        output.data(),       output.shape(0),
+          worker_error.data(), worker_error.shape(0), server_error.data(), server_error.shape(0)};
+}
+
+void check_rank(std::size_t w, int rank) {
+  require(w >= 1 && rank >= 0 && static_cast<std::size_t>(rank) < w,
+          "rank " + std::to_string(rank) + " is not in [0, world_size = " + std::to_string(w) + ")");
 }
 
 }  // namespace
@@ -71,13 +109,18 @@ void check_layout(std::size_t n0, std::size_t n, std::size_t c, std::size_t w) {
 NB_MODULE(_comm, m) {
   m.doc() = "deepio 1-bit compressed allreduce (C++ core); use deepio.comm instead of this module";
 
+  g_invalid_argument_error =
+      nb::object(nb::module_::import_("deepio._deepio").attr("InvalidArgumentError")).release().ptr();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
-    } catch (const dc::ArgumentError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const dc::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const deepio::Error& e) {
+      try {
+        nb::object exc = make_exception(e);
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+      } catch (nb::python_error& pe) {
+        pe.restore();
+      }
     }
   });
 
@@ -110,14 +153,39 @@ NB_MODULE(_comm, m) {
       nb::arg("packed"), nb::arg("out").noconvert(), nb::arg("scale") = 1.0f, nb::arg("kernel") = "best",
       nb::call_guard<nb::gil_scoped_release>());
 
-  // The three stages of the torch.distributed transport (same wire layout as MPI).
+  // The stages of the torch.distributed transport (same agreement and wire layout as MPI).
+  m.def(
+      "agreement_message",
+      [](F32In input, F32In output, F32In worker_error, F32In server_error, std::size_t w, int rank, Message message) {
+        check_rank(w, rank);
+        const dd::AgreementMessage msg = dd::agreement_message(call_args(input, output, worker_error, server_error), w,
+                                                               rank);
+        std::copy(msg.begin(), msg.end(), message.data());
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("worker_error"), nb::arg("server_error"), nb::arg("world_size"),
+      nb::arg("rank"), nb::arg("message").noconvert(),
+      "Size agreement, step 1: this rank's checks and lengths into message (7 int64), to be reduced with MAX "
+      "over all ranks.");
+  m.def(
+      "agreement_verdict",
+      [](Message reduced, F32In input, F32In output, F32In worker_error, F32In server_error, std::size_t w, int rank,
+         const std::string& where) {
+        check_rank(w, rank);
+        dd::AgreementMessage msg;
+        std::copy(reduced.data(), reduced.data() + msg.size(), msg.begin());
+        dd::agreement_verdict(msg, call_args(input, output, worker_error, server_error), w, rank, where);
+      },
+      nb::arg("reduced"), nb::arg("input"), nb::arg("output"), nb::arg("worker_error"), nb::arg("server_error"),
+      nb::arg("world_size"), nb::arg("rank"), nb::arg("where"),
+      "Size agreement, step 2: raises deepio.InvalidArgumentError on every rank (or on none) from the reduced "
+      "message.");
   m.def(
       "block_stride", [](std::size_t chunk) { return dd::block_stride(chunk); }, nb::arg("chunk"));
   m.def(
       "worker_stage",
       [](F32In input, F32Out worker_error, std::size_t w, U8Out send) {
         const std::size_t n = worker_error.shape(0);
-        check_layout(input.shape(0), n, w ? n / w : 0, w);
+        check_layout(input.shape(0), n, w);
         require(send.shape(0) == w * dd::block_stride(n / w), "send buffer must hold W * block_stride bytes");
         const dc::Kernel k = dc::best_kernel();
         auto* bytes = reinterpret_cast<std::byte*>(send.data());

@@ -1,10 +1,14 @@
 // The MPI transport of the 1-bit compressed allreduce.
 //
 // Protocol of one call on a communicator of W ranks (every rank runs the same steps):
-//   0. Agreement: one MPI_Allreduce(MAX) of 7 int64 carrying min/max of the three lengths and
-//      the lowest rank whose arguments failed the local checks (with a reason code). Every rank
-//      decides from the same reduced values, so either all ranks throw or none does; no rank
-//      can be left waiting in a collective that the others skipped.
+//   0. Agreement (the stage in stages.hpp that every transport runs): one MPI_Allreduce(MAX)
+//      of 7 int64 carrying min/max of the three lengths and the lowest rank whose arguments
+//      failed the local checks (with a reason code). Every rank decides from the same reduced
+//      values, so either all ranks throw or none does; no rank can be left waiting in a
+//      collective that the others skipped.
+// Errors: ArgumentError from the checks and the agreement; CommError (errno EIO, the MPI error
+// class and text) when an MPI call returns an error, which it does only under a non-fatal
+// error handler. After a CommError the residuals and the output are unspecified.
 //   1. Worker pass (one sweep): compensate, sum of squares, pack signs straight into the
 //      all-to-all send buffer. Each destination block is [fp32 scale][B sign bytes], so the
 //      signs and the scale travel in ONE MPI_Ialltoall (DeepSpeed uses W igathers per item
@@ -24,9 +28,8 @@
 #include "stages.hpp"
 
 #include <algorithm>
-#include <climits>
+#include <cerrno>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,22 +37,19 @@
 namespace deepio::comm {
 namespace {
 
-class MpiCategory final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "mpi"; }
-  std::string message(int code) const override {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-    return std::string(text, static_cast<std::size_t>(len));
-  }
-};
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
 
+// MPI's return code -> CommError (errno EIO) naming the call and MPI's own text.
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   int cls = rc;
-  MPI_Error_class(rc, &cls);
-  throw Error(std::error_code(cls, mpi_category()), std::string("deepio::comm::compressed_allreduce: ") + what);
+  if (MPI_Error_class(rc, &cls) != MPI_SUCCESS) cls = rc;
+  throw CommError(cls, std::string("deepio::comm::compressed_allreduce: ") + what + " failed: " + mpi_error_string(rc));
 }
 
 // Per-thread scratch, grown on demand and reused: the send/receive blocks of both phases.
@@ -67,48 +67,6 @@ struct Workspace {
   }
 };
 thread_local Workspace t_workspace;
-
-bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
-  if (a_bytes == 0 || b_bytes == 0) return false;
-  const auto pa = reinterpret_cast<std::uintptr_t>(a);
-  const auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
-}
-
-// Reasons a rank's own arguments fail; the code travels in the agreement collective.
-enum Reason : int {
-  kOk = 0,
-  kOutputSize,
-  kWorkerNotMultiple,
-  kServerSize,
-  kInputTooLong,
-  kOutputOverlap,
-  kErrorOverlap,
-  kTooLarge,
-  kReasonCount
-};
-
-std::string reason_text(int reason, int w) {
-  const std::string ws = std::to_string(w);
-  switch (reason) {
-    case kOutputSize:
-      return "output length differs from input length";
-    case kWorkerNotMultiple:
-      return "worker_error length is not a multiple of 8 * W (W = " + ws + ")";
-    case kServerSize:
-      return "server_error length is not worker_error length / W (W = " + ws + ")";
-    case kInputTooLong:
-      return "input is longer than worker_error";
-    case kOutputOverlap:
-      return "output partially overlaps input (it must be the same span or disjoint)";
-    case kErrorOverlap:
-      return "worker_error or server_error overlaps another argument";
-    case kTooLarge:
-      return "one chunk of signs exceeds INT_MAX bytes";
-    default:
-      return "unknown";
-  }
-}
 
 // Slices for the overlapped passes: big enough to keep the kernels streaming, small enough
 // that MPI_Test runs often (256 KiB of floats).
@@ -129,9 +87,24 @@ void overlapped(std::size_t n, MPI_Request& req, bool& done, Fn&& fn) {
 
 }  // namespace
 
-const std::error_category& mpi_category() noexcept {
-  static const MpiCategory category;
-  return category;
+CommError::CommError(int mpi_error_class, const std::string& message)
+    : deepio::Error(EIO, message), mpi_error_class_(mpi_error_class) {}
+
+const char* reason_name(Reason reason) noexcept {
+  switch (reason) {
+    case Reason::none: return "none";
+    case Reason::output_size: return "output_size";
+    case Reason::worker_not_multiple: return "worker_not_multiple";
+    case Reason::server_size: return "server_size";
+    case Reason::input_too_long: return "input_too_long";
+    case Reason::output_overlap: return "output_overlap";
+    case Reason::error_overlap: return "error_overlap";
+    case Reason::too_large: return "too_large";
+    case Reason::input_mismatch: return "input_mismatch";
+    case Reason::worker_mismatch: return "worker_mismatch";
+    case Reason::server_mismatch: return "server_mismatch";
+  }
+  return "unknown";
 }
 
 std::size_t padded_size(std::size_t n, std::size_t w) {
@@ -156,57 +129,16 @@ void compressed_allreduce(std::span<const float> input, std::span<float> output,
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   const auto w = static_cast<std::size_t>(w_int);
 
+  // 0. Size agreement (stages.hpp): every rank throws the same ArgumentError, or none does.
+  const detail::CallArgs args{input.data(),        input.size(),        output.data(),       output.size(),
+                              worker_error.data(), worker_error.size(), server_error.data(), server_error.size()};
+  detail::AgreementMessage agree = detail::agreement_message(args, w, rank);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, agree.data(), static_cast<int>(agree.size()), MPI_INT64_T, MPI_MAX, comm),
+            "MPI_Allreduce (size agreement)");
+  detail::agreement_verdict(agree, args, w, rank, "deepio::comm::compressed_allreduce: ");
   const std::size_t n0 = input.size();
   const std::size_t n = worker_error.size();
   const std::size_t ns = server_error.size();
-  const std::size_t f = sizeof(float);
-
-  // Local checks, in a fixed order so that the reported reason is deterministic.
-  int reason = kOk;
-  if (output.size() != n0) reason = kOutputSize;
-  else if (n % (8 * w) != 0) reason = kWorkerNotMultiple;
-  else if (ns * w != n) reason = kServerSize;
-  else if (n0 > n) reason = kInputTooLong;
-  else if (output.data() != input.data() && overlaps(output.data(), n0 * f, input.data(), n0 * f))
-    reason = kOutputOverlap;
-  else if (overlaps(worker_error.data(), n * f, server_error.data(), ns * f) ||
-           overlaps(worker_error.data(), n * f, input.data(), n0 * f) ||
-           overlaps(worker_error.data(), n * f, output.data(), n0 * f) ||
-           overlaps(server_error.data(), ns * f, input.data(), n0 * f) ||
-           overlaps(server_error.data(), ns * f, output.data(), n0 * f))
-    reason = kErrorOverlap;
-  else if (ns / 8 + sizeof(float) > static_cast<std::size_t>(INT_MAX)) reason = kTooLarge;
-
-  // Agreement. MAX of -x is -min(x); the failure slot holds -(rank * kReasonCount + reason)
-  // so that MAX picks the lowest failing rank together with its reason.
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min();
-  const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
-  std::int64_t agree[7] = {i64(n0),
-                           -i64(n0),
-                           i64(n),
-                           -i64(n),
-                           i64(ns),
-                           -i64(ns),
-                           reason == kOk ? kNone : -(std::int64_t{rank} * kReasonCount + reason)};
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, agree, 7, MPI_INT64_T, MPI_MAX, comm), "MPI_Allreduce (size agreement)");
-  const std::string where = "deepio::comm::compressed_allreduce: ";
-  if (agree[6] != kNone) {
-    const std::int64_t code = -agree[6];
-    const auto bad_rank = static_cast<int>(code / kReasonCount);
-    const auto bad_reason = static_cast<int>(code % kReasonCount);
-    throw ArgumentError(where + "invalid arguments on rank " + std::to_string(bad_rank) + " of " + std::to_string(w) +
-                        ": " + reason_text(bad_reason, w_int) +
-                        (bad_rank == rank ? " (input " + std::to_string(n0) + ", worker_error " + std::to_string(n) +
-                                                ", server_error " + std::to_string(ns) + " elements)"
-                                          : std::string()));
-  }
-  const auto mismatch = [&](const char* what, std::int64_t hi, std::int64_t lo) {
-    return ArgumentError(where + what + " length differs across ranks (min " + std::to_string(lo) + ", max " +
-                         std::to_string(hi) + ")");
-  };
-  if (agree[0] != -agree[1]) throw mismatch("input", agree[0], -agree[1]);
-  if (agree[2] != -agree[3]) throw mismatch("worker_error", agree[2], -agree[3]);
-  if (agree[4] != -agree[5]) throw mismatch("server_error", agree[4], -agree[5]);
 
   if (n0 == 0) {  // DeepSpeed PR #7769: no exchange, residuals reset
     std::fill(worker_error.begin(), worker_error.end(), 0.0f);

@@ -329,10 +329,8 @@ namespace deepio::comm {
 bool kernel_available(Kernel kernel) noexcept {
   switch (kernel) {
     case Kernel::best:
-    case Kernel::scalar:
-      return true;
-    case Kernel::avx2:
-      return detail::cpu_has_avx2();
+    case Kernel::scalar: return true;
+    case Kernel::avx2: return detail::cpu_has_avx2();
   }
   return false;
 }

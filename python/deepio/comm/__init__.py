@@ -15,8 +15,15 @@ Transports:
 
 Buffers: NumPy arrays or torch CPU tensors, float32. ``worker_error`` and ``server_error``
 must be 1-D and contiguous; they are updated in place (the same memory holds the new
-residuals, so views of them stay valid). Sizes that break the rules raise ``ValueError`` on
-every rank (never a hang). MPI failures raise ``RuntimeError``.
+residuals, so views of them stay valid).
+
+Errors are deepio's own family (docs/errors.md, docs/comm.md): sizes that break the rules
+raise ``deepio.InvalidArgumentError`` (an ``OSError`` with errno EINVAL and a ``ValueError``)
+on every rank, never a hang, with ``reason`` (the agreement's reason code), ``reason_name``
+and ``rank``; the same class for other bad arguments (an unknown kernel, ``world_size`` 0, a
+null or inter-communicator). An MPI failure raises ``OSError`` (errno EIO) with
+``mpi_error_class``. A wrong dtype or type raises ``TypeError``; a non-contiguous buffer
+``ValueError``.
 
 All calls are collective over the communicator/group. They release the GIL while they run.
 """
@@ -211,46 +218,20 @@ def _deepspeed_call(buffer_m: Any, worker_error: Any, server_error: Any, run: An
 
 # ---- torch.distributed -----------------------------------------------------------------------
 
-_REASONS = {
-    1: "worker_error length is not a multiple of 8 * W",
-    2: "server_error length is not worker_error length / W",
-    3: "input is longer than worker_error",
-    4: "output length differs from input length",
-}
-
-
 def _torch_transport(inp: Any, out: Any, we: Any, se: Any, group: Any) -> None:
     import torch
     import torch.distributed as dist
 
     w = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    n0, n, ns = _numel(inp), _numel(we), _numel(se)
-    reason = 0
-    if _numel(out) != n0:
-        reason = 4
-    elif n % (8 * w) != 0:
-        reason = 1
-    elif ns * w != n:
-        reason = 2
-    elif n0 > n:
-        reason = 3
-    # Size agreement (as in the C++ MPI path): every rank raises, or none does.
-    bad = -(rank * 8 + reason) if reason else -(1 << 62)
-    agree = torch.tensor([n0, -n0, n, -n, ns, -ns, bad], dtype=torch.int64)
+    # Size agreement: the C++ stage the MPI transport runs too (same checks, same reason codes);
+    # every rank raises deepio.InvalidArgumentError, or none does.
+    agree = torch.empty(7, dtype=torch.int64)
+    _comm.agreement_message(inp, out, we, se, w, rank, agree)
     dist.all_reduce(agree, op=dist.ReduceOp.MAX, group=group)
-    a = agree.tolist()
-    if a[6] != -(1 << 62):
-        code = -a[6]
-        raise ValueError(
-            f"compressed_allreduce_torch: invalid arguments on rank {code // 8} of {w}: {_REASONS[code % 8]} (W = {w})"
-        )
-    for i, what in ((0, "input"), (2, "worker_error"), (4, "server_error")):
-        if a[i] != -a[i + 1]:
-            raise ValueError(
-                f"compressed_allreduce_torch: {what} length differs across ranks (min {-a[i + 1]}, max {a[i]})"
-            )
-    if n0 == 0:
+    _comm.agreement_verdict(agree, inp, out, we, se, w, rank, "compressed_allreduce_torch: ")
+    ns = _numel(se)
+    if _numel(inp) == 0:
         we[:] = 0
         se[:] = 0
         return
