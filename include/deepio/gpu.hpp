@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "deepio/error.hpp"
+#include "deepio/handle.hpp"
 
 namespace deepio {
 
@@ -67,82 +68,70 @@ struct GdsOptions {
   /// one staged pread/pwrite). Also given to cuFileDriverSetMaxDirectIOSize when this handle
   /// opens the driver. Must be > 0.
   std::size_t block_size = 1 << 20;
-  /// Accepted for DeepNVMe compatibility. cuFile calls are synchronous, so a worker has one
-  /// chunk in flight; parallelism comes from intra_op_parallelism. Must be > 0.
+  /// As Handle's for host memory and staged device memory. cuFile calls are synchronous, so a
+  /// cuFile worker has one chunk in flight; its parallelism is intra_op_parallelism. Must be > 0.
   std::size_t queue_depth = 128;
-  bool single_submit = false;   ///< accepted, no effect (as in DeepNVMe's gds_handle)
-  bool overlap_events = false;  ///< accepted, no effect (as in DeepNVMe's gds_handle)
+  bool single_submit = false;   ///< as Handle's (host memory and staging); no effect on cuFile
+  bool overlap_events = false;  ///< as Handle's (host memory and staging); no effect on cuFile
   /// Worker threads; the chunks of every request are spread over them. Must be > 0.
   std::size_t intra_op_parallelism = 1;
   GdsMode mode = GdsMode::Auto;
 };
 
+/// What a GdsHandle did with device memory (Handle::stats() has the rest).
 struct GdsStats {
-  std::uint64_t ops_completed = 0;
+  std::uint64_t ops_completed = 0;   ///< all operations of the handle, host memory included
   std::uint64_t ops_failed = 0;
-  std::uint64_t chunks = 0;          ///< chunks run (cuFile or staged)
+  std::uint64_t chunks = 0;          ///< requests cut for operations on device memory (cuFile or staged)
   std::uint64_t bytes_cufile = 0;    ///< moved by cuFileRead/cuFileWrite
   std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies
   std::uint64_t files_fallback = 0;  ///< operations cuFile refused and Auto staged instead
 };
 
-namespace detail::gpu {
-class GdsEngine;
+namespace detail {
+class Engine;
+namespace gpu {
+class GdsRoute;
+struct GdsParts;
 }
+}  // namespace detail
 
-/// DeepNVMe's gds_handle: reads and writes between files and CUDA device memory.
+/// DeepNVMe's gds_handle: a deepio::Handle whose operations on CUDA device memory may go
+/// through GPUDirect Storage (cuFile) instead of being staged through host memory.
 ///
-/// Lifecycle: the first GdsHandle of the process opens the cuFile driver and the last one
-/// closes it (after deregistering every buffer still pinned); nothing is written to the
-/// working directory and nothing exits the process. Each operation opens its file (O_DIRECT
-/// where accepted), registers it with cuFileHandleRegister, cuts the request into block_size
-/// chunks run in parallel by the workers, and deregisters and closes when the last chunk is
-/// done. Reads that reach end of file, short transfers that make no progress, and every
-/// cuFile/CUDA error are reported as deepio::Error with path, offset and size.
+/// It is the same engine as Handle, with one more way for device memory to reach a file:
+/// every operation, on host or device memory, by path or descriptor, has Handle's futures,
+/// wait(), errors, end-of-file rule and descriptor back-pressure. Host memory takes Handle's
+/// path. Device memory, per operation: the file is opened (O_DIRECT where accepted) and
+/// registered with cuFileHandleRegister; the request is cut into block_size chunks spread over
+/// intra_op_parallelism workers, one cuFileRead/cuFileWrite each; the registration ends when
+/// the last chunk is done. Where cuFile is not used (mode Compat, cuFile missing or its driver
+/// refused in Auto, or a file cuFile refuses in Auto), the operation goes through the engine's
+/// staging pipeline, as on a plain Handle; mode() and mode_reason() say so.
+///
+/// Lifecycle: the first GdsHandle of the process that uses cuFile opens the cuFile driver and
+/// the last one closes it (after deregistering every buffer still pinned); nothing is written
+/// to the working directory and nothing exits the process.
 ///
 /// Thread safety: every member function may be called from several threads at once.
-/// Buffer lifetime: device memory passed to async_pread/async_pwrite stays allocated and
-/// untouched until a wait() that started after the submission returns (or the handle is
-/// destroyed). cuFile transfers are not ordered with CUDA streams: finish kernels writing a
-/// source buffer before submitting it, and read results only after wait().
-class GdsHandle {
+/// Buffer lifetime: as Handle's. cuFile transfers are not ordered with CUDA streams: finish
+/// kernels writing a source buffer before submitting it, and read results only after the
+/// operation completed.
+class GdsHandle : public Handle {
  public:
   /// Uses the process-wide CUDA and cuFile. Throws deepio::Error: EINVAL for a zero
   /// block_size, queue_depth or intra_op_parallelism; ENOTSUP when the CUDA driver library is
   /// missing (or disabled), or when mode is CuFile and cuFile is missing or its driver cannot
   /// be opened; ENODEV when CUDA loads but has no usable device. The message says why.
   explicit GdsHandle(const GdsOptions& options = {});
-  /// Internal: a handle over a given engine (tests build engines over fake drivers).
-  explicit GdsHandle(std::unique_ptr<detail::gpu::GdsEngine> engine) noexcept;
-  /// Finishes every operation in flight (never abandons a write), stops the workers, releases
-  /// the driver reference. Errors nobody waited for are dropped. Never throws.
+  /// Internal: a handle over a prepared engine and route (tests build them over fake drivers).
+  GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept;
+  /// As Handle's: finishes every operation in flight, then releases the driver reference.
   ~GdsHandle();
-  GdsHandle(const GdsHandle&) = delete;
-  GdsHandle& operator=(const GdsHandle&) = delete;
-  GdsHandle(GdsHandle&&) noexcept;
-  GdsHandle& operator=(GdsHandle&&) noexcept;
 
-  /// Reads nbytes at file_offset of `path` into device memory at `device_ptr`. Returns at once.
-  /// Throws at submission: EINVAL when device_ptr is not CUDA device memory or the range
-  /// crosses the end of a pinned buffer it starts in; ENOENT/EACCES/... when the file cannot
-  /// be opened; ENODATA when file_offset + nbytes lies past its end; the cuFile error when
-  /// cuFile refuses the file and the mode does not allow staging. Transfer errors surface in
-  /// wait().
-  void async_pread(void* device_ptr, std::size_t nbytes, const std::string& path,
-                   std::uint64_t file_offset = 0);
-  /// Writes nbytes from device memory at file_offset of `path`, creating the file (mode 0666
-  /// & ~umask) and never truncating it. Same errors as async_pread, minus ENODATA.
-  void async_pwrite(const void* device_ptr, std::size_t nbytes, const std::string& path,
-                    std::uint64_t file_offset = 0);
-  /// Submit, then wait() for everything pending. Returns wait()'s count (this op included).
-  std::size_t sync_pread(void* device_ptr, std::size_t nbytes, const std::string& path,
-                         std::uint64_t file_offset = 0);
-  std::size_t sync_pwrite(const void* device_ptr, std::size_t nbytes, const std::string& path,
-                          std::uint64_t file_offset = 0);
-  /// Blocks until every operation submitted before the call has completed; returns how many
-  /// this call collected (0 when none). Throws the first failure after all have completed.
-  std::size_t wait();
-  [[nodiscard]] std::size_t pending() const noexcept;
+  // Submission, wait() and pending() are Handle's. Submitting device memory additionally
+  // throws EINVAL when the range crosses the end of a pinned buffer it starts in, and the
+  // cuFile error when cuFile refuses the file and the mode does not allow staging.
 
   /// Registers [device_ptr, device_ptr + nbytes) with cuFileBufRegister (when cuFile is in
   /// use) and records it process-wide, so that I/O on it or on any view inside it goes
@@ -162,11 +151,15 @@ class GdsHandle {
   [[nodiscard]] std::string mode() const;
   /// Why the mode is not "gds" (empty when it is), including cuFile notes.
   [[nodiscard]] std::string mode_reason() const;
-  [[nodiscard]] const GdsOptions& options() const noexcept;
+  /// The options as given (Handle::options() has the engine's view of them).
+  [[nodiscard]] const GdsOptions& options() const noexcept { return gds_options_; }
+  /// The device side of what the handle did: what went through cuFile and what was staged
+  /// (Handle::stats() has the host side).
   [[nodiscard]] GdsStats stats() const noexcept;
 
  private:
-  std::unique_ptr<detail::gpu::GdsEngine> engine_;
+  GdsOptions gds_options_;
+  std::shared_ptr<detail::gpu::GdsRoute> route_;
 };
 
 }  // namespace deepio

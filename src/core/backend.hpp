@@ -16,6 +16,13 @@
 
 namespace deepio::detail {
 
+/// A file as registered with a driver that moves device memory itself (GPUDirect Storage):
+/// made at submission by a DeviceRoute (core/device_route.hpp), carried by every request of
+/// the operation, read only by that route's backend. Opaque to the worker.
+struct DriverFile {
+  virtual ~DriverFile() = default;
+};
+
 struct Request {
   int fd = -1;
   void* buf = nullptr;
@@ -26,6 +33,9 @@ struct Request {
   /// The locked allocation holding buf (memory/regions.hpp), if any: a backend may register
   /// it with the kernel once and skip pinning the pages on every request. Ignored otherwise.
   LockedRegion region;
+  /// Set for an operation served by a DeviceRoute's backend: buf is device memory and fd is
+  /// only informative (the backend uses the registration). Null otherwise.
+  const DriverFile* driver_file = nullptr;
 };
 
 struct Completion {
@@ -50,6 +60,10 @@ class Backend {
   /// hold them until the next reap() (io_uring batches submission into its wait). The worker
   /// calls it before spending time on other things, so the device is never left idle.
   virtual void flush() {}
+  /// The backend's own words for the failed completion with this tag (e.g. the cuFile error
+  /// name behind an errno), taken once; empty when it has none. Called by the worker right
+  /// after reaping a negative result.
+  virtual std::string take_error_text(std::uint64_t /*tag*/) { return {}; }
 };
 
 }  // namespace deepio::detail

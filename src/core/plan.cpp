@@ -40,6 +40,12 @@ std::vector<Slice> plan_request(const PlanInput& in) {
   };
 
   std::size_t block = std::max<std::size_t>(1, in.block_size);
+  if (in.any_alignment) {
+    const auto b = cut(begin, end, workers, block);
+    for (std::size_t w = 0; w < workers; ++w) add(w, b[w], b[w + 1], SegmentMode::Direct, block);
+    std::erase_if(slices, [](const Slice& s) { return s.segments.empty(); });
+    return slices;
+  }
   if (in.staged) block = std::min(block, std::max<std::size_t>(1, in.bounce_bytes));
   const std::uint64_t unit = std::max<std::uint64_t>(std::max<std::size_t>(1, in.offset_align), in.page);
   std::uint64_t a0 = round_up(begin, unit);

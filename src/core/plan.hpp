@@ -11,8 +11,9 @@
 // The body is divided among the workers at multiples of G; the head goes to the first
 // worker and the tail to the last. Without direct I/O the whole request is buffered and is
 // divided at page multiples. For memory the kernel cannot address (GPU), every segment is
-// staged through bounce slots, so chunks never exceed a slot. Pure function: no I/O,
-// unit-tested directly.
+// staged through bounce slots, so chunks never exceed a slot. A backend that takes any
+// alignment (GPUDirect Storage) gets the whole request as Direct segments cut at block_size
+// multiples. Pure function: no I/O, unit-tested directly.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +51,10 @@ struct PlanInput {
   /// The buffer is not host memory (GPU): the body always bounces, and no segment's chunk
   /// exceeds a bounce slot, because every byte is staged through host memory.
   bool staged = false;
+  /// The backend takes any offset, length and address (GPUDirect Storage): the whole request
+  /// is one Direct body, cut among the workers at multiples of block_size counted from the
+  /// start of the request, so every request but the last is exactly block_size.
+  bool any_alignment = false;
 };
 
 /// Slices in worker order; workers with nothing to do get no slice. Empty for nbytes == 0.

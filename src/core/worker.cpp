@@ -196,7 +196,11 @@ struct Worker::Impl {
         s.req.fd = op.direct_fd();
       }
       s.req.buf = s.user;
+      if (a.task.direct_device) s.req.driver_file = a.task.driver_file.get();
       if (!staged) s.req.region = op.region();
+      if (op.device() >= 0 || s.req.driver_file != nullptr) {
+        w.counters_->device_requests.fetch_add(1, std::memory_order_relaxed);
+      }
       if (staged) {
         if (!ensure_bounce()) {
           op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
@@ -301,7 +305,7 @@ struct Worker::Impl {
         resubmit.push_back(id);
         return;
       }
-      if (err == EINVAL && !s.buffered) {
+      if (err == EINVAL && !s.buffered && s.req.driver_file == nullptr) {
         // The file system refused this O_DIRECT request: redo it through the page cache.
         int fd = -1;
         if (op.buffered_fd(&fd).ok()) {
@@ -312,8 +316,9 @@ struct Worker::Impl {
           return;
         }
       }
-      op.fail(Status::failure(err, op.write() ? "write failed" : "read failed", op.path(), s.req.offset,
-                              s.req.len));
+      std::string text = w.backend_->take_error_text(c.tag);
+      if (text.empty()) text = op.write() ? "write failed" : "read failed";
+      op.fail(Status::failure(err, std::move(text), op.path(), s.req.offset, s.req.len));
       release(id);
       return;
     }
@@ -333,7 +338,7 @@ struct Worker::Impl {
       s.req.buf = static_cast<std::byte*>(s.req.buf) + got;
       s.req.offset += got;
       s.req.len -= static_cast<std::uint32_t>(got);
-      if (!s.buffered) {
+      if (!s.buffered && s.req.driver_file == nullptr) {
         int fd = -1;
         Status st = op.buffered_fd(&fd);
         if (!st.ok()) {
@@ -347,10 +352,12 @@ struct Worker::Impl {
       resubmit.push_back(id);
       return;
     }
-    auto& counter = s.mode == SegmentMode::Bounce ? w.counters_->bytes_bounced
+    auto& counter = s.req.driver_file != nullptr                   ? w.counters_->bytes_gds
+                    : s.mode == SegmentMode::Bounce                   ? w.counters_->bytes_bounced
                     : (s.mode == SegmentMode::Direct && !s.buffered) ? w.counters_->bytes_direct
                                                                       : w.counters_->bytes_buffered;
     counter.fetch_add(s.len, std::memory_order_relaxed);
+    if (op.device() >= 0) w.counters_->bytes_staged.fetch_add(s.len, std::memory_order_relaxed);
     if (s.bounce >= 0 && !op.write()) {
       const std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
       if (op.device() >= 0) {

@@ -9,7 +9,8 @@
 // cache, anything else fails the op (its remaining requests are skipped). Ops on device
 // memory stage every request through a bounce slot: device-to-host copy before a write is
 // submitted; after a read, a host-to-device copy that must finish before the slot is reused
-// or the op completes. stop() lets the
+// or the op completes. Ops with a DriverFile (GPUDirect Storage) go to a route's backend with
+// the device address as it is: never staged, never redone through the page cache. stop() lets the
 // worker finish everything queued, then joins it: work is never abandoned.
 // Thread safety: enqueue() and stop() may be called from any thread; everything else runs on
 // the worker thread only.
@@ -42,6 +43,13 @@ struct WorkerConfig {
 struct SliceTask {
   std::shared_ptr<OpState> op;
   std::vector<Segment> segments;
+  /// For an op served by a DeviceRoute: its registration, put in every request. Each slice
+  /// holds a reference; the last one is dropped when the op's last slice retires, before
+  /// the op completes (so the registration ends before its descriptor closes).
+  std::shared_ptr<const DriverFile> driver_file;
+  /// The requests go to a route's backend with driver_file; false: driver_file (if any) is
+  /// only held until the slice is done (an op the route declined and that is staged).
+  bool direct_device = false;
 };
 
 class Worker {

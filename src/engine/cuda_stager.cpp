@@ -223,4 +223,18 @@ DeviceSupport cuda_device_support() {
   return s;
 }
 
+DeviceSupport cuda_device_support(const CudaApi* api) {
+  DeviceSupport s;
+  s.classify = [api](const void* p) -> int {
+    const DevicePointer d = classify(api, p);
+    return d.is_device ? d.ordinal : -1;
+  };
+  s.make_stager = [api](int device, std::size_t slots, Status* why) -> std::unique_ptr<DeviceStager> {
+    auto st = std::make_unique<CudaStager>(api, device, slots);
+    if (!st->init(why).ok()) return nullptr;
+    return st;
+  };
+  return s;
+}
+
 }  // namespace deepio::detail

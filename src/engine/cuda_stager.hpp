@@ -10,4 +10,11 @@ namespace deepio::detail {
 /// a CudaStager. Both safe to call from any thread.
 DeviceSupport cuda_device_support();
 
+namespace gpu {
+struct CudaApi;
+}
+/// The same over a given driver (a GdsHandle's, possibly a test's fake): classify asks it
+/// directly, with no check that the process loaded it.
+DeviceSupport cuda_device_support(const gpu::CudaApi* api);
+
 }  // namespace deepio::detail

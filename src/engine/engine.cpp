@@ -43,7 +43,7 @@ struct Engine::Opened {
   std::size_t offset_align = 1;
 };
 
-Engine::Engine(const HandleOptions& options) : options_(options) {
+Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(options), route_(std::move(setup.route)) {
   if (options_.backend == BackendKind::Auto) options_.backend = env_backend().value_or(BackendKind::Auto);
   if (options_.direct_io == DirectIo::Auto) options_.direct_io = env_direct_io().value_or(DirectIo::Auto);
   check_count("block_size", options_.block_size, kMaxCount);
@@ -52,7 +52,7 @@ Engine::Engine(const HandleOptions& options) : options_(options) {
 
   const std::size_t page = page_size();
   bounce_slot_bytes_ = round_up(std::clamp<std::size_t>(options_.block_size, 64 << 10, 4 << 20), page);
-  device_ = device_support();
+  device_ = setup.device.classify ? std::move(setup.device) : device_support();
   WorkerConfig wc;
   wc.stager_factory = device_.make_stager;
   wc.queue_depth = options_.queue_depth;
@@ -79,15 +79,26 @@ Engine::Engine(const HandleOptions& options) : options_(options) {
     if (backends.size() != options_.intra_op_parallelism) continue;
     kind_ = kind;
     for (auto& b : backends) workers_.push_back(std::make_unique<Worker>(std::move(b), wc, &counters_));
+    start_route_workers(wc);
     return;
   }
   throw_error(why.errnum, "cannot set up the " + std::string(to_string(options_.backend)) +
                               " backend: " + why.message);
 }
 
+void Engine::start_route_workers(const WorkerConfig& wc) {
+  if (!route_ || !route_->has_backend()) return;
+  // As many as the host workers: a route's backend is synchronous (one request at a time per
+  // worker), so intra_op_parallelism is its parallelism, as in DeepNVMe's gds_handle.
+  for (std::size_t i = 0; i < options_.intra_op_parallelism; ++i) {
+    route_workers_.push_back(std::make_unique<Worker>(route_->make_backend(), wc, &counters_));
+  }
+}
+
 Engine::~Engine() {
   // Workers finish everything queued before they stop: in-flight writes are never dropped.
   for (auto& w : workers_) w->stop();
+  for (auto& w : route_workers_) w->stop();
 }
 
 Status Engine::open_with_backpressure(const std::string& path, int flags, UniqueFd* fd) {
@@ -186,12 +197,34 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
                     std::to_string(file_offset + nbytes),
                 name, file_offset, nbytes);
   }
-  dispatch(op, buf, nbytes, file_offset, opened);
+  Route route;
+  if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
+  dispatch(op, buf, nbytes, file_offset, opened, std::move(route));
   return op;
 }
 
+Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
+  DeviceBinding b;
+  b.direct = opened.direct && op.direct_fd() >= 0;
+  b.fd = op.direct_fd();
+  if (!b.direct) throw_if_error(op.buffered_fd(&b.fd));
+  b.buf = buf;
+  b.nbytes = op.nbytes();
+  b.device = op.device();
+  b.write = op.write();
+  b.path = &op.path();
+  b.file_offset = op.offset();
+  Route route;
+  bool staged = true;
+  throw_if_error(route_->bind(b, &staged, &route.file));
+  route.direct = !staged;
+  // Served by the route's backend: the device address goes to it as it is, never staged.
+  if (route.direct) op.set_device(-1);
+  return route;
+}
+
 void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                      const Opened& opened) {
+                      const Opened& opened, Route route) {
   PlanInput in;
   in.buf = static_cast<std::byte*>(buf);
   in.nbytes = nbytes;
@@ -204,11 +237,13 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
   in.workers = workers_.size();
   in.bounce_bytes = bounce_slot_bytes_;
   in.staged = op->device() >= 0;
+  in.any_alignment = route.direct;
+  if (route.direct) in.workers = route_workers_.size();
   std::vector<Slice> slices = plan_request(in);
 
   // Open the buffered descriptor now if the plan needs one, so that failure is reported to
   // the submitter rather than later.
-  if (opened.direct) {
+  if (opened.direct && !route.direct) {
     const bool needs_buffered = std::any_of(slices.begin(), slices.end(), [](const Slice& s) {
       return std::any_of(s.segments.begin(), s.segments.end(),
                          [](const Segment& g) { return g.mode == SegmentMode::Buffered; });
@@ -224,7 +259,10 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
     return;
   }
   op->set_slices(static_cast<int>(slices.size()));
-  for (Slice& s : slices) workers_[s.worker]->enqueue(SliceTask{op, std::move(s.segments)});
+  auto& workers = route.direct ? route_workers_ : workers_;
+  for (Slice& s : slices) {
+    workers[s.worker]->enqueue(SliceTask{op, std::move(s.segments), route.file, route.direct});
+  }
 }
 
 void Engine::track(const std::shared_ptr<OpState>& op) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_route.hpp"
 #include "core/op.hpp"
 #include "core/worker.hpp"
 #include "engine/device.hpp"
@@ -26,9 +27,17 @@
 
 namespace deepio::detail {
 
+/// What a handle is built with beyond its options.
+struct EngineSetup {
+  /// How device memory is recognised and staged; empty classify: device_support().
+  DeviceSupport device;
+  /// A way for device memory to reach files without staging (GdsHandle); null: always staged.
+  std::shared_ptr<DeviceRoute> route;
+};
+
 class Engine {
  public:
-  explicit Engine(const HandleOptions& options);
+  explicit Engine(const HandleOptions& options, EngineSetup setup = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -44,12 +53,22 @@ class Engine {
   [[nodiscard]] const HandleOptions& options() const noexcept { return options_; }
   [[nodiscard]] BackendKind backend() const noexcept { return kind_; }
   [[nodiscard]] HandleStats stats() const noexcept;
+  /// The raw counters (GdsHandle reads the device ones).
+  [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
 
  private:
   struct Opened;
+  /// How an op on device memory goes: through the route's backend (direct) or staged; file
+  /// is the route's registration, kept by every slice until the op's requests are done.
+  struct Route {
+    bool direct = false;
+    std::shared_ptr<const DriverFile> file;
+  };
+  Route bind_route(OpState& op, void* buf, const Opened& opened);
+  void start_route_workers(const WorkerConfig& wc);
   void open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out);
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                const Opened& opened);
+                const Opened& opened, Route route);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
   /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
   /// ops from the front on the way).
@@ -62,7 +81,9 @@ class Engine {
   Counters counters_;
   CompletionSignal signal_;
   std::atomic<std::uint64_t> submitted_{0};
+  std::shared_ptr<DeviceRoute> route_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<Worker>> route_workers_;  // the route's backends, if it has any
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<OpState>> unclaimed_;  // guarded by mutex_

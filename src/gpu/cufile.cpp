@@ -1,5 +1,7 @@
 #include "gpu/cufile.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <new>
@@ -110,6 +112,8 @@ Global& global() noexcept {
 }
 
 }  // namespace
+
+bool nvidia_fs_loaded() noexcept { return ::access("/proc/driver/nvidia-fs/version", F_OK) == 0; }
 
 bool cufile_unsupported(CUfileOpError err) noexcept {
   switch (err) {

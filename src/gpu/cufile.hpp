@@ -184,6 +184,9 @@ class DriverRef {
   CuFileApi* api_ = nullptr;
 };
 
+/// Whether the nvidia-fs kernel module is loaded (/proc/driver/nvidia-fs/version).
+bool nvidia_fs_loaded() noexcept;
+
 /// The process-wide CuFileApi as a mutable object for DriverRef (same object as cufile()).
 CuFileApi* cufile_mutable(Status* why) noexcept;
 

@@ -4,7 +4,6 @@
 #include "deepio/gpu.hpp"
 #include "gpu/cuda.hpp"
 #include "gpu/cufile.hpp"
-#include "gpu/gds_engine.hpp"
 
 namespace deepio {
 

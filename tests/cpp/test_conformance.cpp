@@ -1,7 +1,12 @@
 // The conformance suite: the specification every backend must meet. Each test runs once per
-// backend; a backend that cannot be set up here skips with its reason.
+// backend; a backend that cannot be set up here skips with its reason. It runs a fourth time
+// over the GPUDirect Storage route (GdsHandle, cuFile's backend) with the fake CUDA driver
+// treating every test buffer as device memory: that instance needs DEEPIO_CUDA_LIBRARY and
+// DEEPIO_CUFILE_LIBRARY pointed at the fakes (the CTest entry deepio_tests.gds does) and skips
+// otherwise. Tests of host-path counters (direct, bounced, buffered bytes) skip there.
 //
 // Byte-for-byte checks are against plain pread()/pwrite() on the same files.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -9,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "deepio/gpu.hpp"
 #include "platform/fault.hpp"
 #include "common/support.hpp"
 
@@ -20,7 +26,80 @@ using test::pattern;
 using test::put;
 using test::slurp;
 
-using Conformance = test::BackendTest;
+// A backend, or the GDS route (kind ignored).
+struct Variant {
+  BackendKind kind = BackendKind::Auto;
+  bool gds = false;
+};
+
+std::string variant_name(const testing::TestParamInfo<Variant>& info) {
+  return info.param.gds ? "gds" : std::string(to_string(info.param.kind));
+}
+
+// Turns the fake driver's "every buffer is device memory" switch on or off; false when the
+// process did not load the fake (a real driver, or none).
+bool adopt_all(bool on) {
+  const char* lib = std::getenv("DEEPIO_CUDA_LIBRARY");
+  if (lib == nullptr || *lib == '\0') return false;
+  void* h = ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  auto* fn = reinterpret_cast<void (*)(int)>(::dlsym(h, "deepio_fake_cuda_adopt_all"));
+  if (fn != nullptr) fn(on ? 1 : 0);
+  ::dlclose(h);
+  return fn != nullptr;
+}
+
+class Conformance : public testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override {
+    if (gds()) {
+      const GpuInfo info = gpu_info();  // loads the drivers named by the environment
+      if (!info.cuda_found || !info.cufile_found) {
+        GTEST_SKIP() << "no CUDA/cuFile: " << info.cuda_reason << info.cufile_reason;
+      }
+      if (!adopt_all(true)) {
+        GTEST_SKIP() << "the GDS instance needs the fake CUDA driver (DEEPIO_CUDA_LIBRARY)";
+      }
+      return;
+    }
+    std::string why;
+    if (!test::backend_available(GetParam().kind, &why)) {
+      GTEST_SKIP() << to_string(GetParam().kind) << ": " << why;
+    }
+  }
+  void TearDown() override {
+    detail::set_fault_hook({});
+    if (gds()) {
+      // Every test really went through cuFile, not through staging or the host path.
+      for (const auto& h : made_) EXPECT_EQ(h->stats().bytes_staged, 0u);
+      std::uint64_t cufile = 0;
+      for (const auto& h : made_) cufile += h->stats().bytes_cufile;
+      if (!made_.empty()) {
+        EXPECT_GT(cufile, 0u) << "no byte went through cuFile";
+      }
+      adopt_all(false);
+    }
+  }
+  [[nodiscard]] bool gds() const { return GetParam().gds; }
+  /// `o` with this test's backend.
+  [[nodiscard]] HandleOptions opts(HandleOptions o = {}) const {
+    if (!gds()) o.backend = GetParam().kind;
+    return o;
+  }
+  /// A Handle, or for the GDS instance a GdsHandle with the same options.
+  std::shared_ptr<Handle> make(const HandleOptions& o) {
+    if (!gds()) return std::make_shared<Handle>(o);
+    auto h = std::make_shared<GdsHandle>(GdsOptions{.block_size = o.block_size, .queue_depth = o.queue_depth,
+                                                    .single_submit = o.single_submit,
+                                                    .overlap_events = o.overlap_events,
+                                                    .intra_op_parallelism = o.intra_op_parallelism,
+                                                    .mode = GdsMode::CuFile});
+    made_.push_back(h);
+    return h;
+  }
+  test::TempDir dir_;
+  std::vector<std::shared_ptr<GdsHandle>> made_;  // kept for TearDown's check of their stats
+};
 
 // Writes `n` bytes at `offset` from a buffer misaligned by `misalign`, checks the file, then
 // reads them back into another misaligned buffer and checks memory.
@@ -49,7 +128,8 @@ void round_trip(Handle& h, const std::string& path, std::size_t n, std::uint64_t
 }
 
 TEST_P(Conformance, SizesOffsetsAndBufferAlignments) {
-  Handle h(opts({.block_size = 64 << 10, .queue_depth = 8, .overlap_events = true}));
+  auto h_owner = make(opts({.block_size = 64 << 10, .queue_depth = 8, .overlap_events = true}));
+  Handle& h = *h_owner;
   const std::string path = dir_.file("f");
   put(path, pattern(3 << 20, 99));  // existing content that must survive around each write
   std::uint32_t seed = 1;
@@ -64,14 +144,16 @@ TEST_P(Conformance, SizesOffsetsAndBufferAlignments) {
 }
 
 TEST_P(Conformance, LargeUnalignedTransfer) {
-  Handle h(opts({.queue_depth = 32, .overlap_events = true, .intra_op_parallelism = 3}));
+  auto h_owner = make(opts({.queue_depth = 32, .overlap_events = true, .intra_op_parallelism = 3}));
+  Handle& h = *h_owner;
   round_trip(h, dir_.file("big"), (64ul << 20) + 17, 4096 * 3 + 5, 0, 7);
 }
 
 TEST_P(Conformance, ParallelismWithIndivisibleSizes) {
   const std::string path = dir_.file("p");
   for (std::size_t p = 1; p <= 8; ++p) {
-    Handle h(opts({.block_size = 8192, .queue_depth = 4, .intra_op_parallelism = p}));
+    auto h_owner = make(opts({.block_size = 8192, .queue_depth = 4, .intra_op_parallelism = p}));
+    Handle& h = *h_owner;
     const std::size_t n = 1000003 + p;  // a prime plus p: never divisible by p * 512
     round_trip(h, path, n, p * 333, p % 2 == 0 ? 0 : 64, static_cast<std::uint32_t>(p));
     if (HasFatalFailure()) return;
@@ -81,7 +163,8 @@ TEST_P(Conformance, ParallelismWithIndivisibleSizes) {
 TEST_P(Conformance, BlockSizesBelowAlignmentAndOdd) {
   const std::string path = dir_.file("b");
   for (std::size_t block : {1ul, 100ul, 512ul, 4097ul, 65536ul + 1}) {
-    Handle h(opts({.block_size = block, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+    auto h_owner = make(opts({.block_size = block, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+    Handle& h = *h_owner;
     round_trip(h, path, 300000, 4096, 0, static_cast<std::uint32_t>(block));
     if (HasFatalFailure()) return;
   }
@@ -93,7 +176,8 @@ TEST_P(Conformance, QueueDepthsAndSubmitModes) {
   for (std::size_t qd : {1ul, 2ul, 7ul, 64ul, 256ul}) {
     for (bool single : {false, true}) {
       for (bool overlap : {false, true}) {
-        Handle h(opts({.block_size = 16384, .queue_depth = qd, .single_submit = single, .overlap_events = overlap}));
+        auto h_owner = make(opts({.block_size = 16384, .queue_depth = qd, .single_submit = single, .overlap_events = overlap}));
+        Handle& h = *h_owner;
         ++seed;
         round_trip(h, path, (1 << 20) + 4096 * 3, 8192, seed % 2 == 0 ? 0 : 8, seed);
         if (HasFatalFailure()) return;
@@ -103,7 +187,8 @@ TEST_P(Conformance, QueueDepthsAndSubmitModes) {
 }
 
 TEST_P(Conformance, ManyAsyncOpsThenOneWait) {
-  Handle h(opts({.block_size = 65536, .queue_depth = 32, .overlap_events = true}));
+  auto h_owner = make(opts({.block_size = 65536, .queue_depth = 32, .overlap_events = true}));
+  Handle& h = *h_owner;
   constexpr int kFiles = 200;
   std::vector<std::vector<std::byte>> data;
   for (int i = 0; i < kFiles; ++i) data.push_back(pattern(65536 + static_cast<std::size_t>(i) * 13, static_cast<std::uint32_t>(i)));
@@ -123,7 +208,8 @@ TEST_P(Conformance, ManyAsyncOpsThenOneWait) {
 }
 
 TEST_P(Conformance, SyncCallDrainsEarlierAsyncOps) {
-  Handle h(opts());
+  auto h_owner = make(opts());
+  Handle& h = *h_owner;
   auto a = pattern(10000, 1), b = pattern(20000, 2);
   h.async_pwrite(a.data(), a.size(), dir_.file("a"));
   EXPECT_EQ(h.sync_pwrite(b.data(), b.size(), dir_.file("b")), 2u) << "DeepNVMe: count includes earlier async ops";
@@ -132,7 +218,8 @@ TEST_P(Conformance, SyncCallDrainsEarlierAsyncOps) {
 }
 
 TEST_P(Conformance, FutureReportsCompletionAndBytes) {
-  Handle h(opts());
+  auto h_owner = make(opts());
+  Handle& h = *h_owner;
   auto a = pattern(123457, 3);
   Future f = h.async_pwrite(a.data(), a.size(), dir_.file("fut"));
   EXPECT_EQ(f.get(), a.size());
@@ -147,13 +234,15 @@ TEST_P(Conformance, FutureReportsCompletionAndBytes) {
 }
 
 TEST_P(Conformance, ConcurrentThreadsOnOneHandleAndAcrossHandles) {
-  Handle shared(opts({.block_size = 32768, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+  auto shared_owner = make(opts({.block_size = 32768, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+  Handle& shared = *shared_owner;
   constexpr int kThreads = 6, kOps = 20;
   std::atomic<std::size_t> counted{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      Handle own(opts({.queue_depth = 8}));
+      auto own_owner = make(opts({.queue_depth = 8}));
+      Handle& own = *own_owner;
       for (int i = 0; i < kOps; ++i) {
         const auto data = pattern(50000 + static_cast<std::size_t>(i), static_cast<std::uint32_t>(t * 100 + i));
         const std::string path = dir_.file("t" + std::to_string(t) + "_" + std::to_string(i));
@@ -174,7 +263,8 @@ TEST_P(Conformance, ConcurrentThreadsOnOneHandleAndAcrossHandles) {
 }
 
 TEST_P(Conformance, ConcurrentWaitersEachOpCountedOnce) {
-  Handle h(opts({.block_size = 4096, .queue_depth = 4}));
+  auto h_owner = make(opts({.block_size = 4096, .queue_depth = 4}));
+  Handle& h = *h_owner;
   constexpr int kOps = 64;
   std::vector<std::vector<std::byte>> data;
   for (int i = 0; i < kOps; ++i) data.push_back(pattern(200000, static_cast<std::uint32_t>(i)));
@@ -193,7 +283,8 @@ TEST_P(Conformance, DescriptorVariantsDirectAndBuffered) {
   for (int extra : {0, O_DIRECT}) {
     const int fd = ::open(path.c_str(), O_RDWR | extra | O_CLOEXEC);
     ASSERT_GE(fd, 0);
-    Handle h(opts({.block_size = 65536, .intra_op_parallelism = 2}));
+    auto h_owner = make(opts({.block_size = 65536, .intra_op_parallelism = 2}));
+    Handle& h = *h_owner;
     const auto data = pattern(300001, static_cast<std::uint32_t>(extra + 1));
     h.async_pwrite(data.data(), data.size(), fd, 4097);
     EXPECT_EQ(h.wait(), 1u);
@@ -210,9 +301,11 @@ TEST_P(Conformance, DescriptorVariantsDirectAndBuffered) {
 }
 
 TEST_P(Conformance, DirectIoReallyHappensOnAlignedRequests) {
+  if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
   const auto info = probe_direct_io(dir_.path().string());
   if (!info.supported) GTEST_SKIP() << "no O_DIRECT here: " << info.reason;
-  Handle h(opts({.direct_io = DirectIo::On}));
+  auto h_owner = make(opts({.direct_io = DirectIo::On}));
+  Handle& h = *h_owner;
   PinnedBuffer buf(4 << 20);
   std::memset(buf.data(), 7, buf.size());
   h.sync_pwrite(buf.data(), buf.size(), dir_.file("d"));
@@ -225,9 +318,11 @@ TEST_P(Conformance, DirectIoReallyHappensOnAlignedRequests) {
 }
 
 TEST_P(Conformance, MisalignedBufferBouncesAndStaysCorrect) {
+  if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
   const auto info = probe_direct_io(dir_.path().string());
   if (!info.supported || info.mem_align <= 1) GTEST_SKIP() << "bounce needs a memory alignment > 1";
-  Handle h(opts());
+  auto h_owner = make(opts());
+  Handle& h = *h_owner;
   OffsetBuffer src(1 << 20, 1);
   src.fill(pattern(1 << 20, 11));
   h.sync_pwrite(src.data(), src.size(), dir_.file("bounce"));
@@ -236,11 +331,13 @@ TEST_P(Conformance, MisalignedBufferBouncesAndStaysCorrect) {
 }
 
 TEST_P(Conformance, TmpfsFileWorksWhateverItsDirectIoSupport) {
+  if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
   // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since; both must work and the
   // statistics must say which happened.
-  const std::string path = "/dev/shm/deepio-test-" + std::to_string(::getpid()) + "-" + std::string(to_string(GetParam()));
+  const std::string path = "/dev/shm/deepio-test-" + std::to_string(::getpid()) + "-" + std::string(to_string(GetParam().kind));
   const bool direct = probe_direct_io("/dev/shm").supported;
-  Handle h(opts());
+  auto h_owner = make(opts());
+  Handle& h = *h_owner;
   const auto data = pattern((1 << 20) + 3, 21);
   h.sync_pwrite(data.data(), data.size(), path);
   std::vector<std::byte> back(data.size());
@@ -259,12 +356,14 @@ TEST_P(Conformance, TmpfsFileWorksWhateverItsDirectIoSupport) {
 // A file system that refuses O_DIRECT at open (older tmpfs, some FUSE): simulated with the
 // fault hook, which fails every open that asks for O_DIRECT with EINVAL as such kernels do.
 TEST_P(Conformance, FileSystemRefusingDirectIoFallsBackVisibly) {
+  if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
   detail::set_fault_hook([](const detail::FaultSite& s) -> std::optional<std::int64_t> {
     if (s.point == detail::FaultPoint::Open && (s.flags & O_DIRECT) != 0) return -EINVAL;
     return std::nullopt;
   });
   const std::string path = dir_.file("nodirect");
-  Handle h(opts());
+  auto h_owner = make(opts());
+  Handle& h = *h_owner;
   const auto data = pattern((1 << 20) + 3, 21);
   h.sync_pwrite(data.data(), data.size(), path);
   std::vector<std::byte> back(data.size());
@@ -272,7 +371,8 @@ TEST_P(Conformance, FileSystemRefusingDirectIoFallsBackVisibly) {
   EXPECT_EQ(back, data);
   EXPECT_EQ(h.stats().direct_refused, 2u);
   EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);
-  Handle strict(opts({.direct_io = DirectIo::On}));
+  auto strict_owner = make(opts({.direct_io = DirectIo::On}));
+  Handle& strict = *strict_owner;
   try {
     strict.sync_pwrite(data.data(), data.size(), path);
     ADD_FAILURE() << "direct_io=on must fail where O_DIRECT is refused";
@@ -284,12 +384,17 @@ TEST_P(Conformance, FileSystemRefusingDirectIoFallsBackVisibly) {
 }
 
 TEST_P(Conformance, BufferedModeMatchesPlainIo) {
-  Handle h(opts({.block_size = 4096, .queue_depth = 8, .intra_op_parallelism = 3, .direct_io = DirectIo::Off}));
+  if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
+  auto h_owner = make(opts({.block_size = 4096, .queue_depth = 8, .intra_op_parallelism = 3, .direct_io = DirectIo::Off}));
+  Handle& h = *h_owner;
   round_trip(h, dir_.file("off"), 1234567, 33, 5, 77);
   EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);
 }
 
-DEEPIO_INSTANTIATE_FOR_BACKENDS(Conformance);
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         testing::Values(Variant{BackendKind::IoUring}, Variant{BackendKind::Libaio},
+                                         Variant{BackendKind::Threads}, Variant{BackendKind::Auto, true}),
+                         variant_name);
 
 }  // namespace
 }  // namespace deepio

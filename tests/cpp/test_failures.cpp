@@ -264,7 +264,8 @@ TEST_P(Failures, InjectedShortTransfersAreFinished) {
 TEST_P(Failures, InjectedEAGAINAndEINTRAreRetried) {
   std::atomic<int> n{0};
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
-    if (s.point != FaultPoint::Open && n < 20) return ++n % 2 == 0 ? -EAGAIN : -EINTR;
+    const bool io = s.point == FaultPoint::Read || s.point == FaultPoint::Write;
+    if (io && n < 20) return ++n % 2 == 0 ? -EAGAIN : -EINTR;
     return std::nullopt;
   });
   Handle h(opts({.block_size = 65536}));

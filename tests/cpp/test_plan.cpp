@@ -78,6 +78,53 @@ TEST(Plan, RandomRequestsKeepInvariants) {
   }
 }
 
+// A backend that takes any alignment (GPUDirect Storage): every byte Direct, each worker's
+// share a run of whole blocks counted from the request's start (only the last is shorter),
+// workers in order, and the requests a worker cuts are exactly block_size but the very last.
+TEST(Plan, AnyAlignmentIsWholeBlocksFromTheRequestStart) {
+  std::mt19937_64 rng(777);
+  alignas(4096) static std::byte arena[1 << 16];
+  for (int i = 0; i < 20000; ++i) {
+    PlanInput in;
+    in.buf = arena + rng() % 8192;
+    in.nbytes = rng() % 3 == 0 ? rng() % 100 : rng() % (16u << 20);
+    in.file_offset = rng() % (1ull << 34);
+    in.direct = rng() % 2 == 0;
+    in.mem_align = 4096;
+    in.offset_align = 4096;
+    in.block_size = 1 + rng() % (2 << 20);
+    in.workers = 1 + rng() % 9;
+    in.any_alignment = true;
+    const auto slices = plan_request(in);
+    if (in.nbytes == 0) {
+      ASSERT_TRUE(slices.empty());
+      continue;
+    }
+    std::uint64_t pos = in.file_offset;
+    std::size_t last_worker = 0;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      const auto& s = slices[k];
+      ASSERT_LT(s.worker, in.workers);
+      if (k > 0) {
+        ASSERT_GT(s.worker, last_worker);
+      }
+      last_worker = s.worker;
+      ASSERT_EQ(s.segments.size(), 1u);
+      const auto& g = s.segments[0];
+      ASSERT_EQ(g.mode, SegmentMode::Direct);
+      ASSERT_EQ(g.file_offset, pos) << "case " << i;
+      ASSERT_EQ(g.buf, in.buf + (g.file_offset - in.file_offset));
+      ASSERT_EQ(g.chunk, in.block_size);
+      ASSERT_EQ((g.file_offset - in.file_offset) % in.block_size, 0u) << "block boundary";
+      pos += g.nbytes;
+      if (pos != in.file_offset + in.nbytes) {
+        ASSERT_EQ(g.nbytes % in.block_size, 0u);
+      }
+    }
+    ASSERT_EQ(pos, in.file_offset + in.nbytes);
+  }
+}
+
 TEST(Plan, AlignedRequestIsAllDirectAndEvenlySplit) {
   alignas(4096) static std::byte arena[1 << 12];
   PlanInput in{arena, std::size_t{64} << 20, 0, true, 512, 512, 4096, 1 << 20, 4, 1 << 20};

@@ -8,7 +8,8 @@
  *   deepio_fake_cuda_set_result(name, result, after): the entry point `name` returns `result`
  *     once, after `after` more successful calls; name NULL clears.
  *   deepio_fake_cuda_set_device_count(n), deepio_fake_cuda_live_allocations(),
- *   deepio_fake_cuda_find(ptr, size, &base, &nbytes) (used by the fake cuFile). */
+ *   deepio_fake_cuda_find(ptr, size, &base, &nbytes) (used by the fake cuFile),
+ *   deepio_fake_cuda_adopt_all(on): every address but registered host memory is device memory. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,10 +48,28 @@ static CUresult injected(const char* name) {
   return r;
 }
 
+static int adopt_all;  /* guarded by lock */
+static int find_host(uintptr_t p);
+
+/* Every address that is not registered host memory counts as device memory of device 0 (its
+ * own allocation): lets the engine's conformance suite run unchanged over the GDS route. */
+EXPORT void deepio_fake_cuda_adopt_all(int on) {
+  pthread_mutex_lock(&lock);
+  adopt_all = on;
+  pthread_mutex_unlock(&lock);
+}
+
 /* Finds the device allocation holding [p, p+n); returns 1 and its base/size. */
 EXPORT int deepio_fake_cuda_find(uintptr_t p, size_t n, uintptr_t* base, size_t* nbytes) {
   int found = 0;
   pthread_mutex_lock(&lock);
+  if (adopt_all) {
+    pthread_mutex_unlock(&lock);
+    if (find_host(p)) return 0;
+    if (base) *base = p;
+    if (nbytes) *nbytes = n;
+    return 1;
+  }
   for (int i = 0; i < MAX_ALLOCS; ++i) {
     if (allocs[i].base != 0 && !allocs[i].host_registered && p >= allocs[i].base &&
         p < allocs[i].base + allocs[i].nbytes && n <= allocs[i].base + allocs[i].nbytes - p) {

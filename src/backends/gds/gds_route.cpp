@@ -1,0 +1,361 @@
+#include "backends/gds/gds_route.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <deque>
+#include <unordered_map>
+
+namespace deepio::detail::gpu {
+
+namespace {
+
+// Registrations made while cuFile is absent (staging only): same bookkeeping, no cuFile
+// calls. Process-wide like cuFile's own.
+BufferRegistry& staging_registry() {
+  static BufferRegistry registry;
+  return registry;
+}
+
+std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// One operation's registration: the cuFile handle of its file (null when staged) and the
+// pinned buffer it uses (if any). Ends the registration when the engine drops it.
+class GdsFile final : public DriverFile {
+ public:
+  GdsFile(GdsRoute* route, int ordinal) : route_(route), ordinal_(ordinal) {}
+  ~GdsFile() override { route_->release(fh, ordinal_, registry, registry_key); }
+  GdsFile(const GdsFile&) = delete;
+  GdsFile& operator=(const GdsFile&) = delete;
+
+  [[nodiscard]] int ordinal() const noexcept { return ordinal_; }
+
+  CUfileHandle_t fh = nullptr;
+  std::uintptr_t base = 0;  ///< registered buffer base, 0: unregistered (cuFile bounces)
+  BufferRegistry* registry = nullptr;
+  std::uintptr_t registry_key = 0;
+
+ private:
+  GdsRoute* route_;
+  int ordinal_;
+};
+
+// The synchronous cuFile backend of one route worker.
+class GdsBackend final : public Backend {
+ public:
+  GdsBackend(std::shared_ptr<GdsRoute> route, CuFileApi* api) : route_(std::move(route)), api_(api) {}
+
+  [[nodiscard]] const char* name() const noexcept override { return "cufile"; }
+
+  int submit(std::span<const Request> reqs) override {
+    for (const Request& r : reqs) done_.push_back({r.tag, run(r), false});
+    return static_cast<int>(reqs.size());
+  }
+
+  int reap(std::span<Completion> out, std::size_t /*min: results are ready at submission*/) override {
+    std::size_t n = 0;
+    while (n < out.size() && !done_.empty()) {
+      out[n++] = done_.front();
+      done_.pop_front();
+    }
+    return static_cast<int>(n);
+  }
+
+  std::string take_error_text(std::uint64_t tag) override {
+    auto it = errors_.find(tag);
+    if (it == errors_.end()) return {};
+    std::string text = std::move(it->second);
+    errors_.erase(it);
+    return text;
+  }
+
+ private:
+  std::int64_t fail(const Request& r, Status st) {
+    errors_[r.tag] = std::move(st.message);
+    return -static_cast<std::int64_t>(st.errnum != 0 ? st.errnum : EIO);
+  }
+
+  std::int64_t run(const Request& r) {
+    const auto& f = static_cast<const GdsFile&>(*r.driver_file);
+    if (f.ordinal() != current_) {
+      Status st = route_->make_current(f.ordinal());
+      if (!st.ok()) return fail(r, std::move(st));
+      current_ = f.ordinal();
+    }
+    const std::uintptr_t p = address(r.buf);
+    const std::uintptr_t base = f.base != 0 ? f.base : p;
+    const auto base_offset = static_cast<off_t>(p - base);
+    const auto file_offset = static_cast<off_t>(r.offset);
+    errno = 0;
+    const ssize_t n = r.write ? api_->cuFileWrite(f.fh, reinterpret_cast<const void*>(base), r.len, file_offset,
+                                                  base_offset)
+                              : api_->cuFileRead(f.fh, reinterpret_cast<void*>(base), r.len, file_offset, base_offset);
+    const int saved = errno;
+    if (n >= 0) return n;
+    return fail(r, cufile_io_status(route_->cuda(), n, saved, r.write ? "cuFileWrite" : "cuFileRead"));
+  }
+
+  std::shared_ptr<GdsRoute> route_;
+  CuFileApi* api_;
+  int current_ = -1;  // device whose context is current on this worker thread
+  std::deque<Completion> done_;
+  std::unordered_map<std::uint64_t, std::string> errors_;
+};
+
+}  // namespace
+
+GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi* cufile_api,
+                   const Status& cufile_why)
+    : mode_setting_(options.mode), cuda_(cuda_api) {
+  std::string reason;
+  if (options.mode == GdsMode::Compat) {
+    reason = "compatibility mode requested: POSIX I/O staged through host memory";
+  } else if (cufile_api == nullptr) {
+    const std::string why = cufile_why.message.empty() ? "cuFile not loaded" : cufile_why.message;
+    if (options.mode == GdsMode::CuFile) throw_error(ENOTSUP, "GdsHandle (mode CuFile): " + why);
+    reason = why + "; POSIX I/O staged through host memory";
+  } else {
+    Status st = DriverRef::acquire(cufile_api, cuda_, options.block_size / 1024, &driver_);
+    if (!st.ok()) {
+      if (options.mode == GdsMode::CuFile) throw_error(st.errnum, "GdsHandle: " + st.message);
+      reason = st.message + "; POSIX I/O staged through host memory";
+    } else {
+      cufile_ = cufile_api;
+      bool direct = nvidia_fs_loaded();
+      if (cufile_->cuFileDriverGetProperties != nullptr) {
+        CUfileDrvProps_t props{};
+        if (cufile_->cuFileDriverGetProperties(&props).err == CU_FILE_SUCCESS) {
+          direct = direct || props.nvfs.major_version > 0 ||
+                   (props.nvfs.dstatusflags & (1u << CU_FILE_NVME_P2P_SUPPORTED_BIT)) != 0;
+        }
+      }
+      if (!direct) {
+        reason = "nvidia-fs not loaded and no P2PDMA support reported: cuFile runs in its compatibility mode";
+      }
+      std::lock_guard lock(cufile_->driver_mutex);
+      if (!cufile_->driver_note.empty()) reason += (reason.empty() ? "" : "; ") + cufile_->driver_note;
+      gds_ = direct;
+    }
+  }
+  mode_reason_ = reason;
+}
+
+GdsRoute::~GdsRoute() {
+  // Release the driver with a context current (cuFileBufDeregister of leftover pins may need
+  // one), then the retained primary contexts.
+  if (!contexts_.empty()) (void)cuda_->cuCtxSetCurrent(contexts_.begin()->second);
+  driver_.reset();
+  for (auto& [ordinal, ctx] : contexts_) {
+    CUdevice dev = 0;
+    if (cuda_->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS) (void)cuda_->cuDevicePrimaryCtxRelease(dev);
+  }
+}
+
+std::unique_ptr<Backend> GdsRoute::make_backend() { return std::make_unique<GdsBackend>(shared_from_this(), cufile_); }
+
+BufferRegistry& GdsRoute::registry() noexcept { return cufile_ != nullptr ? cufile_->buffers : staging_registry(); }
+
+Status GdsRoute::make_current(int ordinal) {
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard lock(contexts_mutex_);
+    auto it = contexts_.find(ordinal);
+    if (it != contexts_.end()) {
+      ctx = it->second;
+    } else {
+      CUdevice dev = 0;
+      CUresult r = cuda_->cuDeviceGet(&dev, ordinal);
+      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDeviceGet");
+      r = cuda_->cuDevicePrimaryCtxRetain(&ctx, dev);
+      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDevicePrimaryCtxRetain");
+      contexts_.emplace(ordinal, ctx);
+    }
+  }
+  const CUresult r = cuda_->cuCtxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuCtxSetCurrent");
+  return Status::success();
+}
+
+void GdsRoute::note_fallback(const std::string& why) {
+  files_fallback_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(mode_mutex_);
+  if (gds_ || mode_reason_.find(why) == std::string::npos) mode_reason_ += (mode_reason_.empty() ? "" : "; ") + why;
+  gds_ = false;
+}
+
+Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<const DriverFile>* out) {
+  const char* verb = what.write ? "GDS write" : "GDS read";
+  const std::string& path = *what.path;
+  const std::uintptr_t p = address(what.buf);
+  auto file = std::make_shared<GdsFile>(this, what.device);
+  *staged = true;
+
+  // Registration lookup, range-checked (DeepNVMe only checked the base).
+  BufferRegistry& reg = registry();
+  {
+    std::lock_guard lock(reg.mutex);
+    auto it = reg.entries.upper_bound(p);
+    if (it != reg.entries.begin()) {
+      --it;
+      const std::uintptr_t base = it->first;
+      if (p < base + it->second.nbytes) {
+        if (what.nbytes > base + it->second.nbytes - p) {
+          return Status::failure(EINVAL,
+                                 std::string(verb) + ": buffer " + hex(p) + " + " + std::to_string(what.nbytes) +
+                                     " bytes crosses the end of pinned buffer " + hex(base) + " (" +
+                                     std::to_string(it->second.nbytes) + " bytes)",
+                                 path, what.file_offset, what.nbytes);
+        }
+        ++it->second.in_flight;
+        file->registry = &reg;
+        file->registry_key = base;
+        if (it->second.cufile_registered) file->base = base;
+      }
+    }
+  }
+  if (cufile_ == nullptr) {
+    *out = std::move(file);  // staged; the buffer stays marked in use until the op completes
+    return Status::success();
+  }
+  Status st = make_current(what.device);
+  if (!st.ok()) return Status::failure(st.errnum, std::string(verb) + ": " + st.message, path, what.file_offset, what.nbytes);
+  CUfileDescr_t descr{};
+  descr.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+  descr.handle.fd = what.fd;
+  descr.fs_ops = nullptr;
+  CUfileHandle_t fh = nullptr;
+  const CUfileError_t e = cufile_->cuFileHandleRegister(&fh, &descr);
+  if (e.err != CU_FILE_SUCCESS) {
+    const Status rs = cufile_status(cuda_, e, "cuFileHandleRegister");
+    if (mode_setting_ != GdsMode::Auto || !cufile_unsupported(e.err)) {
+      return Status::failure(rs.errnum, std::string(verb) + ": " + rs.message, path, what.file_offset, what.nbytes);
+    }
+    note_fallback(rs.message + " for '" + path + "': staged through host memory");
+    *out = std::move(file);
+    return Status::success();
+  }
+  file->fh = fh;
+  *staged = false;
+  *out = std::move(file);
+  return Status::success();
+}
+
+void GdsRoute::release(CUfileHandle_t fh, int ordinal, BufferRegistry* reg, std::uintptr_t key) noexcept {
+  if (fh != nullptr) {
+    (void)make_current(ordinal);
+    cufile_->cuFileHandleDeregister(fh);
+  }
+  if (reg != nullptr) {
+    std::lock_guard lock(reg->mutex);
+    auto it = reg->entries.find(key);
+    if (it != reg->entries.end() && it->second.in_flight > 0) --it->second.in_flight;
+  }
+}
+
+bool GdsRoute::pin(void* p, std::size_t nbytes) {
+  const std::uintptr_t a = address(p);
+  if (nbytes == 0) throw_error(EINVAL, "pin_device_buffer: nbytes is 0");
+  const DevicePointer where = classify(cuda_, p);
+  if (!where.is_device) throw_error(EINVAL, "pin_device_buffer: " + hex(a) + " is not CUDA device memory");
+  BufferRegistry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  auto next = reg.entries.lower_bound(a);
+  if (next != reg.entries.end() && next->first == a && next->second.nbytes == nbytes) return true;
+  if (next != reg.entries.end() && next->first < a + nbytes) {
+    throw_error(EEXIST, "pin_device_buffer: " + hex(a) + " overlaps pinned buffer " + hex(next->first));
+  }
+  if (next != reg.entries.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.nbytes > a) {
+      throw_error(EEXIST, "pin_device_buffer: " + hex(a) + " overlaps pinned buffer " + hex(prev->first));
+    }
+  }
+  BufferRegistry::Entry entry;
+  entry.nbytes = nbytes;
+  entry.ordinal = where.ordinal;
+  if (cufile_ != nullptr) {
+    Status st = make_current(where.ordinal);
+    if (!st.ok()) throw_error(st.errnum, "pin_device_buffer: " + st.message);
+    const CUfileError_t e = cufile_->cuFileBufRegister(p, nbytes, 0);
+    if (e.err != CU_FILE_SUCCESS) {
+      st = cufile_status(cuda_, e, "cuFileBufRegister");
+      throw_error(st.errnum, "pin_device_buffer: " + st.message, {}, 0, nbytes);
+    }
+    entry.cufile_registered = true;
+  }
+  reg.entries.emplace(a, entry);
+  return true;
+}
+
+bool GdsRoute::unpin(void* p) {
+  BufferRegistry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  auto it = reg.entries.find(address(p));
+  if (it == reg.entries.end()) return false;
+  if (it->second.in_flight != 0) {
+    throw_error(EBUSY, "unpin_device_buffer: " + std::to_string(it->second.in_flight) + " operation(s) on " +
+                           hex(it->first) + " still in flight");
+  }
+  if (it->second.cufile_registered) {
+    Status st = make_current(it->second.ordinal);
+    if (!st.ok()) throw_error(st.errnum, "unpin_device_buffer: " + st.message);
+    const CUfileError_t e = cufile_->cuFileBufDeregister(p);
+    if (e.err != CU_FILE_SUCCESS) {
+      st = cufile_status(cuda_, e, "cuFileBufDeregister");
+      throw_error(st.errnum, "unpin_device_buffer: " + st.message);
+    }
+  }
+  reg.entries.erase(it);
+  return true;
+}
+
+void* GdsRoute::new_pinned(std::size_t nbytes, int device) {
+  if (nbytes == 0) throw_error(EINVAL, "new_pinned_device_buffer: nbytes is 0");
+  Status st = make_current(device);
+  if (!st.ok()) throw_error(st.errnum, "new_pinned_device_buffer: " + st.message);
+  CUdeviceptr ptr = 0;
+  const CUresult r = cuda_->cuMemAlloc(&ptr, nbytes);
+  if (r != CUDA_SUCCESS) {
+    st = cuda_status(cuda_, r, "cuMemAlloc");
+    throw_error(st.errnum, "new_pinned_device_buffer: " + st.message, {}, 0, nbytes);
+  }
+  void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr));
+  try {
+    pin(p, nbytes);
+  } catch (...) {
+    (void)cuda_->cuMemFree(ptr);
+    throw;
+  }
+  return p;
+}
+
+bool GdsRoute::free_pinned(void* p) {
+  const DevicePointer where = classify(cuda_, p);
+  if (!unpin(p)) return false;
+  if (where.is_device) (void)make_current(where.ordinal);
+  const CUresult r = cuda_->cuMemFree(static_cast<CUdeviceptr>(address(p)));
+  if (r != CUDA_SUCCESS) {
+    const Status st = cuda_status(cuda_, r, "cuMemFree");
+    throw_error(st.errnum, "free_pinned_device_buffer: " + st.message);
+  }
+  return true;
+}
+
+std::string GdsRoute::mode() const {
+  std::lock_guard lock(mode_mutex_);
+  return gds_ ? "gds" : "compat";
+}
+
+std::string GdsRoute::mode_reason() const {
+  std::lock_guard lock(mode_mutex_);
+  return mode_reason_;
+}
+
+}  // namespace deepio::detail::gpu

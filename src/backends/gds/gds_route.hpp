@@ -1,0 +1,87 @@
+// GPUDirect Storage as a route of the engine: cuFile moves device memory to and from files,
+// one synchronous cuFileRead/cuFileWrite per request, on the engine's own workers.
+//
+// Lifecycle: a GdsRoute belongs to one GdsHandle. Its constructor decides the mode: Compat
+// never uses cuFile; Auto and CuFile take a DriverRef (the first one in the process opens the
+// cuFile driver, the last one closes it after deregistering leftover buffers). Auto falls back
+// to staging when cuFile is missing or its driver cannot be opened; CuFile throws instead.
+// bind() (DeviceRoute) runs per operation on device memory: it range-checks the buffer against
+// the pinned registrations, marks the registration in use, and registers the file with
+// cuFileHandleRegister. A refusal that means "GDS cannot serve this file" (cufile_unsupported)
+// makes the operation staged in Auto mode (recorded in mode_reason() and files_fallback) and
+// is an error in CuFile mode. The registration (GdsFile) ends when the engine drops it: after
+// the operation's last request, before its descriptor closes.
+//
+// Backend: make_backend() gives each route worker a synchronous backend (like the thread
+// pool's): submit() runs each request with the worker thread's CUDA context current for the
+// buffer's device and queues the result; reap() hands the results back. Negative cuFile
+// results become -errno with the cuFile error name kept for the failure message
+// (take_error_text). Short transfers are returned as they are: the worker resubmits the rest.
+//
+// Thread safety: bind(), pin/unpin and the mode accessors may be called from any thread;
+// contexts_ is guarded by contexts_mutex_, the mode by mode_mutex_, registry entries by the
+// registry's mutex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/device_route.hpp"
+#include "deepio/gpu.hpp"
+#include "gpu/cuda.hpp"
+#include "gpu/cufile.hpp"
+
+namespace deepio::detail::gpu {
+
+class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<GdsRoute> {
+ public:
+  /// cufile_api null: cuFile is absent (cufile_why says why). Throws deepio::Error as
+  /// GdsHandle's constructor documents.
+  GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi* cufile_api, const Status& cufile_why);
+  ~GdsRoute() override;
+  GdsRoute(const GdsRoute&) = delete;
+  GdsRoute& operator=(const GdsRoute&) = delete;
+
+  /// Whether cuFile is in use at all (else every operation is staged and no backend is needed).
+  [[nodiscard]] bool has_backend() const noexcept override { return cufile_ != nullptr; }
+  std::unique_ptr<Backend> make_backend() override;
+  Status bind(const DeviceBinding& what, bool* staged, std::shared_ptr<const DriverFile>* out) override;
+
+  bool pin(void* p, std::size_t nbytes);
+  bool unpin(void* p);
+  void* new_pinned(std::size_t nbytes, int device);
+  bool free_pinned(void* p);
+  [[nodiscard]] std::string mode() const;
+  [[nodiscard]] std::string mode_reason() const;
+  [[nodiscard]] std::uint64_t files_fallback() const noexcept { return files_fallback_.load(); }
+  [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
+
+  /// Makes the primary context of `ordinal` current on the calling thread (retained once).
+  Status make_current(int ordinal);
+  /// Ends a registration made by bind(): deregisters the cuFile handle, releases the buffer.
+  void release(CUfileHandle_t fh, int ordinal, BufferRegistry* registry, std::uintptr_t key) noexcept;
+
+ private:
+  BufferRegistry& registry() noexcept;
+  void note_fallback(const std::string& why);
+
+  GdsMode mode_setting_;
+  const CudaApi* cuda_;
+  CuFileApi* cufile_ = nullptr;  // null when cuFile is not used at all
+  DriverRef driver_;
+
+  mutable std::mutex mode_mutex_;
+  bool gds_ = false;         // guarded by mode_mutex_
+  std::string mode_reason_;  // guarded by mode_mutex_
+
+  std::mutex contexts_mutex_;
+  std::map<int, CUcontext> contexts_;  // retained primary contexts, guarded by contexts_mutex_
+
+  std::atomic<std::uint64_t> files_fallback_{0};
+};
+
+}  // namespace deepio::detail::gpu

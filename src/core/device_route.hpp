@@ -1,0 +1,51 @@
+// DeviceRoute: a way for device (GPU) memory to reach files without staging through host
+// memory — GPUDirect Storage. The engine asks it per operation; everything else about the
+// operation (planning, workers, futures, wait(), errors, descriptor back-pressure, the end of
+// file rule) is the engine's, identical for every route and for staging.
+//
+// Protocol:
+//  * make_backend() is called once per route worker when the engine starts; each backend is
+//    used only by its worker thread (core/backend.hpp).
+//  * bind() runs on the submitting thread for every operation on device memory, after the
+//    engine opened the file and checked the range. It either sets *staged = false and gives
+//    the registration the route's backend needs (*out), or sets *staged = true: "not through
+//    me" (the engine then stages the operation through host memory, as it would without a
+//    route; the route records why, for its mode report; *out may still hold something the
+//    route wants kept until the operation completes), or fails: a failed Status is raised
+//    to the submitter and nothing is queued.
+//  * The engine keeps *out until the operation's last request completed and drops it before
+//    the operation completes and its descriptors close.
+// Thread safety: bind() may be called from several threads at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+#include "platform/status.hpp"
+
+namespace deepio::detail {
+
+struct DeviceBinding {
+  int fd = -1;             ///< the descriptor the engine opened (O_DIRECT where accepted)
+  bool direct = false;     ///< fd has O_DIRECT
+  const void* buf = nullptr;
+  std::size_t nbytes = 0;
+  int device = -1;         ///< CUDA ordinal owning buf
+  bool write = false;
+  const std::string* path = nullptr;  ///< for messages
+  std::uint64_t file_offset = 0;
+};
+
+class DeviceRoute {
+ public:
+  virtual ~DeviceRoute() = default;
+  virtual std::unique_ptr<Backend> make_backend() = 0;
+  /// Whether make_backend() is needed at all (false: every operation will be staged).
+  [[nodiscard]] virtual bool has_backend() const noexcept = 0;
+  virtual Status bind(const DeviceBinding& what, bool* staged, std::shared_ptr<const DriverFile>* out) = 0;
+};
+
+}  // namespace deepio::detail

@@ -1,0 +1,92 @@
+// deepio::GdsHandle: a Handle whose engine has a GdsRoute, plus the route's own calls
+// (pinning device buffers, the mode report).
+#include "engine/cuda_stager.hpp"
+#include "engine/engine.hpp"
+#include "engine/gds.hpp"
+#include "backends/gds/gds_route.hpp"
+
+namespace deepio {
+
+namespace detail::gpu {
+
+namespace {
+
+HandleOptions handle_options(const GdsOptions& o) {
+  HandleOptions h;
+  h.block_size = o.block_size;
+  h.queue_depth = o.queue_depth;
+  h.single_submit = o.single_submit;
+  h.overlap_events = o.overlap_events;
+  h.intra_op_parallelism = o.intra_op_parallelism;
+  return h;
+}
+
+}  // namespace
+
+GdsParts make_gds_parts(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
+                        CuFileApi* cufile_api, const Status& cufile_why) {
+  if (cuda_api == nullptr) {
+    const int errnum = cuda_why.errnum != 0 ? cuda_why.errnum : ENOTSUP;
+    throw_error(errnum, "GdsHandle needs the CUDA driver: " +
+                            (cuda_why.message.empty() ? std::string("not loaded") : cuda_why.message));
+  }
+  const HandleOptions ho = handle_options(options);
+  EngineSetup setup;
+  setup.device = cuda_device_support(cuda_api);
+  // Options are validated by the engine (EINVAL); a route made for invalid options only
+  // opens and closes the driver reference.
+  auto route = std::make_shared<GdsRoute>(options, cuda_api, cufile_api, cufile_why);
+  setup.route = route;
+  GdsParts parts;
+  parts.engine = std::make_unique<Engine>(ho, std::move(setup));
+  parts.route = std::move(route);
+  return parts;
+}
+
+GdsHandle make_gds_handle(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
+                          CuFileApi* cufile_api, const Status& cufile_why) {
+  return GdsHandle(options, make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why));
+}
+
+}  // namespace detail::gpu
+
+namespace {
+detail::gpu::GdsParts default_parts(const GdsOptions& options) {
+  detail::Status cuda_why;
+  detail::Status cufile_why;
+  const auto* cuda_api = detail::gpu::cuda(&cuda_why);
+  auto* cufile_api = cuda_api != nullptr && options.mode != GdsMode::Compat ? detail::gpu::cufile_mutable(&cufile_why)
+                                                                              : nullptr;
+  return detail::gpu::make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why);
+}
+}  // namespace
+
+GdsHandle::GdsHandle(const GdsOptions& options) : GdsHandle(options, default_parts(options)) {}
+
+GdsHandle::GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept
+    : Handle(std::move(parts.engine)), gds_options_(options), route_(std::move(parts.route)) {}
+
+GdsHandle::~GdsHandle() = default;
+
+bool GdsHandle::pin_device_buffer(void* device_ptr, std::size_t nbytes) { return route_->pin(device_ptr, nbytes); }
+bool GdsHandle::unpin_device_buffer(void* device_ptr) { return route_->unpin(device_ptr); }
+void* GdsHandle::new_pinned_device_buffer(std::size_t nbytes, int device) {
+  return route_->new_pinned(nbytes, device);
+}
+bool GdsHandle::free_pinned_device_buffer(void* device_ptr) { return route_->free_pinned(device_ptr); }
+std::string GdsHandle::mode() const { return route_->mode(); }
+std::string GdsHandle::mode_reason() const { return route_->mode_reason(); }
+
+GdsStats GdsHandle::stats() const noexcept {
+  const detail::Counters& c = engine().counters();
+  GdsStats s;
+  s.ops_completed = c.ops_completed.load();
+  s.ops_failed = c.ops_failed.load();
+  s.chunks = c.device_requests.load();
+  s.bytes_cufile = c.bytes_gds.load();
+  s.bytes_staged = c.bytes_staged.load();
+  s.files_fallback = route_->files_fallback();
+  return s;
+}
+
+}  // namespace deepio
