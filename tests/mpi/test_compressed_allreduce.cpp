@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,17 +195,30 @@ TEST(CompressedAllreduce, ZeroInputStaysZero) {
 
 namespace {
 
-// Calls with sizes that may be wrong on some ranks; expects ArgumentError on EVERY rank whose
-// message contains `needle`, then proves the communicator is still in step with a valid call.
-void expect_error_everywhere(std::size_t n0, std::size_t n, std::size_t ns, const std::string& needle) {
+// Calls with sizes that may be wrong on some ranks; expects on EVERY rank the same
+// ArgumentError -- a deepio::InvalidArgument (errno EINVAL), caught here as the deepio::Error
+// that every deepio failure is -- with reason `reason`, failing rank `bad_rank` (-1: lengths
+// differ across ranks) and a message containing `needle`; then proves the communicator is
+// still in step with a valid call.
+void expect_error_everywhere(std::size_t n0, std::size_t n, std::size_t ns, const std::string& needle,
+                             dc::Reason reason, int bad_rank) {
   std::vector<float> buffer(n0, 1.0f), worker_error(n, 0.0f), server_error(ns, 0.0f);
   bool thrown = false;
   try {
     dc::compressed_allreduce(std::span<float>(buffer), worker_error, server_error, MPI_COMM_WORLD);
-  } catch (const dc::ArgumentError& e) {
+  } catch (const deepio::Error& e) {
     thrown = true;
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     EXPECT_EQ(e.code(), std::errc::invalid_argument);
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_TRUE(e.invalid_argument());
+    EXPECT_NE(dynamic_cast<const deepio::InvalidArgument*>(&e), nullptr);
+    const auto* a = dynamic_cast<const dc::ArgumentError*>(&e);
+    EXPECT_NE(a, nullptr) << "not a deepio::comm::ArgumentError: " << e.what();
+    if (a != nullptr) {
+      EXPECT_EQ(a->reason(), reason) << dc::reason_name(a->reason()) << ": " << e.what();
+      EXPECT_EQ(a->rank(), bad_rank) << e.what();
+    }
   }
   EXPECT_TRUE(thrown) << "rank " << world_rank() << ": no error for n0=" << n0 << " n=" << n << " ns=" << ns;
   int all = thrown ? 1 : 0, min_all = 0;
@@ -217,24 +231,27 @@ void expect_error_everywhere(std::size_t n0, std::size_t n, std::size_t ns, cons
 }  // namespace
 
 TEST(CompressedAllreduce, SizeViolationsRaiseOnEveryRank) {
+  using R = dc::Reason;
   const auto w = static_cast<std::size_t>(comm_size(MPI_COMM_WORLD));
   const auto r = static_cast<std::size_t>(world_rank());
   const std::size_t n = 8 * w * 4;
-  // worker_error not a multiple of 8W, on every rank (W*(8*4) + W is divisible by W, not 8W).
-  expect_error_everywhere(n, n + w, (n + w) / w, "not a multiple of 8 * W");
+  const int last = static_cast<int>(w) - 1;
+  // worker_error not a multiple of 8W, on every rank (W*(8*4) + W is divisible by W, not 8W):
+  // every rank fails its own check; the lowest one, rank 0, is reported.
+  expect_error_everywhere(n, n + w, (n + w) / w, "not a multiple of 8 * W", R::worker_not_multiple, 0);
   // ... on the last rank only: the others learn which rank.
-  const bool last = r == w - 1;
-  expect_error_everywhere(n, last ? n + 8 : n, n / w, "rank " + std::to_string(w - 1));
+  expect_error_everywhere(n, static_cast<int>(r) == last ? n + 8 : n, n / w, "rank " + std::to_string(last),
+                          R::worker_not_multiple, last);
   // server_error of the wrong length on rank 0 only.
-  expect_error_everywhere(n, n, r == 0 ? n / w + 1 : n / w, "server_error length is not");
+  expect_error_everywhere(n, n, r == 0 ? n / w + 1 : n / w, "server_error length is not", R::server_size, 0);
   // input longer than worker_error on rank 1 only.
-  expect_error_everywhere(r == 1 ? n + 1 : n, n, n / w, "rank 1");
+  expect_error_everywhere(r == 1 ? n + 1 : n, n, n / w, "rank 1", R::input_too_long, 1);
   // Lengths that are valid on each rank but differ across ranks.
-  expect_error_everywhere(n, r == 0 ? 2 * n : n, r == 0 ? 2 * n / w : n / w,
-                          "worker_error length differs across ranks");
-  expect_error_everywhere(r == 0 ? n - 1 : n, n, n / w, "input length differs across ranks");
+  expect_error_everywhere(n, r == 0 ? 2 * n : n, r == 0 ? 2 * n / w : n / w, "worker_error length differs across ranks",
+                          R::worker_mismatch, -1);
+  expect_error_everywhere(r == 0 ? n - 1 : n, n, n / w, "input length differs across ranks", R::input_mismatch, -1);
   // Empty here, not there: an error, not a hang.
-  expect_error_everywhere(r == 0 ? 0 : n, n, n / w, "input length differs across ranks");
+  expect_error_everywhere(r == 0 ? 0 : n, n, n / w, "input length differs across ranks", R::input_mismatch, -1);
 }
 
 TEST(CompressedAllreduce, AliasingRaisesOnEveryRank) {
@@ -252,6 +269,8 @@ TEST(CompressedAllreduce, AliasingRaisesOnEveryRank) {
   } catch (const dc::ArgumentError& e) {
     thrown = true;
     EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    EXPECT_EQ(e.reason(), dc::Reason::error_overlap);
+    EXPECT_EQ(e.rank(), 0);
   }
   EXPECT_TRUE(thrown);
   // Partial overlap of input and output.
@@ -263,12 +282,63 @@ TEST(CompressedAllreduce, AliasingRaisesOnEveryRank) {
   } catch (const dc::ArgumentError& e) {
     thrown = true;
     EXPECT_NE(std::string(e.what()).find("partially overlaps"), std::string::npos) << e.what();
+    EXPECT_EQ(e.reason(), dc::Reason::output_overlap);
   }
   EXPECT_TRUE(thrown);
   std::vector<float> a(n), b(n + 1);
   EXPECT_THROW(dc::compressed_allreduce(std::span<const float>(a), std::span<float>(b), ew, es, MPI_COMM_WORLD),
                dc::ArgumentError);
   EXPECT_THROW(dc::compressed_allreduce(std::span<float>(a), ew, es, MPI_COMM_NULL), dc::ArgumentError);
+}
+
+// Arguments refused on the calling rank alone, before any communication: still an
+// ArgumentError (a deepio::InvalidArgument), with Reason::none and no rank.
+TEST(CompressedAllreduce, LocalArgumentErrors) {
+  std::vector<float> a(64), ew(64), es(64);
+  try {
+    dc::compressed_allreduce(std::span<float>(a), ew, es, MPI_COMM_NULL);
+    ADD_FAILURE() << "MPI_COMM_NULL accepted";
+  } catch (const deepio::InvalidArgument& e) {
+    const auto* ae = dynamic_cast<const dc::ArgumentError*>(&e);
+    ASSERT_NE(ae, nullptr);
+    EXPECT_EQ(ae->reason(), dc::Reason::none);
+    EXPECT_EQ(ae->rank(), -1);
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_NE(std::string(e.what()).find("MPI_COMM_NULL"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(static_cast<void>(dc::padded_size(10, 0)), dc::ArgumentError);
+  EXPECT_EQ(dc::padded_size(10, 1), 16u);
+}
+
+// A failing MPI call becomes a CommError: a deepio::Error with errno EIO, the MPI error class
+// and MPI's text. The failure is real and local: under MPI_ERRORS_RETURN, MPI refuses a
+// communicator handle that is neither a communicator nor MPI_COMM_NULL (a zero handle: a null
+// pointer in Open MPI, an invalid integer in MPICH), and reports it through MPI_COMM_WORLD's
+// error handler, so the world's handler is switched for the call and restored after.
+TEST(CompressedAllreduce, MpiFailureIsCommError) {
+  std::vector<float> a(64), ew(64), es(64);
+  const MPI_Comm not_a_comm{};
+  ASSERT_NE(not_a_comm, MPI_COMM_NULL) << "this MPI's null handle is zero; the test needs another invalid handle";
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  bool thrown = false;
+  try {
+    dc::compressed_allreduce(std::span<float>(a), ew, es, not_a_comm);
+  } catch (const deepio::Error& e) {
+    thrown = true;
+    EXPECT_EQ(e.errnum(), EIO) << e.what();
+    EXPECT_FALSE(e.invalid_argument());
+    const auto* ce = dynamic_cast<const dc::CommError*>(&e);
+    ASSERT_NE(ce, nullptr) << e.what();
+    EXPECT_EQ(ce->mpi_error_class(), MPI_ERR_COMM) << e.what();
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(MPI_ERR_COMM, text, &len);
+    EXPECT_NE(std::string(e.what()).find(std::string(text, static_cast<std::size_t>(len))), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("MPI_Comm_test_inter"), std::string::npos) << e.what();
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  EXPECT_TRUE(thrown);
 }
 
 // Error feedback: with the same inputs on every call, sum_k out_k = K*avg - mean_r(e_w,r) - e_s

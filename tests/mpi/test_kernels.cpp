@@ -9,10 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace dc = deepio::comm;
@@ -169,4 +171,13 @@ TEST(Kernels, ArgumentChecks) {
   EXPECT_THROW(dc::padded_size(1, 0), dc::ArgumentError);
   EXPECT_TRUE(dc::kernel_available(dc::Kernel::scalar));
   EXPECT_TRUE(dc::kernel_available(dc::best_kernel()));
+  // The house error type: a deepio::InvalidArgument, errno EINVAL, naming the sizes.
+  try {
+    dc::pack_signs(x, small);
+    ADD_FAILURE() << "a 2-byte destination for 17 signs was accepted";
+  } catch (const deepio::Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+    EXPECT_TRUE(e.invalid_argument());
+    EXPECT_NE(std::string(e.what()).find("packed holds 2 bytes"), std::string::npos) << e.what();
+  }
 }
