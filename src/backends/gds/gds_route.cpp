@@ -4,8 +4,9 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <deque>
 #include <unordered_map>
+
+#include "backends/sync_backend.hpp"
 
 namespace deepio::detail::gpu {
 
@@ -48,25 +49,11 @@ class GdsFile final : public DriverFile {
 };
 
 // The synchronous cuFile backend of one route worker.
-class GdsBackend final : public Backend {
+class GdsBackend final : public SyncBackend {
  public:
   GdsBackend(std::shared_ptr<GdsRoute> route, CuFileApi* api) : route_(std::move(route)), api_(api) {}
 
   [[nodiscard]] const char* name() const noexcept override { return "cufile"; }
-
-  int submit(std::span<const Request> reqs) override {
-    for (const Request& r : reqs) done_.push_back({r.tag, run(r), false});
-    return static_cast<int>(reqs.size());
-  }
-
-  int reap(std::span<Completion> out, std::size_t /*min: results are ready at submission*/) override {
-    std::size_t n = 0;
-    while (n < out.size() && !done_.empty()) {
-      out[n++] = done_.front();
-      done_.pop_front();
-    }
-    return static_cast<int>(n);
-  }
 
   std::string take_error_text(std::uint64_t tag) override {
     auto it = errors_.find(tag);
@@ -82,7 +69,7 @@ class GdsBackend final : public Backend {
     return -static_cast<std::int64_t>(st.errnum != 0 ? st.errnum : EIO);
   }
 
-  std::int64_t run(const Request& r) {
+  std::int64_t run(const Request& r) override {
     const auto& f = static_cast<const GdsFile&>(*r.driver_file);
     if (f.ordinal() != current_) {
       Status st = route_->make_current(f.ordinal());
@@ -105,7 +92,6 @@ class GdsBackend final : public Backend {
   std::shared_ptr<GdsRoute> route_;
   CuFileApi* api_;
   int current_ = -1;  // device whose context is current on this worker thread
-  std::deque<Completion> done_;
   std::unordered_map<std::uint64_t, std::string> errors_;
 };
 
