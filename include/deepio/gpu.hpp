@@ -80,8 +80,8 @@ struct GdsOptions {
 
 /// What a GdsHandle did with device memory (Handle::stats() has the rest).
 struct GdsStats {
-  std::uint64_t ops_completed = 0;   ///< all operations of the handle, host memory included
-  std::uint64_t ops_failed = 0;
+  std::uint64_t ops_completed = 0;   ///< operations on device memory (Handle::stats() counts all)
+  std::uint64_t ops_failed = 0;      ///< of those, the failed ones
   std::uint64_t chunks = 0;          ///< requests cut for operations on device memory (cuFile or staged)
   std::uint64_t bytes_cufile = 0;    ///< moved by cuFileRead/cuFileWrite
   std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies

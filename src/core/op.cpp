@@ -53,6 +53,9 @@ void OpState::finish() noexcept {
   // its ops and is then destroyed never races with this function.
   if (counters_ != nullptr) {
     (failed ? counters_->ops_failed : counters_->ops_completed).fetch_add(1, std::memory_order_relaxed);
+    if (on_device_) {
+      (failed ? counters_->device_ops_failed : counters_->device_ops_completed).fetch_add(1, std::memory_order_relaxed);
+    }
   }
   if (signal_ != nullptr) {
     {

@@ -42,6 +42,11 @@ struct Counters {
   std::atomic<std::uint64_t> bytes_bounced{0};
   std::atomic<std::uint64_t> bytes_buffered{0};
   std::atomic<std::uint64_t> bytes_fixed{0};
+  std::atomic<std::uint64_t> bytes_gds{0};        ///< moved by a DeviceRoute's backend (cuFile)
+  std::atomic<std::uint64_t> bytes_staged{0};     ///< device memory moved through host staging
+  std::atomic<std::uint64_t> device_requests{0};  ///< requests cut for ops on device memory
+  std::atomic<std::uint64_t> device_ops_completed{0};  ///< of ops_completed, those on device memory
+  std::atomic<std::uint64_t> device_ops_failed{0};     ///< of ops_failed, those on device memory
   std::atomic<std::uint64_t> direct_refused{0};
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
@@ -68,6 +73,10 @@ class OpState {
   /// The GPU whose memory the buffer is in, or -1 for host memory. Set before dispatch.
   [[nodiscard]] int device() const noexcept { return device_; }
   void set_device(int device) noexcept { device_ = device; }
+  /// The buffer is device memory, whichever way it moves (staged, or by a route with
+  /// device() reset to -1). Set before dispatch; counted in the device_ops_* counters.
+  [[nodiscard]] bool on_device() const noexcept { return on_device_; }
+  void set_on_device(bool on) noexcept { on_device_ = on; }
   /// The locked allocation holding the whole buffer (id 0: none). Set before dispatch.
   [[nodiscard]] const LockedRegion& region() const noexcept { return region_; }
   void set_region(const LockedRegion& region) noexcept { region_ = region; }
@@ -130,6 +139,7 @@ class OpState {
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
   int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT
   int device_ = -1;
+  bool on_device_ = false;
   LockedRegion region_;
 
   std::atomic<int> remaining_{0};

@@ -169,6 +169,7 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
   op->set_keep_alive(std::move(op_options.keep_alive));
   op->set_detached(op_options.detached);
   if (nbytes > 0) op->set_device(device_.classify(buf));
+  op->set_on_device(op->device() >= 0);
   // Only io_uring registers buffers; the lookup is skipped for the others.
   if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, nbytes));
   Opened opened;

@@ -78,11 +78,10 @@ std::string GdsHandle::mode() const { return route_->mode(); }
 std::string GdsHandle::mode_reason() const { return route_->mode_reason(); }
 
 GdsStats GdsHandle::stats() const noexcept {
-  const HandleStats host = Handle::stats();
   const detail::Counters& c = engine().counters();
   GdsStats s;
-  s.ops_completed = host.ops_completed;
-  s.ops_failed = host.ops_failed;
+  s.ops_completed = c.device_ops_completed.load();
+  s.ops_failed = c.device_ops_failed.load();
   s.chunks = c.device_requests.load();
   s.bytes_cufile = c.bytes_gds.load();
   s.bytes_staged = c.bytes_staged.load();
