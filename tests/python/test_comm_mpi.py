@@ -26,6 +26,8 @@ CASES = [
     "spec_torch",
     "mpibackend_semantics",
     "size_errors",
+    "local_argument_errors",
+    "mpi_failure",
     "type_errors",
     "empty",
     "sub_communicator",
@@ -271,16 +273,37 @@ def case_mpibackend_semantics(comm):
     assert be.compressed_allreduce(g, wt, st, 0) is g and not torch.equal(g.detach(), before_g)
 
 
-def _expect_value_error_everywhere(comm, fn, needle):
+def _invalid_argument_error():
+    """deepio's class for refused arguments (python/src/errors.cpp), shared by I/O and comm."""
+    from deepio import _deepio
+
+    return _deepio.InvalidArgumentError
+
+
+def _expect_value_error_everywhere(comm, fn, needle, reason=None, rank=None):
+    """fn() must raise deepio.InvalidArgumentError (an OSError with errno EINVAL and a
+    ValueError) on every rank, with `needle` in the message and, when given, the agreement's
+    reason name and failing rank (-1: lengths differ across ranks)."""
+    import errno
+
     ok = False
     try:
         fn()
     except ValueError as e:
-        ok = needle in str(e)
+        problems = []
+        if needle not in str(e):
+            problems.append("message")
+        if type(e) is not _invalid_argument_error() or not isinstance(e, OSError) or e.errno != errno.EINVAL:
+            problems.append(f"type {type(e).__mro__} errno {getattr(e, 'errno', None)}")
+        if reason is not None and getattr(e, "reason_name", None) != reason:
+            problems.append(f"reason {getattr(e, 'reason_name', None)} (code {getattr(e, 'reason', None)})")
+        if rank is not None and getattr(e, "rank", None) != rank:
+            problems.append(f"rank {getattr(e, 'rank', None)}")
+        ok = not problems
         if not ok:
-            print(f"rank {comm.Get_rank()}: unexpected message: {e}", file=sys.stderr)
+            print(f"rank {comm.Get_rank()}: unexpected {problems}: {e!r}", file=sys.stderr)
     oks = comm.allgather(ok)
-    assert all(oks), f"{needle!r}: not raised everywhere: {oks}"
+    assert all(oks), f"{needle!r}: not raised as expected everywhere: {oks}"
 
 
 def case_size_errors(comm):
@@ -294,19 +317,102 @@ def case_size_errors(comm):
     def call(n0, nw, ns):
         dcomm.compressed_allreduce(np.ones(n0, np.float32), np.zeros(nw, np.float32), np.zeros(ns, np.float32), comm)
 
-    _expect_value_error_everywhere(comm, lambda: call(n, n + w, (n + w) // w), "not a multiple of 8 * W")
     _expect_value_error_everywhere(
-        comm, lambda: call(n, n + 8 if me == w - 1 else n, n // w), f"invalid arguments on rank {w - 1}"
+        comm, lambda: call(n, n + w, (n + w) // w), "not a multiple of 8 * W", "worker_not_multiple", 0
     )
     _expect_value_error_everywhere(
-        comm, lambda: call(n, 2 * n if me == 0 else n, 2 * n // w if me == 0 else n // w), "differs across ranks"
+        comm,
+        lambda: call(n, n + 8 if me == w - 1 else n, n // w),
+        f"invalid arguments on rank {w - 1}",
+        "worker_not_multiple",
+        w - 1,
     )
-    _expect_value_error_everywhere(comm, lambda: call(0 if me == 0 else n, n, n // w), "differs across ranks")
-    _expect_value_error_everywhere(comm, lambda: call(n + 1, n, n // w), "longer than worker_error")
+    _expect_value_error_everywhere(
+        comm,
+        lambda: call(n, 2 * n if me == 0 else n, 2 * n // w if me == 0 else n // w),
+        "differs across ranks",
+        "worker_mismatch",
+        -1,
+    )
+    _expect_value_error_everywhere(
+        comm, lambda: call(0 if me == 0 else n, n, n // w), "differs across ranks", "input_mismatch", -1
+    )
+    _expect_value_error_everywhere(comm, lambda: call(n + 1, n, n // w), "longer than worker_error", "input_too_long", 0)
+    # Aliasing: worker_error and server_error in one array, on the last rank only.
+    both = np.zeros(n + n // w, np.float32)
+
+    def aliased():
+        we = both[:n] if me == w - 1 else np.zeros(n, np.float32)
+        se = both[n - 8 : n - 8 + n // w] if me == w - 1 else np.zeros(n // w, np.float32)
+        dcomm.compressed_allreduce(np.ones(n, np.float32), we, se, comm)
+
+    _expect_value_error_everywhere(comm, aliased, "overlaps another argument", "error_overlap", w - 1)
     # Still in step afterwards.
     a = np.ones(n, np.float32)
     dcomm.compressed_allreduce(a, np.zeros(n, np.float32), np.zeros(n // w, np.float32), comm)
     assert np.allclose(a, 1.0)
+
+
+def case_local_argument_errors(comm):
+    """Arguments refused on one rank before any communication: the same class, reason 0."""
+    import errno
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import deepio.comm as dcomm
+
+    cls = _invalid_argument_error()
+    n = 8 * comm.Get_size()
+    for fn, needle in [
+        (lambda: dcomm.padded_size(10, 0), "w must be >= 1"),
+        (lambda: dcomm.pack_signs(np.ones(8, np.float32), kernel="sse9"), "unknown kernel"),
+        (
+            lambda: dcomm.compressed_allreduce(
+                np.ones(n, np.float32), np.zeros(n, np.float32), np.zeros(8, np.float32), MPI.COMM_NULL
+            ),
+            "MPI_COMM_NULL",
+        ),
+    ]:
+        try:
+            fn()
+        except cls as e:
+            assert isinstance(e, OSError) and isinstance(e, ValueError) and e.errno == errno.EINVAL, repr(e)
+            assert needle in str(e), repr(e)
+            assert e.reason == 0 and e.reason_name == "none" and e.rank == -1, (e.reason, e.rank)
+        else:
+            raise AssertionError(f"expected {cls.__name__} with {needle!r}")
+
+
+def case_mpi_failure(comm):
+    """A real MPI failure: MPI refuses a zero communicator handle (a null pointer in Open MPI,
+    an invalid integer in MPICH) and reports it through COMM_WORLD's error handler, here
+    MPI_ERRORS_RETURN. It must arrive as OSError(EIO) with the MPI error class, not as a
+    ValueError."""
+    import errno
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import deepio.comm as dcomm
+
+    if MPI._handleof(MPI.COMM_NULL) == 0:
+        raise Skip("this MPI's MPI_COMM_NULL is handle 0")
+    n = 8 * comm.Get_size()
+    before = MPI.COMM_WORLD.Get_errhandler()
+    MPI.COMM_WORLD.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        dcomm.compressed_allreduce(np.ones(n, np.float32), np.zeros(n, np.float32), np.zeros(8, np.float32), 0)
+    except OSError as e:
+        assert type(e) is OSError and not isinstance(e, ValueError), type(e).__mro__
+        assert e.errno == errno.EIO, e.errno
+        assert e.mpi_error_class == MPI.ERR_COMM, e.mpi_error_class
+        assert MPI.Get_error_string(MPI.ERR_COMM) in str(e), str(e)
+    else:
+        raise AssertionError("no error for a zero communicator handle")
+    finally:
+        MPI.COMM_WORLD.Set_errhandler(before)
+        before.Free()
 
 
 def case_type_errors(comm):
@@ -414,12 +520,34 @@ def case_torch_distributed_matches_mpi(comm):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"call {call}"
         assert torch.equal(we1.view(torch.int32), we2.view(torch.int32))
         assert torch.equal(se1.view(torch.int32), se2.view(torch.int32))
-    # Size violations raise everywhere on this transport too.
+    # Size violations raise everywhere on this transport too, through the same C++ agreement:
+    # same class, same reason codes as the MPI transport.
     _expect_value_error_everywhere(
         comm,
         lambda: dcomm.compressed_allreduce_torch(torch.ones(n), torch.zeros(n + 8 if me == 0 else n), torch.zeros(n // w)),
         "invalid arguments on rank 0",
+        "worker_not_multiple",
+        0,
     )
+    _expect_value_error_everywhere(
+        comm,
+        lambda: dcomm.compressed_allreduce_torch(torch.ones(n - 1 if me == w - 1 else n), torch.zeros(n), torch.zeros(n // w)),
+        "input length differs across ranks",
+        "input_mismatch",
+        -1,
+    )
+    buf = torch.ones(n)
+    _expect_value_error_everywhere(
+        comm,
+        lambda: tb.compressed_allreduce(buf, torch.zeros(n), buf[: n // w] if me == 0 else torch.zeros(n // w), 0),
+        "overlaps another argument",
+        "error_overlap",
+        0,
+    )
+    # Still in step afterwards.
+    x = torch.ones(n)
+    dcomm.compressed_allreduce_torch(x, torch.zeros(n), torch.zeros(n // w))
+    assert torch.allclose(x, torch.ones(n))
 
 
 def case_error_feedback_converges(comm):
