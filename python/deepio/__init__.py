@@ -14,7 +14,8 @@ Modern::
 
 Any CPU tensor or array works (torch, NumPy, anything with ``__dlpack__`` or the buffer
 protocol), and CUDA tensors where a CUDA driver is usable (``deepio.gpu_info()``);
-``deepio.gds_handle`` is DeepNVMe's gds_handle. Failures raise ``OSError`` subclasses.
+``deepio.gds_handle`` is DeepNVMe's gds_handle. Failures raise ``OSError`` subclasses
+(arguments deepio refuses: ``InvalidArgumentError``, also a ``ValueError``).
 See docs/python.md.
 """
 
@@ -30,6 +31,7 @@ from ._file import File, Future
 from ._gds import gds_handle, gpu_info
 
 EndOfFileError = _deepio.EndOfFileError
+InvalidArgumentError = _deepio.InvalidArgumentError
 __version__: str = _deepio.__version__
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "File",
     "Future",
     "EndOfFileError",
+    "InvalidArgumentError",
     "ValidationError",
     "LockedMemoryWarning",
     "info",
