@@ -3,7 +3,11 @@
 // Threading rule for the whole extension: every nanobind object (nb::object, nb::ndarray) is
 // created, copied and destroyed only while the GIL is held. Code that releases the GIL
 // (nb::gil_scoped_release) touches nothing but C++ engine objects inside that scope, and any
-// container of Python references it needs afterwards is declared outside the scope.
+// container of Python references it needs afterwards is declared outside the scope. A Buffer
+// handed to the engine as an operation's keep-alive (a shared_ptr<void>) is released by the
+// engine only into the collecting call's hands (WaitResult::keep_alive, Future::get), which
+// the binding makes with the GIL held; the submitting call keeps its own reference until it
+// has the GIL back, so the last reference is never dropped without it.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -53,9 +57,10 @@ bool cuda_usable(std::string* why);
 bool host_range(nb::handle obj, const void** data, std::size_t* nbytes);
 
 /// The Python exception for a deepio::Error: an OSError subclass chosen by errno
-/// (FileNotFoundError, PermissionError, ...; deepio.EndOfFileError for ENODATA) with errno,
-/// strerror (the message, naming offset and size), filename, and extra attributes offset and
-/// nbytes.
+/// (FileNotFoundError, PermissionError, ...; deepio.EndOfFileError for ENODATA;
+/// deepio.InvalidArgumentError, also a ValueError, for an argument the engine's checks refused
+/// (Error::invalid_argument())) with errno, strerror (the message, naming offset and size),
+/// filename, and extra attributes offset and nbytes.
 nb::object make_exception(const Error& e);
 /// Sets the Python error indicator to make_exception(e) and throws nb::python_error.
 [[noreturn]] void raise_error(const Error& e);

@@ -1,28 +1,32 @@
-// `_deepio.Handle` and `_deepio.Op`: a deepio::Handle that keeps every caller's buffer alive
-// until the operation on it is complete and collected.
+// `_deepio.Handle` and `_deepio.Op`: a deepio::Handle for Python.
 //
-// Protocol.
-//  * Every submitted operation becomes a Record: the engine Future, the imported Buffer (a
-//    reference to the caller's object) and who collects it:
-//      - Owner::Wait   an async_pread/async_pwrite: collected by the next wait() (or sync call);
-//      - Owner::Sync   a synchronous call's own operation: collected by that call only;
-//      - Owner::Future an Op returned to Python (deepio.File): collected by Op.result().
-//    Wait and Sync records sit in pending_ until collected; Future records sit in
-//    detached_ until they are done (so that dropping the Op early never frees a buffer the
-//    engine is still using).
-//  * Collection calls Future::get() (the engine then forgets the operation), stores the
-//    outcome in the Record and drops the Buffer reference (the caller's memory is released).
-//  * Waiting releases the GIL in slices of kSlice and runs PyErr_CheckSignals between slices.
-//    A KeyboardInterrupt (or any exception from a signal handler) leaves every interrupted
-//    operation pending: still running, buffer still referenced, and collected (with its
-//    count and error) by a later wait(). Buffers are therefore never freed under a running
-//    operation; a sync call that is interrupted hands its operation over to wait().
-//  * Destroying the Handle (or close()) first lets the engine finish every operation, with
-//    the GIL released, and only then drops the buffer references.
-// Thread safety: pending_, detached_ and every Record field other than the engine Future are
-// read and written only with the GIL held (see common.hpp); the engine Handle is used through
-// a shared_ptr copied under the GIL, so close() from one thread never pulls it away from a
-// submission running in another.
+// The engine keeps the ledger; this file adds buffer import, GIL release and signal polling.
+//  * Every submission imports the caller's buffer into a Buffer (a reference to the caller's
+//    object) and hands it to the engine as the operation's keep-alive. The engine holds it
+//    until the operation is collected and then gives it back to the collecting call
+//    (WaitResult::keep_alive, or Future::get()), which drops it with the GIL held. Until then
+//    the caller's memory stays referenced, so no I/O ever runs into freed memory. The
+//    submitting call keeps its own reference across the GIL-released submission, so a
+//    submission that throws never drops the last one without the GIL.
+//  * async_* operations are ordinary engine operations, collected by wait(). A synchronous
+//    call's own operation and deepio.File's operations are detached: wait() in another
+//    thread never takes them. The synchronous call collects its own together with
+//    everything submitted before it (CollectOptions::with); an Op (deepio.Future) collects
+//    its own with Future::get().
+//  * Waiting releases the GIL in slices of kSlice (Handle::collect with a deadline, which
+//    collects nothing unless everything it covers is done) and runs PyErr_CheckSignals
+//    between slices. A KeyboardInterrupt (or any exception from a signal handler) leaves
+//    every interrupted operation pending: still running, buffer still referenced, and
+//    collected (with its count and error) by a later wait(). An interrupted synchronous
+//    call hands its operation over to wait() (Future::give_to_wait).
+//  * The "first failure" rule is the engine's: WaitResult::errors in submission order; the
+//    first is raised, the others are attached as `other_errors` (and a note).
+//  * Destroying the Handle (or close()) waits, with the GIL released, for every operation,
+//    takes back every keep-alive, drops them with the GIL, and only then destroys the engine.
+//    Failures of async operations nobody waited for become a RuntimeWarning.
+// Thread safety: the engine Handle is used through a shared_ptr copied under the GIL, so
+// close() from one thread never pulls it away from a call running in another; every
+// WaitResult and Buffer is created and destroyed with the GIL held (see common.hpp).
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -40,57 +44,40 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(50);
 
-enum class Owner { Wait, Sync, Future };
-
-struct Record {
-  Future fut;
-  Buffer buf;
-  Owner owner = Owner::Wait;
-  bool write = false;
-  std::uint64_t offset = 0;
-  std::size_t nbytes = 0;
-  bool collected = false;
-  std::size_t result = 0;         // bytes, once collected without error
-  std::optional<Error> error;     // the failure, once collected
-};
-using RecordPtr = std::shared_ptr<Record>;
-
-// Collects a finished record (GIL held): takes the engine result and releases the buffer.
-void collect(Record& r) {
-  if (r.collected) return;
-  r.collected = true;
-  try {
-    r.result = r.fut.get();
-  } catch (const Error& e) {
-    r.error = e;
+// Collects what `options` selects, waiting in slices with the GIL released and checking for
+// signals between them. An exception raised by a signal handler propagates as
+// nb::python_error with nothing collected; `own` (a synchronous call's operation) is then
+// handed over to wait(). The result holds Python references: keep it with the GIL.
+WaitResult collect_interruptibly(Handle& h, CollectOptions options, const Future* own) {
+  for (;;) {
+    WaitResult r;
+    {
+      nb::gil_scoped_release release;
+      options.deadline = Clock::now() + kSlice;
+      r = h.collect(options);  // r was empty: nothing is released without the GIL
+    }
+    if (r.complete) return r;
+    if (PyErr_CheckSignals() != 0) {
+      if (own != nullptr) own->give_to_wait();
+      throw nb::python_error();
+    }
   }
-  r.buf = Buffer{};
 }
 
-// Blocks until every record is done or `deadline` passes; returns whether all are done.
-// The GIL is released while blocking and signals are checked between slices; an exception
-// raised by a signal handler propagates as nb::python_error with every record untouched.
-bool wait_records(const std::vector<RecordPtr>& recs, std::optional<Clock::time_point> deadline) {
-  std::size_t i = 0;
+// Blocks until `f` is done or `deadline` passes (GIL released in slices, signals checked);
+// returns whether it is done.
+bool wait_future(const Future& f, std::optional<Clock::time_point> deadline) {
   for (;;) {
-    bool timed_out = false;
+    bool done = false;
     {
       nb::gil_scoped_release release;
       auto slice_end = Clock::now() + kSlice;
       if (deadline && *deadline < slice_end) slice_end = *deadline;
-      while (i < recs.size()) {
-        const auto now = Clock::now();
-        if (now >= slice_end) break;
-        if (!recs[i]->fut.wait_for(slice_end - now)) break;
-        ++i;
-      }
-      if (i < recs.size() && deadline && Clock::now() >= *deadline) timed_out = true;
+      done = f.wait_for(slice_end - Clock::now());
     }
-    // A last non-blocking sweep: the slice may have ended just as the rest completed.
-    while (i < recs.size() && recs[i]->fut.done()) ++i;
-    if (i == recs.size()) return true;
+    if (done) return true;
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    if (timed_out) return false;
+    if (deadline && Clock::now() >= *deadline) return f.done();
   }
 }
 
@@ -101,44 +88,85 @@ std::optional<Clock::time_point> deadline_after(std::optional<double> timeout) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(capped));
 }
 
-// Raises the first failure among collected records (submission order), noting the others.
-void raise_first_failure(const std::vector<RecordPtr>& recs) {
-  const Error* first = nullptr;
-  std::size_t failed = 0;
+// Releases the keep-alives (GIL held), then raises the first failure with the others in
+// `other_errors` and a note; returns the count when nothing failed.
+std::size_t finish(WaitResult& r) {
+  r.keep_alive.clear();
+  if (r.errors.empty()) return r.count;
+  nb::object exc = make_exception(r.errors.front());
   nb::list others;
-  for (const auto& r : recs) {
-    if (!r->error) continue;
-    ++failed;
-    if (first == nullptr) {
-      first = &*r->error;
-    } else {
-      others.append(make_exception(*r->error));
-    }
-  }
-  if (first == nullptr) return;
-  nb::object exc = make_exception(*first);
+  for (std::size_t i = 1; i < r.errors.size(); ++i) others.append(make_exception(r.errors[i]));
   exc.attr("other_errors") = others;
-  if (failed > 1 && nb::hasattr(exc, "add_note")) {
-    exc.attr("add_note")(std::to_string(failed - 1) + " more of the " + std::to_string(recs.size()) +
+  if (r.errors.size() > 1 && nb::hasattr(exc, "add_note")) {
+    exc.attr("add_note")(std::to_string(r.errors.size() - 1) + " more of the " + std::to_string(r.count) +
                          " operations collected by this wait failed (see .other_errors)");
   }
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw nb::python_error();
 }
 
+// Imports the buffer, opens the file and queues the operation with the buffer as its
+// keep-alive; raises on submission errors (bad arguments, open failures, end of file).
+// *nbytes (if given) gets the request's size.
+Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset,
+                 bool detached, std::size_t* nbytes = nullptr) {
+  auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
+  const Target t = parse_target(file);
+  // A negative offset arrives as a huge one, which the engine refuses naming the value.
+  const auto offset = static_cast<std::uint64_t>(file_offset);
+  OpOptions op;
+  op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
+  op.detached = detached;
+  Future fut;
+  std::optional<Error> err;
+  {
+    nb::gil_scoped_release release;  // open() and fstat() may block on slow storage
+    void* p = buf->data;
+    const std::size_t n = buf->nbytes;
+    try {
+      if (t.fd >= 0) {
+        fut = write ? h.async_pwrite(p, n, t.fd, offset, std::move(op)) : h.async_pread(p, n, t.fd, offset, std::move(op));
+      } else {
+        fut = write ? h.async_pwrite(p, n, t.path, offset, std::move(op))
+                    : h.async_pread(p, n, t.path, offset, std::move(op));
+      }
+    } catch (const Error& e) {
+      // Open failures carry no request: name the one that was attempted.
+      if (!e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0 && n != 0) {
+        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path(), offset, n);
+      } else {
+        err.emplace(e);
+      }
+    }
+  }
+  if (err) raise_error(*err);
+  if (nbytes != nullptr) *nbytes = buf->nbytes;
+  return fut;
+}
+
 BackendKind backend_from(const std::string& name) {
   if (auto k = parse_backend(name)) return *k;
-  throw nb::value_error(("unknown backend '" + name + "' (expected auto, io_uring, libaio or threads)").c_str());
+  throw InvalidArgument("unknown backend '" + name + "' (expected auto, io_uring, libaio or threads)");
 }
 
 DirectIo direct_from(const std::string& name) {
   if (auto d = parse_direct_io(name)) return *d;
-  throw nb::value_error(("unknown direct_io '" + name + "' (expected auto, on or off)").c_str());
+  throw InvalidArgument("unknown direct_io '" + name + "' (expected auto, on or off)");
 }
 
-std::size_t positive(std::int64_t v, const char* name) {
-  if (v <= 0) throw nb::value_error((std::string(name) + " must be a positive integer, got " + std::to_string(v)).c_str());
-  return static_cast<std::size_t>(v);
+// A Python integer passed through to the engine's checks: a negative one arrives as a huge
+// size_t, which the engine reports as the negative number it was.
+std::size_t count_arg(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+void warn_uncollected(const WaitResult& r) {
+  if (r.errors.empty() || interpreter_finalizing()) return;
+  // Nothing is silent: failures nobody waited for become a warning.
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  const std::string msg = "deepio handle destroyed with " + std::to_string(r.errors.size()) +
+                          " failed operation(s) never collected by wait(); first: " + r.errors.front().what();
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) != 0) PyErr_WriteUnraisable(nullptr);
+  PyErr_Restore(type, value, tb);
 }
 
 }  // namespace
@@ -150,51 +178,18 @@ class PyHandle {
   PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
            std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io) {
     HandleOptions o;
-    o.block_size = positive(block_size, "block_size");
-    o.queue_depth = positive(queue_depth, "queue_depth");
+    o.block_size = count_arg(block_size);
+    o.queue_depth = count_arg(queue_depth);
     o.single_submit = single_submit;
     o.overlap_events = overlap_events;
-    o.intra_op_parallelism = positive(intra_op_parallelism, "intra_op_parallelism");
-    if (o.queue_depth > 65536) throw nb::value_error("queue_depth must be at most 65536");
-    if (o.intra_op_parallelism > 1024) throw nb::value_error("intra_op_parallelism must be at most 1024");
+    o.intra_op_parallelism = count_arg(intra_op_parallelism);
     o.backend = backend_from(backend);
     o.direct_io = direct_from(direct_io);
     nb::gil_scoped_release release;  // worker start-up and backend probing may block
     handle_ = std::make_shared<Handle>(o);
   }
 
-  ~PyHandle() {
-    std::shared_ptr<Handle> h = std::move(handle_);
-    if (h) {
-      // The engine finishes every operation still in flight before it goes away.
-      if (!interpreter_finalizing()) {
-        nb::gil_scoped_release release;
-        h.reset();
-      } else {
-        h.reset();
-      }
-    }
-    std::size_t lost = 0;
-    std::string first;
-    for (auto& r : pending_) {
-      collect(*r);
-      if (r->error && r->owner == Owner::Wait) {
-        if (lost++ == 0) first = r->error->what();
-      }
-    }
-    for (auto& r : detached_) collect(*r);  // errors stay with their Op
-    pending_.clear();
-    detached_.clear();
-    if (lost > 0 && !interpreter_finalizing()) {
-      // Nothing is silent: failures nobody waited for become a warning.
-      PyObject *type, *value, *tb;
-      PyErr_Fetch(&type, &value, &tb);
-      const std::string msg = "deepio handle destroyed with " + std::to_string(lost) +
-                              " failed operation(s) never collected by wait(); first: " + first;
-      if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) != 0) PyErr_WriteUnraisable(nullptr);
-      PyErr_Restore(type, value, tb);
-    }
-  }
+  ~PyHandle() { shutdown(std::move(handle_)); }
 
   PyHandle(const PyHandle&) = delete;
   PyHandle& operator=(const PyHandle&) = delete;
@@ -204,110 +199,51 @@ class PyHandle {
     return handle_;
   }
 
-  /// Imports the buffer, opens the file and queues the operation; raises on submission errors.
-  RecordPtr submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, Owner owner) {
-    if (file_offset < 0) {
-      throw nb::value_error(("file_offset must be non-negative, got " + std::to_string(file_offset)).c_str());
-    }
+  /// Queues a read or write for wait().
+  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
     auto h = engine();
-    auto rec = std::make_shared<Record>();
-    rec->buf = import_buffer(buffer, !write, "buffer", /*allow_device=*/true);
-    rec->owner = owner;
-    rec->write = write;
-    rec->offset = static_cast<std::uint64_t>(file_offset);
-    rec->nbytes = rec->buf.nbytes;
-    Target t = parse_target(file);
-    std::optional<Error> err;
-    {
-      nb::gil_scoped_release release;  // open() and fstat() may block on slow storage
-      try {
-        void* p = rec->buf.data;
-        const std::size_t n = rec->buf.nbytes;
-        if (t.fd >= 0) {
-          rec->fut = write ? h->async_pwrite(p, n, t.fd, rec->offset) : h->async_pread(p, n, t.fd, rec->offset);
-        } else {
-          rec->fut = write ? h->async_pwrite(p, n, t.path, rec->offset) : h->async_pread(p, n, t.path, rec->offset);
-        }
-      } catch (const Error& e) {
-        // Open failures carry no request: name the one that was attempted.
-        if (e.nbytes() == 0 && e.offset() == 0 && rec->nbytes != 0) {
-          err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path(), rec->offset,
-                      rec->nbytes);
-        } else {
-          err.emplace(e);
-        }
-      }
-    }
-    if (err) raise_error(*err);
-    prune_detached();
-    if (owner == Owner::Future) {
-      detached_.push_back(rec);
-    } else {
-      pending_.push_back(rec);
-    }
-    return rec;
+    submit_op(*h, write, buffer, file, file_offset, /*detached=*/false);
   }
 
   /// DeepNVMe's wait(): every operation queued for wait() before this call. Returns the count.
   std::size_t wait() {
-    std::vector<RecordPtr> snapshot;
-    for (auto& r : pending_) {
-      if (r->owner == Owner::Wait) snapshot.push_back(r);
-    }
-    return finish(snapshot, nullptr);
+    auto h = engine();
+    CollectOptions options;
+    options.through = h->mark();
+    WaitResult r = collect_interruptibly(*h, options, nullptr);
+    return finish(r);
   }
 
   /// A synchronous operation: submit, then wait for it and (drain=true, DeepNVMe's sync
   /// semantics) for every operation already queued for wait(). Returns the count collected.
   std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain) {
-    RecordPtr own = submit(write, buffer, file, file_offset, Owner::Sync);
-    std::vector<RecordPtr> snapshot;
-    if (drain) {
-      for (auto& r : pending_) {
-        if (r->owner == Owner::Wait) snapshot.push_back(r);
-      }
-    }
-    snapshot.push_back(own);
-    return finish(snapshot, &own);
+    auto h = engine();
+    const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true);
+    CollectOptions options;
+    options.through = drain ? h->mark() : 0;
+    options.with = &own;
+    WaitResult r = collect_interruptibly(*h, options, &own);
+    return finish(r);
   }
 
   std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
 
   void close() {
     if (!handle_) return;
-    // Everything still pending is collected first so that its failures are raised here.
-    std::vector<RecordPtr> snapshot;
-    for (auto& r : pending_) {
-      if (r->owner == Owner::Wait) snapshot.push_back(r);
-    }
-    std::optional<nb::python_error> failure;
-    try {
-      finish(snapshot, nullptr);
-    } catch (nb::python_error& e) {
-      if (e.matches(PyExc_KeyboardInterrupt)) throw;
-      failure.emplace(std::move(e));
-    }
-    std::shared_ptr<Handle> h = std::move(handle_);
-    {
-      nb::gil_scoped_release release;
-      h.reset();
-    }
-    for (auto& r : detached_) collect(*r);
-    detached_.clear();
-    pending_.clear();
-    if (failure) {
-      failure->restore();
-      throw nb::python_error();
-    }
+    std::shared_ptr<Handle> h = handle_;
+    // Everything queued for wait() is collected first so that its failures are raised here;
+    // a KeyboardInterrupt leaves the handle open and the operations pending.
+    CollectOptions options;
+    options.through = h->mark();
+    WaitResult r = collect_interruptibly(*h, options, nullptr);
+    if (handle_ == h) handle_.reset();  // (another thread's close() may have been first)
+    shutdown(std::move(h));
+    finish(r);
   }
 
   bool closed() const { return !handle_; }
 
-  std::size_t pending() const {
-    std::size_t n = 0;
-    for (const auto& r : pending_) n += r->owner == Owner::Wait && !r->collected;
-    return n;
-  }
+  std::size_t pending() const { return engine()->pending(); }
 
   const HandleOptions& options() const { return engine()->options(); }
 
@@ -327,99 +263,112 @@ class PyHandle {
   }
 
  private:
-  // Waits for `snapshot` (the GIL released, signals honoured), collects every record that
-  // no other thread collected meanwhile, and raises the first failure after all finished.
-  std::size_t finish(std::vector<RecordPtr>& snapshot, const RecordPtr* own) {
-    try {
-      wait_records(snapshot, std::nullopt);
-    } catch (nb::python_error&) {
-      // Interrupted: a sync call's own operation is handed over to wait().
-      if (own != nullptr) (*own)->owner = Owner::Wait;
-      throw;
+  // Waits (GIL released) for every operation, takes back every keep-alive, drops them with
+  // the GIL, then destroys the engine with the GIL released. If another thread still holds
+  // the engine (a call racing with close()), that thread's last reference destroys it, with
+  // the GIL held, later.
+  static void shutdown(std::shared_ptr<Handle> h) {
+    if (!h) return;
+    if (h.use_count() > 1) return;  // not the last holder: see above
+    CollectOptions everything;
+    everything.detached = true;
+    WaitResult r;
+    if (interpreter_finalizing()) {  // the GIL must not be released any more
+      r = h->collect(everything);
+      r.keep_alive.clear();
+      h.reset();
+      return;
     }
-    std::vector<RecordPtr> mine;
-    for (auto& r : snapshot) {
-      if (r->collected) continue;  // another thread's wait() got it first
-      collect(*r);
-      mine.push_back(r);
+    {
+      nb::gil_scoped_release release;
+      r = h->collect(everything);
     }
-    std::erase_if(pending_, [](const RecordPtr& r) { return r->collected; });
-    raise_first_failure(mine);
-    return mine.size();
-  }
-
-  // Drops Future records that are done: nothing uses their buffers any more.
-  // A record whose Op was already dropped is collected here, so that the engine forgets it.
-  void prune_detached() {
-    std::erase_if(detached_, [](const RecordPtr& r) {
-      if (!r->collected && !r->fut.done()) return false;
-      if (!r->collected && r.use_count() == 1) collect(*r);
-      return true;
-    });
+    r.keep_alive.clear();
+    warn_uncollected(r);
+    nb::gil_scoped_release release;
+    h.reset();  // holds no keep-alive any more: every operation was collected above
   }
 
   std::shared_ptr<Handle> handle_;
-  std::vector<RecordPtr> pending_;   // Wait and Sync records, in submission order (GIL)
-  std::vector<RecordPtr> detached_;  // Future records not yet known to be done (GIL)
 };
 
 /// The result of one operation submitted through deepio.File (wrapped by deepio.Future).
 class Op {
  public:
-  explicit Op(RecordPtr rec) : rec_(std::move(rec)) {}
+  Op(Future fut, bool write, std::uint64_t offset, std::size_t nbytes)
+      : fut_(std::move(fut)), write_(write), offset_(offset), nbytes_(nbytes) {}
   ~Op() {
-    // Collect so that the engine forgets the operation; its buffer is released when the
-    // operation is done (the handle holds the record until then).
-    if (rec_ && rec_->fut.done()) collect(*rec_);
+    // Collect a finished operation now (GIL held) so that its buffer is released at once;
+    // a running one is collected by its handle once done.
+    if (fut_.done()) {
+      try {
+        fut_.get();
+      } catch (const Error&) {  // its outcome belonged to this Op only
+      }
+    }
   }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
-  bool done() const { return rec_->collected || rec_->fut.done(); }
+  bool done() const { return fut_.done(); }
 
-  bool wait(std::optional<double> timeout) {
-    if (rec_->collected) return true;
-    return wait_records({rec_}, deadline_after(timeout));
-  }
+  bool wait(std::optional<double> timeout) { return wait_future(fut_, deadline_after(timeout)); }
 
   /// Waits, then returns the bytes transferred or raises the operation's exception;
   /// TimeoutError when `timeout` passes first.
   std::size_t result(std::optional<double> timeout) {
-    if (!ensure_collected(timeout)) {
-      PyErr_SetString(PyExc_TimeoutError, "the operation did not finish in time");
-      throw nb::python_error();
+    ensure_done(timeout);
+    collected_ = true;
+    try {
+      return fut_.get();  // releases the buffer here, with the GIL
+    } catch (const Error& e) {
+      raise_error(e);
     }
-    if (rec_->error) raise_error(*rec_->error);
-    return rec_->result;
   }
 
   /// The failure as an exception object, or None (waits like result()).
   nb::object exception(std::optional<double> timeout) {
-    if (!ensure_collected(timeout)) {
+    ensure_done(timeout);
+    collected_ = true;
+    try {
+      fut_.get();
+    } catch (const Error& e) {
+      return make_exception(e);
+    }
+    return nb::none();
+  }
+
+  bool write() const { return write_; }
+  bool collected() const { return collected_; }
+  std::uint64_t offset() const { return offset_; }
+  std::size_t nbytes() const { return nbytes_; }
+
+ private:
+  void ensure_done(std::optional<double> timeout) {
+    if (!wait_future(fut_, deadline_after(timeout))) {
       PyErr_SetString(PyExc_TimeoutError, "the operation did not finish in time");
       throw nb::python_error();
     }
-    return rec_->error ? make_exception(*rec_->error) : nb::none();
   }
 
-  bool write() const { return rec_->write; }
-  bool collected() const { return rec_->collected; }
-  std::uint64_t offset() const { return rec_->offset; }
-  std::size_t nbytes() const { return rec_->nbytes; }
-
- private:
-  bool ensure_collected(std::optional<double> timeout) {
-    if (rec_->collected) return true;
-    if (!wait_records({rec_}, deadline_after(timeout))) return false;
-    collect(*rec_);
-    return true;
-  }
-
-  RecordPtr rec_;
+  Future fut_;
+  bool write_;
+  std::uint64_t offset_;
+  std::size_t nbytes_;
+  bool collected_ = false;
 };
 
 std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
-  return std::make_shared<Op>(submit(write, buffer, file, file_offset, Owner::Future));
+  auto h = engine();
+  std::size_t nbytes = 0;
+  Future fut = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, &nbytes);
+  // Buffers of finished operations whose Op was dropped early are released here: a File
+  // user may never call wait() on this handle. Collects nothing else; never blocks.
+  CollectOptions reap;
+  reap.through = 0;
+  WaitResult r = h->collect(reap);
+  r.keep_alive.clear();
+  return std::make_shared<Op>(std::move(fut), write, static_cast<std::uint64_t>(file_offset), nbytes);
 }
 
 void init_handle(nb::module_& m) {
@@ -442,13 +391,8 @@ void init_handle(nb::module_& m) {
            nb::arg("block_size") = 1 << 20, nb::arg("queue_depth") = 128, nb::arg("single_submit") = false,
            nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("backend") = "auto",
            nb::arg("direct_io") = "auto")
-      .def(
-          "submit",
-          [](PyHandle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t offset) {
-            h.submit(write, buffer, file, offset, Owner::Wait);
-          },
-          nb::arg("write"), nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
-          "Queues a read or write for wait(); raises on submission failures.")
+      .def("submit", &PyHandle::submit, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
+           nb::arg("file_offset") = 0, "Queues a read or write for wait(); raises on submission failures.")
       .def("sync", &PyHandle::sync, nb::arg("write"), nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
            nb::arg("drain") = true,
            "Submits and waits (drain: also for everything queued for wait()); returns the count collected.")

@@ -180,3 +180,43 @@ def test_no_descriptor_leak_over_many_ops(random_file, tmp_dir):
     with pytest.raises(FileNotFoundError):
         h.sync_pread(b, str(tmp_dir / "missing"))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_future_dropped_while_running_keeps_buffer_until_done(random_file, fault):
+    """An Op (deepio.File's future) dropped before its read finished: the engine keeps the
+    buffer until the read is done, and the next submission on the handle releases it."""
+    path, data = random_file(8192)
+    h = _deepio.Handle(4096, 2, False, False, 1, "threads", "auto")
+    fault("read", delay=0.2, count=2)
+    buf = np.empty(8192, np.uint8)
+    ref = weakref.ref(buf)
+    with open(path, "rb") as f:
+        h.submit_future(False, buf, f.fileno(), 0)  # the Op is dropped at once
+        del buf
+        gc.collect()
+        assert ref() is not None  # still being read into
+        time.sleep(0.6)
+        assert ref() is not None  # done, but nothing collected it yet
+        h.submit_future(False, bytearray(1), f.fileno(), 0).result()
+    assert ref() is None
+    assert h.wait() == 0  # File-style operations are never counted by wait()
+
+
+def test_ctrl_c_during_drain_free_read_hands_op_to_wait(random_file, fault):
+    """read() (a synchronous call that does not drain the handle) interrupted: its operation
+    keeps running with its buffer referenced and the next wait() collects it."""
+    path, data = random_file(4096)
+    h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
+    fault("read", delay=0.5, count=1)
+    buf = np.empty(4096, np.uint8)
+    ref = weakref.ref(buf)
+    timer = _interrupt_main_after(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        h.read(buf, str(path))
+    timer.join()
+    del buf
+    gc.collect()
+    assert ref() is not None
+    assert h.pending() == 1
+    assert h.wait() == 1
+    assert ref() is None

@@ -198,3 +198,34 @@ def test_each_op_counted_by_exactly_one_waiter(random_file):
         t.join(30)
     assert sum(counts) == 64
     assert all(b.tobytes() == data for b in bufs)
+
+
+@needs_numpy
+def test_sync_call_counts_its_own_op_while_another_thread_waits(random_file):
+    """A sync call collects its own operation even when wait() runs in another thread at the
+    same time: the count is never 0 and its failure is never raised elsewhere."""
+    import numpy as np
+
+    h = deepio.aio_handle(4096, 4, False, False, 2)
+    path, data = random_file(1 << 14)
+    stop = threading.Event()
+    errors = []
+
+    def waiter():
+        try:
+            while not stop.is_set():
+                h.wait()
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    try:
+        buf = np.empty(1 << 14, np.uint8)
+        counts = [h.sync_pread(buf, str(path)) for _ in range(200)]
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors
+    assert min(counts) >= 1
+    assert buf.tobytes() == data
