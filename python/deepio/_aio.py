@@ -22,13 +22,18 @@ from . import _buffers, _deepio
 
 FileArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", int]
 
-_DIRECT_IO = {True: "on", False: "off", None: "auto", "auto": "auto", "on": "on", "off": "off"}
+# Aliases only: the names themselves ("auto", "on", "off") are checked by the engine, which
+# raises deepio.InvalidArgumentError (a ValueError) naming direct_io for anything else.
+_DIRECT_IO_ALIASES = {True: "on", False: "off", None: "auto"}
 
 
 class ValidationError(OSError):
     """validate=True found different bytes in the file than in the buffer (errno EIO)."""
 
 
+# Type coercions for DeepNVMe's positional arguments (NumPy integers and bools in, bools not
+# taken for integers). The values themselves are checked once, by the engine: a zero or
+# negative size raises deepio.InvalidArgumentError (a ValueError) naming the parameter.
 def _int_arg(name: str, value: Any) -> int:
     if not isinstance(value, bool):
         try:
@@ -125,10 +130,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         overlap_events = _bool_arg("overlap_events", overlap_events)
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, not {type(backend).__qualname__}")
-        try:
-            direct = _DIRECT_IO[direct_io]  # type: ignore[index]
-        except (KeyError, TypeError):
-            raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}") from None
+        direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io) if isinstance(direct_io, (bool, int, type(None))) else direct_io
+        if not isinstance(direct, str):
+            raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
         self._h = _deepio.Handle(
             block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
         )

@@ -5,15 +5,18 @@ short transfers) through the extension's test-only fault hook."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
 
 import deepio
+import deepio.compat
 from deepio import _deepio
 
 np = pytest.importorskip("numpy")  # every test here uses NumPy buffers; torch ones live elsewhere
@@ -330,6 +333,97 @@ def test_bad_io_arguments(random_file):
     assert ei.value.errno == errno.EBADF
     assert "fd 987654" in str(ei.value)
     assert h.pending() == 0
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"block_size": 0}, "block_size"),
+    ({"block_size": -4096}, "block_size"),
+    ({"queue_depth": -1}, "queue_depth"),
+    ({"queue_depth": 65537}, "queue_depth"),
+    ({"intra_op_parallelism": 0}, "intra_op_parallelism"),
+    ({"num_threads": 1025}, "intra_op_parallelism"),  # DeepNVMe's older name, same check
+    ({"backend": "spdk"}, "backend"),
+    ({"direct_io": "maybe"}, "direct_io"),
+])
+def test_bad_options_are_einval_value_errors(kwargs, name):
+    """The engine checks options once; its EINVAL reaches Python as deepio.InvalidArgumentError,
+    both a ValueError and an OSError, naming the parameter and the value as written."""
+    with pytest.raises(ValueError, match=name) as ei:
+        deepio.aio_handle(**kwargs)
+    e = ei.value
+    assert isinstance(e, deepio.InvalidArgumentError) and isinstance(e, OSError)
+    assert e.errno == errno.EINVAL
+    value = next(iter(kwargs.values()))
+    if isinstance(value, int):
+        assert f"got {value}" in str(e)
+
+
+def test_bad_options_positional_like_deepnvme():
+    with pytest.raises(ValueError, match="queue_depth"):
+        deepio.aio_handle(4096, 0, False, False, 1)
+    with pytest.raises(ValueError, match="intra_op_parallelism"):
+        deepio.aio_handle(4096, 8, False, False, -2)
+    with pytest.raises(ValueError, match="block_size"):
+        deepio.compat.aio_read(bytearray(1), "/nonexistent", 0, 8, False, False, False)
+    # the bounds themselves are accepted
+    assert deepio.aio_handle(1, 65536, False, False, 1, backend="threads").get_queue_depth() == 65536
+    assert deepio.aio_handle(1, 8, False, False, 1024, backend="threads").get_intra_op_parallelism() == 1024
+
+
+@pytest.mark.parametrize("call", ["async_pread", "async_pwrite", "sync_pread", "sync_pwrite", "read", "write",
+                                  "pread", "pwrite", "fd"])
+def test_negative_offset_is_einval_value_error(call, random_file):
+    path, data = random_file(4096)
+    h = deepio.aio_handle(backend="threads")
+    buf = np.zeros(16, np.uint8)
+    ref = weakref.ref(buf)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        run = {
+            "async_pread": lambda: h.async_pread(buf, str(path), -1),
+            "async_pwrite": lambda: h.async_pwrite(buf, str(path), -1),
+            "sync_pread": lambda: h.sync_pread(buf, str(path), -1),
+            "sync_pwrite": lambda: h.sync_pwrite(buf, str(path), -1),
+            "read": lambda: h.read(buf, str(path), False, -1),
+            "write": lambda: h.write(buf, str(path), False, -1),
+            "pread": lambda: h.pread(buf, str(path), False, True, file_offset=-1),
+            "pwrite": lambda: h.pwrite(buf, str(path), False, False, -1),
+            "fd": lambda: h.async_pread(buf, fd=fd, file_offset=-1),
+        }[call]
+        with pytest.raises(ValueError, match="file_offset") as ei:
+            run()
+    finally:
+        os.close(fd)
+    e = ei.value
+    assert isinstance(e, deepio.InvalidArgumentError) and e.errno == errno.EINVAL
+    assert "got -1" in str(e)
+    assert h.pending() == 0 and h.wait() == 0
+    assert path.read_bytes() == data  # nothing was written
+    del buf, run, e, ei  # (the traceback's frames reference the buffer too)
+    gc.collect()
+    assert ref() is None  # a refused submission keeps no reference to the buffer
+
+
+def test_negative_offset_through_file_is_einval_value_error(random_file):
+    path, data = random_file(4096)
+    with deepio.File(path, "r+") as f:
+        for submit in (f.pread, f.pwrite, f.read_into, f.write_from):
+            with pytest.raises(ValueError, match="file_offset") as ei:
+                submit(bytearray(8), -8)
+            assert isinstance(ei.value, OSError) and ei.value.errno == errno.EINVAL
+        assert f.pread(bytearray(8), 8).result() == 8  # the file and handle keep working
+    assert path.read_bytes() == data
+
+
+def test_einval_from_the_file_system_is_not_a_value_error(tmp_dir, fault):
+    """EINVAL that the kernel or file system returns (here: O_DIRECT refused with
+    direct_io="on", injected at open) stays a plain OSError."""
+    fault("open", errno=errno.EINVAL, count=1)
+    h = deepio.aio_handle(direct_io="on")
+    with pytest.raises(OSError) as ei:
+        h.sync_pwrite(np.zeros(4096, np.uint8), str(tmp_dir / "refuses_direct.bin"))
+    assert ei.value.errno == errno.EINVAL
+    assert not isinstance(ei.value, ValueError)
 
 
 def test_closed_handle(random_file):
