@@ -153,7 +153,7 @@ def worker():
     if failures:
         print(f"Rank {rank}: " + "; ".join(failures), flush=True)
         sys.exit(1)
-    print("Successfully passed the test for MPI Backend at Rank {}".format(rank), flush=True)
+    print(f"Successfully passed the test for MPI Backend at Rank {rank}", flush=True)
     dist.destroy_process_group()
 
 

@@ -104,7 +104,7 @@ def ref_scale(v):
     import numpy as np
 
     v64 = v.astype(np.float64)
-    lanes = [np.cumsum(v64[l::8] * v64[l::8])[-1] if v64[l::8].size else 0.0 for l in range(8)]
+    lanes = [np.cumsum(v64[k::8] * v64[k::8])[-1] if v64[k::8].size else 0.0 for k in range(8)]
     lanes = [np.float64(x) for x in lanes]
     total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
     return np.float32(np.sqrt(total)) / np.float32(np.sqrt(np.float64(v.size)))
@@ -183,10 +183,11 @@ def _spec(comm, use_torch):
         try:
             import torch
         except ImportError:
-            raise Skip("needs torch")
+            raise Skip("needs torch") from None
     w, me = comm.Get_size(), comm.Get_rank()
     keys = comm.allgather(me)
-    for chunks, short, in_place in [(1, 0, True), (37, 0, True), (37, 11, False), (37, 8 * w + 3, True), (1000, 5, True)]:
+    shapes = [(1, 0, True), (37, 0, True), (37, 11, False), (37, 8 * w + 3, True), (1000, 5, True)]
+    for chunks, short, in_place in shapes:
         n = 8 * w * chunks
         n0 = n - short
         we_ref = [np.zeros(n, np.float32) for _ in range(w)]
@@ -337,7 +338,9 @@ def case_size_errors(comm):
     _expect_value_error_everywhere(
         comm, lambda: call(0 if me == 0 else n, n, n // w), "differs across ranks", "input_mismatch", -1
     )
-    _expect_value_error_everywhere(comm, lambda: call(n + 1, n, n // w), "longer than worker_error", "input_too_long", 0)
+    _expect_value_error_everywhere(
+        comm, lambda: call(n + 1, n, n // w), "longer than worker_error", "input_too_long", 0
+    )
     # Aliasing: worker_error and server_error in one array, on the last rank only.
     both = np.zeros(n + n // w, np.float32)
 
@@ -422,12 +425,16 @@ def case_type_errors(comm):
 
     w = comm.Get_size()
     n = 8 * w
+
+    def zeros(shape):
+        return np.zeros(shape, np.float32)
+
     for bad, exc in [
-        (lambda: dcomm.compressed_allreduce(np.ones(n), np.zeros(n, np.float32), np.zeros(8, np.float32), comm), TypeError),
-        (lambda: dcomm.compressed_allreduce(np.ones((n, 2), np.float32)[:, 0], np.zeros(n, np.float32), np.zeros(8, np.float32), comm), ValueError),
-        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), np.zeros((n, 1), np.float32), np.zeros(8, np.float32), comm), ValueError),
-        (lambda: dcomm.compressed_allreduce([1.0] * n, np.zeros(n, np.float32), np.zeros(8, np.float32), comm), TypeError),
-        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), np.zeros(n, np.float32), np.zeros(8, np.float32), "world"), TypeError),
+        (lambda: dcomm.compressed_allreduce(np.ones(n), zeros(n), zeros(8), comm), TypeError),
+        (lambda: dcomm.compressed_allreduce(np.ones((n, 2), np.float32)[:, 0], zeros(n), zeros(8), comm), ValueError),
+        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), zeros((n, 1)), zeros(8), comm), ValueError),
+        (lambda: dcomm.compressed_allreduce([1.0] * n, zeros(n), zeros(8), comm), TypeError),
+        (lambda: dcomm.compressed_allreduce(np.ones(n, np.float32), zeros(n), zeros(8), "world"), TypeError),
     ]:
         try:
             bad()
@@ -484,7 +491,7 @@ def _init_gloo(comm):
         import torch
         import torch.distributed as dist
     except ImportError:
-        raise Skip("needs torch")
+        raise Skip("needs torch") from None
     if not dist.is_available() or not dist.is_gloo_available():
         raise Skip("torch.distributed with gloo unavailable")
     if not dist.is_initialized():
@@ -524,14 +531,18 @@ def case_torch_distributed_matches_mpi(comm):
     # same class, same reason codes as the MPI transport.
     _expect_value_error_everywhere(
         comm,
-        lambda: dcomm.compressed_allreduce_torch(torch.ones(n), torch.zeros(n + 8 if me == 0 else n), torch.zeros(n // w)),
+        lambda: dcomm.compressed_allreduce_torch(
+            torch.ones(n), torch.zeros(n + 8 if me == 0 else n), torch.zeros(n // w)
+        ),
         "invalid arguments on rank 0",
         "worker_not_multiple",
         0,
     )
     _expect_value_error_everywhere(
         comm,
-        lambda: dcomm.compressed_allreduce_torch(torch.ones(n - 1 if me == w - 1 else n), torch.zeros(n), torch.zeros(n // w)),
+        lambda: dcomm.compressed_allreduce_torch(
+            torch.ones(n - 1 if me == w - 1 else n), torch.zeros(n), torch.zeros(n // w)
+        ),
         "input length differs across ranks",
         "input_mismatch",
         -1,

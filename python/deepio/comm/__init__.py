@@ -30,9 +30,9 @@ All calls are collective over the communicator/group. They release the GIL while
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from .. import _comm  # type: ignore[attr-defined]
+from .. import _comm
 
 __all__ = [
     "compressed_allreduce",
@@ -226,7 +226,8 @@ def _torch_transport(inp: Any, out: Any, we: Any, se: Any, group: Any) -> None:
     rank = dist.get_rank(group)
     # Size agreement: the C++ stage the MPI transport runs too (same checks, same reason codes);
     # every rank raises deepio.InvalidArgumentError, or none does.
-    agree = torch.empty(7, dtype=torch.int64)
+    # Buffers are torch tensors; _comm takes any framework's (its stub says NDArray): Any.
+    agree: Any = torch.empty(7, dtype=torch.int64)
     _comm.agreement_message(inp, out, we, se, w, rank, agree)
     dist.all_reduce(agree, op=dist.ReduceOp.MAX, group=group)
     _comm.agreement_verdict(agree, inp, out, we, se, w, rank, "compressed_allreduce_torch: ")
@@ -237,10 +238,10 @@ def _torch_transport(inp: Any, out: Any, we: Any, se: Any, group: Any) -> None:
         return
 
     stride = _comm.block_stride(ns)
-    send = torch.empty(w * stride, dtype=torch.uint8)
-    recv = torch.empty(w * stride, dtype=torch.uint8)
-    own = torch.empty(stride, dtype=torch.uint8)
-    gathered = torch.empty(w * stride, dtype=torch.uint8)
+    send: Any = torch.empty(w * stride, dtype=torch.uint8)
+    recv: Any = torch.empty(w * stride, dtype=torch.uint8)
+    own: Any = torch.empty(stride, dtype=torch.uint8)
+    gathered: Any = torch.empty(w * stride, dtype=torch.uint8)
     _comm.worker_stage(inp, we, w, send)
     dist.all_to_all_single(recv, send, group=group)
     _comm.server_stage(recv, se, w, own)
@@ -281,22 +282,23 @@ class TorchBackend:
 # ---- packing primitives ----------------------------------------------------------------------
 
 
-def pack_signs(x: Any, out: Optional[Any] = None, kernel: str = "best") -> Any:
+def pack_signs(x: Any, out: Any | None = None, kernel: str = "best") -> Any:
     """Pack the sign bits of a float32 vector (1 for x >= 0, -0.0 and NaN; MSB first, as
     ``numpy.packbits(x >= 0)``) into ``out`` (uint8, ceil(n/8) bytes; allocated if None)."""
     flat = _flat_input(x)
-    if out is None:
+    packed: Any = out  # a NumPy array or a torch tensor: _comm takes either
+    if packed is None:
         n = (flat.shape[0] + 7) // 8
         if _is_torch(x):
             import torch
 
-            out = torch.empty(n, dtype=torch.uint8)
+            packed = torch.empty(n, dtype=torch.uint8)
         else:
             import numpy as np
 
-            out = np.empty(n, dtype=np.uint8)
-    _comm.pack_signs(flat, out, kernel)
-    return out
+            packed = np.empty(n, dtype=np.uint8)
+    _comm.pack_signs(flat, packed, kernel)
+    return packed
 
 
 def unpack_signs(packed: Any, out: Any, scale: float = 1.0, kernel: str = "best") -> Any:
