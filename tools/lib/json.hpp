@@ -71,7 +71,7 @@ struct JsonValue {
   [[nodiscard]] double num(std::string_view key, double fallback = 0.0) const;
 };
 
-/// Parses one JSON document (nesting up to 64 deep); on failure returns nullopt and sets
+/// Parses one JSON document (at most 65 nested arrays/objects); on failure returns nullopt and sets
 /// `error` to what went wrong and the byte offset.
 std::optional<JsonValue> parse_json(std::string_view text, std::string* error = nullptr);
 

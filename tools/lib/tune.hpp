@@ -95,7 +95,7 @@ struct TuneOptions {
   std::uint64_t io_size = 400ULL << 20;  ///< the full size (final stage, exhaustive)
   std::size_t loops = 1;                 ///< loops per run at the full size
   bool read = true, write = true;        ///< which operations to measure (at least one)
-  std::function<void(const TuneRecord&)> on_record;  ///< called after each configuration
+  std::function<void(const TuneRecord&)> on_record = {};  ///< called after each configuration
 };
 
 struct TuneOutcome {

@@ -1,0 +1,129 @@
+// The fio runner: the command line, the report parser on fio's real JSON shape, and the
+// runner against a stand-in program (always) and the real fio (when installed).
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "common/support.hpp"
+#include "fio.hpp"
+#include "process.hpp"
+
+namespace deepio::cli {
+namespace {
+
+// The parts of fio 3.33's --output-format=json that the parser reads, after the note fio
+// prints first when it lays out a file.
+const char* const kReport = R"(note: both iodepth >= 1 and synchronous I/O engine are selected
+{
+  "fio version" : "fio-3.33",
+  "jobs" : [
+    {
+      "jobname" : "deepio-ceiling",
+      "job_runtime" : 500,
+      "usr_cpu" : 2.0,
+      "sys_cpu" : 8.0,
+      "read" : { "io_bytes" : 1073741824, "runtime" : 400 },
+      "write" : { "io_bytes" : 0, "runtime" : 0 }
+    }
+  ]
+}
+)";
+
+TEST(Fio, CommandLine) {
+  const FioJob job{"/d/f.bin", true, 64 << 20, 1 << 20, 32, 4, "libaio", true};
+  const std::vector<std::string> argv = fio_argv("fio", job);
+  const std::vector<std::string> want = {
+      "fio", "--name=deepio-ceiling", "--filename=/d/f.bin", "--rw=write", "--bs=1048576", "--iodepth=32",
+      "--ioengine=libaio", "--direct=1", "--size=16777216", "--numjobs=4", "--group_reporting", "--thread",
+      "--fallocate=none", "--invalidate=1", "--output-format=json", "--offset_increment=16777216", "--end_fsync=1"};
+  EXPECT_EQ(argv, want);
+  const std::vector<std::string> read = fio_argv("fio", {"/f", false, 1 << 20, 4096, 1, 1, "psync", false});
+  EXPECT_EQ(read[3], "--rw=read");
+  EXPECT_EQ(read[7], "--direct=0");
+  EXPECT_EQ(read.back(), "--output-format=json") << "one job: no offset_increment, no end_fsync";
+  EXPECT_EQ(fio_engine_for(BackendKind::IoUring), "io_uring");
+  EXPECT_EQ(fio_engine_for(BackendKind::Libaio), "libaio");
+  EXPECT_EQ(fio_engine_for(BackendKind::Threads), "psync");
+}
+
+TEST(Fio, ReportParser) {
+  const FioResult r = parse_fio_report(kReport, false);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.sample.nbytes, 1ULL << 30);
+  EXPECT_DOUBLE_EQ(r.sample.seconds, 0.4);
+  EXPECT_DOUBLE_EQ(r.sample.cpu_seconds, 0.05) << "(2 + 8) % of the 500 ms job runtime";
+  EXPECT_DOUBLE_EQ(r.sample.gib_per_s(), 2.5);
+
+  EXPECT_EQ(parse_fio_report(kReport, true).error, "fio reported no I/O");
+  EXPECT_EQ(parse_fio_report("fio: no jobs", false).error, "cannot parse fio's JSON output");
+  EXPECT_EQ(parse_fio_report("{\"jobs\": [", false).error, "cannot parse fio's JSON output: unexpected end at offset 10");
+  EXPECT_EQ(parse_fio_report("{\"jobs\": []}", false).error, "cannot parse fio's JSON output");
+}
+
+/// A stand-in for fio in `dir`: prints `stdout_text`, `stderr_text`, exits with `status`, and
+/// records its arguments one per line in dir/args.
+std::string fake_fio(const test::TempDir& dir, const std::string& stdout_text, const std::string& stderr_text,
+                     int status) {
+  std::ofstream(dir.file("out.txt")) << stdout_text;
+  std::ofstream(dir.file("err.txt")) << stderr_text;
+  const std::string path = dir.file("fio");
+  std::ofstream(path) << "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > '" << dir.file("args") << "'\n"
+                      << "cat '" << dir.file("out.txt") << "'; cat '" << dir.file("err.txt") << "' >&2; exit " << status
+                      << "\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+TEST(Fio, RunnerAgainstAStandIn) {
+  test::TempDir dir;
+  const std::string fio = fake_fio(dir, kReport, "", 0);
+  const FioJob job{"/data/x.bin", false, 1 << 30, 1 << 20, 8, 1, "io_uring", true};
+  const FioResult r = run_fio(fio, job);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_DOUBLE_EQ(r.sample.gib_per_s(), 2.5);
+  std::string cmd;
+  for (const auto& a : fio_argv(fio, job)) cmd += (cmd.empty() ? "" : " ") + a;
+  EXPECT_EQ(r.command, cmd);
+  std::ifstream args(dir.file("args"));
+  std::string first;
+  std::getline(args, first);
+  EXPECT_EQ(first, "--name=deepio-ceiling") << "the arguments arrived one by one";
+}
+
+TEST(Fio, RunnerReportsFailures) {
+  test::TempDir dir;
+  const std::string fio = fake_fio(dir, "", "fio: engine io_uring not loadable\nmore detail\n", 1);
+  const FioResult r = run_fio(fio, {});
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error, "fio exited with status 1: fio: engine io_uring not loadable");
+  EXPECT_FALSE(r.command.empty());
+
+  const FioResult missing = run_fio(dir.file("no-fio-here"), {});
+  EXPECT_FALSE(missing.ok);
+  EXPECT_EQ(missing.error, "cannot run " + dir.file("no-fio-here") + ": No such file or directory");
+  EXPECT_TRUE(fio_version(dir.file("no-fio-here")).empty());
+}
+
+TEST(Fio, RealFio) {
+  const std::string fio = find_on_path("fio");
+  if (fio.empty()) GTEST_SKIP() << "fio is not installed";
+  EXPECT_EQ(fio_version(fio).rfind("fio-", 0), 0U) << fio_version(fio);
+  test::TempDir dir;
+  const std::string file = dir.file("data.bin");
+  const bool direct = probe_direct_io(dir.path().string()).supported;
+  const FioResult w = run_fio(fio, {file, true, 4 << 20, 1 << 20, 4, 2, "psync", direct});
+  ASSERT_TRUE(w.ok) << w.error << "\n" << w.command;
+  EXPECT_EQ(w.sample.nbytes, 4U << 20);
+  EXPECT_GT(w.sample.seconds, 0.0);
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4 << 20) << "two jobs of 2 MiB, one after the other in the file";
+  const FioResult r = run_fio(fio, {file, false, 4 << 20, 1 << 20, 4, 1, "psync", direct});
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.sample.nbytes, 4U << 20);
+}
+
+}  // namespace
+}  // namespace deepio::cli
