@@ -297,11 +297,8 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
 int cmd_bench(int argc, char** argv) {
   const ArgParser parser = make_parser();
   std::vector<std::string> errors;
-  ParsedArgs a = parser.parse(argc, argv, 1, errors);
-  if (a.has("--help")) {
-    std::fputs(parser.help().c_str(), stdout);
-    return 0;
-  }
+  ParsedArgs a;
+  if (parse_or_help(parser, argc, argv, a, errors)) return 0;
   if (a.has("--io_size")) {
     for (const char* f : kCompareOnly) {
       if (a.has(f)) errors.push_back(std::string(f) + " belongs to the comparison mode (without --io_size)");

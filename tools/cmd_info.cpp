@@ -29,11 +29,8 @@ ArgParser make_parser() {
 int cmd_info(int argc, char** argv) {
   const ArgParser parser = make_parser();
   std::vector<std::string> errors;
-  ParsedArgs a = parser.parse(argc, argv, 1, errors);
-  if (a.has("--help")) {
-    std::fputs(parser.help().c_str(), stdout);
-    return 0;
-  }
+  ParsedArgs a;
+  if (parse_or_help(parser, argc, argv, a, errors)) return 0;
   std::string folder = a.get("--folder");
   if (a.has("--folder")) {
     // A read-only folder can still be inspected.

@@ -138,11 +138,8 @@ TuneResult run_tune(const ParsedArgs& a, TuneRequest& r, const std::vector<std::
 int cmd_tune(int argc, char** argv) {
   const ArgParser parser = make_parser();
   std::vector<std::string> errors;
-  ParsedArgs a = parser.parse(argc, argv, 1, errors);
-  if (a.has("--help")) {
-    std::fputs(parser.help().c_str(), stdout);
-    return 0;
-  }
+  ParsedArgs a;
+  if (parse_or_help(parser, argc, argv, a, errors)) return 0;
   TuneRequest r = read_request(a, errors);
   if (!errors.empty()) return print_errors(kProg, errors);
   TuneSummary summary{a.has("--exhaustive"), r.dirs, r.options.io_size, {}, r.space.all().size(), 0, 0, a.has("--gds")};

@@ -83,6 +83,22 @@ TEST(Args, ArgvFormSkipsTheWordsBeforeFirst) {
   EXPECT_TRUE(a.has("--read"));
 }
 
+TEST(Args, ParseOrHelpPrintsTheHelpOnly) {
+  const ArgParser p = sample_parser();
+  const char* with_help[] = {"demo", "--bogus", "--help"};
+  std::vector<std::string> errors;
+  ParsedArgs a;
+  testing::internal::CaptureStdout();
+  EXPECT_TRUE(parse_or_help(p, 3, const_cast<char**>(with_help), a, errors));
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), p.help()) << "--help wins over a bad flag";
+  const char* without[] = {"demo", "--read"};
+  errors.clear();
+  testing::internal::CaptureStdout();
+  EXPECT_FALSE(parse_or_help(p, 2, const_cast<char**>(without), a, errors));
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_TRUE(a.has("--read"));
+}
+
 TEST(Args, SizesWithSuffixes) {
   EXPECT_EQ(parse_size("4096"), 4096U);
   EXPECT_EQ(parse_size("64K"), 64U << 10);

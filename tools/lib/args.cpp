@@ -137,6 +137,13 @@ std::string ArgParser::help() const {
   return h;
 }
 
+bool parse_or_help(const ArgParser& parser, int argc, char** argv, ParsedArgs& out, std::vector<std::string>& errors) {
+  out = parser.parse(argc, argv, 1, errors);
+  if (!out.has("--help")) return false;
+  std::fputs(parser.help().c_str(), stdout);
+  return true;
+}
+
 int print_errors(const std::string& prog, const std::vector<std::string>& errors) {
   for (const auto& e : errors) std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), e.c_str());
   return 2;

@@ -68,6 +68,11 @@ class ArgParser {
   std::vector<ArgSpec> specs_;
 };
 
+/// The start of every subcommand: parses argv[1..argc) (argv[0] is the subcommand's name)
+/// into `out`, appending problems to `errors`. Returns true when -h/--help was given: the
+/// help has then been printed on stdout, and the command exits 0 whatever else was wrong.
+bool parse_or_help(const ArgParser& parser, int argc, char** argv, ParsedArgs& out, std::vector<std::string>& errors);
+
 /// Prints each error as one line "<prog>: error: <msg>" on stderr; returns the exit status 2.
 int print_errors(const std::string& prog, const std::vector<std::string>& errors);
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "compare.hpp"
+#include "dsio_report.hpp"
 #include "format.hpp"
 #include "json.hpp"
 #include "table.hpp"
@@ -79,11 +80,7 @@ void json_settings(Json& j, const CompareReport& r) {
   const HandleOptions& ho = r.handle;
   j.begin_object("config");
   j.value("backend", to_string(r.backend));
-  j.value("block_size", static_cast<std::uint64_t>(ho.block_size));
-  j.value("queue_depth", static_cast<std::uint64_t>(ho.queue_depth));
-  j.value("single_submit", ho.single_submit);
-  j.value("overlap_events", ho.overlap_events);
-  j.value("intra_op_parallelism", static_cast<std::uint64_t>(ho.intra_op_parallelism));
+  handle_json_members(j, ho);
   j.value("direct_io", to_string(ho.direct_io));
   j.end_object();
   j.begin_object("ceiling");

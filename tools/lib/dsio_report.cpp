@@ -69,15 +69,19 @@ std::string ds_io_result_text(const DsIoRequest& r, const DsIoTotals& t, const s
   return out;
 }
 
-namespace {
-
-void config_object(Json& j, const HandleOptions& h, const DsIoTotals& t) {
-  j.begin_object("config");
+void handle_json_members(Json& j, const HandleOptions& h) {
   j.value("block_size", static_cast<std::uint64_t>(h.block_size));
   j.value("queue_depth", static_cast<std::uint64_t>(h.queue_depth));
   j.value("single_submit", h.single_submit);
   j.value("overlap_events", h.overlap_events);
   j.value("intra_op_parallelism", static_cast<std::uint64_t>(h.intra_op_parallelism));
+}
+
+namespace {
+
+void config_object(Json& j, const HandleOptions& h, const DsIoTotals& t) {
+  j.begin_object("config");
+  handle_json_members(j, h);
   j.value("backend", to_string(t.backend));
   j.value("direct_io", to_string(h.direct_io));
   j.end_object();

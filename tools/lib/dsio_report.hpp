@@ -10,6 +10,7 @@
 
 #include "dsio.hpp"
 #include "group.hpp"
+#include "json.hpp"
 
 namespace deepio::cli {
 
@@ -24,6 +25,10 @@ struct DsIoRequest {
   std::string multi_process = "1";        ///< as given
   std::optional<std::string> io_parallel; ///< as given (None when absent)
 };
+
+/// block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism as members
+/// of the open JSON object (every report's "config").
+void handle_json_members(Json& j, const HandleOptions& h);
 
 /// "args = Namespace(...)", "Successful validation ...", "Configuring <n> process to folder
 /// mapping", "[i]: process <d> <----> <folder>" (d = the rank under MPI) and the "tid 0:"
