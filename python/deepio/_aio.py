@@ -16,7 +16,7 @@ from __future__ import annotations
 import operator
 import os
 import sys
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Union
 
 from . import _buffers, _deepio
 
@@ -114,9 +114,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         intra_op_parallelism: int = 1,
         *,
         backend: str = "auto",
-        direct_io: Union[str, bool, None] = "auto",
-        num_threads: Optional[int] = None,
-        thread_count: Optional[int] = None,
+        direct_io: str | bool | None = "auto",
+        num_threads: int | None = None,
+        thread_count: int | None = None,
     ) -> None:
         for alias, value in (("num_threads", num_threads), ("thread_count", thread_count)):
             if value is not None:
@@ -130,14 +130,16 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         overlap_events = _bool_arg("overlap_events", overlap_events)
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, not {type(backend).__qualname__}")
-        direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io) if isinstance(direct_io, (bool, int, type(None))) else direct_io
+        direct = direct_io
+        if direct_io is None or isinstance(direct_io, int):
+            direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io)
         if not isinstance(direct, str):
             raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
         self._h = _deepio.Handle(
             block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
         )
         # (buffer, file, offset) of asynchronous operations submitted with validate=True.
-        self._to_validate: List[Tuple[Any, FileArg, int]] = []
+        self._to_validate: list[tuple[Any, FileArg, int]] = []
 
     # ----------------------------------------------------------------- getters (DeepNVMe §1.3)
     def get_block_size(self) -> int:
@@ -189,7 +191,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         buffer: Any,
         filename: FileArg,
         validate: bool = False,
-        async_op: Optional[bool] = None,
+        async_op: bool | None = None,
         file_offset: int = 0,
         **kwargs: Any,
     ) -> int:
@@ -205,7 +207,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         buffer: Any,
         filename: FileArg,
         validate: bool = False,
-        async_op: Optional[bool] = None,
+        async_op: bool | None = None,
         file_offset: int = 0,
         **kwargs: Any,
     ) -> int:
@@ -215,19 +217,19 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return self._sync(True, buffer, filename, file_offset, validate)
 
     def sync_pread(
-        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
     ) -> int:
         """Reads, then waits for every pending operation; returns how many completed (>= 1)."""
         return self._sync(False, buffer, _pick_file(filename, fd, "sync_pread"), file_offset, False)
 
     def sync_pwrite(
-        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
     ) -> int:
         """Writes, then waits for every pending operation; returns how many completed (>= 1)."""
         return self._sync(True, buffer, _pick_file(filename, fd, "sync_pwrite"), file_offset, False)
 
     def async_pread(
-        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
     ) -> int:
         """Queues a read of ``buffer.nbytes`` bytes at ``file_offset``; returns 0. ``filename``
         may be an integer descriptor (or pass ``fd=``), which deepio never closes and which
@@ -235,7 +237,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return self._async(False, buffer, _pick_file(filename, fd, "async_pread"), file_offset, False)
 
     def async_pwrite(
-        self, buffer: Any, filename: Optional[FileArg] = None, file_offset: int = 0, *, fd: Optional[int] = None
+        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
     ) -> int:
         """Queues a write of ``buffer`` at ``file_offset`` (creating, never truncating);
         returns 0. ``filename`` may be an integer descriptor (or ``fd=``), never closed."""
@@ -305,7 +307,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def closed(self) -> bool:
         return self._h.closed
 
-    def __enter__(self) -> "aio_handle":
+    def __enter__(self) -> aio_handle:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

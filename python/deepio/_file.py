@@ -5,13 +5,14 @@ from __future__ import annotations
 import errno as _errno
 import os
 import threading
-from typing import Any, Generator, List, Optional, Union
+from collections.abc import Generator
+from typing import Any, Union
 
 from . import _deepio
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-_default_handle: Optional[Any] = None
+_default_handle: Any | None = None
 _default_lock = threading.Lock()
 
 
@@ -46,13 +47,13 @@ class Future:
     def done(self) -> bool:
         return self._op.done()
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         return self._op.wait(timeout)
 
-    def result(self, timeout: Optional[float] = None) -> int:
+    def result(self, timeout: float | None = None) -> int:
         return self._op.result(timeout)
 
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def exception(self, timeout: float | None = None) -> BaseException | None:
         return self._op.exception(timeout)
 
     @property
@@ -107,7 +108,7 @@ class File:
     """
 
     def __init__(
-        self, path: PathArg, mode: str = "r", *, handle: Any = None, direct_io: Union[str, bool, None] = "auto"
+        self, path: PathArg, mode: str = "r", *, handle: Any = None, direct_io: str | bool | None = "auto"
     ) -> None:
         self._fd = -1
         key = mode.replace("b", "")
@@ -117,7 +118,7 @@ class File:
         if direct not in ("auto", "on", "off"):
             raise ValueError(f"direct_io must be 'auto', 'on' or 'off', not {direct_io!r}")
         self._h = _engine_handle(handle)
-        self._ops: List[Any] = []
+        self._ops: list[Any] = []
         self._lock = threading.Lock()
         self.name = os.fspath(path)
         self.mode = mode
@@ -196,7 +197,7 @@ class File:
             raise ValueError("I/O operation on a closed file")
         return self._fd
 
-    def __enter__(self) -> "File":
+    def __enter__(self) -> File:
         return self
 
     def __exit__(self, *exc: Any) -> None:

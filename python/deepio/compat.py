@@ -18,7 +18,7 @@ DeepSpeed's ``pin_memory`` module (``pin_handle``) over the same process-wide re
 from __future__ import annotations
 
 import types
-from typing import Any, Optional
+from typing import Any
 
 from . import _buffers, _deepio
 from ._aio import aio_handle
@@ -96,7 +96,7 @@ class _Builder:
     BUILD_VAR = ""
     _module: types.ModuleType
 
-    def __init__(self, name: Optional[str] = None) -> None:
+    def __init__(self, name: str | None = None) -> None:
         self.name = name or self.NAME
 
     def absolute_name(self) -> str:
@@ -145,7 +145,7 @@ class GDSBuilder(_Builder):
     BUILD_VAR = "DS_BUILD_GDS"
     _module = gds
 
-    def __init__(self, name: Optional[str] = None) -> None:
+    def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
         self.reason = ""
 

@@ -380,18 +380,18 @@ def test_negative_offset_is_einval_value_error(call, random_file):
     fd = os.open(path, os.O_RDWR)
     try:
         run = {
-            "async_pread": lambda: h.async_pread(buf, str(path), -1),
-            "async_pwrite": lambda: h.async_pwrite(buf, str(path), -1),
-            "sync_pread": lambda: h.sync_pread(buf, str(path), -1),
-            "sync_pwrite": lambda: h.sync_pwrite(buf, str(path), -1),
-            "read": lambda: h.read(buf, str(path), False, -1),
-            "write": lambda: h.write(buf, str(path), False, -1),
-            "pread": lambda: h.pread(buf, str(path), False, True, file_offset=-1),
-            "pwrite": lambda: h.pwrite(buf, str(path), False, False, -1),
-            "fd": lambda: h.async_pread(buf, fd=fd, file_offset=-1),
+            "async_pread": lambda b: h.async_pread(b, str(path), -1),
+            "async_pwrite": lambda b: h.async_pwrite(b, str(path), -1),
+            "sync_pread": lambda b: h.sync_pread(b, str(path), -1),
+            "sync_pwrite": lambda b: h.sync_pwrite(b, str(path), -1),
+            "read": lambda b: h.read(b, str(path), False, -1),
+            "write": lambda b: h.write(b, str(path), False, -1),
+            "pread": lambda b: h.pread(b, str(path), False, True, file_offset=-1),
+            "pwrite": lambda b: h.pwrite(b, str(path), False, False, -1),
+            "fd": lambda b: h.async_pread(b, fd=fd, file_offset=-1),
         }[call]
         with pytest.raises(ValueError, match="file_offset") as ei:
-            run()
+            run(buf)
     finally:
         os.close(fd)
     e = ei.value

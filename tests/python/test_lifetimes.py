@@ -9,14 +9,13 @@ import errno
 import gc
 import threading
 import time
-import warnings
 import weakref
 
 import pytest
 
 import deepio
+from conftest import FRAMEWORKS, fill, make_buffer
 from deepio import _deepio
-from conftest import FRAMEWORKS, as_bytes, fill, make_buffer
 
 np = pytest.importorskip("numpy")
 
