@@ -12,9 +12,10 @@
 // failure = -(rank * kReasonSlots + reason) when the rank's own checks failed, else INT64_MIN.
 // The transport reduces the message element-wise with MAX over all ranks, so the reduced
 // message holds the max and -min of each length and the lowest failing rank with its reason.
-// agreement_verdict then decides from those same values on every rank: all ranks throw the
-// same ArgumentError (same reason, same text) or none does, and no rank is left waiting in a
-// collective the others skipped. Only after it returns may a transport move data.
+// agreement_verdict then decides from those same values on every rank: all ranks throw an
+// ArgumentError with the same reason and rank (the failing rank's text also states its own
+// lengths) or none does, and no rank is left waiting in a collective the others skipped. Only
+// after it returns may a transport move data.
 //
 // Wire layout: a "block" is [fp32 scale, native byte order][B sign bytes], B = C / 8, and is
 // `stride` = B + 4 bytes long. Phase 1 sends block j of the worker buffer (W blocks) to rank
