@@ -321,14 +321,22 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
   // Detached ops whose every Future is gone and that are done: nobody else can collect them.
   // use_count() == 1 under mutex_ means unclaimed_ holds the only reference, and no new one
   // can be made without mutex_; transient references (a worker's, another snapshot's) only
-  // postpone this to a later call.
+  // postpone this to a later call. The count is read first: it costs no lock, and an op
+  // somebody still holds a Future of is skipped without touching its mutex.
+  bool reaped = false;
   for (const auto& op : unclaimed_) {
     if (op.use_count() != 1 || !op->detached()) continue;
     Status err;
     std::shared_ptr<void> keep;
-    if (op->claim(&err, &keep) && keep) result.keep_alive.push_back(std::move(keep));
+    if (!op->claim(&err, &keep)) continue;
+    reaped = true;
+    if (keep) result.keep_alive.push_back(std::move(keep));
   }
-  std::erase_if(unclaimed_, [](const std::shared_ptr<OpState>& op) { return op->claimed(); });
+  // Ops collected by their Future in the middle of the list go with the next call that
+  // collects something; track() drops them from the front meanwhile.
+  if (!ops.empty() || reaped) {
+    std::erase_if(unclaimed_, [](const std::shared_ptr<OpState>& op) { return op->claimed(); });
+  }
   return result;
 }
 
