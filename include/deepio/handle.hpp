@@ -202,6 +202,11 @@ class Handle {
   [[nodiscard]] BackendKind backend() const noexcept;
   [[nodiscard]] HandleStats stats() const noexcept;
 
+ protected:
+  /// For handles that add to the engine (GdsHandle): a handle over a prepared engine.
+  explicit Handle(std::unique_ptr<detail::Engine> engine) noexcept;
+  [[nodiscard]] detail::Engine& engine() const noexcept { return *engine_; }
+
  private:
   std::unique_ptr<detail::Engine> engine_;
 };

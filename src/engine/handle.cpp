@@ -28,6 +28,7 @@ void Future::give_to_wait() const noexcept {
 }
 
 Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
+Handle::Handle(std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
 Handle::~Handle() = default;
 
 Future Handle::async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset,
