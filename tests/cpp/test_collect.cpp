@@ -85,6 +85,18 @@ OpOptions keep(Tracker& t, bool detached = false) {
   return o;
 }
 
+// A collect() with a short deadline while some covered operation still runs: it claims
+// nothing and hands nothing back.
+void expect_collects_nothing(Handle& h) {
+  CollectOptions soon;
+  soon.deadline = std::chrono::steady_clock::now() + 20ms;
+  const WaitResult r = h.collect(soon);
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.count, 0u);
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_TRUE(r.keep_alive.empty());
+}
+
 HandleOptions threads_backend(std::size_t workers = 2) {
   HandleOptions o;
   o.block_size = 4096;
@@ -117,13 +129,7 @@ TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
     std::vector<Future> futs;
     for (std::size_t i = 0; i < bufs.size(); ++i) futs.push_back(h.async_pread(bufs[i].data(), 4096, path_, i * 4096, keep(t)));
     EXPECT_EQ(h.pending(), bufs.size());
-    // Not done: a deadline collect claims nothing and hands nothing back.
-    CollectOptions soon;
-    soon.deadline = std::chrono::steady_clock::now() + 20ms;
-    WaitResult r = h.collect(soon);
-    EXPECT_FALSE(r.complete);
-    EXPECT_EQ(r.count, 0u);
-    EXPECT_TRUE(r.keep_alive.empty());
+    expect_collects_nothing(h);  // not done
     EXPECT_EQ(h.pending(), bufs.size());
     EXPECT_EQ(t.released.load(), 0);
 
@@ -131,7 +137,7 @@ TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
     for (auto& f : futs) f.wait();
     // Done but not collected: the handle still holds every keep-alive.
     EXPECT_EQ(t.released.load(), 0);
-    r = h.collect();
+    WaitResult r = h.collect();
     EXPECT_TRUE(r.complete);
     EXPECT_EQ(r.count, bufs.size());
     EXPECT_TRUE(r.errors.empty());
@@ -158,19 +164,14 @@ TEST_F(Collect, DeadlineCollectClaimsNothingUnlessAllDone) {
   first.wait();
   const std::uint64_t after_first = h.mark();
   Future second = h.async_pread(b.data(), 4096, path_, 0, keep(t));
-  CollectOptions soon;
-  soon.deadline = std::chrono::steady_clock::now() + 20ms;
-  WaitResult r = h.collect(soon);
-  EXPECT_FALSE(r.complete);
-  EXPECT_EQ(r.count, 0u);
-  EXPECT_TRUE(r.keep_alive.empty());
+  expect_collects_nothing(h);
   EXPECT_EQ(h.pending(), 2u);  // the finished one was not claimed either
   EXPECT_EQ(t.released.load(), 0);
   // A mark before the second op covers only the first, which is done.
   CollectOptions first_only;
   first_only.through = after_first;
   first_only.deadline = std::chrono::steady_clock::now() + 20ms;
-  r = h.collect(first_only);
+  WaitResult r = h.collect(first_only);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.count, 1u);
   EXPECT_EQ(r.keep_alive.size(), 1u);
