@@ -81,18 +81,22 @@ std::string human_bytes(std::uint64_t nbytes) {
 
 namespace {
 
-/// The shortest round-trip digits of |value| ("15" for 1.5) and its decimal exponent.
-void shortest_digits(double value, std::string& digits, int& exp10) {
+/// The shortest round-trip digits of |value| ("15" for 1.5) and its decimal exponent; false
+/// when the value cannot be written (not for a finite double).
+bool shortest_digits(double value, std::string& digits, int& exp10) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, std::fabs(value), std::chars_format::scientific);
-  const std::string_view s(buf, ec == std::errc() ? static_cast<std::size_t>(end - buf) : 0);
+  if (ec != std::errc()) return false;
+  const std::string_view s(buf, static_cast<std::size_t>(end - buf));
   const auto epos = s.find('e');
+  if (epos == std::string_view::npos || epos + 1 >= s.size()) return false;
   digits.clear();
   for (char c : s.substr(0, epos)) {
     if (c != '.') digits.push_back(c);
   }
   exp10 = 0;
   std::from_chars(s.data() + epos + 1 + (s[epos + 1] == '+' ? 1 : 0), s.data() + s.size(), exp10);
+  return true;
 }
 
 }  // namespace
@@ -103,7 +107,7 @@ std::string py_float(double value) {
   if (value == 0.0) return std::signbit(value) ? "-0.0" : "0.0";
   std::string digits;
   int exp10 = 0;
-  shortest_digits(value, digits, exp10);
+  if (!shortest_digits(value, digits, exp10)) return "nan";
   std::string out = value < 0 ? "-" : "";
   const int decpt = exp10 + 1;  // value = 0.DIGITS x 10^decpt
   const int nd = static_cast<int>(digits.size());
