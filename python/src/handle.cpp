@@ -12,7 +12,7 @@
 //    call's own operation and deepio.File's operations are detached: wait() in another
 //    thread never takes them. The synchronous call collects its own together with
 //    everything submitted before it (CollectOptions::with); an Op (deepio.Future) collects
-//    its own with Future::get().
+//    its own with Future::get(), or when it is destroyed after the operation is done.
 //  * Waiting releases the GIL in slices of kSlice (Handle::collect with a deadline, which
 //    collects nothing unless everything it covers is done) and runs PyErr_CheckSignals
 //    between slices. A KeyboardInterrupt (or any exception from a signal handler) leaves
@@ -362,12 +362,10 @@ std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::h
   auto h = engine();
   std::size_t nbytes = 0;
   Future fut = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, &nbytes);
-  // Buffers of finished operations whose Op was dropped early are released here: a File
-  // user may never call wait() on this handle. Collects nothing else; never blocks.
-  CollectOptions reap;
-  reap.through = 0;
-  WaitResult r = h->collect(reap);
-  r.keep_alive.clear();
+  // No reaping of abandoned operations here: a collect() scans every pending operation,
+  // which per submission made many outstanding futures quadratic. deepio.File keeps each Op
+  // until it is done (so ~Op collects it); an Op dropped while running is collected by the
+  // next wait(), synchronous call or close() on this handle.
   return std::make_shared<Op>(std::move(fut), write, static_cast<std::uint64_t>(file_offset), nbytes);
 }
 

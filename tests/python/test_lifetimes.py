@@ -183,7 +183,7 @@ def test_no_descriptor_leak_over_many_ops(random_file, tmp_dir):
 
 def test_future_dropped_while_running_keeps_buffer_until_done(random_file, fault):
     """An Op (deepio.File's future) dropped before its read finished: the engine keeps the
-    buffer until the read is done, and the next submission on the handle releases it."""
+    buffer until the read is done, and the next collection on the handle releases it."""
     path, data = random_file(8192)
     h = _deepio.Handle(4096, 2, False, False, 1, "threads", "auto")
     fault("read", delay=0.2, count=2)
@@ -196,9 +196,9 @@ def test_future_dropped_while_running_keeps_buffer_until_done(random_file, fault
         assert ref() is not None  # still being read into
         time.sleep(0.6)
         assert ref() is not None  # done, but nothing collected it yet
-        h.submit_future(False, bytearray(1), f.fileno(), 0).result()
-    assert ref() is None
-    assert h.wait() == 0  # File-style operations are never counted by wait()
+        assert h.submit_future(False, bytearray(1), f.fileno(), 0).result() == 1
+        assert h.wait() == 0  # File-style operations are never counted by wait() ...
+    assert ref() is None  # ... but it collected the abandoned one
 
 
 def test_ctrl_c_during_drain_free_read_hands_op_to_wait(random_file, fault):
