@@ -175,10 +175,13 @@ class Handle {
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                           std::uint64_t file_offset = 0);
 
-  /// Blocks until every operation submitted to this handle before the call has completed.
-  /// Returns how many operations this call collected (0 when none was pending; when several
-  /// threads wait at once each operation is counted by exactly one of them). If any of them
-  /// failed, throws the first failure's deepio::Error after all of them have completed.
+  /// Blocks until every operation submitted to this handle before the call has completed
+  /// (detached ones excepted: they belong to their Future). Returns how many operations this
+  /// call collected (0 when none was pending; when several threads wait at once each
+  /// operation is counted by exactly one of them). If any of them failed, throws the first
+  /// failure (in submission order) after all of them have completed. The collected
+  /// operations' keep-alives are released on the calling thread. collect() is the same
+  /// without the throw.
   std::size_t wait();
 
   /// The general form of wait(): collects the operations that `options` select (by default
