@@ -19,6 +19,7 @@
 
 #include "deepio/error.hpp"
 #include "deepio/handle.hpp"
+#include "deepio/options.hpp"
 
 namespace deepio {
 
@@ -76,6 +77,9 @@ struct GdsOptions {
   /// Worker threads; the chunks of every request are spread over them. Must be > 0.
   std::size_t intra_op_parallelism = 1;
   GdsMode mode = GdsMode::Auto;
+  /// As Handle's, for host memory and staged device memory (never cuFile's).
+  BackendKind backend = BackendKind::Auto;
+  DirectIo direct_io = DirectIo::Auto;
 };
 
 /// What a GdsHandle did with device memory (Handle::stats() has the rest).

@@ -135,11 +135,16 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
             direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io)
         if not isinstance(direct, str):
             raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
-        self._h = _deepio.Handle(
+        self._h = self._engine(
             block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
         )
         # (buffer, file, offset) of asynchronous operations submitted with validate=True.
         self._to_validate: list[tuple[Any, FileArg, int]] = []
+
+    def _engine(self, *args: Any) -> _deepio.Handle:
+        """The engine behind this handle (gds_handle makes a GdsHandle, the same engine with
+        the GPUDirect Storage route)."""
+        return _deepio.Handle(*args)
 
     # ----------------------------------------------------------------- getters (DeepNVMe §1.3)
     def get_block_size(self) -> int:

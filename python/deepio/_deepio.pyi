@@ -151,18 +151,12 @@ def gpu_info() -> dict:
     What CUDA and cuFile this process can use (deepio::gpu_info()); never raises.
     """
 
-class GdsHandle:
-    """deepio::GdsHandle for CUDA buffers (behind deepio.gds_handle)."""
+class GdsHandle(Handle):
+    """
+    deepio::GdsHandle behind deepio.gds_handle: a Handle whose engine can move CUDA memory through GPUDirect Storage.
+    """
 
-    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, mode: str = 'auto') -> None: ...
-
-    def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> None:
-        """
-        Queues a read or write of a CUDA buffer; raises on submission failures.
-        """
-
-    def wait(self) -> int:
-        """Waits (GIL released) for every queued operation; returns how many."""
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, mode: str = 'auto', backend: str = 'auto', direct_io: str = 'auto') -> None: ...
 
     def pin(self, tensor: object) -> int:
         """cuFileBufRegister the tensor; returns its address."""
@@ -170,35 +164,16 @@ class GdsHandle:
     def unpin(self, tensor: object) -> tuple[bool, int]:
         """Deregisters; returns (was pinned, address)."""
 
-    def close(self) -> None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    def pending(self) -> int: ...
-
-    def stats(self) -> dict: ...
+    def gds_stats(self) -> dict:
+        """
+        Device-memory counters: ops, chunks, bytes through cuFile, bytes staged, files that fell back.
+        """
 
     @property
     def mode(self) -> str: ...
 
     @property
     def mode_reason(self) -> str: ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def queue_depth(self) -> int: ...
-
-    @property
-    def single_submit(self) -> bool: ...
-
-    @property
-    def overlap_events(self) -> bool: ...
-
-    @property
-    def intra_op_parallelism(self) -> int: ...
 
 def compare_with_file(buffer: object, file: object, file_offset: int = 0) -> int:
     """

@@ -1,9 +1,11 @@
 """``deepio.gds_handle``: DeepNVMe's gds_handle over ``deepio::GdsHandle``.
 
-CUDA tensors go through GPUDirect Storage (cuFile), or, where GDS itself is not usable
-(no nvidia-fs, unsupported file system, no libcufile), through cuFile's compatibility mode
-or deepio's staging through host memory; ``mode`` says which. Everything else (CPU tensors,
-arrays, and any buffer given with a file descriptor) uses the CPU path of ``aio_handle``,
+A gds_handle is an aio_handle whose engine has one more route for CUDA memory: GPUDirect
+Storage (cuFile). It is the same engine, so every method, wait() and error rule is
+aio_handle's. Per operation on a CUDA tensor, cuFile moves the data where it accepts the file;
+where GDS itself is not usable (no nvidia-fs, unsupported file system, no libcufile) cuFile's
+compatibility mode or the engine's staging pipeline does (the same one aio_handle uses for CUDA
+tensors), and ``mode`` says which. CPU tensors, arrays and any buffer take aio_handle's path,
 as DeepNVMe's gds_handle does for non-CUDA tensors.
 
 Differences from DeepNVMe, deliberate: every cuFile/CUDA error raises an OSError subclass
@@ -15,18 +17,15 @@ until unpinned, so a registration never outlives its memory.
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import Any, Dict, Optional, Union
+from typing import Any
 
-from . import _buffers, _deepio
-from ._aio import FileArg, _bool_arg, _int_arg, aio_handle
-
-_MODES = ("auto", "cufile", "compat")
+from . import _deepio
+from ._aio import _int_arg, aio_handle
 
 # Pinned device tensors by address, kept alive while registered (registrations are
 # process-wide, like DeepNVMe's registry).
-_pinned: Dict[int, Any] = {}
+_pinned: dict[int, Any] = {}
 _pinned_lock = threading.Lock()
 
 
@@ -38,6 +37,15 @@ def gpu_info() -> dict:
     return _deepio.gpu_info()
 
 
+def _torch() -> Any:
+    """The torch module (imported now if needed); RuntimeError when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("new_pinned_device_tensor() makes a torch CUDA tensor: torch is not installed") from None
+    return torch
+
+
 class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
     """Reads and writes between files and CUDA tensors through GPUDirect Storage.
 
@@ -45,13 +53,13 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
     overlap_events=False, intra_op_parallelism=1, *, mode="auto", backend="auto",
     direct_io="auto")``
 
-    Requests on CUDA tensors are cut into ``block_size`` chunks spread over
-    ``intra_op_parallelism`` workers, each a cuFileRead/cuFileWrite. ``mode``: "auto"
-    (cuFile where it accepts the file, else deepio's staged path, reported by ``mode``),
-    "cufile" (cuFile only: an error where it refuses), "compat" (never cuFile). CPU buffers,
-    and any buffer given with a descriptor, take ``aio_handle``'s path (``backend`` and
-    ``direct_io`` configure it). Raises OSError (ENOTSUP/ENODEV) when no CUDA driver is
-    usable; ``deepio.gpu_info()`` says why.
+    Requests on CUDA tensors (by file name or descriptor) are cut into ``block_size`` chunks
+    spread over ``intra_op_parallelism`` workers, each a cuFileRead/cuFileWrite. ``mode``:
+    "auto" (cuFile where it accepts the file, else the engine's staging pipeline, reported by
+    ``mode``), "cufile" (cuFile only: an error where it refuses), "compat" (never cuFile). CPU
+    buffers take ``aio_handle``'s path (``backend`` and ``direct_io`` configure it); it is one
+    engine, so one ``wait()`` collects both. Raises OSError (ENOTSUP/ENODEV) when no CUDA
+    driver is usable; ``deepio.gpu_info()`` says why.
 
     Has every ``aio_handle`` method, plus ``pin_device_tensor``, ``unpin_device_tensor``,
     ``new_pinned_device_tensor`` and ``free_pinned_device_tensor``. Thread-safe.
@@ -67,19 +75,11 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
         *,
         mode: str = "auto",
         backend: str = "auto",
-        direct_io: Union[str, bool, None] = "auto",
+        direct_io: str | bool | None = "auto",
     ) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
-        # The GDS engine first: without CUDA this raises before any worker starts.
-        self._g = _deepio.GdsHandle(
-            _int_arg("block_size", block_size),
-            _int_arg("queue_depth", queue_depth),
-            _bool_arg("single_submit", single_submit),
-            _bool_arg("overlap_events", overlap_events),
-            _int_arg("intra_op_parallelism", intra_op_parallelism),
-            mode,
-        )
+        if not isinstance(mode, str):
+            raise TypeError(f"mode must be a str, not {type(mode).__qualname__}")
+        self._mode = mode
         super().__init__(
             block_size,
             queue_depth,
@@ -88,6 +88,13 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
             intra_op_parallelism,
             backend=backend,
             direct_io=direct_io,
+        )
+        self._g: _deepio.GdsHandle = self._h  # type: ignore[assignment]
+
+    def _engine(self, *args: Any) -> _deepio.Handle:
+        block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct = args
+        return _deepio.GdsHandle(
+            block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, self._mode, backend, direct
         )
 
     # ------------------------------------------------------------------------ getters
@@ -110,75 +117,20 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
         return self._g.mode
 
     # --------------------------------------------------------------------------- I/O
-    def _gds_route(self, buffer: Any, file: FileArg) -> bool:
-        return not isinstance(file, int) and _buffers.is_device_buffer(buffer)
-
-    def read(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
-        """Reads ``buffer.nbytes`` bytes at ``file_offset``; returns 0. For a CUDA tensor this
-        also collects the other GDS operations pending on the handle."""
-        if not self._gds_route(buffer, filename):
-            return super().read(buffer, filename, validate, file_offset)
-        _buffers.sync_producer_stream(buffer)
-        self._g.submit(False, buffer, filename, file_offset)
-        self._g.wait()
-        if _bool_arg("validate", validate):
-            self._validate(buffer, filename, file_offset)
-        return 0
-
-    def write(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
-        """Writes ``buffer`` at ``file_offset`` (creating, never truncating); returns 0."""
-        if not self._gds_route(buffer, filename):
-            return super().write(buffer, filename, validate, file_offset)
-        _buffers.sync_producer_stream(buffer)
-        self._g.submit(True, buffer, filename, file_offset)
-        self._g.wait()
-        if _bool_arg("validate", validate):
-            self._validate(buffer, filename, file_offset)
-        return 0
-
-    def wait(self) -> int:
-        """Blocks (GIL released) until every queued operation, GDS and CPU, completed;
-        returns how many (0 if none). Raises the first failure once all finished."""
-        checks, self._to_validate = self._to_validate, []
-        n = self._wait_both()
-        for buffer, file, offset in checks:
-            self._validate(buffer, file, offset)
-        return n
-
-    def pending(self) -> int:
-        return self._h.pending() + self._g.pending()
-
     def stats(self) -> dict:
-        """``aio_handle``'s counters for the CPU path, plus ``gds``: operations, chunks,
-        bytes moved by cuFile and bytes staged, files cuFile refused."""
+        """``aio_handle``'s counters (every operation), plus ``gds``: operations on CUDA
+        memory, chunks, bytes moved by cuFile and bytes staged, files cuFile refused."""
         d = self._h.stats()
-        d["gds"] = self._g.stats()
+        d["gds"] = self._g.gds_stats()
         return d
-
-    def close(self) -> None:
-        """Waits for every pending operation (raising the first failure), then stops."""
-        first: Optional[BaseException] = None
-        for close in (self._g.close, self._h.close):
-            try:
-                close()
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # noqa: PERF203 - two iterations
-                if first is None:
-                    first = e
-        if first is not None:
-            raise first
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
 
     def __repr__(self) -> str:
         if self._h.closed:
             return "<deepio.gds_handle closed>"
         return (
-            f"<deepio.gds_handle mode={self._g.mode!r} block_size={self._g.block_size} "
-            f"queue_depth={self._g.queue_depth} intra_op_parallelism={self._g.intra_op_parallelism}>"
+            f"<deepio.gds_handle mode={self._g.mode!r} block_size={self._h.block_size} "
+            f"queue_depth={self._h.queue_depth} intra_op_parallelism={self._h.intra_op_parallelism} "
+            f"backend={self._h.backend!r} direct_io={self._h.direct_io!r}>"
         )
 
     # ------------------------------------------------------------- pinned device tensors
@@ -214,12 +166,7 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
         num_elem = _int_arg("num_elem", num_elem)
         if num_elem <= 0:
             raise ValueError(f"num_elem must be positive, got {num_elem}")
-        torch = sys.modules.get("torch")
-        if torch is None:
-            try:
-                import torch  # noqa: PLC0415 - optional dependency
-            except ImportError:
-                raise RuntimeError("new_pinned_device_tensor() makes a torch CUDA tensor: torch is not installed") from None
+        torch = _torch()
         if example_tensor is None or not isinstance(example_tensor, torch.Tensor):
             raise TypeError("new_pinned_device_tensor() needs a torch tensor as the example (example_tensor=)")
         if not torch.cuda.is_available():
@@ -237,39 +184,3 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
         """Unpins a tensor made by new_pinned_device_tensor() (its memory goes with the last
         reference): True; False when it was not pinned."""
         return self.unpin_device_tensor(tensor)
-
-    # -------------------------------------------------------------------------- helpers
-    def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
-        _buffers.sync_producer_stream(buffer)
-        if self._gds_route(buffer, file):
-            self._g.submit(write, buffer, file, offset)
-        else:
-            self._h.submit(write, buffer, file, offset)
-        n = self._wait_both()
-        if _bool_arg("validate", validate):
-            self._validate(buffer, file, offset)
-        return n
-
-    def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
-        if not self._gds_route(buffer, file):
-            return super()._async(write, buffer, file, offset, validate)
-        _buffers.sync_producer_stream(buffer)
-        self._g.submit(write, buffer, file, offset)
-        if _bool_arg("validate", validate):
-            self._to_validate.append((buffer, file, offset))
-        return 0
-
-    def _wait_both(self) -> int:
-        n = 0
-        first: Optional[BaseException] = None
-        for wait in (self._g.wait, self._h.wait):
-            try:
-                n += wait()
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # noqa: PERF203 - two iterations
-                if first is None:
-                    first = e
-        if first is not None:
-            raise first
-        return n

@@ -1,32 +1,19 @@
-// `_deepio.GdsHandle`: deepio::GdsHandle (GPUDirect Storage, or its staged compatibility
-// path) for CUDA device buffers; the engine behind deepio.gds_handle, whose Python layer
-// sends host buffers (and descriptors) to an ordinary deepio::Handle instead.
+// `_deepio.GdsHandle`: deepio::GdsHandle for Python. It is a `_deepio.Handle` — the same
+// engine, the same binding (every I/O, wait and close method is inherited): GPUDirect Storage
+// is a route inside that engine, so there is no second ledger, wait or error rule here. This
+// file adds only what a GdsHandle has beyond a Handle: pinning device buffers, the mode
+// report and the device-side counters.
 //
-// Protocol.
-//  * A submission imports the buffer (CUDA memory only, confirmed by the CUDA driver deepio
-//    loaded), queues it on the engine with the GIL released (open, fstat and
-//    cuFileHandleRegister may block), and only then, with the GIL, appends the buffer
-//    reference with the next sequence number to held_.
-//  * wait() notes the last sequence number, waits with the GIL released (GdsHandle::wait
-//    covers every operation submitted before it was called, so every record up to that
-//    number), then drops those references and raises the first failure (an OSError
-//    subclass with errno, path, offset and size). Because a record is appended only after its
-//    engine submission returned, a wait() in another thread can never drop a buffer whose
-//    operation it does not cover.
-//  * Destroying the handle (or close()) lets the engine finish every operation (GIL released)
-//    before the references are dropped.
-// Ctrl-C: GdsHandle::wait() cannot be interrupted; a KeyboardInterrupt is raised when it
-// returns. Thread safety: held_ and seq_ are touched only with the GIL held (common.hpp).
-#include <algorithm>
+// Errors: deepio::Error thrown with the GIL released propagates after the GIL is re-taken
+// (gil_scoped_release's destructor) and becomes the OSError subclass through the module's
+// exception translator (errors.cpp).
 #include <memory>
-#include <optional>
 #include <utility>
-#include <vector>
 
 #include <nanobind/stl/pair.h>
 
-#include "common.hpp"
 #include "deepio/gpu.hpp"
+#include "handle.hpp"
 
 namespace deepio::py {
 
@@ -36,179 +23,67 @@ GdsMode mode_from(const std::string& name) {
   if (name == "auto") return GdsMode::Auto;
   if (name == "cufile") return GdsMode::CuFile;
   if (name == "compat") return GdsMode::Compat;
-  throw nb::value_error(("unknown mode '" + name + "' (expected auto, cufile or compat)").c_str());
+  throw InvalidArgument("unknown mode '" + name + "' (expected auto, cufile or compat)");
 }
 
-std::size_t positive(std::int64_t v, const char* name) {
-  if (v <= 0) throw nb::value_error((std::string(name) + " must be a positive integer, got " + std::to_string(v)).c_str());
-  return static_cast<std::size_t>(v);
+// The engine of a GdsHandle is made with the GIL released: it loads the drivers and opens the
+// cuFile driver the first time, and starts the workers.
+std::shared_ptr<Handle> make_gds(const GdsOptions& o) {
+  nb::gil_scoped_release release;
+  return std::make_shared<GdsHandle>(o);
 }
 
-Buffer device_buffer(nb::handle obj, bool writable, const char* role) {
-  Buffer b = import_buffer(obj, writable, role, /*allow_device=*/true);
-  if (b.device < 0) {
-    throw nb::type_error((std::string(role) + " is host memory; GDS operations take CUDA device memory").c_str());
-  }
+Buffer device_buffer(nb::handle obj) {
+  Buffer b = import_buffer(obj, false, "tensor", /*allow_device=*/true);
+  if (b.device < 0) throw nb::type_error("tensor is host memory; GDS pins CUDA device memory");
   return b;
 }
 
 }  // namespace
 
-class PyGds {
+class PyGds final : public PyHandle {
  public:
   PyGds(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
-        std::int64_t intra_op_parallelism, const std::string& mode) {
-    GdsOptions o;
-    o.block_size = positive(block_size, "block_size");
-    o.queue_depth = positive(queue_depth, "queue_depth");
-    o.single_submit = single_submit;
-    o.overlap_events = overlap_events;
-    o.intra_op_parallelism = positive(intra_op_parallelism, "intra_op_parallelism");
-    if (o.intra_op_parallelism > 1024) throw nb::value_error("intra_op_parallelism must be at most 1024");
-    o.mode = mode_from(mode);
-    std::optional<Error> err;
-    {
-      nb::gil_scoped_release release;  // loads CUDA/cuFile, opens the cuFile driver
-      try {
-        handle_ = std::make_shared<GdsHandle>(o);
-      } catch (const Error& e) {
-        err.emplace(e);
-      }
-    }
-    if (err) raise_error(*err);
-  }
-
-  ~PyGds() {
-    std::shared_ptr<GdsHandle> h = std::move(handle_);
-    if (h) {
-      if (!interpreter_finalizing()) {
-        nb::gil_scoped_release release;
-        h.reset();  // finishes every operation in flight
-      } else {
-        h.reset();
-      }
-    }
-    held_.clear();
-  }
-
-  PyGds(const PyGds&) = delete;
-  PyGds& operator=(const PyGds&) = delete;
-
-  std::shared_ptr<GdsHandle> engine() const {
-    if (!handle_) throw nb::value_error("I/O operation on a closed handle");
-    return handle_;
-  }
-
-  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
-    if (file_offset < 0) {
-      throw nb::value_error(("file_offset must be non-negative, got " + std::to_string(file_offset)).c_str());
-    }
-    auto h = engine();
-    Buffer buf = device_buffer(buffer, !write, "buffer");
-    Target t = parse_target(file);
-    if (t.fd >= 0) throw nb::type_error("GDS operations take a file name, not a descriptor");
-    const auto offset = static_cast<std::uint64_t>(file_offset);
-    std::optional<Error> err;
-    {
-      nb::gil_scoped_release release;
-      try {
-        if (write) {
-          h->async_pwrite(buf.data, buf.nbytes, t.path, offset);
-        } else {
-          h->async_pread(buf.data, buf.nbytes, t.path, offset);
-        }
-      } catch (const Error& e) {
-        err.emplace(e);
-      }
-    }
-    if (err) raise_error(*err);
-    held_.emplace_back(++seq_, std::move(buf));
-  }
-
-  std::size_t wait() {
-    auto h = engine();
-    const std::uint64_t upto = seq_;
-    std::size_t n = 0;
-    std::optional<Error> err;
-    {
-      nb::gil_scoped_release release;
-      try {
-        n = h->wait();
-      } catch (const Error& e) {
-        err.emplace(e);
-      }
-    }
-    std::erase_if(held_, [upto](const auto& r) { return r.first <= upto; });
-    if (err) raise_error(*err);
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    return n;
-  }
+        std::int64_t intra_op_parallelism, const std::string& mode, const std::string& backend,
+        const std::string& direct_io)
+      : PyHandle(make_gds(GdsOptions{.block_size = count_arg(block_size),
+                                     .queue_depth = count_arg(queue_depth),
+                                     .single_submit = single_submit,
+                                     .overlap_events = overlap_events,
+                                     .intra_op_parallelism = count_arg(intra_op_parallelism),
+                                     .mode = mode_from(mode),
+                                     .backend = backend_from(backend),
+                                     .direct_io = direct_from(direct_io)})) {}
 
   /// Pins (cuFileBufRegister) the tensor's memory; returns its address.
   std::uintptr_t pin(nb::handle tensor) {
-    auto h = engine();
-    Buffer buf = device_buffer(tensor, false, "tensor");
+    auto h = gds();
+    const Buffer buf = device_buffer(tensor);
     if (buf.nbytes == 0) throw nb::value_error("cannot pin an empty tensor");
-    std::optional<Error> err;
     {
       nb::gil_scoped_release release;
-      try {
-        h->pin_device_buffer(buf.data, buf.nbytes);
-      } catch (const Error& e) {
-        err.emplace(e);
-      }
+      h->pin_device_buffer(buf.data, buf.nbytes);
     }
-    if (err) raise_error(*err);
     return reinterpret_cast<std::uintptr_t>(buf.data);
   }
 
   /// Unpins a buffer pinned at exactly the tensor's address: (was it pinned, address).
   std::pair<bool, std::uintptr_t> unpin(nb::handle tensor) {
-    auto h = engine();
-    Buffer buf = device_buffer(tensor, false, "tensor");
+    auto h = gds();
+    const Buffer buf = device_buffer(tensor);
     bool ok = false;
-    std::optional<Error> err;
     {
       nb::gil_scoped_release release;
-      try {
-        ok = h->unpin_device_buffer(buf.data);
-      } catch (const Error& e) {
-        err.emplace(e);
-      }
+      ok = h->unpin_device_buffer(buf.data);
     }
-    if (err) raise_error(*err);
     return {ok, reinterpret_cast<std::uintptr_t>(buf.data)};
   }
 
-  void close() {
-    if (!handle_) return;
-    std::optional<nb::python_error> failure;
-    try {
-      wait();
-    } catch (nb::python_error& e) {
-      if (e.matches(PyExc_KeyboardInterrupt)) throw;
-      failure.emplace(std::move(e));
-    }
-    std::shared_ptr<GdsHandle> h = std::move(handle_);
-    {
-      nb::gil_scoped_release release;
-      h.reset();
-    }
-    held_.clear();
-    if (failure) {
-      failure->restore();
-      throw nb::python_error();
-    }
-  }
+  std::string mode() const { return gds()->mode(); }
+  std::string mode_reason() const { return gds()->mode_reason(); }
 
-  bool closed() const { return !handle_; }
-  std::size_t pending() const { return engine()->pending(); }
-  std::string mode() const { return engine()->mode(); }
-  std::string mode_reason() const { return engine()->mode_reason(); }
-  const GdsOptions& options() const { return engine()->options(); }
-
-  nb::dict stats() const {
-    const GdsStats s = engine()->stats();
+  nb::dict gds_stats() const {
+    const GdsStats s = gds()->stats();
     nb::dict d;
     d["ops_completed"] = s.ops_completed;
     d["ops_failed"] = s.ops_failed;
@@ -220,9 +95,8 @@ class PyGds {
   }
 
  private:
-  std::shared_ptr<GdsHandle> handle_;
-  std::uint64_t seq_ = 0;                                // GIL
-  std::vector<std::pair<std::uint64_t, Buffer>> held_;  // GIL: buffers of uncollected operations
+  // No reference of its own: close() must be able to drop the last one (PyHandle::shutdown).
+  std::shared_ptr<GdsHandle> gds() const { return std::static_pointer_cast<GdsHandle>(engine()); }
 };
 
 namespace {
@@ -252,28 +126,21 @@ nb::dict gpu_info_dict() {
 }  // namespace
 
 void init_gds(nb::module_& m) {
-  m.def("gpu_info", &gpu_info_dict,
-        "What CUDA and cuFile this process can use (deepio::gpu_info()); never raises.");
-  nb::class_<PyGds>(m, "GdsHandle", "deepio::GdsHandle for CUDA buffers (behind deepio.gds_handle).")
-      .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&>(),
+  m.def("gpu_info", &gpu_info_dict, "What CUDA and cuFile this process can use (deepio::gpu_info()); never raises.");
+  nb::class_<PyGds, PyHandle>(m, "GdsHandle",
+                              "deepio::GdsHandle behind deepio.gds_handle: a Handle whose engine can move CUDA "
+                              "memory through GPUDirect Storage.")
+      .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&,
+                    const std::string&>(),
            nb::arg("block_size") = 1 << 20, nb::arg("queue_depth") = 128, nb::arg("single_submit") = false,
-           nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("mode") = "auto")
-      .def("submit", &PyGds::submit, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
-           nb::arg("file_offset") = 0, "Queues a read or write of a CUDA buffer; raises on submission failures.")
-      .def("wait", &PyGds::wait, "Waits (GIL released) for every queued operation; returns how many.")
+           nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("mode") = "auto",
+           nb::arg("backend") = "auto", nb::arg("direct_io") = "auto")
       .def("pin", &PyGds::pin, nb::arg("tensor"), "cuFileBufRegister the tensor; returns its address.")
       .def("unpin", &PyGds::unpin, nb::arg("tensor"), "Deregisters; returns (was pinned, address).")
-      .def("close", &PyGds::close)
-      .def_prop_ro("closed", &PyGds::closed)
-      .def("pending", &PyGds::pending)
-      .def("stats", &PyGds::stats)
+      .def("gds_stats", &PyGds::gds_stats,
+           "Device-memory counters: ops, chunks, bytes through cuFile, bytes staged, files that fell back.")
       .def_prop_ro("mode", &PyGds::mode)
-      .def_prop_ro("mode_reason", &PyGds::mode_reason)
-      .def_prop_ro("block_size", [](const PyGds& h) { return h.options().block_size; })
-      .def_prop_ro("queue_depth", [](const PyGds& h) { return h.options().queue_depth; })
-      .def_prop_ro("single_submit", [](const PyGds& h) { return h.options().single_submit; })
-      .def_prop_ro("overlap_events", [](const PyGds& h) { return h.options().overlap_events; })
-      .def_prop_ro("intra_op_parallelism", [](const PyGds& h) { return h.options().intra_op_parallelism; });
+      .def_prop_ro("mode_reason", &PyGds::mode_reason);
 }
 
 }  // namespace deepio::py

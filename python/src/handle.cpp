@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "common.hpp"
+#include "handle.hpp"
 
 namespace deepio::py {
 
@@ -144,20 +144,6 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
   return fut;
 }
 
-BackendKind backend_from(const std::string& name) {
-  if (auto k = parse_backend(name)) return *k;
-  throw InvalidArgument("unknown backend '" + name + "' (expected auto, io_uring, libaio or threads)");
-}
-
-DirectIo direct_from(const std::string& name) {
-  if (auto d = parse_direct_io(name)) return *d;
-  throw InvalidArgument("unknown direct_io '" + name + "' (expected auto, on or off)");
-}
-
-// A Python integer passed through to the engine's checks: a negative one arrives as a huge
-// size_t, which the engine reports as the negative number it was.
-std::size_t count_arg(std::int64_t v) { return static_cast<std::size_t>(v); }
-
 void warn_uncollected(const WaitResult& r) {
   if (r.errors.empty() || interpreter_finalizing()) return;
   // Nothing is silent: failures nobody waited for become a warning.
@@ -171,126 +157,113 @@ void warn_uncollected(const WaitResult& r) {
 
 }  // namespace
 
-class Op;
+BackendKind backend_from(const std::string& name) {
+  if (auto k = parse_backend(name)) return *k;
+  throw InvalidArgument("unknown backend '" + name + "' (expected auto, io_uring, libaio or threads)");
+}
 
-class PyHandle {
- public:
-  PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
-           std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io) {
-    HandleOptions o;
-    o.block_size = count_arg(block_size);
-    o.queue_depth = count_arg(queue_depth);
-    o.single_submit = single_submit;
-    o.overlap_events = overlap_events;
-    o.intra_op_parallelism = count_arg(intra_op_parallelism);
-    o.backend = backend_from(backend);
-    o.direct_io = direct_from(direct_io);
-    nb::gil_scoped_release release;  // worker start-up and backend probing may block
-    handle_ = std::make_shared<Handle>(o);
-  }
+DirectIo direct_from(const std::string& name) {
+  if (auto d = parse_direct_io(name)) return *d;
+  throw InvalidArgument("unknown direct_io '" + name + "' (expected auto, on or off)");
+}
 
-  ~PyHandle() { shutdown(std::move(handle_)); }
+PyHandle::PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
+                   std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io) {
+  HandleOptions o;
+  o.block_size = count_arg(block_size);
+  o.queue_depth = count_arg(queue_depth);
+  o.single_submit = single_submit;
+  o.overlap_events = overlap_events;
+  o.intra_op_parallelism = count_arg(intra_op_parallelism);
+  o.backend = backend_from(backend);
+  o.direct_io = direct_from(direct_io);
+  nb::gil_scoped_release release;  // worker start-up and backend probing may block
+  handle_ = std::make_shared<Handle>(o);
+}
 
-  PyHandle(const PyHandle&) = delete;
-  PyHandle& operator=(const PyHandle&) = delete;
+PyHandle::~PyHandle() { shutdown(std::move(handle_)); }
 
-  std::shared_ptr<Handle> engine() const {
-    if (!handle_) throw nb::value_error("I/O operation on a closed handle");
-    return handle_;
-  }
+std::shared_ptr<Handle> PyHandle::engine() const {
+  if (!handle_) throw nb::value_error("I/O operation on a closed handle");
+  return handle_;
+}
 
-  /// Queues a read or write for wait().
-  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
-    auto h = engine();
-    submit_op(*h, write, buffer, file, file_offset, /*detached=*/false);
-  }
+void PyHandle::submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
+  auto h = engine();
+  submit_op(*h, write, buffer, file, file_offset, /*detached=*/false);
+}
 
-  /// DeepNVMe's wait(): every operation queued for wait() before this call. Returns the count.
-  std::size_t wait() {
-    auto h = engine();
-    CollectOptions options;
-    options.through = h->mark();
-    WaitResult r = collect_interruptibly(*h, options, nullptr);
-    return finish(r);
-  }
+std::size_t PyHandle::wait() {
+  auto h = engine();
+  CollectOptions options;
+  options.through = h->mark();
+  WaitResult r = collect_interruptibly(*h, options, nullptr);
+  return finish(r);
+}
 
-  /// A synchronous operation: submit, then wait for it and (drain=true, DeepNVMe's sync
-  /// semantics) for every operation already queued for wait(). Returns the count collected.
-  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain) {
-    auto h = engine();
-    const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true);
-    CollectOptions options;
-    options.through = drain ? h->mark() : 0;
-    options.with = &own;
-    WaitResult r = collect_interruptibly(*h, options, &own);
-    return finish(r);
-  }
+std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain) {
+  auto h = engine();
+  const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true);
+  CollectOptions options;
+  options.through = drain ? h->mark() : 0;
+  options.with = &own;
+  WaitResult r = collect_interruptibly(*h, options, &own);
+  return finish(r);
+}
 
-  std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
+void PyHandle::close() {
+  if (!handle_) return;
+  std::shared_ptr<Handle> h = handle_;
+  // Everything queued for wait() is collected first so that its failures are raised here;
+  // a KeyboardInterrupt leaves the handle open and the operations pending.
+  CollectOptions options;
+  options.through = h->mark();
+  WaitResult r = collect_interruptibly(*h, options, nullptr);
+  if (handle_ == h) handle_.reset();  // (another thread's close() may have been first)
+  shutdown(std::move(h));
+  finish(r);
+}
 
-  void close() {
-    if (!handle_) return;
-    std::shared_ptr<Handle> h = handle_;
-    // Everything queued for wait() is collected first so that its failures are raised here;
-    // a KeyboardInterrupt leaves the handle open and the operations pending.
-    CollectOptions options;
-    options.through = h->mark();
-    WaitResult r = collect_interruptibly(*h, options, nullptr);
-    if (handle_ == h) handle_.reset();  // (another thread's close() may have been first)
-    shutdown(std::move(h));
-    finish(r);
-  }
+nb::dict PyHandle::stats() const {
+  const HandleStats s = engine()->stats();
+  nb::dict d;
+  d["ops_completed"] = s.ops_completed;
+  d["ops_failed"] = s.ops_failed;
+  d["bytes_direct"] = s.bytes_direct;
+  d["bytes_bounced"] = s.bytes_bounced;
+  d["bytes_buffered"] = s.bytes_buffered;
+  d["bytes_fixed"] = s.bytes_fixed;
+  d["direct_refused"] = s.direct_refused;
+  d["short_transfers"] = s.short_transfers;
+  d["retries"] = s.retries;
+  return d;
+}
 
-  bool closed() const { return !handle_; }
-
-  std::size_t pending() const { return engine()->pending(); }
-
-  const HandleOptions& options() const { return engine()->options(); }
-
-  nb::dict stats() const {
-    const HandleStats s = engine()->stats();
-    nb::dict d;
-    d["ops_completed"] = s.ops_completed;
-    d["ops_failed"] = s.ops_failed;
-    d["bytes_direct"] = s.bytes_direct;
-    d["bytes_bounced"] = s.bytes_bounced;
-    d["bytes_buffered"] = s.bytes_buffered;
-    d["bytes_fixed"] = s.bytes_fixed;
-    d["direct_refused"] = s.direct_refused;
-    d["short_transfers"] = s.short_transfers;
-    d["retries"] = s.retries;
-    return d;
-  }
-
- private:
-  // Waits (GIL released) for every operation, takes back every keep-alive, drops them with
-  // the GIL, then destroys the engine with the GIL released. If another thread still holds
-  // the engine (a call racing with close()), that thread's last reference destroys it, with
-  // the GIL held, later.
-  static void shutdown(std::shared_ptr<Handle> h) {
-    if (!h) return;
-    if (h.use_count() > 1) return;  // not the last holder: see above
-    CollectOptions everything;
-    everything.detached = true;
-    WaitResult r;
-    if (interpreter_finalizing()) {  // the GIL must not be released any more
-      r = h->collect(everything);
-      r.keep_alive.clear();
-      h.reset();
-      return;
-    }
-    {
-      nb::gil_scoped_release release;
-      r = h->collect(everything);
-    }
+// Waits (GIL released) for every operation, takes back every keep-alive, drops them with
+// the GIL, then destroys the engine with the GIL released. If another thread still holds
+// the engine (a call racing with close()), that thread's last reference destroys it, with
+// the GIL held, later.
+void PyHandle::shutdown(std::shared_ptr<Handle> h) {
+  if (!h) return;
+  if (h.use_count() > 1) return;  // not the last holder: see above
+  CollectOptions everything;
+  everything.detached = true;
+  WaitResult r;
+  if (interpreter_finalizing()) {  // the GIL must not be released any more
+    r = h->collect(everything);
     r.keep_alive.clear();
-    warn_uncollected(r);
-    nb::gil_scoped_release release;
-    h.reset();  // holds no keep-alive any more: every operation was collected above
+    h.reset();
+    return;
   }
-
-  std::shared_ptr<Handle> handle_;
-};
+  {
+    nb::gil_scoped_release release;
+    r = h->collect(everything);
+  }
+  r.keep_alive.clear();
+  warn_uncollected(r);
+  nb::gil_scoped_release release;
+  h.reset();  // holds no keep-alive any more: every operation was collected above
+}
 
 /// The result of one operation submitted through deepio.File (wrapped by deepio.Future).
 class Op {

@@ -18,6 +18,8 @@ HandleOptions handle_options(const GdsOptions& o) {
   h.single_submit = o.single_submit;
   h.overlap_events = o.overlap_events;
   h.intra_op_parallelism = o.intra_op_parallelism;
+  h.backend = o.backend;
+  h.direct_io = o.direct_io;
   return h;
 }
 

@@ -1,0 +1,57 @@
+// `_deepio.Handle`: a deepio::Handle for Python (see handle.cpp for the protocol), and the
+// base of `_deepio.GdsHandle` (gds.cpp), which is the same engine with the GDS route.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common.hpp"
+
+namespace deepio::py {
+
+class Op;
+
+class PyHandle {
+ public:
+  PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
+           std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io);
+  virtual ~PyHandle();
+  PyHandle(const PyHandle&) = delete;
+  PyHandle& operator=(const PyHandle&) = delete;
+
+  /// The engine; ValueError once closed.
+  std::shared_ptr<Handle> engine() const;
+  /// Queues a read or write for wait().
+  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
+  /// DeepNVMe's wait(): every operation queued for wait() before this call. Returns the count.
+  std::size_t wait();
+  /// A synchronous operation: submit, then wait for it and (drain=true, DeepNVMe's sync
+  /// semantics) for every operation already queued for wait(). Returns the count collected.
+  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain);
+  std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
+  void close();
+  bool closed() const { return !handle_; }
+  std::size_t pending() const { return engine()->pending(); }
+  const HandleOptions& options() const { return engine()->options(); }
+  nb::dict stats() const;
+
+ protected:
+  /// A handle over an engine made by a subclass (GdsHandle). Call with the GIL released
+  /// if making the engine may block.
+  explicit PyHandle(std::shared_ptr<Handle> handle) noexcept : handle_(std::move(handle)) {}
+
+ private:
+  static void shutdown(std::shared_ptr<Handle> h);
+
+  std::shared_ptr<Handle> handle_;
+};
+
+/// Option parsers shared by the handle constructors (InvalidArgument on a bad name).
+BackendKind backend_from(const std::string& name);
+DirectIo direct_from(const std::string& name);
+/// A Python integer passed through to the engine's checks: a negative one arrives as a huge
+/// size_t, which the engine reports as the negative number it was.
+inline std::size_t count_arg(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+}  // namespace deepio::py
