@@ -65,30 +65,12 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
     ``new_pinned_device_tensor`` and ``free_pinned_device_tensor``. Thread-safe.
     """
 
-    def __init__(
-        self,
-        block_size: int = 1048576,
-        queue_depth: int = 128,
-        single_submit: bool = False,
-        overlap_events: bool = False,
-        intra_op_parallelism: int = 1,
-        *,
-        mode: str = "auto",
-        backend: str = "auto",
-        direct_io: str | bool | None = "auto",
-    ) -> None:
+    def __init__(self, *args: Any, mode: str = "auto", **kwargs: Any) -> None:
+        # aio_handle's parameters, as aio_handle takes them (the class docstring lists them).
         if not isinstance(mode, str):
             raise TypeError(f"mode must be a str, not {type(mode).__qualname__}")
         self._mode = mode
-        super().__init__(
-            block_size,
-            queue_depth,
-            single_submit,
-            overlap_events,
-            intra_op_parallelism,
-            backend=backend,
-            direct_io=direct_io,
-        )
+        super().__init__(*args, **kwargs)
         self._g: _deepio.GdsHandle = self._h  # type: ignore[assignment]
 
     def _engine(self, *args: Any) -> _deepio.Handle:
