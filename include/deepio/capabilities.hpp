@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "deepio/export.hpp"
 #include "deepio/options.hpp"
 
 namespace deepio {
@@ -25,7 +26,7 @@ struct Capabilities {
 
 /// Probes every backend (sets up and tears down a tiny queue). Thread-safe; never throws
 /// except std::bad_alloc.
-[[nodiscard]] Capabilities capabilities();
+[[nodiscard]] DEEPIO_API Capabilities capabilities();
 
 /// Direct-I/O facts about a folder or file: what deepio will use for files there.
 struct DirectIoInfo {
@@ -39,6 +40,6 @@ struct DirectIoInfo {
 
 /// Creates and removes a small probe file in `folder` (or inspects `folder` if it is a file).
 /// Throws deepio::Error when the folder cannot be used (ENOENT, EACCES, ...).
-[[nodiscard]] DirectIoInfo probe_direct_io(const std::string& folder);
+[[nodiscard]] DEEPIO_API DirectIoInfo probe_direct_io(const std::string& folder);
 
 }  // namespace deepio

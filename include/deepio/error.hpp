@@ -18,9 +18,11 @@
 #include <system_error>
 #include <utility>
 
+#include "deepio/export.hpp"
+
 namespace deepio {
 
-class Error : public std::system_error {
+class DEEPIO_API Error : public std::system_error {
  public:
   /// `errnum` is a positive errno value. `message` says what was attempted; path, offset and
   /// nbytes identify the request (empty path / zero when they do not apply).
@@ -53,7 +55,7 @@ class Error : public std::system_error {
 
 /// A bad argument, found by deepio's own checks before any I/O: errno EINVAL, a message that
 /// names the parameter and the value, invalid_argument() true.
-class InvalidArgument : public Error {
+class DEEPIO_API InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& message, std::string path = {}, std::uint64_t offset = 0,
                            std::uint64_t nbytes = 0)

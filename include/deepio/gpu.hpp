@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "deepio/error.hpp"
+#include "deepio/export.hpp"
 #include "deepio/handle.hpp"
 #include "deepio/options.hpp"
 
@@ -47,13 +48,13 @@ struct GpuInfo {
 /// It does not open the cuFile driver: on a machine where GPUDirect Storage runs through
 /// PCIe P2PDMA without nvidia-fs (CUDA >= 12.8), "gds" is reported only while a GdsHandle
 /// holds the driver open. A GdsHandle's mode() is the authority for its files.
-[[nodiscard]] GpuInfo gpu_info() noexcept;
+[[nodiscard]] DEEPIO_API GpuInfo gpu_info() noexcept;
 
 /// The CUDA device ordinal that owns `p` (cuPointerGetAttribute), or -1 when `p` is not CUDA
 /// device memory or no CUDA driver is usable. Loads the driver on first use. Never throws;
 /// thread-safe. Bindings use it to check that a buffer a framework calls device memory is
 /// what deepio::Handle will stage as device memory.
-[[nodiscard]] int device_of(const void* p) noexcept;
+[[nodiscard]] DEEPIO_API int device_of(const void* p) noexcept;
 
 /// How a GdsHandle moves data.
 enum class GdsMode {
@@ -121,7 +122,7 @@ struct GdsParts;
 /// Buffer lifetime: as Handle's. cuFile transfers are not ordered with CUDA streams: finish
 /// kernels writing a source buffer before submitting it, and read results only after the
 /// operation completed.
-class GdsHandle : public Handle {
+class DEEPIO_API GdsHandle : public Handle {
  public:
   /// Uses the process-wide CUDA and cuFile. Throws deepio::Error: EINVAL for a zero
   /// block_size, queue_depth or intra_op_parallelism; ENOTSUP when the CUDA driver library is

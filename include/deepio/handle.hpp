@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "deepio/error.hpp"
+#include "deepio/export.hpp"
 #include "deepio/options.hpp"
 
 namespace deepio {
@@ -44,7 +45,7 @@ class Engine;
 }  // namespace detail
 
 /// Completion of one asynchronous operation. Copyable; all copies share the state.
-class Future {
+class DEEPIO_API Future {
  public:
   Future() = default;
   explicit Future(std::shared_ptr<detail::OpState> state) noexcept;
@@ -132,7 +133,7 @@ struct HandleStats {
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
 };
 
-class Handle {
+class DEEPIO_API Handle {
  public:
   /// Starts the workers. Throws deepio::InvalidArgument (EINVAL) for a block_size,
   /// queue_depth or intra_op_parallelism that is zero, above its bound (queue_depth 65536,

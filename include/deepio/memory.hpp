@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "deepio/export.hpp"
+
 namespace deepio {
 
 struct LockedBuffer {
@@ -21,23 +23,23 @@ struct LockedBuffer {
 
 /// Allocates nbytes (0 allowed: a one-page allocation) page-aligned, not zeroed, and tries to
 /// lock it. Throws deepio::Error(ENOMEM) when no memory is available. Thread-safe.
-LockedBuffer allocate_locked(std::size_t nbytes);
+DEEPIO_API LockedBuffer allocate_locked(std::size_t nbytes);
 
 /// Unlocks and frees an allocation given its base address. Returns false (and does nothing)
 /// for any pointer that is not the base of a live allocation (a view, foreign memory, a
 /// second free). Thread-safe.
-bool free_locked(void* data) noexcept;
+DEEPIO_API bool free_locked(void* data) noexcept;
 
 /// True iff [data, data + nbytes) lies inside one live allocation made by allocate_locked()
 /// (views and slices count). Thread-safe.
-[[nodiscard]] bool is_pinned(const void* data, std::size_t nbytes) noexcept;
+[[nodiscard]] DEEPIO_API bool is_pinned(const void* data, std::size_t nbytes) noexcept;
 
 struct LockedMemoryStats {
   std::size_t allocations = 0;
   std::size_t bytes = 0;
   std::size_t locked_bytes = 0;
 };
-[[nodiscard]] LockedMemoryStats locked_memory_stats() noexcept;
+[[nodiscard]] DEEPIO_API LockedMemoryStats locked_memory_stats() noexcept;
 
 /// RAII owner of one allocate_locked() allocation. Move-only.
 class PinnedBuffer {

@@ -5,6 +5,8 @@
 #include <optional>
 #include <string_view>
 
+#include "deepio/export.hpp"
+
 namespace deepio {
 
 /// The kernel interface a handle's workers use.
@@ -40,10 +42,10 @@ struct HandleOptions {
 };
 
 /// "auto", "io_uring", "libaio", "threads".
-[[nodiscard]] std::string_view to_string(BackendKind kind) noexcept;
-[[nodiscard]] std::optional<BackendKind> parse_backend(std::string_view name) noexcept;
+[[nodiscard]] DEEPIO_API std::string_view to_string(BackendKind kind) noexcept;
+[[nodiscard]] DEEPIO_API std::optional<BackendKind> parse_backend(std::string_view name) noexcept;
 /// "auto", "on", "off".
-[[nodiscard]] std::string_view to_string(DirectIo mode) noexcept;
-[[nodiscard]] std::optional<DirectIo> parse_direct_io(std::string_view name) noexcept;
+[[nodiscard]] DEEPIO_API std::string_view to_string(DirectIo mode) noexcept;
+[[nodiscard]] DEEPIO_API std::optional<DirectIo> parse_direct_io(std::string_view name) noexcept;
 
 }  // namespace deepio

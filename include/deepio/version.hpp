@@ -1,6 +1,8 @@
 #pragma once
 
+#include "deepio/export.hpp"
+
 namespace deepio {
 /// The library's version, "MAJOR.MINOR.PATCH".
-[[nodiscard]] const char* version() noexcept;
+[[nodiscard]] DEEPIO_API const char* version() noexcept;
 }  // namespace deepio
