@@ -91,6 +91,7 @@ class PyGds final : public PyHandle {
     d["bytes_cufile"] = s.bytes_cufile;
     d["bytes_staged"] = s.bytes_staged;
     d["files_fallback"] = s.files_fallback;
+    d["pins_refused"] = s.pins_refused;
     return d;
   }
 

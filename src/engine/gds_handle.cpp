@@ -88,6 +88,7 @@ GdsStats GdsHandle::stats() const noexcept {
   s.bytes_cufile = c.bytes_gds.load();
   s.bytes_staged = c.bytes_staged.load();
   s.files_fallback = route_->files_fallback();
+  s.pins_refused = route_->pins_refused();
   return s;
 }
 

@@ -99,6 +99,8 @@ std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates,
           &optional_missing);
   resolve(lib, "cuFileDriverGetProperties", &api->cuFileDriverGetProperties, &optional_missing);
   resolve(lib, "cuFileGetVersion", &api->cuFileGetVersion, &optional_missing);
+  resolve(lib, "cuFileSetParameterBool", &api->cuFileSetParameterBool, &optional_missing);
+  resolve(lib, "cuFileGetParameterBool", &api->cuFileGetParameterBool, &optional_missing);
   if (why != nullptr) *why = Status::success();
   return api;
 }
@@ -114,6 +116,27 @@ Global& global() noexcept {
 }  // namespace
 
 bool nvidia_fs_loaded() noexcept { return ::access("/proc/driver/nvidia-fs/version", F_OK) == 0; }
+
+bool cufile_gds_unusable(CUfileOpError err) noexcept {
+  if (cufile_unsupported(err)) return true;
+  switch (err) {
+    case 5004:  // CU_FILE_DRIVER_VERSION_MISMATCH
+    case 5005:  // CU_FILE_DRIVER_VERSION_READ_ERROR
+    case 5006:  // CU_FILE_DRIVER_CLOSING
+    case CU_FILE_CUDA_MEMORY_TYPE_INVALID:
+    case 5016:  // CU_FILE_INVALID_MAPPING_SIZE
+    case CU_FILE_PERMISSION_DENIED:
+    case CU_FILE_HANDLE_NOT_REGISTERED:
+    case 5029:  // CU_FILE_DEVICE_NOT_FOUND
+    case CU_FILE_INTERNAL_ERROR:
+    case 5031:  // CU_FILE_GETNEWFD_FAILED
+    case 5033:  // CU_FILE_NVFS_SETUP_ERROR
+    case 5036:  // CU_FILE_GPU_MEMORY_PINNING_FAILED
+      return true;
+    default:
+      return false;
+  }
+}
 
 bool cufile_unsupported(CUfileOpError err) noexcept {
   switch (err) {
@@ -174,19 +197,29 @@ Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno
 }
 
 Status DriverRef::acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib,
-                          DriverRef* out) {
+                          DriverRef* out, bool allow_compat) {
   if (api == nullptr) return Status::failure(ENOTSUP, "cuFile not loaded");
   std::lock_guard lock(api->driver_mutex);
   if (api->driver_refs == 0) {
+    std::string note;
+    if (allow_compat) {
+      // Staged before the driver opens; no configuration file, no environment variable.
+      if (api->cuFileSetParameterBool == nullptr) {
+        note = "cuFile has no parameter API: its compatibility mode is as its configuration says";
+      } else if (const CUfileError_t p = api->cuFileSetParameterBool(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE, true);
+                 p.err != CU_FILE_SUCCESS) {
+        note = "cuFile refused to allow its compatibility mode: " + cufile_error_text(cuda_api, p);
+      }
+    }
     const CUfileError_t e = api->cuFileDriverOpen();
     if (e.err != CU_FILE_SUCCESS) return cufile_status(cuda_api, e, "cuFileDriverOpen");
     ++api->driver_opens;
-    api->driver_note.clear();
+    api->driver_note = note;
     if (max_direct_io_kib > 0 && api->cuFileDriverSetMaxDirectIOSize != nullptr) {
       const CUfileError_t s = api->cuFileDriverSetMaxDirectIOSize(max_direct_io_kib);
       if (s.err != CU_FILE_SUCCESS) {
-        api->driver_note = "cuFileDriverSetMaxDirectIOSize(" + std::to_string(max_direct_io_kib) +
-                           " KiB) refused: " + cufile_error_text(cuda_api, s);
+        api->driver_note += (api->driver_note.empty() ? "" : "; ") + std::string("cuFileDriverSetMaxDirectIOSize(") +
+                            std::to_string(max_direct_io_kib) + " KiB) refused: " + cufile_error_text(cuda_api, s);
       }
     }
   }

@@ -88,6 +88,8 @@ struct CUfileDrvProps_t {
   unsigned int max_batch_io_timeout_msecs;
 };
 inline constexpr unsigned int CU_FILE_NVME_P2P_SUPPORTED_BIT = 11;  // dstatusflags bit
+// CUFileBoolConfigParameter_t values used here.
+inline constexpr int CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE = 1;
 
 /// Device buffers pinned for GPUDirect Storage (cuFileBufRegister), keyed by base address.
 /// The lookup is a range check: a view inside a registration resolves to its base and offset.
@@ -118,6 +120,9 @@ struct CuFileApi {
   CUfileError_t (*cuFileDriverSetMaxDirectIOSize)(std::size_t kib) = nullptr;          // optional
   CUfileError_t (*cuFileDriverGetProperties)(CUfileDrvProps_t* props) = nullptr;       // optional
   CUfileError_t (*cuFileGetVersion)(int* version) = nullptr;                           // optional
+  /// cuFile's parameter API (libcufile >= 1.7): parameters are staged before the driver opens.
+  CUfileError_t (*cuFileSetParameterBool)(int param, bool value) = nullptr;            // optional
+  CUfileError_t (*cuFileGetParameterBool)(int param, bool* value) = nullptr;           // optional
 
   std::string library;
   bool close_is_v2 = false;  ///< cuFileDriverClose_v2 found (reference-counting close)
@@ -151,9 +156,19 @@ Status cufile_status(const CudaApi* cuda_api, CUfileError_t e, const char* what)
 Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno,
                         const char* what);
 
-/// True for the errors that mean "GPUDirect Storage cannot serve this file or platform" (as
-/// opposed to a bad argument or an I/O failure): the cue to fall back to the POSIX path.
+/// True for the "not supported" family of errors (mapped to ENOTSUP).
 bool cufile_unsupported(CUfileOpError err) noexcept;
+
+/// True for every refusal, at driver open, file handle registration or buffer registration,
+/// that means "GPUDirect Storage cannot serve this file or buffer here" rather than a bad
+/// argument or a failed transfer: the "not supported" family, plus what cuFile answers on
+/// machines without nvidia-fs or with GDS disabled (CU_FILE_HANDLE_NOT_REGISTERED,
+/// CU_FILE_PERMISSION_DENIED, CU_FILE_DEVICE_NOT_FOUND, CU_FILE_NVFS_SETUP_ERROR,
+/// CU_FILE_DRIVER_VERSION_*, CU_FILE_GETNEWFD_FAILED, CU_FILE_INTERNAL_ERROR,
+/// CU_FILE_CUDA_MEMORY_TYPE_INVALID, CU_FILE_INVALID_MAPPING_SIZE,
+/// CU_FILE_GPU_MEMORY_PINNING_FAILED). Staging through host memory works in all these cases,
+/// so GdsHandle in Auto falls back on them; nothing has been transferred when they occur.
+bool cufile_gds_unusable(CUfileOpError err) noexcept;
 
 /// One reference to the opened cuFile driver. The first reference opens it (and, if
 /// max_direct_io_kib > 0, sets the maximum direct I/O size, tolerating refusal); the last one
@@ -162,8 +177,10 @@ class DriverRef {
  public:
   DriverRef() = default;
   /// Opens (or shares) the driver of `api`. On failure returns a Status with the cuFile error.
+  /// The opening reference may first ask cuFile to allow its compatibility mode
+  /// (cuFileSetParameterBool, where the library has it); the answer goes to driver_note.
   static Status acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib,
-                        DriverRef* out);
+                        DriverRef* out, bool allow_compat = false);
   ~DriverRef() { reset(); }
   DriverRef(DriverRef&& other) noexcept : api_(other.api_) { other.api_ = nullptr; }
   DriverRef& operator=(DriverRef&& other) noexcept {

@@ -6,7 +6,10 @@
  *
  * Test controls (resolved with dlsym):
  *   deepio_fake_cufile_reset()                 clear every control and counter
- *   deepio_fake_cufile_fail_register(err)      cuFileHandleRegister returns err (0: succeed)
+ *   deepio_fake_cufile_fail_register(err)      cuFileHandleRegister returns err (0: succeed); 5027
+ *                                              is what the real library answers without nvidia-fs
+ *   deepio_fake_cufile_fail_bufregister(err)   cuFileBufRegister returns err (0: succeed)
+ *   deepio_fake_cufile_param_bool(param)       what cuFileSetParameterBool staged (-1: never)
  *   deepio_fake_cufile_fail_open(err)          cuFileDriverOpen returns err
  *   deepio_fake_cufile_fail_io(write, result, err_no, after)  the (after+1)-th read or write
  *                                              returns result (errno = err_no when -1)
@@ -50,7 +53,10 @@ enum { MAX_BUFS = 256 };
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long opens, closes, refs, io_calls, max_io_seen, concurrency, max_concurrency, handles;
 static struct { uintptr_t base; size_t n; } bufs[MAX_BUFS];
-static int register_err, open_err;
+static int register_err, open_err, bufregister_err;
+enum { MAX_PARAMS = 16 };
+static int bool_params[MAX_PARAMS];  /* -1: never set */
+static int bool_params_init;
 static int io_fail_write = -1, io_fail_errno, io_fail_after;
 static long io_fail_result;
 static size_t max_io;
@@ -67,7 +73,9 @@ EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_lock(&lock);
   opens = closes = refs = io_calls = max_io_seen = concurrency = max_concurrency = handles = 0;
   memset(bufs, 0, sizeof bufs);
-  register_err = open_err = 0;
+  register_err = open_err = bufregister_err = 0;
+  for (int i = 0; i < MAX_PARAMS; ++i) bool_params[i] = -1;
+  bool_params_init = 1;
   io_fail_write = -1;
   max_io = 0;
   delay_us = 0;
@@ -76,6 +84,14 @@ EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_unlock(&lock);
 }
 EXPORT void deepio_fake_cufile_fail_register(int e) { pthread_mutex_lock(&lock); register_err = e; pthread_mutex_unlock(&lock); }
+EXPORT void deepio_fake_cufile_fail_bufregister(int e) { pthread_mutex_lock(&lock); bufregister_err = e; pthread_mutex_unlock(&lock); }
+/* The value a cuFileSetParameterBool call staged for `param` (-1: never set). */
+EXPORT int deepio_fake_cufile_param_bool(int param) {
+  pthread_mutex_lock(&lock);
+  int v = (bool_params_init && param >= 0 && param < MAX_PARAMS) ? bool_params[param] : -1;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
 EXPORT void deepio_fake_cufile_fail_open(int e) { pthread_mutex_lock(&lock); open_err = e; pthread_mutex_unlock(&lock); }
 EXPORT void deepio_fake_cufile_fail_io(int write, long result, int err_no, int after) {
   pthread_mutex_lock(&lock);
@@ -177,9 +193,37 @@ EXPORT void cuFileHandleDeregister(void* fh) {
   pthread_mutex_unlock(&lock);
 }
 
+/* Parameters are staged before the driver opens, as with the real library: once it is open
+ * they are refused with CU_FILE_DRIVER_ALREADY_OPEN. Staging one has no other effect here: like
+ * the real library on a machine without nvidia-fs, allowing compatibility mode does not stop
+ * deepio_fake_cufile_fail_register(5027) from refusing files. */
+EXPORT CUfileError_t cuFileSetParameterBool(int param, _Bool value) {
+  if (param < 0 || param >= MAX_PARAMS) return err(5022);
+  if (driver_open()) return err(5026);
+  pthread_mutex_lock(&lock);
+  if (!bool_params_init) {
+    for (int i = 0; i < MAX_PARAMS; ++i) bool_params[i] = -1;
+    bool_params_init = 1;
+  }
+  bool_params[param] = value ? 1 : 0;
+  pthread_mutex_unlock(&lock);
+  return ok();
+}
+EXPORT CUfileError_t cuFileGetParameterBool(int param, _Bool* value) {
+  if (param < 0 || param >= MAX_PARAMS || value == NULL) return err(5022);
+  pthread_mutex_lock(&lock);
+  *value = bool_params_init && bool_params[param] == 1;
+  pthread_mutex_unlock(&lock);
+  return ok();
+}
+
 EXPORT CUfileError_t cuFileBufRegister(const void* p, size_t n, int flags) {
   (void)flags;
   if (!driver_open()) return err(5001);
+  pthread_mutex_lock(&lock);
+  int be = bufregister_err;
+  pthread_mutex_unlock(&lock);
+  if (be) return err(be);
   if (!deepio_fake_cuda_find((uintptr_t)p, n, NULL, NULL)) return err(5013);
   CUfileError_t r = err(5030);
   pthread_mutex_lock(&lock);

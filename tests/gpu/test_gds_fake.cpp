@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -267,6 +268,94 @@ TEST_F(FakeGds, UnsupportedFileFallsBackToStagingAndSaysSo) {
     EXPECT_EQ(e.path(), f);
   }
   EXPECT_EQ(strict.pending(), 0u);
+  device_free(dev);
+}
+
+// What the real library did on a GPU machine without nvidia-fs (docs/gpu.md): the driver
+// opens, then cuFileHandleRegister refuses every file with CU_FILE_HANDLE_NOT_REGISTERED,
+// whether or not its compatibility mode was asked for. Auto must still work, by staging.
+TEST_F(FakeGds, HandleNotRegisteredWithoutNvidiaFsFallsBackInAutoAndFailsInCuFileMode) {
+  control("deepio_fake_cufile_nvfs_major", 0u);
+  control("deepio_fake_cufile_fail_register", CU_FILE_HANDLE_NOT_REGISTERED);
+  const std::size_t n = (1 << 20) + 77;
+  const auto data = pattern(n, 31);
+  std::byte* dev = device_alloc(n);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("nvfs.bin");
+  {
+    auto h = handle({.block_size = 256 << 10, .intra_op_parallelism = 2});
+    EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+    EXPECT_EQ(slurp(f), data);
+    std::byte* back = device_alloc(n);
+    EXPECT_EQ(h.sync_pread(back, n, f, 0), 1u);
+    EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
+    device_free(back);
+    EXPECT_EQ(h.mode(), "compat");
+    EXPECT_NE(h.mode_reason().find("CU_FILE_HANDLE_NOT_REGISTERED"), std::string::npos) << h.mode_reason();
+    const auto st = h.stats();
+    EXPECT_EQ(st.files_fallback, 2u);
+    EXPECT_EQ(st.bytes_staged, 2 * n);
+    EXPECT_EQ(st.bytes_cufile, 0u);
+    EXPECT_EQ(st.ops_failed, 0u);
+  }
+  auto strict = handle({.mode = GdsMode::CuFile});
+  try {
+    strict.async_pwrite(dev, n, f, 0);
+    ADD_FAILURE() << "CuFile mode staged a file cuFile refused";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("CU_FILE_HANDLE_NOT_REGISTERED"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), f);
+  }
+  EXPECT_EQ(slurp(f), data) << "a refused write must not touch the file";
+  device_free(dev);
+}
+
+// The handle asks cuFile to allow its compatibility mode through the parameter API, before the
+// driver opens; nothing is written to the working directory.
+TEST_F(FakeGds, CompatModeIsRequestedBeforeTheDriverOpens) {
+  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
+                CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+            -1);
+  const auto before = std::filesystem::directory_iterator(std::filesystem::current_path());
+  std::size_t entries_before = 0;
+  for (const auto& e : before) entries_before += e.exists() ? 1 : 0;
+  {
+    auto h = handle();
+    EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
+                  CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+              1);
+  }
+  std::size_t entries_after = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::current_path())) {
+    entries_after += e.exists() ? 1 : 0;
+  }
+  EXPECT_EQ(entries_after, entries_before) << "no configuration file in the working directory";
+  // Compat mode never touches cuFile, so it asks nothing.
+  control("deepio_fake_cufile_reset");
+  auto c = handle({.mode = GdsMode::Compat});
+  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
+                CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+            -1);
+}
+
+// A buffer registration cuFile refuses for lack of GDS support keeps the pin unregistered in
+// Auto (I/O on it still works), and is an error in CuFile mode.
+TEST_F(FakeGds, RefusedBufferRegistrationIsKeptUnregisteredInAuto) {
+  control("deepio_fake_cufile_fail_bufregister", 5036 /* CU_FILE_GPU_MEMORY_PINNING_FAILED */);
+  const std::size_t n = 8192;
+  std::byte* dev = device_alloc(n);
+  auto h = handle({.block_size = 4096});
+  EXPECT_TRUE(h.pin_device_buffer(dev, n));
+  EXPECT_NE(h.mode_reason().find("CU_FILE_GPU_MEMORY_PINNING_FAILED"), std::string::npos) << h.mode_reason();
+  EXPECT_EQ(h.stats().pins_refused, 1u);
+  const auto data = pattern(n, 32);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("unreg.bin");
+  EXPECT_EQ(h.sync_pwrite(dev + 1000, 5000, f, 0), 1u);
+  EXPECT_EQ(slurp(f), std::vector<std::byte>(data.begin() + 1000, data.begin() + 6000));
+  EXPECT_TRUE(h.unpin_device_buffer(dev));
+  auto strict = handle({.mode = GdsMode::CuFile});
+  EXPECT_THROW(strict.pin_device_buffer(dev, n), Error);
   device_free(dev);
 }
 

@@ -108,7 +108,7 @@ GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi
     if (options.mode == GdsMode::CuFile) throw_error(ENOTSUP, "GdsHandle (mode CuFile): " + why);
     reason = why + "; POSIX I/O staged through host memory";
   } else {
-    Status st = DriverRef::acquire(cufile_api, cuda_, options.block_size / 1024, &driver_);
+    Status st = DriverRef::acquire(cufile_api, cuda_, options.block_size / 1024, &driver_, /*allow_compat=*/true);
     if (!st.ok()) {
       if (options.mode == GdsMode::CuFile) throw_error(st.errnum, "GdsHandle: " + st.message);
       reason = st.message + "; POSIX I/O staged through host memory";
@@ -169,6 +169,13 @@ Status GdsRoute::make_current(int ordinal) {
   return Status::success();
 }
 
+void GdsRoute::note_pin_refused(const std::string& why) {
+  pins_refused_.fetch_add(1, std::memory_order_relaxed);
+  const std::string text = why + ": pinned buffers are used unregistered";
+  std::lock_guard lock(mode_mutex_);
+  if (mode_reason_.find(text) == std::string::npos) mode_reason_ += (mode_reason_.empty() ? "" : "; ") + text;
+}
+
 void GdsRoute::note_fallback(const std::string& why) {
   files_fallback_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(mode_mutex_);
@@ -220,7 +227,7 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
   const CUfileError_t e = cufile_->cuFileHandleRegister(&fh, &descr);
   if (e.err != CU_FILE_SUCCESS) {
     const Status rs = cufile_status(cuda_, e, "cuFileHandleRegister");
-    if (mode_setting_ != GdsMode::Auto || !cufile_unsupported(e.err)) {
+    if (mode_setting_ != GdsMode::Auto || !cufile_gds_unusable(e.err)) {
       return Status::failure(rs.errnum, std::string(verb) + ": " + rs.message, path, what.file_offset, what.nbytes);
     }
     note_fallback(rs.message + " for '" + path + "': staged through host memory");
@@ -270,11 +277,16 @@ bool GdsRoute::pin(void* p, std::size_t nbytes) {
     Status st = make_current(where.ordinal);
     if (!st.ok()) throw_error(st.errnum, "pin_device_buffer: " + st.message);
     const CUfileError_t e = cufile_->cuFileBufRegister(p, nbytes, 0);
-    if (e.err != CU_FILE_SUCCESS) {
+    if (e.err == CU_FILE_SUCCESS) {
+      entry.cufile_registered = true;
+    } else {
       st = cufile_status(cuda_, e, "cuFileBufRegister");
-      throw_error(st.errnum, "pin_device_buffer: " + st.message, {}, 0, nbytes);
+      if (mode_setting_ != GdsMode::Auto || !cufile_gds_unusable(e.err)) {
+        throw_error(st.errnum, "pin_device_buffer: " + st.message, {}, 0, nbytes);
+      }
+      // Recorded unregistered: I/O on it still works (cuFile's own bounce buffers, or staging).
+      note_pin_refused(st.message);
     }
-    entry.cufile_registered = true;
   }
   reg.entries.emplace(a, entry);
   return true;

@@ -5,11 +5,14 @@
 // never uses cuFile; Auto and CuFile take a DriverRef (the first one in the process opens the
 // cuFile driver, the last one closes it after deregistering leftover buffers). Auto falls back
 // to staging when cuFile is missing or its driver cannot be opened; CuFile throws instead.
-// bind() (DeviceRoute) runs per operation on device memory: it range-checks the buffer against
-// the pinned registrations, marks the registration in use, and registers the file with
-// cuFileHandleRegister. A refusal that means "GDS cannot serve this file" (cufile_unsupported)
-// makes the operation staged in Auto mode (recorded in mode_reason() and files_fallback) and
-// is an error in CuFile mode. The registration (GdsFile) ends when the engine drops it: after
+// Opening the driver first asks cuFile to allow its compatibility mode (its parameter API; no
+// file written, no environment changed). bind() (DeviceRoute) runs per operation on device
+// memory: it range-checks the buffer against the pinned registrations, marks the registration
+// in use, and registers the file with cuFileHandleRegister. A refusal that means "GDS cannot
+// serve this file here" (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine
+// without nvidia-fs, among others) makes the operation staged in Auto mode (recorded in
+// mode_reason() and files_fallback) and is an error in CuFile mode. A buffer registration
+// refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile) ends when the engine drops it: after
 // the operation's last request, before its descriptor closes.
 //
 // Backend: make_backend() gives each route worker a synchronous backend (like the thread
@@ -58,6 +61,7 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   [[nodiscard]] std::string mode() const;
   [[nodiscard]] std::string mode_reason() const;
   [[nodiscard]] std::uint64_t files_fallback() const noexcept { return files_fallback_.load(); }
+  [[nodiscard]] std::uint64_t pins_refused() const noexcept { return pins_refused_.load(); }
   [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
 
   /// Makes the primary context of `ordinal` current on the calling thread (retained once).
@@ -68,6 +72,7 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
  private:
   BufferRegistry& registry() noexcept;
   void note_fallback(const std::string& why);
+  void note_pin_refused(const std::string& why);
 
   GdsMode mode_setting_;
   const CudaApi* cuda_;
@@ -82,6 +87,7 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   std::map<int, CUcontext> contexts_;  // retained primary contexts, guarded by contexts_mutex_
 
   std::atomic<std::uint64_t> files_fallback_{0};
+  std::atomic<std::uint64_t> pins_refused_{0};
 };
 
 }  // namespace deepio::detail::gpu
