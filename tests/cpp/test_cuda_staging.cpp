@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "gpu/cuda.hpp"
 #include "common/support.hpp"
@@ -23,6 +24,12 @@ class CudaStaging : public testing::Test {
     detail::Status why;
     api_ = cuda(&why);
     if (api_ == nullptr) GTEST_SKIP() << "no (fake) CUDA driver: " << why.message;
+    // The test thread allocates and copies as a CUDA program does: with a current context
+    // (the real driver refuses those calls with CUDA_ERROR_INVALID_CONTEXT without one).
+    CUdevice dev = 0;
+    ASSERT_EQ(api_->cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    ASSERT_EQ(api_->cuDevicePrimaryCtxRetain(&ctx_, dev), CUDA_SUCCESS);
+    ASSERT_EQ(api_->cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
   }
   void TearDown() override {
     if (api_ != nullptr) set_result(nullptr, 0, 0);
@@ -46,11 +53,16 @@ class CudaStaging : public testing::Test {
     if (SetResult f = fake_control()) f(name, r, after);
   }
   ~CudaStaging() override {
-    if (api_ != nullptr) {
+    if (api_ != nullptr && ctx_ != nullptr) {
+      api_->cuCtxSetCurrent(ctx_);
       for (auto p : allocs_) api_->cuMemFree(p);
+      api_->cuCtxSetCurrent(nullptr);
+      CUdevice dev = 0;
+      if (api_->cuDeviceGet(&dev, 0) == CUDA_SUCCESS) api_->cuDevicePrimaryCtxRelease(dev);
     }
   }
   const CudaApi* api_ = nullptr;
+  CUcontext ctx_ = nullptr;
   std::vector<CUdeviceptr> allocs_;
   test::TempDir dir_;
 };
@@ -75,6 +87,29 @@ TEST_F(CudaStaging, DeviceMemoryRoundTripsThroughTheEngine) {
   const auto s = h.stats();
   EXPECT_EQ(s.bytes_direct, 0u) << "device memory is never handed to the kernel";
   EXPECT_GT(s.bytes_bounced, 0u);
+}
+
+// The engine sets up its own context on its workers: a thread that has none current (a
+// thread pool's, Python's) can submit and wait on device memory.
+TEST_F(CudaStaging, SubmittingFromAThreadWithoutAContextWorks) {
+  const std::size_t n = (3 << 20) + 5;
+  const auto data = pattern(n, 12);
+  void* dev = device_alloc(n);
+  ASSERT_EQ(api_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dev), data.data(), n), CUDA_SUCCESS);
+  void* back = device_alloc(n);
+  const std::string f = dir_.file("noctx.bin");
+  std::thread([&] {
+    CUcontext none = nullptr;
+    ASSERT_EQ(api_->cuCtxGetCurrent(&none), CUDA_SUCCESS);
+    ASSERT_EQ(none, nullptr) << "a new thread has no current context";
+    Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2});
+    h.sync_pwrite(dev, n, f);
+    h.sync_pread(back, n, f);
+  }).join();
+  EXPECT_EQ(slurp(f), data);
+  std::vector<std::byte> host(n);
+  ASSERT_EQ(api_->cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(back), n), CUDA_SUCCESS);
+  EXPECT_EQ(host, data);
 }
 
 TEST_F(CudaStaging, HostBuffersStillGoDirect) {

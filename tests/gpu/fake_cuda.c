@@ -167,6 +167,13 @@ EXPORT int deepio_fake_cuda_context_refs(int device) {
     if (inj_ != 0) return inj_;          \
   } while (0)
 
+/* As the real driver: calls that work on a context fail with CUDA_ERROR_INVALID_CONTEXT (201)
+ * on a thread that has none current (cuCtxSetCurrent, per thread). */
+#define NEEDS_CONTEXT()                  \
+  do {                                   \
+    if (current_ctx == NULL) return 201; \
+  } while (0)
+
 EXPORT CUresult cuInit(unsigned int flags) {
   CHECK("cuInit");
   return flags == 0 ? 0 : 1;
@@ -236,6 +243,7 @@ EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr
 
 static CUresult alloc_impl(CUdeviceptr* p, size_t n) {
   CHECK("cuMemAlloc");
+  NEEDS_CONTEXT();
   if (n == 0) return 1;
   void* m = malloc(n);
   if (m == NULL) return 2;
@@ -249,18 +257,21 @@ static CUresult alloc_impl(CUdeviceptr* p, size_t n) {
 }
 static CUresult free_impl(CUdeviceptr p) {
   CHECK("cuMemFree");
+  NEEDS_CONTEXT();
   if (!forget((uintptr_t)p, 0)) return 1;
   free((void*)(uintptr_t)p);
   return 0;
 }
 static CUresult htod(CUdeviceptr dst, const void* src, size_t n) {
   CHECK("cuMemcpyHtoD");
+  NEEDS_CONTEXT();
   if (!deepio_fake_cuda_find((uintptr_t)dst, n, NULL, NULL)) return 1;
   memcpy((void*)(uintptr_t)dst, src, n);
   return 0;
 }
 static CUresult dtoh(void* dst, CUdeviceptr src, size_t n) {
   CHECK("cuMemcpyDtoH");
+  NEEDS_CONTEXT();
   if (!deepio_fake_cuda_find((uintptr_t)src, n, NULL, NULL)) return 1;
   memcpy(dst, (const void*)(uintptr_t)src, n);
   return 0;
@@ -268,6 +279,7 @@ static CUresult dtoh(void* dst, CUdeviceptr src, size_t n) {
 static CUresult host_register(void* p, size_t n, unsigned int flags) {
   (void)flags;
   CHECK("cuMemHostRegister");
+  NEEDS_CONTEXT();
   if (find_host((uintptr_t)p)) return 712;
   return record((uintptr_t)p, n, 1) ? 0 : 2;
 }
@@ -306,37 +318,44 @@ EXPORT CUresult V2(cuEventDestroy)(void* e) { free(e); return 0; }
 
 EXPORT CUresult cuMemHostUnregister(void* p) {
   CHECK("cuMemHostUnregister");
+  NEEDS_CONTEXT();
   return forget((uintptr_t)p, 1) ? 0 : 713;
 }
 EXPORT CUresult cuStreamCreate(void** s, unsigned int flags) {
   (void)flags;
   CHECK("cuStreamCreate");
+  NEEDS_CONTEXT();
   return object_create(s, 1);
 }
 EXPORT CUresult cuStreamSynchronize(void* s) {
   (void)s;
   CHECK("cuStreamSynchronize");
+  NEEDS_CONTEXT();
   return 0;
 }
 EXPORT CUresult cuEventCreate(void** e, unsigned int flags) {
   (void)flags;
   CHECK("cuEventCreate");
+  NEEDS_CONTEXT();
   return object_create(e, 2);
 }
 EXPORT CUresult cuEventRecord(void* e, void* s) {
   (void)e;
   (void)s;
   CHECK("cuEventRecord");
+  NEEDS_CONTEXT();
   return 0;
 }
 EXPORT CUresult cuEventQuery(void* e) {
   (void)e;
   CHECK("cuEventQuery");
+  NEEDS_CONTEXT();
   return 0;
 }
 EXPORT CUresult cuEventSynchronize(void* e) {
   (void)e;
   CHECK("cuEventSynchronize");
+  NEEDS_CONTEXT();
   return 0;
 }
 EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {
@@ -346,6 +365,7 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {
     case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
     case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
     case 101: *s = "CUDA_ERROR_INVALID_DEVICE"; return 0;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
     case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
     default: *s = NULL; return 1;
   }
@@ -357,6 +377,7 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char** s) {
     case 2: *s = "out of memory"; return 0;
     case 100: *s = "no CUDA-capable device is detected"; return 0;
     case 101: *s = "invalid device ordinal"; return 0;
+    case 201: *s = "invalid device context"; return 0;
     case 700: *s = "an illegal memory access was encountered (fake)"; return 0;
     default: *s = NULL; return 1;
   }

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "common/support.hpp"
+#include "gpu/cuda.hpp"
 
 namespace deepio::gputest {
 
@@ -26,6 +27,35 @@ using test::pattern;
 using test::put;
 using test::slurp;
 using test::TempDir;
+
+/// Holds device `ordinal`'s primary context current on the calling thread, as a CUDA program
+/// does before allocating or copying: the real driver (and the fake) refuse those calls with
+/// CUDA_ERROR_INVALID_CONTEXT on a thread without one. Restores "none current" at the end.
+class CurrentContext {
+ public:
+  explicit CurrentContext(const detail::gpu::CudaApi* api, int ordinal = 0) : api_(api) {
+    if (api_ == nullptr) return;
+    if (api_->cuDeviceGet(&dev_, ordinal) != detail::gpu::CUDA_SUCCESS ||
+        api_->cuDevicePrimaryCtxRetain(&ctx_, dev_) != detail::gpu::CUDA_SUCCESS) {
+      ADD_FAILURE() << "cannot retain the primary context of device " << ordinal;
+      api_ = nullptr;
+      return;
+    }
+    EXPECT_EQ(api_->cuCtxSetCurrent(ctx_), detail::gpu::CUDA_SUCCESS);
+  }
+  ~CurrentContext() {
+    if (api_ == nullptr) return;
+    api_->cuCtxSetCurrent(nullptr);
+    api_->cuDevicePrimaryCtxRelease(dev_);
+  }
+  CurrentContext(const CurrentContext&) = delete;
+  CurrentContext& operator=(const CurrentContext&) = delete;
+
+ private:
+  const detail::gpu::CudaApi* api_;
+  detail::gpu::CUdevice dev_ = 0;
+  detail::gpu::CUcontext ctx_ = nullptr;
+};
 
 /// A function exported by an already loaded fake library.
 template <typename Fn>

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "gpu/cuda.hpp"
@@ -37,6 +39,22 @@ class FakeCuda : public ::testing::Test {
   }
   std::unique_ptr<CudaApi> api_;
 };
+
+// Like the real driver, the fake refuses memory calls on a thread with no current context
+// (what the staging test missed before a GPU machine ran it: CUDA_ERROR_INVALID_CONTEXT).
+TEST_F(FakeCuda, MemoryCallsNeedACurrentContextLikeTheRealDriver) {
+  CUdeviceptr d = 0;
+  EXPECT_EQ(api_->cuMemAlloc(&d, 64), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_NE(cuda_error_text(api_.get(), CUDA_ERROR_INVALID_CONTEXT).find("CUDA_ERROR_INVALID_CONTEXT"),
+            std::string::npos);
+  deepio::gputest::CurrentContext ctx(api_.get());
+  ASSERT_EQ(api_->cuMemAlloc(&d, 64), CUDA_SUCCESS);
+  std::thread([&] {
+    std::vector<char> host(64);
+    EXPECT_EQ(api_->cuMemcpyDtoH(host.data(), d, 64), CUDA_ERROR_INVALID_CONTEXT) << "the context is per thread";
+  }).join();
+  EXPECT_EQ(api_->cuMemFree(d), CUDA_SUCCESS);
+}
 
 TEST_F(FakeCuda, LoadsVersionedSymbolsAndCountsDevices) {
   EXPECT_EQ(api_->library, DEEPIO_FAKE_CUDA);
@@ -74,6 +92,7 @@ TEST_F(FakeCuda, ZeroDevicesIsENODEV) {
 }
 
 TEST_F(FakeCuda, ClassifyTellsDeviceFromHostMemory) {
+  deepio::gputest::CurrentContext ctx(api_.get());
   CUdeviceptr d = 0;
   ASSERT_EQ(api_->cuMemAlloc(&d, 4096), CUDA_SUCCESS);
   void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d));
@@ -91,6 +110,7 @@ TEST_F(FakeCuda, ClassifyTellsDeviceFromHostMemory) {
 }
 
 TEST_F(FakeCuda, CopiesStreamsAndEventsThroughTheShim) {
+  deepio::gputest::CurrentContext ctx(api_.get());
   CUdeviceptr d = 0;
   ASSERT_EQ(api_->cuMemAlloc(&d, 256), CUDA_SUCCESS);
   const auto src = deepio::gputest::pattern(256, 7);

@@ -72,20 +72,32 @@ class FakeCuda:
             getattr(self.lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         self.lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
         self.lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+        self.lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         assert self.lib.cuInit(0) == 0
+        # Memory calls need a current context, per thread, as with the real driver (which
+        # refuses them with CUDA_ERROR_INVALID_CONTEXT otherwise); torch keeps one current.
+        self.ctx = ctypes.c_void_p()
+        assert self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.ctx), 0) == 0
+
+    def _current(self) -> None:
+        assert self.lib.cuCtxSetCurrent(self.ctx) == 0
 
     def alloc(self, n: int) -> int:
+        self._current()
         p = ctypes.c_uint64()
         assert self.lib.cuMemAlloc_v2(ctypes.byref(p), max(n, 1)) == 0
         return p.value
 
     def free(self, p: int) -> None:
+        self._current()
         assert self.lib.cuMemFree_v2(p) == 0
 
     def put(self, p: int, data: bytes) -> None:
+        self._current()
         assert self.lib.cuMemcpyHtoD_v2(p, data, len(data)) == 0
 
     def get(self, p: int, n: int) -> bytes:
+        self._current()
         out = ctypes.create_string_buffer(n)
         assert self.lib.cuMemcpyDtoH_v2(out, p, n) == 0
         return out.raw
