@@ -3,7 +3,10 @@
 //  * ds_io mode (`--io_size` given): DeepSpeed's ds_io, flag for flag and output line for
 //    output line (reference/deepnvme.md §3; lib/dsio.hpp, lib/dsio_report.hpp).
 //  * comparison mode (no `--io_size`): deepio beside the naive single-threaded copy and the
-//    device ceiling, measured in this run, interleaved, medians of --runs (lib/compare.hpp).
+//    device ceiling, measured in this run, interleaved, medians of --runs (lib/compare.hpp);
+//    with GPU rows when CUDA is usable (--gpu makes them required).
+//
+// --gpu / --use_gds (lib/gpu.hpp): device memory through Handle (staged) or GdsHandle.
 //
 // This file reads the command line into those libraries' requests and prints their reports.
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "dsio.hpp"
 #include "dsio_report.hpp"
 #include "format.hpp"
+#include "gpu.hpp"
 #include "group.hpp"
 #include "system.hpp"
 
@@ -102,9 +106,15 @@ HandleOptions handle_options(const ParsedArgs& a, std::vector<std::string>& erro
   return o;
 }
 
-void check_gpu_flags(const ParsedArgs& a, std::vector<std::string>& errors) {
+/// --gpu/--use_gds: what the GPU layer offers (asked in a child process when `isolated`, so a
+/// parent about to fork workers has not initialised CUDA), and the problems with the flags.
+GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, const char* devices_flag,
+                         bool isolated, std::vector<std::string>& errors) {
   if (a.has("--use_gds") && !a.has("--gpu")) errors.push_back("--use_gds requires --gpu");
-  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--use_gds", a.has("--use_gds")));
+  if (!a.has("--gpu")) return {};
+  const GpuProbe g = probe_gpu(isolated);
+  for (auto& e : gpu_problems(g, "--gpu", devices, devices_flag)) errors.push_back(std::move(e));
+  return g;
 }
 
 // ==== ds_io mode ==========================================================================
@@ -167,7 +177,12 @@ DsIoRequest read_ds_io(const ParsedArgs& a, const Launch& launch, std::vector<st
     errors.push_back("--io_size (" + a.get("--io_size") + ") is smaller than --block_size (" + a.get("--block_size") + ")");
   }
   check_engine(a, errors);
-  check_gpu_flags(a, errors);
+  p.gpu = a.has("--gpu");
+  p.use_gds = p.gpu && a.has("--use_gds");
+  for (const auto& m : r.mapping) p.devices.push_back(static_cast<int>(parse_uint(m.second).value_or(0)));
+  // ds_io's rule: every device id of the mapping exists. Local runs fork their processes.
+  (void)check_gpu_flags(a, p.devices, a.has("--folder") ? "--multi_process" : "--folder_to_device_mapping",
+                        !launch.mpi && r.mapping.size() > 1, errors);
   if (launch.mpi && a.has("--multi_process") && a.get("--multi_process") != "1") {
     errors.push_back("--multi_process: under " + launch.launcher +
                      " each MPI rank is one process; set the count with mpirun -np");
@@ -254,8 +269,11 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   for (const char* f : kDsIoOnly) {
     if (a.has(f)) errors.push_back(std::string(f) + " is a ds_io-mode flag: give --io_size as well");
   }
-  check_gpu_flags(a, errors);
   CompareRequest req;
+  // GPU rows whenever CUDA is usable; --gpu/--use_gds make them required (an error without CUDA).
+  req.gpu_probe = check_gpu_flags(a, {0}, "--gpu", false, errors);
+  if (!a.has("--gpu")) req.gpu_probe = probe_gpu(false);
+  req.gpu = req.gpu_probe.cuda;
   req.handle = handle_options(a, errors);
   req.runs = static_cast<std::size_t>(count_arg(a, "--runs", errors).value_or(3));
   if (req.runs > 1000) errors.push_back("--runs: at most 1000");
@@ -270,7 +288,7 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   req.progress = !json;
 
   const std::uint64_t free_disk = free_disk_bytes(parent), ram = physical_memory_bytes();
-  const SizeChoice n = choose_size(size, free_disk, ram, req.handle.block_size, parent);
+  const SizeChoice n = choose_size(size, free_disk, ram, req.handle.block_size, parent, req.gpu ? 4 : 3);
   if (!n.error.empty()) return print_errors(kProg, {n.error});
   CompareSetup setup;
   try {

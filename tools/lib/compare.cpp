@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "deepio/gpu.hpp"
 #include "dsio.hpp"
 #include "fio.hpp"
 #include "format.hpp"
@@ -14,7 +16,7 @@
 namespace deepio::cli {
 
 SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk, std::uint64_t ram,
-                       std::size_t block_size, const std::string& parent) {
+                       std::size_t block_size, const std::string& parent, int files) {
   SizeChoice c;
   if (requested) {
     c = {*requested, "--size", {}};
@@ -30,9 +32,10 @@ SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t fre
     }
   }
   if (c.nbytes % 4096 != 0) c.nbytes += 4096 - c.nbytes % 4096;  // the raw ceiling loop needs whole O_DIRECT blocks
-  if (3 * c.nbytes > free_disk) {
-    c.error = "not enough free space in " + parent + ": need " + human_bytes(3 * c.nbytes) + " for three files, " +
-              human_bytes(free_disk) + " free";
+  const std::uint64_t nfiles = static_cast<std::uint64_t>(files > 0 ? files : 1);
+  if (nfiles * c.nbytes > free_disk) {
+    c.error = "not enough free space in " + parent + ": need " + human_bytes(nfiles * c.nbytes) + " for " +
+              std::to_string(nfiles) + " files, " + human_bytes(free_disk) + " free";
   }
   return c;
 }
@@ -44,7 +47,8 @@ CompareSetup prepare_compare(const std::string& parent) {
   s.f_deepio = s.dir + "/deepio.bin";
   s.f_naive = s.dir + "/naive.bin";
   s.f_ceiling = s.dir + "/ceiling.bin";
-  for (const auto& f : {s.f_deepio, s.f_naive, s.f_ceiling}) register_temp_file(f);
+  s.f_gpu = s.dir + "/gpu.bin";
+  for (const auto& f : {s.f_deepio, s.f_naive, s.f_ceiling, s.f_gpu}) register_temp_file(f);
   return s;
 }
 
@@ -72,7 +76,33 @@ const EngineResult& CompareReport::find(const std::string& op, const std::string
 
 namespace {
 
-enum Engine : std::size_t { kDeepio = 0, kNaive = 1, kCeiling = 2 };
+enum Engine : std::size_t { kDeepio = 0, kNaive = 1, kCeiling = 2, kGpuStaged = 3, kGpuGds = 4, kCopy = 5 };
+
+/// The GPU side of a comparison: the device (context current on this thread), one device
+/// buffer, a CUDA-registered host buffer for the copy ceilings, and the two handles. Members
+/// are destroyed in reverse order: handles (which finish their work) before the memory they
+/// use, the context last.
+struct GpuRows {
+  GpuRows(int device, std::size_t n, const HandleOptions& ho)
+      : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho)) {}
+  static GdsOptions gds_options(const HandleOptions& h) {
+    GdsOptions o;
+    o.block_size = h.block_size;
+    o.queue_depth = h.queue_depth;
+    o.single_submit = h.single_submit;
+    o.overlap_events = h.overlap_events;
+    o.intra_op_parallelism = h.intra_op_parallelism;
+    o.backend = h.backend;
+    o.direct_io = h.direct_io;
+    return o;  // mode Auto: cuFile where it accepts the file, staging (visibly) elsewhere
+  }
+  CudaDevice cuda;
+  DeviceBuffer dev;
+  PinnedBuffer host;
+  HostRegistration reg;
+  Handle staged;
+  GdsHandle gds;
+};
 
 /// One comparison in progress: the buffers, the handle, the ceiling's state, the results.
 class CompareRun {
@@ -83,6 +113,13 @@ class CompareRun {
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
     rep_.backend = h_.backend();
+    if (req.gpu) {
+      gpu_.emplace(req.device, n_, req.handle);
+      gpu_->dev.upload(src_.data(), n_);  // what the GPU rows write
+      std::memcpy(gpu_->host.data(), src_.data(), n_);
+      rep_.gpu_rows = true;
+      rep_.gpu_device = req.device;
+    }
   }
   void plan_ceiling();
   void measure_all();
@@ -91,7 +128,11 @@ class CompareRun {
   void init_results();
   void measure_op(std::size_t op, Progress& progress);
   Sample sample(std::size_t op, std::size_t e, bool first);
+  Sample gpu_sample(bool write, std::size_t e, bool first);
+  void verify_gpu(std::size_t op, std::size_t e);
+  void finish_gpu_rows(std::size_t op);
   Sample ceiling_sample(bool write);
+  [[nodiscard]] std::size_t engines() const noexcept { return gpu_ ? 6 : 3; }
   [[nodiscard]] std::string raw_desc() const {
     return "raw O_DIRECT pread/pwrite loop, " + std::to_string(raw_threads_) + " threads x " +
            size_label(req_.handle.block_size);
@@ -101,11 +142,14 @@ class CompareRun {
   std::size_t n_;
   PinnedBuffer src_, dst_;
   Handle h_;
+  std::optional<GpuRows> gpu_;
   std::string fio_path_, fio_engine_;
   std::size_t raw_threads_ = 1;
   bool use_fio_ = false, fio_failed_ = false;
   std::uint64_t acc_[4] = {};  // this op's handle stats deltas: direct, bounced, buffered, refused
-  EngineResult res_[2][3];     // [write, read][deepio, naive, ceiling]
+  std::uint64_t gacc_[4] = {};  // the same for the GPU staged handle
+  GdsStats gds0_;               // the GdsHandle's counters when this op began
+  EngineResult res_[2][6];      // [write, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
 };
 
 void CompareRun::plan_ceiling() {
@@ -129,12 +173,81 @@ void CompareRun::init_results() {
   const std::string ceil_label = use_fio_ ? "fio (device ceiling)" : "raw O_DIRECT (ceiling)";
   for (std::size_t op = 0; op < 2; ++op) {
     const char* name = op ? "read" : "write";
-    res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}};
-    res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}};
-    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered", {}};
+    res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}, {}};
+    res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}, {}};
+    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered", {}, {}};
   }
   res_[1][kNaive].path = "buffered read(2) + memcpy";
   res_[0][kNaive].path = "memcpy + buffered write(2)";
+  if (!gpu_) return;
+  for (std::size_t op = 0; op < 2; ++op) {
+    const char* name = op ? "read" : "write";
+    res_[op][kGpuStaged] = {name, "gpu_staged", "GPU staged (aio_handle)", {}, {}, {}, {}};
+    res_[op][kGpuGds] = {name, "gpu_gds", "GPU gds", {}, {}, {}, {}};
+  }
+  res_[0][kCopy] = {"write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory", {}, {}};
+  res_[1][kCopy] = {"read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory", {}, {}};
+}
+
+/// One timed transfer of a GPU row: the device buffer to/from a file with the staged Handle or
+/// the GdsHandle (writes to a fresh file, reads after a dropped page cache, as every engine),
+/// or the copy ceiling.
+Sample CompareRun::gpu_sample(bool write, std::size_t e, bool first) {
+  GpuRows& g = *gpu_;
+  const CompareSetup& f = rep_.setup;
+  if (e == kCopy) return timed_copy(!write, g.dev, g.host.data(), n_);
+  if (write) {
+    ::unlink(f.f_gpu.c_str());
+  } else {
+    drop_page_cache(f.f_deepio);
+    if (first) {
+      std::memset(dst_.data(), 0, n_);
+      g.dev.upload(dst_.data(), n_);  // so a read that moves nothing cannot pass verification
+    }
+  }
+  Handle& h = e == kGpuGds ? static_cast<Handle&>(g.gds) : g.staged;
+  const HandleStats s0 = g.staged.stats();
+  const Sample s = write ? deepio_write(h, g.dev.data(), n_, f.f_gpu) : deepio_read(h, g.dev.data(), n_, f.f_deepio);
+  if (e == kGpuStaged) {
+    const HandleStats s1 = g.staged.stats();
+    gacc_[0] += s1.bytes_direct - s0.bytes_direct;
+    gacc_[1] += s1.bytes_bounced - s0.bytes_bounced;
+    gacc_[2] += s1.bytes_buffered - s0.bytes_buffered;
+    gacc_[3] += s1.direct_refused - s0.direct_refused;
+  }
+  return s;
+}
+
+/// After the first sample of a GPU disk row: a write's file, or a read's device buffer (copied
+/// back), compared with the pattern; outside the timed region.
+void CompareRun::verify_gpu(std::size_t op, std::size_t e) {
+  EngineResult& r = res_[op][e];
+  bool same = false;
+  if (op == 0) {
+    same = compare_with_file(src_.data(), n_, rep_.setup.f_gpu).empty();
+  } else {
+    gpu_->dev.download(dst_.data(), n_);
+    same = std::memcmp(dst_.data(), src_.data(), n_) == 0;
+  }
+  r.verified = same ? "yes" : "MISMATCH";
+  if (!same) rep_.mismatch = true;
+}
+
+/// The GPU rows' labels and paths once the op's runs are done: the GdsHandle's mode (it turns
+/// "compat" once a file was staged) and what went through cuFile.
+void CompareRun::finish_gpu_rows(std::size_t op) {
+  GpuRows& g = *gpu_;
+  res_[op][kGpuStaged].path =
+      "staged via page-locked slots, " + std::string(to_string(g.staged.backend())) + ", " +
+      io_path(gacc_[0], gacc_[1], gacc_[2], gacc_[3]);
+  const GdsStats s = g.gds.stats();
+  const std::uint64_t cufile = s.bytes_cufile - gds0_.bytes_cufile, staged = s.bytes_staged - gds0_.bytes_staged;
+  const std::string mode = g.gds.mode(), why = g.gds.mode_reason();
+  rep_.gds_mode = mode + (why.empty() ? "" : ": " + why);
+  res_[op][kGpuGds].label = "GPU gds (" + mode + ")";
+  res_[op][kGpuGds].path = "gds_handle " + rep_.gds_mode + "; cuFile " + human_bytes(cufile) + ", staged " +
+                           human_bytes(staged) + ", files cuFile refused " +
+                           std::to_string(s.files_fallback - gds0_.files_fallback);
 }
 
 Sample CompareRun::ceiling_sample(bool write) {
@@ -165,6 +278,7 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
     drop_page_cache(f.f_deepio);
     if (first && e != kCeiling) std::memset(dst_.data(), 0, n_);
   }
+  if (e >= kGpuStaged) return gpu_sample(write, e, first);
   if (e == kNaive) return write ? naive_write(src_.data(), n_, f.f_naive) : naive_read(dst_.data(), n_, f.f_deepio);
   if (e == kCeiling) return ceiling_sample(write);
   const HandleStats s0 = h_.stats();
@@ -180,13 +294,18 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
 void CompareRun::measure_op(std::size_t op, Progress& progress) {
   const bool write = op == 0;
   std::fill(std::begin(acc_), std::end(acc_), 0);
+  std::fill(std::begin(gacc_), std::end(gacc_), 0);
+  if (gpu_) gds0_ = gpu_->gds.stats();
+  const std::size_t ne = engines();
   for (std::size_t r = 0; r < req_.runs; ++r) {
-    for (std::size_t k = 0; k < 3; ++k) {
-      const std::size_t e = (r + k) % 3;  // rotate the order: A B C, B C A, C A B
+    for (std::size_t k = 0; k < ne; ++k) {
+      const std::size_t e = (r + k) % ne;  // rotate the order: A B C, B C A, C A B
       progress.step(std::string(write ? "write " : "read ") + res_[op][e].engine + ", run " + std::to_string(r + 1) +
                     "/" + std::to_string(req_.runs));
       res_[op][e].samples.push_back(sample(op, e, r == 0));
-      if (!write && r == 0 && e != kCeiling) {
+      if (r == 0 && (e == kGpuStaged || e == kGpuGds)) {
+        verify_gpu(op, e);
+      } else if (!write && r == 0 && e < kCeiling) {
         res_[op][e].verified = std::memcmp(dst_.data(), src_.data(), n_) == 0 ? "yes" : "MISMATCH";
         if (res_[op][e].verified != "yes") rep_.mismatch = true;
       }
@@ -197,14 +316,19 @@ void CompareRun::measure_op(std::size_t op, Progress& progress) {
     res_[op][kCeiling].label = "raw O_DIRECT (ceiling)";
     rep_.ceiling_desc = raw_desc();
   }
+  if (gpu_) finish_gpu_rows(op);
 }
 
 void CompareRun::measure_all() {
-  Progress progress(req_.runs * 6, req_.progress);
+  Progress progress(req_.runs * 2 * engines(), req_.progress);
   for (std::size_t op = 0; op < 2; ++op) measure_op(op, progress);
   progress.done();
   for (auto& row : res_) {
-    for (auto& e : row) rep_.results.push_back(std::move(e));
+    const double ceiling = row[kCeiling].median_gib();
+    for (std::size_t e = 0; e < engines(); ++e) {
+      if (e == kGpuStaged || e == kGpuGds) row[e].flag = above_ceiling_flag(row[e].median_gib(), ceiling);
+      rep_.results.push_back(std::move(row[e]));
+    }
   }
 }
 
@@ -220,6 +344,7 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
   rep.runs = req.runs;
   rep.handle = req.handle;
   rep.memory_fs = is_memory_filesystem(setup.dir);
+  rep.gpu = req.gpu_probe;
   {
     CompareRun run(req, rep);
     run.plan_ceiling();

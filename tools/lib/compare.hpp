@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "deepio/deepio.hpp"
+#include "gpu.hpp"
 #include "measure.hpp"
 
 namespace deepio::cli {
@@ -25,6 +26,12 @@ struct CompareRequest {
   std::size_t runs = 3;
   bool no_fio = false;    ///< measure the ceiling with the raw loop even if fio is installed
   bool progress = true;   ///< draw a progress line (on a terminal)
+  /// CUDA is usable (probe_gpu): add the GPU rows, on device `device`: Handle on device memory
+  /// (staged), GdsHandle in Auto mode (with its mode), and the copy ceilings host->device (read)
+  /// and device->host (write) between device memory and CUDA-registered host memory.
+  bool gpu = false;
+  int device = 0;
+  GpuProbe gpu_probe;  ///< what the GPU layer said (reported either way)
 };
 
 /// How many bytes each file gets, and why.
@@ -34,16 +41,18 @@ struct SizeChoice {
   std::string error;   ///< not empty: no run possible (says why and what to give)
 };
 /// `requested` (--size) or min(1 GiB, free_disk/8, ram/8) cut to whole max(block_size, 1 MiB)
-/// blocks (at least 16 MiB); then rounded up to 4 KiB (the raw loop's O_DIRECT blocks). Three
-/// files of that size must fit in free_disk.
+/// blocks (at least 16 MiB); then rounded up to 4 KiB (the raw loop's O_DIRECT blocks). `files`
+/// files of that size (3; 4 with the GPU rows) must fit in free_disk.
 [[nodiscard]] SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk,
-                                     std::uint64_t ram, std::size_t block_size, const std::string& parent);
+                                     std::uint64_t ram, std::size_t block_size, const std::string& parent,
+                                     int files = 3);
 
 /// The temporary folder of one comparison and its three files.
 struct CompareSetup {
   std::string dir;
   DirectIoInfo dinfo;
   std::string f_deepio, f_naive, f_ceiling;
+  std::string f_gpu;  ///< written by the GPU rows (reads use f_deepio, like every engine)
 };
 /// Creates "<parent>/deepio-bench-XXXXXX", probes its direct-I/O support and registers the
 /// files for removal on every way out.
@@ -52,11 +61,14 @@ CompareSetup prepare_compare(const std::string& parent);
 /// One engine's samples for one operation.
 struct EngineResult {
   std::string op;      ///< "write" / "read"
-  std::string engine;  ///< "deepio", "naive", "ceiling"
+  std::string engine;  ///< "deepio", "naive", "ceiling"; GPU: "gpu_staged", "gpu_gds", "h2d", "d2h"
   std::string label;
   std::vector<Sample> samples;
   std::string path;      ///< I/O path actually used
   std::string verified;  ///< "" not checked, "yes", "MISMATCH"
+  /// Not empty: the median is above the disk ceiling of this run by more than kCeilingMargin,
+  /// so it is not reported as a result (GPU disk rows; why, in one sentence).
+  std::string flag;
   [[nodiscard]] double median_gib() const;
   [[nodiscard]] double cpu_per_gib() const;
 };
@@ -70,7 +82,11 @@ struct CompareReport {
   BackendKind backend = BackendKind::Threads;
   bool locked = false, memory_fs = false;
   std::string ceiling_desc, ceiling_note, fio_command_read, fio_command_write;
-  std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each
+  GpuProbe gpu;          ///< what the GPU layer offered
+  bool gpu_rows = false;  ///< the GPU rows were measured
+  int gpu_device = 0;
+  std::string gds_mode;   ///< the GdsHandle's mode() and mode_reason() after the run
+  std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each (then the GPU rows)
   bool mismatch = false;              ///< data read back differed from what was written
   /// The result of `engine` for `op` (the first result when absent).
   [[nodiscard]] const EngineResult& find(const std::string& op, const std::string& engine) const;

@@ -12,6 +12,16 @@ namespace deepio::cli {
 
 namespace {
 
+/// "gpu: ..." : the device and modes of the GPU rows, or why there are none.
+std::string gpu_line(const CompareReport& r) {
+  const GpuProbe& g = r.gpu;
+  if (!r.gpu_rows) return "gpu: no GPU rows (" + (g.cuda ? std::string("not measured") : g.cuda_reason) + ")\n";
+  return "gpu: CUDA driver " + std::to_string(g.driver_version) + ", device " + std::to_string(r.gpu_device) + " of " +
+         std::to_string(g.device_count) + "; rows: Handle on device memory (staged), GdsHandle auto (" + r.gds_mode +
+         "), copy ceilings with CUDA-registered host memory; a disk row above the ceiling by more than " +
+         fixed(100.0 * (kCeilingMargin - 1.0), 0) + "% is flagged, not reported\n";
+}
+
 std::string config_lines(const CompareReport& r, const std::string& version) {
   const DirectIoInfo& d = r.setup.dinfo;
   const HandleOptions& ho = r.handle;
@@ -32,6 +42,7 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
   s += "method: " + std::to_string(r.runs) +
        " interleaved runs per engine (order rotated), medians; reads start from a dropped page\n"
        "        cache (fsync + posix_fadvise DONTNEED); writes go to a fresh file and include fsync\n";
+  s += gpu_line(r);
   if (r.memory_fs) {
     s += "warning: " + r.setup.dir + " is in memory (" + d.filesystem + "): these are memory speeds, not a device's\n";
   }
@@ -51,6 +62,10 @@ std::string results_table(const CompareReport& r) {
     const double g = e.median_gib();
     std::string path = e.path;
     if (!e.verified.empty()) path += e.verified == "yes" ? ", data verified" : ", DATA MISMATCH";
+    if (!e.flag.empty()) {
+      t.row({e.op, e.label, "flagged", "-", "-", fixed(e.cpu_per_gib(), 2), "FLAGGED: " + e.flag + "; " + path});
+      continue;
+    }
     t.row({e.op, e.label, fixed(g, 2), ratio(g, naive, 1, 1.0, "x"), ratio(g, ceil, 0, 100.0, "%"),
            fixed(e.cpu_per_gib(), 2), path});
   }
@@ -92,6 +107,20 @@ void json_settings(Json& j, const CompareReport& r) {
   j.end_object();
 }
 
+void json_gpu(Json& j, const CompareReport& r) {
+  const GpuProbe& g = r.gpu;
+  j.begin_object("gpu");
+  j.value("available", g.cuda);
+  j.value("reason", g.cuda_reason);
+  j.value("rows", r.gpu_rows);
+  j.value("device", r.gpu_device);
+  j.value("device_count", g.device_count);
+  j.value("driver_version", g.driver_version);
+  j.value("gds_mode", r.gpu_rows ? r.gds_mode : g.gds_mode + (g.gds_reason.empty() ? "" : ": " + g.gds_reason));
+  j.value("ceiling_margin", kCeilingMargin);
+  j.end_object();
+}
+
 void json_results(Json& j, const CompareReport& r) {
   j.begin_array("results");
   for (const auto& e : r.results) {
@@ -110,6 +139,8 @@ void json_results(Json& j, const CompareReport& r) {
     j.value("io_path", e.path);
     if (e.verified.empty()) j.null("verified");
     else j.value("verified", e.verified == "yes");
+    j.value("flagged", !e.flag.empty());
+    j.value("flag", e.flag);
     j.end_object();
   }
   j.end_array();
@@ -136,6 +167,7 @@ std::string compare_json(const CompareReport& r, const std::string& version) {
   j.value("page_locked", r.locked);
   j.value("memlock_limit_bytes", r.memlock);
   json_settings(j, r);
+  json_gpu(j, r);
   json_results(j, r);
   j.end_object();
   return j.str();

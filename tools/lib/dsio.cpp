@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
+#include "deepio/gpu.hpp"
 #include "format.hpp"
+#include "gpu.hpp"
 #include "measure.hpp"
 #include "system.hpp"
 
@@ -139,6 +143,69 @@ void add_stats(ProcReport& r, const HandleStats& st) {
   r.direct_refused = st.direct_refused;
 }
 
+GdsOptions gds_options(const HandleOptions& h) {
+  GdsOptions o;
+  o.block_size = h.block_size;
+  o.queue_depth = h.queue_depth;
+  o.single_submit = h.single_submit;
+  o.overlap_events = h.overlap_events;
+  o.intra_op_parallelism = h.intra_op_parallelism;
+  o.mode = GdsMode::Auto;
+  o.backend = h.backend;
+  o.direct_io = h.direct_io;
+  return o;
+}
+
+/// The memory of one process: page-locked host memory (the buffer itself, or with --gpu the
+/// host side of filling and validating), and with --gpu the device, its context current on
+/// this thread, and the device buffer the handle moves.
+struct ProcMemory {
+  ProcMemory(const DsIoPlan& p, int tid) : host(static_cast<std::size_t>(p.io_size)) {
+    if (!p.gpu) return;
+    device.emplace(p.devices.empty() ? 0 : p.devices[static_cast<std::size_t>(tid) % p.devices.size()]);
+    dev.emplace(static_cast<std::size_t>(p.io_size));
+  }
+  [[nodiscard]] void* io_buffer() const { return dev ? dev->data() : host.data(); }
+  /// The bytes of the I/O buffer in host memory (copied back from the device with --gpu).
+  const void* host_view(std::size_t n) {
+    if (dev) dev->download(host.data(), n);
+    return host.data();
+  }
+  PinnedBuffer host;
+  std::optional<CudaDevice> device;
+  std::optional<DeviceBuffer> dev;
+};
+
+/// The handle of one process: a Handle, or with --use_gds a GdsHandle (Handle's destructor is
+/// not virtual, so each is held as itself).
+struct ProcHandle {
+  explicit ProcHandle(const DsIoPlan& p) {
+    if (p.use_gds) gds.emplace(gds_options(p.handle));
+    else plain.emplace(p.handle);
+  }
+  [[nodiscard]] Handle& get() { return gds ? static_cast<Handle&>(*gds) : *plain; }
+  std::optional<Handle> plain;
+  std::optional<GdsHandle> gds;
+};
+
+/// Host-side counters, and with --gpu what the device memory went through.
+void report_handle(ProcReport& r, const DsIoPlan& p, ProcHandle& h) {
+  add_stats(r, h.get().stats());
+  if (!p.gpu) return;
+  std::string mode = "staged";
+  if (h.gds) {
+    const GdsStats gs = h.gds->stats();
+    r.bytes_cufile = gs.bytes_cufile;
+    r.bytes_staged = gs.bytes_staged;
+    r.files_fallback = gs.files_fallback;
+    mode = h.gds->mode();
+    if (const std::string why = h.gds->mode_reason(); !why.empty()) mode += ": " + why;
+  } else {
+    r.bytes_staged = r.bytes;
+  }
+  std::snprintf(r.gpu_mode, sizeof r.gpu_mode, "%s", mode.c_str());
+}
+
 }  // namespace
 
 ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
@@ -148,17 +215,22 @@ ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
   const std::size_t n = static_cast<std::size_t>(p.io_size);
   if (!g.barrier()) return r;
   prepare_files(p, tid, folder);
-  PinnedBuffer buf(n);
-  if (!p.read) fill_pattern(buf.data(), n, static_cast<std::uint64_t>(tid) + 7);
-  else touch_pages(buf.data(), n);
-  Handle h(p.handle);
+  ProcMemory mem(p, tid);
+  if (!p.read) {
+    fill_pattern(mem.host.data(), n, static_cast<std::uint64_t>(tid) + 7);
+    if (mem.dev) mem.dev->upload(mem.host.data(), n);
+  } else {
+    touch_pages(mem.host.data(), n);
+  }
+  ProcHandle ph(p);
+  Handle& h = ph.get();
   r.backend = static_cast<int>(h.backend());
   if (!g.barrier()) return r;
   const double cpu0 = process_cpu_seconds();
   for (std::size_t i = 0; i < p.warmup + p.loops; ++i) {
     const std::string f = ds_io_file(p, tid, i, folder);
     const double t0 = now_seconds();
-    const Sample s = timed_op(p, h, buf.data(), f);
+    const Sample s = timed_op(p, h, mem.io_buffer(), f);
     if (!g.barrier()) return r;
     const double t1 = now_seconds();
     if (i >= p.warmup || p.include_warmup) {
@@ -167,12 +239,12 @@ ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
       r.bytes += n;
     }
     if (p.validate) {
-      std::string problem = compare_with_file(buf.data(), n, f);
+      std::string problem = compare_with_file(mem.host_view(n), n, f);
       if (!problem.empty()) throw std::runtime_error(problem);
     }
   }
   r.cpu_sec = process_cpu_seconds() - cpu0;
-  add_stats(r, h.stats());
+  report_handle(r, p, ph);
   g.barrier();
   return r;
 }
@@ -195,8 +267,14 @@ DsIoTotals aggregate(const std::vector<ProcReport>& reports) {
     t.bytes_bounced += r.bytes_bounced;
     t.bytes_buffered += r.bytes_buffered;
     t.direct_refused += r.direct_refused;
+    t.bytes_cufile += r.bytes_cufile;
+    t.bytes_staged += r.bytes_staged;
+    t.files_fallback += r.files_fallback;
   }
-  if (!reports.empty()) t.backend = static_cast<BackendKind>(reports.front().backend);
+  if (!reports.empty()) {
+    t.backend = static_cast<BackendKind>(reports.front().backend);
+    t.gpu_mode = reports.front().gpu_mode;
+  }
   return t;
 }
 

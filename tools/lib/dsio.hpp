@@ -21,12 +21,19 @@ struct DsIoPlan {
   std::size_t loops = 3, warmup = 1;
   bool include_warmup = false, different_files = false, validate = false;
   HandleOptions handle;
+  /// --gpu: the buffer is CUDA device memory on devices[i % size] (process i), moved by a
+  /// deepio::Handle (staged through page-locked slots), or with --use_gds by a GdsHandle in Auto
+  /// mode (cuFile, staging where cuFile refuses a file).
+  bool gpu = false, use_gds = false;
+  std::vector<int> devices;
 };
 
 /// `<folder>/_aio_<read|write>_<io_size>.pt.<tid>_<loop or 0>`, ds_io's file names.
 std::string ds_io_file(const DsIoPlan& p, int tid, std::size_t loop, const std::string& folder);
 
 /// One process's part of a ds_io run. Throws deepio::Error / std::runtime_error on failure.
+/// With plan.gpu the process makes its device's primary context current, allocates the buffer
+/// with cuMemAlloc and, with --validate, copies it back to host memory outside the timed region.
 ProcReport ds_io_process(const DsIoPlan& p, Group& g);
 
 struct DsIoTotals {
@@ -36,6 +43,8 @@ struct DsIoTotals {
   double task_latency = 0, e2e_latency = 0, cpu_sec = 0;
   std::uint64_t bytes = 0, bytes_direct = 0, bytes_bounced = 0, bytes_buffered = 0, direct_refused = 0;
   BackendKind backend = BackendKind::Threads;
+  std::uint64_t bytes_cufile = 0, bytes_staged = 0, files_fallback = 0;
+  std::string gpu_mode;  ///< process 0's ProcReport::gpu_mode ("" without --gpu)
   [[nodiscard]] double gib() const noexcept { return static_cast<double>(bytes) / static_cast<double>(1ULL << 30); }
   [[nodiscard]] double task_speed() const noexcept { return task_latency > 0 ? gib() / task_latency : 0.0; }
   [[nodiscard]] double e2e_speed() const noexcept { return e2e_latency > 0 ? gib() / e2e_latency : 0.0; }

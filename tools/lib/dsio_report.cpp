@@ -18,7 +18,7 @@ std::string namespace_line(const DsIoRequest& r) {
         ", single_submit=" + py_bool(p.handle.single_submit) + ", sequential_requests=" +
         py_bool(!p.handle.overlap_events) + ", validate=" + py_bool(p.validate) +
         ", engine='aio_handle', loops=" + std::to_string(p.loops) + ", io_parallel=" + r.io_parallel.value_or("None") +
-        ", gpu=False, use_gds=False, warmup_loops=" + std::to_string(p.warmup) +
+        ", gpu=" + py_bool(p.gpu) + ", use_gds=" + py_bool(p.use_gds) + ", warmup_loops=" + std::to_string(p.warmup) +
         ", include_warmup_time=" + py_bool(p.include_warmup) +
         ", different_file_each_iteration=" + py_bool(p.different_files) + ", backend='" +
         std::string(to_string(p.handle.backend)) + "')";
@@ -40,10 +40,12 @@ std::string settings_line(const DsIoPlan& p) {
 
 std::string ds_io_header(const DsIoRequest& r, int processes, bool mpi) {
   std::string out = namespace_line(r) + "Successful validation of command line arguments\n";
-  out += "Configuring " + std::to_string(processes) + " process to folder mapping\n";
+  const std::string unit = r.plan.gpu ? "gpu" : "process";  // ds_io's words
+  out += "Configuring " + std::to_string(processes) + " " + unit + " to folder mapping\n";
   for (int i = 0; i < processes && !r.mapping.empty(); ++i) {
     const auto& m = r.mapping[static_cast<std::size_t>(i) % r.mapping.size()];
-    out += "[" + std::to_string(i) + "]: process " + (mpi ? std::to_string(i) : m.second) + " <----> " + m.first + "\n";
+    out += "[" + std::to_string(i) + "]: " + unit + " " + (mpi && !r.plan.gpu ? std::to_string(i) : m.second) +
+           " <----> " + m.first + "\n";
   }
   return out + settings_line(r.plan);
 }
@@ -58,10 +60,21 @@ double cpu_per_gib(const DsIoTotals& t) { return t.gib() > 0 ? t.cpu_sec / t.gib
 
 }  // namespace
 
+std::string gpu_summary(const DsIoPlan& p, const DsIoTotals& t) {
+  if (!p.gpu) return {};
+  if (!p.use_gds) return "GPU memory staged through page-locked slots (aio_handle)";
+  const std::uint64_t all = t.bytes_cufile + t.bytes_staged;
+  const double cufile = all ? 100.0 * static_cast<double>(t.bytes_cufile) / static_cast<double>(all) : 0.0;
+  return "gds_handle " + t.gpu_mode + "; cuFile " + fixed(cufile, 0) + "%, staged " + fixed(all ? 100.0 - cufile : 0.0, 0) +
+         "%, files cuFile refused " + std::to_string(t.files_fallback);
+}
+
 std::string ds_io_result_text(const DsIoRequest& r, const DsIoTotals& t, const std::string& mpi_library) {
   const std::string op = r.plan.read ? "Read" : "Write";
+  const std::string gpu = gpu_summary(r.plan, t);
   std::string out = "tid 0: backend " + std::string(to_string(t.backend)) + ", " + io_summary(t) + ", " +
                     fixed(cpu_per_gib(t), 3) + " CPU s/GiB" + (mpi_library.empty() ? "" : ", MPI: ") + mpi_library + "\n";
+  if (!gpu.empty()) out += "tid 0: " + gpu + "\n";
   out += "Task " + op + " Latency = " + py_float(t.task_latency) + " sec\n";
   out += "Task " + op + " Speed = " + py_float(t.task_speed()) + " GB/sec\n";
   out += "E2E " + op + " Latency = " + py_float(t.e2e_latency) + " sec\n";
@@ -120,6 +133,15 @@ std::string ds_io_json(const DsIoRequest& r, const DsIoTotals& t, const std::vec
   j.value("bytes", t.bytes);
   j.value("cpu_sec_per_gib", cpu_per_gib(t));
   io_object(j, t);
+  j.begin_object("gpu");
+  j.value("enabled", p.gpu);
+  j.value("use_gds", p.use_gds);
+  j.value("mode", t.gpu_mode);
+  j.value("bytes_cufile", t.bytes_cufile);
+  j.value("bytes_staged", t.bytes_staged);
+  j.value("files_fallback", t.files_fallback);
+  j.value("summary", gpu_summary(p, t));
+  j.end_object();
   j.begin_array("processes_detail");
   for (const auto& pr : reports) {
     j.begin_object();

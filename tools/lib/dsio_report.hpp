@@ -36,6 +36,10 @@ void handle_json_members(Json& j, const HandleOptions& h);
 [[nodiscard]] std::string ds_io_header(const DsIoRequest& r, int processes, bool mpi);
 /// deepio's "tid 0: backend ..." line, then ds_io's four Task/E2E Latency/Speed lines.
 [[nodiscard]] std::string ds_io_result_text(const DsIoRequest& r, const DsIoTotals& t, const std::string& mpi_library);
+/// With --gpu, how the device memory moved: "GPU memory staged through page-locked slots
+/// (aio_handle)", or "gds_handle <mode>[: reason]; cuFile X%, staged Y%, files cuFile refused N".
+/// "" without --gpu. Printed as a second "tid 0:" line.
+[[nodiscard]] std::string gpu_summary(const DsIoPlan& p, const DsIoTotals& t);
 /// The --json document.
 [[nodiscard]] std::string ds_io_json(const DsIoRequest& r, const DsIoTotals& t, const std::vector<ProcReport>& reports,
                                      int processes, bool mpi, const std::string& version);

@@ -26,6 +26,10 @@ struct ProcReport {
   double cpu_sec = 0.0;
   std::uint64_t bytes_direct = 0, bytes_bounced = 0, bytes_buffered = 0, direct_refused = 0;
   int backend = 0;        ///< deepio::BackendKind actually used
+  /// --gpu: device memory moved through cuFile / staged (GdsStats; a plain Handle stages all),
+  /// operations cuFile refused, and how the handle ran ("staged", or GdsHandle's mode: reason).
+  std::uint64_t bytes_cufile = 0, bytes_staged = 0, files_fallback = 0;
+  char gpu_mode[256] = {};
   int failed = 0;
   char error[256] = {};
 };

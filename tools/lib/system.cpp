@@ -180,9 +180,9 @@ std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds) {
   const GpuInfo g = gpu_info();
   if (!g.cuda_found) return std::string(gpu_flag) + ": no usable CUDA driver: " + g.cuda_reason;
   if (gds && !g.cufile_found) return std::string(gds_flag) + ": no cuFile: " + g.cufile_reason;
-  return std::string(gpu_flag) + ": GPU runs are not in the deepio command yet (CUDA " +
+  return std::string(gpu_flag) + ": GPU runs are not in deepio tune yet (CUDA " +
          std::to_string(g.driver_version) + ", " + std::to_string(g.device_count) + " device(s), GDS mode " +
-         g.gds_mode + "); use examples/file_access/*_gpu_tensor.py (see docs/gpu.md)";
+         g.gds_mode + "); measure one configuration with deepio bench --io_size ... --gpu [--use_gds]";
 }
 
 // ---- progress ----------------------------------------------------------------------------

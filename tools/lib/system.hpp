@@ -48,9 +48,9 @@ std::string make_temp_dir(const std::string& parent, const std::string& tag);
 void register_temp_file(const std::string& path);
 void remove_temp_dir();
 
-/// Why `--gpu` (and `--use_gds` / `--gds` when `gds`) cannot run here, as one line naming the
-/// flag and the cause (no usable CUDA driver, no cuFile); the GPU modes of bench and tune
-/// are not in the command yet, so with CUDA present it says that and where to go instead.
+/// Why `deepio tune --gpu` (and `--gds` when `gds`) cannot run here, as one line naming the
+/// flag and the cause (no usable CUDA driver, no cuFile); tune's GPU sweep is not written yet,
+/// so with CUDA present it says that and points at `deepio bench --gpu` (lib/gpu.hpp).
 [[nodiscard]] std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds);
 
 /// One line of progress on stderr, only when stderr is a terminal ("\r" rewrites it).
