@@ -1,0 +1,54 @@
+// Writes a file through deepio::Handle, reads it back, compares the bytes; then checks that a
+// deepio::Error thrown inside the library is caught here by its type (its typeinfo must come
+// from the library). Exit status 0 only when all of that holds.
+// Usage: deepio_downstream [folder]   (default: the system's temporary folder)
+#include <deepio/deepio.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  const std::filesystem::path folder = argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
+  const std::string path = (folder / ("deepio-downstream-" + std::to_string(getpid()) + ".bin")).string();
+  // Not a multiple of any alignment: the direct body and the buffered tail are both exercised.
+  const std::size_t n = (3u << 20) + 123;
+  std::vector<unsigned char> src(n), dst(n, 0);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+
+  try {
+    deepio::Handle handle({.block_size = 1 << 20, .intra_op_parallelism = 2});
+    handle.sync_pwrite(src.data(), n, path);
+    const std::size_t got = handle.async_pread(dst.data(), n, path).get();
+    std::remove(path.c_str());
+    if (got != n || std::memcmp(src.data(), dst.data(), n) != 0) {
+      std::fprintf(stderr, "deepio_downstream: MISMATCH: read %zu of %zu bytes back from %s\n", got, n,
+                   path.c_str());
+      return 1;
+    }
+    std::printf("deepio %s: wrote and read back %zu bytes with %s: OK\n", deepio::version(), n,
+                std::string(deepio::to_string(handle.backend())).c_str());
+
+    try {
+      handle.sync_pread(dst.data(), n, (folder / "deepio-downstream-no-such-file").string());
+      std::fprintf(stderr, "deepio_downstream: reading a missing file did not throw\n");
+      return 1;
+    } catch (const deepio::Error& e) {
+      if (e.errnum() != ENOENT) {
+        std::fprintf(stderr, "deepio_downstream: missing file gave errno %d, not ENOENT: %s\n", e.errnum(), e.what());
+        return 1;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::remove(path.c_str());
+    std::fprintf(stderr, "deepio_downstream: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
