@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: install what is missing, build with warnings as
 # errors, run the GoogleTest/CTest suites (unit, cli, mpi), the same engine suite under
-# ASan+UBSan and under TSan, then install the Python package and run pytest.
+# ASan+UBSan and under TSan, then install the Python package (with its test hooks) and run
+# pytest, then ruff and mypy.
 # Usage: scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,4 +40,6 @@ if [ -f pyproject.toml ]; then
   step "pytest"
   # Run from tests/ so the installed package is imported, not the source folder.
   (cd tests && python3 -m pytest -q -p no:cacheprovider python)
+  step "lint (ruff, mypy)"
+  bash scripts/lint.sh
 fi

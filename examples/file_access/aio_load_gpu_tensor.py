@@ -13,8 +13,7 @@ quick_gpu_check(__file__)  # before the heavy imports: a clean skip in a second 
 import os
 
 import deepio
-from utils import (AIO_CONFIG, drop_page_cache, parse_read_arguments, report, require_gpu, timed_loop,
-                   validation_result)
+from utils import AIO_CONFIG, drop_page_cache, parse_read_arguments, report, require_gpu, timed_loop, validation_result
 
 
 def file_read(inp_f, h, bounce_buffer, gpu_tensor):

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 GIGA_UNIT = 1024**3
 MEGA_UNIT = 1024**2
@@ -63,7 +63,7 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
-def timed_loop(op: Callable[[], object], loop: int, before: Optional[Callable[[], None]] = None) -> float:
+def timed_loop(op: Callable[[], object], loop: int, before: Callable[[], None] | None = None) -> float:
     """Runs op `loop` times; `before` (not timed) runs ahead of each. Returns total seconds."""
     total = 0.0
     for _ in range(loop):

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 import deepio
-from deepio.compat import AsyncIOBuilder, PinMemoryBuilder
 from conftest import needs_torch
+from deepio.compat import AsyncIOBuilder, PinMemoryBuilder
 
 # Written the way DeepSpeed's tutorial and swappers use DeepNVMe; only the import differs.
 DEEPSPEED_STYLE = textwrap.dedent('''

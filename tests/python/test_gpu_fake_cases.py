@@ -115,7 +115,7 @@ class FakeCudaTensor:
         self.owner = owner
         self.ptr = ptr or cuda.alloc(nbytes)
 
-    def view(self, offset: int, n: int) -> "FakeCudaTensor":
+    def view(self, offset: int, n: int) -> FakeCudaTensor:
         assert 0 <= offset and offset + n <= self.nbytes
         return FakeCudaTensor(self.cuda, n, self.ptr + offset, owner=self)
 

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import pytest
 
 import deepio
-from deepio.compat import PinMemoryBuilder
 from conftest import TORCH_PINNED, needs_numpy, needs_torch
+from deepio.compat import PinMemoryBuilder
 
 
 def _examples():
@@ -164,7 +163,7 @@ def test_torch_pinned_counts_as_pinned():  # pragma: no cover - needs a CUDA run
 def test_unlocked_fallback_warns(tmp_dir):
     """Where RLIMIT_MEMLOCK forbids locking (an unprivileged process over the limit), the
     allocation is aligned, unlocked, usable, and a LockedMemoryWarning says so."""
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import os, resource, warnings, sys
         import numpy as np, deepio   # before dropping privileges: site-packages may be private
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
