@@ -66,13 +66,15 @@ def main():
     ap.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1,
-                    help="untimed runs of each tool before each case (the virtual disk is faster on data it served recently)")
+                    help="untimed runs of each tool before each case "
+                         "(the virtual disk is faster on data it served recently)")
     ap.add_argument("--size", type=int, default=GIB)
     ap.add_argument("--engine", default="io_uring", choices=["io_uring", "libaio"])
     ap.add_argument("--qd", type=int, default=128)
     ap.add_argument("--block", type=int, default=1 << 20)
     ap.add_argument("--small-files", type=int, default=8192)
-    ap.add_argument("--passes", type=int, default=2, help="transfers per deepio process (same buffer); the last is reported")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="transfers per deepio process (same buffer); the last is reported")
     ap.add_argument("--json", default=None, help="write every sample here")
     args = ap.parse_args()
     if shutil.which("fio") is None:
@@ -132,11 +134,13 @@ def main():
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} warmup={args.warmup} size={args.size} "
+    print(f"engine={args.engine} block={args.block} qd={args.qd} pairs={args.pairs} warmup={args.warmup} "
+          f"size={args.size} "
           f"direct=1 (deepio backend {backend}, overlap_events=True, intra_op_parallelism=1)")
     print("small_read: fio reads one file of the same total size; small_read_same_files: fio reads "
           "the same separate files (nrfiles, openfiles=64)")
-    print(f"{'case':<31} {'fio GiB/s':>10} {'deepio GiB/s':>13} {'ratio':>7} {'fio CPU s/GiB':>14} {'deepio CPU s/GiB':>17}")
+    print(f"{'case':<31} {'fio GiB/s':>10} {'deepio GiB/s':>13} {'ratio':>7} "
+          f"{'fio CPU s/GiB':>14} {'deepio CPU s/GiB':>17}")
     for case, r in results.items():
         fg, fc = summarize(r["fio"])
         dg, dc = summarize(r["deepio"])

@@ -43,7 +43,11 @@ def _available(backend: str) -> bool:
     return backend == "auto" or any(b["name"] == backend and b["available"] for b in deepio.info()["backends"])
 
 
-@settings(max_examples=int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(shape=handles, seq=ops, seed=st.integers(0, 2**32 - 1))
 def test_random_io_matches_os_pread_pwrite(tmp_dir, shape, seq, seed):
     bs, qd, ss, ov, par, backend = shape
