@@ -29,9 +29,9 @@ CompareReport sample_compare() {
   r.ceiling_desc = "fio-3.33 --ioengine=io_uring --bs=1M --iodepth=32 --numjobs=1 --direct=1";
   for (const char* op : {"write", "read"}) {
     r.results.push_back({op, "deepio", "deepio", {gib(2.0, 0.1), gib(2.2, 0.1), gib(1.8, 0.1)}, "io_uring, O_DIRECT 100%",
-                         op == std::string("read") ? "yes" : ""});
-    r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5, 0.5)}, "buffered", ""});
-    r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(2.5)}, "O_DIRECT", ""});
+                         op == std::string("read") ? "yes" : "", ""});
+    r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5, 0.5)}, "buffered", "", ""});
+    r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(2.5)}, "O_DIRECT", "", ""});
   }
   return r;
 }

@@ -1,0 +1,185 @@
+// The GPU pieces of `deepio bench` that need no driver: the --gpu flag checks (ds_io's "every
+// mapped device exists"), the rule that flags a disk figure above the disk ceiling, the probe
+// asked in a child process (it must agree with the one asked here), ds_io's GPU header and
+// lines, and the GPU rows of the comparison report. The driver-facing parts (device memory,
+// copies, the handles on device memory) run against the fake CUDA and cuFile drivers in
+// tests/python/test_gpu_cli.py, through the command itself.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "compare.hpp"
+#include "dsio_report.hpp"
+#include "gpu.hpp"
+#include "json.hpp"
+
+namespace deepio::cli {
+namespace {
+
+GpuProbe with_devices(int n) {
+  GpuProbe g;
+  g.cuda = true;
+  g.device_count = n;
+  g.driver_version = 12040;
+  g.gds_mode = "compat";
+  return g;
+}
+
+TEST(GpuFlags, NoCudaIsOneLineWithTheLoadersReason) {
+  GpuProbe g;
+  g.cuda_reason = "CUDA disabled: DEEPIO_CUDA_LIBRARY=none";
+  const auto p = gpu_problems(g, "--gpu", {0, 1, 7}, "--multi_process");
+  ASSERT_EQ(p.size(), 1u);  // the device ids are moot without a driver
+  EXPECT_EQ(p[0], "--gpu: no usable CUDA driver: CUDA disabled: DEEPIO_CUDA_LIBRARY=none");
+}
+
+TEST(GpuFlags, EveryMappedDeviceMustExistEachMissingOneNamedOnce) {
+  EXPECT_TRUE(gpu_problems(with_devices(2), "--gpu", {0, 1, 0, 1}, "--folder_to_device_mapping").empty());
+  const auto p = gpu_problems(with_devices(1), "--gpu", {0, 3, 3, 1}, "--folder_to_device_mapping");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0], "--folder_to_device_mapping: device 3 does not exist (1 CUDA device(s))");
+  EXPECT_EQ(p[1], "--folder_to_device_mapping: device 1 does not exist (1 CUDA device(s))");
+  EXPECT_EQ(gpu_problems(with_devices(1), "--gpu", {-1}, "--multi_process").size(), 1u);
+}
+
+TEST(GpuFlags, ProbeInAChildAgreesWithTheProbeHere) {
+  // Whatever this machine has (no driver, or DEEPIO_CUDA_LIBRARY pointing at a fake), the
+  // answer that crossed the pipe from the child is the one this process gets itself.
+  const GpuProbe child = probe_gpu(true);
+  const GpuProbe here = probe_gpu(false);
+  EXPECT_EQ(child.cuda, here.cuda);
+  EXPECT_EQ(child.cuda_reason, here.cuda_reason);
+  EXPECT_EQ(child.device_count, here.device_count);
+  EXPECT_EQ(child.driver_version, here.driver_version);
+  EXPECT_EQ(child.cufile, here.cufile);
+  EXPECT_EQ(child.cufile_reason, here.cufile_reason);
+  EXPECT_EQ(child.gds_mode, here.gds_mode);
+  if (!here.cuda) {
+    EXPECT_FALSE(here.cuda_reason.empty());
+  }
+}
+
+TEST(CeilingFlag, OnlyAClearMarginAboveTheDiskCeilingIsFlagged) {
+  EXPECT_EQ(above_ceiling_flag(1.9, 2.0), "");
+  EXPECT_EQ(above_ceiling_flag(2.0 * kCeilingMargin, 2.0), "");  // at the margin: still a result
+  const std::string f = above_ceiling_flag(8.7, 1.8);           // the page cache of issue 11
+  EXPECT_NE(f.find("8.70 vs 1.80 GiB/s"), std::string::npos) << f;
+  EXPECT_NE(f.find("483%"), std::string::npos) << f;
+  EXPECT_NE(f.find("not a result"), std::string::npos) << f;
+  EXPECT_EQ(above_ceiling_flag(5.0, 0.0), "");  // no ceiling measured: nothing to compare with
+}
+
+DsIoRequest gpu_request(bool gds) {
+  DsIoRequest r;
+  r.folder = "/mnt/nvme";
+  r.mapping = {{"/mnt/nvme", "0"}};
+  r.plan.folders = {"/mnt/nvme"};
+  r.plan.io_size = 1 << 20;
+  r.plan.read = true;
+  r.plan.gpu = true;
+  r.plan.use_gds = gds;
+  r.plan.devices = {0};
+  return r;
+}
+
+TEST(GpuReports, DsIoSaysGpuWhereDsIoDoes) {
+  const std::string h = ds_io_header(gpu_request(true), 1, false);
+  EXPECT_NE(h.find("gpu=True, use_gds=True"), std::string::npos) << h;
+  EXPECT_NE(h.find("Configuring 1 gpu to folder mapping\n"), std::string::npos) << h;
+  EXPECT_NE(h.find("[0]: gpu 0 <----> /mnt/nvme\n"), std::string::npos) << h;
+  DsIoRequest cpu = gpu_request(false);
+  cpu.plan.gpu = false;
+  const std::string hc = ds_io_header(cpu, 1, false);
+  EXPECT_NE(hc.find("gpu=False, use_gds=False"), std::string::npos) << hc;
+  EXPECT_NE(hc.find("Configuring 1 process to folder mapping\n"), std::string::npos) << hc;
+}
+
+TEST(GpuReports, DsIoSecondTidLineSaysHowDeviceMemoryMoved) {
+  DsIoTotals t;
+  t.ok = true;
+  t.processes = 1;
+  t.bytes = 3ULL << 20;
+  t.task_latency = t.e2e_latency = 0.5;
+  t.bytes_cufile = 1ULL << 20;
+  t.bytes_staged = 3ULL << 20;
+  t.files_fallback = 3;
+  t.gpu_mode = "compat: cuFileHandleRegister refused /mnt/nvme/x (5027)";
+  EXPECT_EQ(gpu_summary(gpu_request(true).plan, t),
+            "gds_handle compat: cuFileHandleRegister refused /mnt/nvme/x (5027); cuFile 25%, staged 75%, "
+            "files cuFile refused 3");
+  EXPECT_EQ(gpu_summary(gpu_request(false).plan, t), "GPU memory staged through page-locked slots (aio_handle)");
+  DsIoPlan cpu;
+  EXPECT_EQ(gpu_summary(cpu, t), "");
+  const std::string text = ds_io_result_text(gpu_request(true), t, "");
+  EXPECT_NE(text.find("\ntid 0: gds_handle compat"), std::string::npos) << text;
+  EXPECT_NE(text.find("Task Read Speed = "), std::string::npos) << text;
+  // The JSON carries the same, and parses back.
+  const auto j = parse_json(ds_io_json(gpu_request(true), t, {}, 1, false, "0"));
+  ASSERT_TRUE(j);
+  EXPECT_TRUE(j->get("gpu")->get("use_gds")->boolean);
+  EXPECT_DOUBLE_EQ(j->get("gpu")->num("files_fallback"), 3.0);
+  EXPECT_EQ(j->get("schema")->string, "deepio.bench.ds_io/1");
+}
+
+Sample gib(double per_s) { return {1.0 / per_s, 0.0, 1ULL << 30}; }
+
+TEST(GpuReports, ComparisonShowsGpuRowsAndFlagsWhatBeatsTheDisk) {
+  CompareReport r;
+  r.setup.dir = "/var/tmp/deepio-bench-x";
+  r.setup.dinfo = {true, 512, 4096, true, "ext4", "statx"};
+  r.size = {1ULL << 30, "1 GiB", {}};
+  r.runs = 1;
+  r.ceiling_desc = "fio-3.33";
+  r.gpu = with_devices(1);
+  r.gpu_rows = true;
+  r.gds_mode = "compat: cuFile's compatibility mode (no nvidia-fs)";
+  for (const char* op : {"write", "read"}) {
+    r.results.push_back({op, "deepio", "deepio", {gib(1.6)}, "io_uring", "", ""});
+    r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5)}, "buffered", "", ""});
+    r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(1.8)}, "O_DIRECT", "", ""});
+    r.results.push_back({op, "gpu_staged", "GPU staged (aio_handle)", {gib(1.7)}, "staged", "yes", ""});
+    r.results.push_back({op, "gpu_gds", "GPU gds (compat)", {gib(8.7)}, "gds_handle compat", "yes",
+                         above_ceiling_flag(8.7, 1.8)});
+    r.results.push_back({op, op == std::string("read") ? "h2d" : "d2h", "copy (ceiling)", {gib(40.0)}, "cuMemcpy", "", ""});
+  }
+  const std::string text = compare_text(r, "0");
+  EXPECT_NE(text.find("gpu: CUDA driver 12040, device 0 of 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU staged (aio_handle)            1.70"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU gds (compat)                flagged"), std::string::npos) << text;
+  EXPECT_EQ(text.find("8.70  "), std::string::npos) << text;  // the figure is no result column
+  EXPECT_NE(text.find("FLAGGED: above the disk ceiling"), std::string::npos) << text;
+
+  const auto j = parse_json(compare_json(r, "0"));
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->get("schema")->string, "deepio.bench.compare/1");
+  EXPECT_TRUE(j->get("gpu")->get("rows")->boolean);
+  const JsonValue* results = j->get("results");
+  ASSERT_EQ(results->array.size(), 12U);
+  EXPECT_EQ(results->at(4)->get("engine")->string, "gpu_gds");
+  EXPECT_TRUE(results->at(4)->get("flagged")->boolean);
+  EXPECT_FALSE(results->at(3)->get("flagged")->boolean);
+  EXPECT_NEAR(results->at(3)->num("gib_per_sec"), 1.7, 1e-9);
+
+  CompareReport none;
+  none.setup = r.setup;
+  none.gpu.cuda_reason = "CUDA disabled: DEEPIO_CUDA_LIBRARY=none";
+  none.results = {r.results[0], r.results[1], r.results[2]};
+  EXPECT_NE(compare_text(none, "0").find("gpu: no GPU rows (CUDA disabled: DEEPIO_CUDA_LIBRARY=none)"),
+            std::string::npos);
+  const auto jn = parse_json(compare_json(none, "0"));
+  ASSERT_TRUE(jn);
+  EXPECT_FALSE(jn->get("gpu")->get("available")->boolean);
+  EXPECT_FALSE(jn->get("gpu")->get("rows")->boolean);
+}
+
+TEST(GpuReports, TheGpuRowsNeedAFourthFile) {
+  const SizeChoice three = choose_size(std::uint64_t{1} << 30, std::uint64_t{7} << 29, 64ULL << 30, 1 << 20, "/d");
+  EXPECT_TRUE(three.error.empty()) << three.error;
+  const SizeChoice four = choose_size(std::uint64_t{1} << 30, std::uint64_t{7} << 29, 64ULL << 30, 1 << 20, "/d", 4);
+  EXPECT_NE(four.error.find("for 4 files"), std::string::npos) << four.error;
+}
+
+}  // namespace
+}  // namespace deepio::cli
