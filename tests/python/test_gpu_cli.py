@@ -1,10 +1,13 @@
-"""`deepio bench --gpu/--use_gds` and `deepio tune --gpu/--gds` where they cannot run: one
-error line naming the cause, exit status 2. CUDA and cuFile are switched off with
-DEEPIO_CUDA_LIBRARY / DEEPIO_CUFILE_LIBRARY=none, so this holds on a GPU machine too; the
-fake driver of tests/gpu stands in for "CUDA present, cuFile absent"."""
+"""`deepio bench --gpu/--use_gds` (ds_io's GPU modes) and the main table's GPU rows, run
+against the fake CUDA and cuFile drivers of tests/gpu ("device memory" is host memory the fake
+hands out from cuMemAlloc; it refuses calls without a current context, as the real driver
+does), and where they cannot run: one error line naming the cause, exit status 2. CUDA and
+cuFile are switched off with DEEPIO_CUDA_LIBRARY / DEEPIO_CUFILE_LIBRARY=none, so the refusals
+hold on a GPU machine too. `deepio tune --gpu/--gds` still refuses, naming bench --gpu."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -53,8 +56,117 @@ def test_gpu_flags_without_cuda(args):
         os.rmdir(folder)
 
 
-def test_use_gds_without_cufile(tmp_path):
-    cuda, _ = build_fakes(tmp_path)
-    one_error(run(["bench", "--folder", str(tmp_path), "--io_size", "1M", "--gpu", "--use_gds"],
-                  DEEPIO_CUDA_LIBRARY=str(cuda), DEEPIO_CUFILE_LIBRARY="none"),
-              "--use_gds: no cuFile", "DEEPIO_CUFILE_LIBRARY=none")
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory):
+    return build_fakes(tmp_path_factory.mktemp("fakes"))
+
+
+def fake_env(fakes, cufile=True):
+    return {"DEEPIO_CUDA_LIBRARY": str(fakes[0]), "DEEPIO_CUFILE_LIBRARY": str(fakes[1]) if cufile else "none"}
+
+
+def ds_io_lines(out, op):
+    """ds_io's four result lines, parsed: {"Task Latency": s, "Task Speed": GiB/s, ...}."""
+    got = {}
+    for line in out.splitlines():
+        for kind in ("Task", "E2E"):
+            for what, unit in (("Latency", "sec"), ("Speed", "GB/sec")):
+                head = f"{kind} {op} {what} = "
+                if line.startswith(head):
+                    assert line.endswith(f" {unit}"), line
+                    got[f"{kind} {what}"] = float(line[len(head):-len(unit) - 1])
+    assert sorted(got) == ["E2E Latency", "E2E Speed", "Task Latency", "Task Speed"], out
+    assert all(v > 0 for v in got.values()), got
+    return got
+
+
+@pytest.mark.parametrize("gds", [False, True], ids=["staged", "gds"])
+@pytest.mark.parametrize("read", [False, True], ids=["write", "read"])
+def test_ds_io_gpu_modes_run_and_validate(fakes, tmp_path, gds, read):
+    args = ["bench", "--folder", str(tmp_path), "--io_size", "2M", "--block_size", "256K", "--loops", "2",
+            "--gpu", "--validate"] + (["--use_gds"] if gds else []) + (["--read"] if read else [])
+    r = run(args, **fake_env(fakes))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    out = r.stdout
+    assert f"gpu=True, use_gds={gds}" in out
+    assert "Configuring 1 gpu to folder mapping\n[0]: gpu 0 <----> " in out
+    ds_io_lines(out, "Read" if read else "Write")
+    if gds:
+        # The fake cuFile accepts the file: every byte went through cuFile.
+        assert "tid 0: gds_handle gds; cuFile 100%, staged 0%" in out, out
+    else:
+        assert "tid 0: GPU memory staged through page-locked slots (aio_handle)" in out, out
+    # The files are ds_io's, and hold what the device buffer held (--validate passed above).
+    assert (tmp_path / f"_aio_{'read' if read else 'write'}_{2 << 20}.pt.0_0").stat().st_size == 2 << 20
+
+
+def test_ds_io_use_gds_without_cufile_stages_and_says_so(fakes, tmp_path):
+    r = run(["bench", "--folder", str(tmp_path), "--io_size", "1M", "--gpu", "--use_gds", "--validate", "--json"],
+            **fake_env(fakes, cufile=False))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["gpu"]["use_gds"] is True
+    assert doc["gpu"]["mode"].startswith("compat: ") and "DEEPIO_CUFILE_LIBRARY=none" in doc["gpu"]["mode"]
+    assert doc["gpu"]["bytes_cufile"] == 0 and doc["gpu"]["bytes_staged"] > 0
+
+
+def test_ds_io_gpu_processes_each_on_its_device(fakes, tmp_path):
+    # Two forked processes on device 0 (the fake has one): CUDA is probed in a child first, so
+    # the forked workers start with an uninitialised driver, as the real one requires.
+    f = str(tmp_path)
+    r = run(["bench", "--folder_to_device_mapping", f"{f}:0", f"{f}:0", "--io_size", "1M", "--gpu", "--read",
+             "--validate"], **fake_env(fakes))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "[0]: gpu 0 <----> " in r.stdout and "[1]: gpu 0 <----> " in r.stdout
+    ds_io_lines(r.stdout, "Read")
+    # ds_io's rule: a mapped device that does not exist is an argument error.
+    one_error(run(["bench", "--folder", f, "--multi_process", "2", "--io_size", "1M", "--gpu"], **fake_env(fakes)),
+              "--multi_process: device 1 does not exist (1 CUDA device(s))")
+
+
+def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
+    r = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"],
+            **fake_env(fakes))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "deepio.bench.compare/1"
+    assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is True
+    rows = {(x["op"], x["engine"]): x for x in doc["results"]}
+    assert len(rows) == 12
+    for op in ("write", "read"):
+        for engine in ("deepio", "naive", "ceiling", "gpu_staged", "gpu_gds"):
+            assert (op, engine) in rows
+        for engine in ("gpu_staged", "gpu_gds"):
+            row = rows[(op, engine)]
+            assert row["verified"] is True, row
+            assert row["gib_per_sec"] > 0
+            # Flagged exactly when more than the margin above this run's disk ceiling.
+            ceiling = rows[(op, "ceiling")]["gib_per_sec"]
+            assert row["flagged"] == (row["gib_per_sec"] > ceiling * doc["gpu"]["ceiling_margin"]), (row, ceiling)
+            assert bool(row["flag"]) == row["flagged"]
+    assert rows[("read", "h2d")]["io_path"] == "cuMemcpyHtoD from CUDA-registered host memory"
+    assert rows[("write", "d2h")]["gib_per_sec"] > 0
+    assert rows[("write", "gpu_gds")]["label"] == "GPU gds (gds)"
+
+    text = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio"], **fake_env(fakes))
+    assert text.returncode == 0, text.stderr
+    assert "gpu: CUDA driver 12040, device 0 of 1" in text.stdout
+    for label in ("GPU staged (aio_handle)", "GPU gds (gds)", "host->device copy (ceiling)",
+                  "device->host copy (ceiling)"):
+        assert label in text.stdout, text.stdout
+    assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
+
+
+def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):
+    r = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"],
+            DEEPIO_CUDA_LIBRARY="none", DEEPIO_CUFILE_LIBRARY="none")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["gpu"]["available"] is False and doc["gpu"]["rows"] is False
+    assert "DEEPIO_CUDA_LIBRARY=none" in doc["gpu"]["reason"]
+    assert [x["engine"] for x in doc["results"]] == ["deepio", "naive", "ceiling"] * 2
+
+
+def test_tune_gpu_points_at_bench(fakes, tmp_path):
+    one_error(run(["tune", "--nvme_dir", str(tmp_path), "--gpu"], **fake_env(fakes)),
+              "--gpu: GPU runs are not in deepio tune yet", "deepio bench --io_size ... --gpu")

@@ -107,7 +107,7 @@ TEST(CompareSize, ChosenFromDiskAndMemory) {
   EXPECT_EQ(c.nbytes, 4096U) << "rounded up to whole O_DIRECT blocks";
   EXPECT_EQ(c.reason, "--size");
   c = choose_size(G, 2 * G, 64 * G, 1 << 20, "/d");
-  EXPECT_EQ(c.error, "not enough free space in /d: need 3.00 GiB for three files, 2.00 GiB free");
+  EXPECT_EQ(c.error, "not enough free space in /d: need 3.00 GiB for 3 files, 2.00 GiB free");
 }
 
 }  // namespace
