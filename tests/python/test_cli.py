@@ -139,7 +139,8 @@ def test_ds_io_multi_process_and_mapping(tmp_dir):
 
 DS_IO_JSON_KEYS = {"schema", "version", "op", "io_size", "processes", "mpi", "loops", "warmup_loops", "config",
                    "task_latency_sec", "task_gib_per_sec", "e2e_latency_sec", "e2e_gib_per_sec", "bytes",
-                   "cpu_sec_per_gib", "io", "processes_detail"}
+                   "cpu_sec_per_gib", "io", "processes_detail",
+                   "gpu"}  # added by issue 11 (bench --gpu); tests/python/test_gpu_cli.py checks it
 
 
 def test_ds_io_json_schema(tmp_dir):
@@ -159,9 +160,11 @@ def test_ds_io_json_schema(tmp_dir):
 # ---------------------------------------------------------------------------------- comparison mode
 
 COMPARE_KEYS = {"schema", "version", "folder", "filesystem", "direct_io", "size_bytes", "size_reason", "runs",
-                "page_locked", "memlock_limit_bytes", "config", "ceiling", "results"}
+                "page_locked", "memlock_limit_bytes", "config", "ceiling", "results",
+                "gpu"}  # added by issue 11 (GPU rows)
 RESULT_KEYS = {"op", "engine", "label", "gib_per_sec", "samples_gib_per_sec", "speedup_vs_naive",
-               "percent_of_ceiling", "cpu_sec_per_gib", "io_path", "verified"}
+               "percent_of_ceiling", "cpu_sec_per_gib", "io_path", "verified",
+               "flagged", "flag"}  # added by issue 11 (figures above the disk ceiling)
 
 
 @pytest.mark.parametrize("fio", [False, True])
