@@ -274,6 +274,7 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   req.gpu_probe = check_gpu_flags(a, {0}, "--gpu", false, errors);
   if (!a.has("--gpu")) req.gpu_probe = probe_gpu(false);
   req.gpu = req.gpu_probe.cuda;
+  req.gpu_required = a.has("--gpu");
   req.handle = handle_options(a, errors);
   req.runs = static_cast<std::size_t>(count_arg(a, "--runs", errors).value_or(3));
   if (req.runs > 1000) errors.push_back("--runs: at most 1000");

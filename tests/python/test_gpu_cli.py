@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -155,6 +156,42 @@ def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
                   "device->host copy (ceiling)"):
         assert label in text.stdout, text.stdout
     assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
+
+
+def no_memory_driver(fakes, out):
+    """A CUDA driver whose cuMemAlloc always answers CUDA_ERROR_OUT_OF_MEMORY: a library that
+    defines only cuMemAlloc_v2 and depends on the fake, which dlsym() finds for the rest."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the out-of-memory driver")
+    src, lib = out / "nomem.c", out / "libnomem_cuda.so"
+    src.write_text('__attribute__((visibility("default"))) int cuMemAlloc_v2(unsigned long long* p, '
+                   'unsigned long n) { (void)p; (void)n; return 2; }\n')
+    fake_dir = fakes[0].parent
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-Wl,--no-as-needed", f"-L{fake_dir}",
+                    "-ldeepio_fake_cuda", f"-Wl,-rpath,{fake_dir}"], check=True)
+    return lib
+
+
+def test_gpu_set_up_failure_drops_the_rows_or_fails_when_asked_for(fakes, tmp_path):
+    lib = no_memory_driver(fakes, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"DEEPIO_CUDA_LIBRARY": str(lib), "DEEPIO_CUFILE_LIBRARY": "none"}
+    base = ["bench", "--folder", str(work), "--size", "16M", "--runs", "1", "--no_fio"]
+    # Without --gpu the table goes on without GPU rows and says why.
+    r = run([*base, "--json"], **env)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is False
+    assert "GPU set-up failed: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in doc["gpu"]["reason"]
+    assert len(doc["results"]) == 6
+    # With --gpu the GPU rows were asked for: the run fails (exit 1), saying why.
+    r = run([*base, "--gpu"], **env)
+    assert r.returncode == 1 and "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in r.stderr, (r.stdout, r.stderr)
+    r = run(["bench", "--folder", str(work), "--io_size", "1M", "--gpu"], **env)
+    assert r.returncode == 1 and "process 0: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in r.stderr, r.stderr
+    assert "Task Write Speed" not in r.stdout
 
 
 def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 
 #include "deepio/gpu.hpp"
@@ -113,18 +114,13 @@ class CompareRun {
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
     rep_.backend = h_.backend();
-    if (req.gpu) {
-      gpu_.emplace(req.device, n_, req.handle);
-      gpu_->dev.upload(src_.data(), n_);  // what the GPU rows write
-      std::memcpy(gpu_->host.data(), src_.data(), n_);
-      rep_.gpu_rows = true;
-      rep_.gpu_device = req.device;
-    }
+    if (req.gpu) start_gpu();
   }
   void plan_ceiling();
   void measure_all();
 
  private:
+  void start_gpu();
   void init_results();
   void measure_op(std::size_t op, Progress& progress);
   Sample sample(std::size_t op, std::size_t e, bool first);
@@ -187,6 +183,24 @@ void CompareRun::init_results() {
   }
   res_[0][kCopy] = {"write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory", {}, {}};
   res_[1][kCopy] = {"read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory", {}, {}};
+}
+
+/// The GPU rows' device, memory and handles. Where CUDA loaded but they cannot be set up (out of
+/// device memory, cuMemHostRegister refused), the table goes on without them and says why;
+/// with --gpu that is the run's failure.
+void CompareRun::start_gpu() {
+  try {
+    gpu_.emplace(req_.device, n_, req_.handle);
+    gpu_->dev.upload(src_.data(), n_);  // what the GPU rows write
+    std::memcpy(gpu_->host.data(), src_.data(), n_);
+  } catch (const std::exception& e) {
+    gpu_.reset();
+    if (req_.gpu_required) throw;
+    rep_.gpu_error = std::string("GPU set-up failed: ") + e.what();
+    return;
+  }
+  rep_.gpu_rows = true;
+  rep_.gpu_device = req_.device;
 }
 
 /// One timed transfer of a GPU row: the device buffer to/from a file with the staged Handle or

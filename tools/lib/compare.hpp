@@ -30,6 +30,7 @@ struct CompareRequest {
   /// (staged), GdsHandle in Auto mode (with its mode), and the copy ceilings host->device (read)
   /// and device->host (write) between device memory and CUDA-registered host memory.
   bool gpu = false;
+  bool gpu_required = false;  ///< --gpu: a GPU set-up failure fails the run (else: no GPU rows, and why)
   int device = 0;
   GpuProbe gpu_probe;  ///< what the GPU layer said (reported either way)
 };
@@ -84,6 +85,7 @@ struct CompareReport {
   std::string ceiling_desc, ceiling_note, fio_command_read, fio_command_write;
   GpuProbe gpu;          ///< what the GPU layer offered
   bool gpu_rows = false;  ///< the GPU rows were measured
+  std::string gpu_error;  ///< why they were not although CUDA loaded (device memory, registration refused)
   int gpu_device = 0;
   std::string gds_mode;   ///< the GdsHandle's mode() and mode_reason() after the run
   std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each (then the GPU rows)

@@ -15,7 +15,9 @@ namespace {
 /// "gpu: ..." : the device and modes of the GPU rows, or why there are none.
 std::string gpu_line(const CompareReport& r) {
   const GpuProbe& g = r.gpu;
-  if (!r.gpu_rows) return "gpu: no GPU rows (" + (g.cuda ? std::string("not measured") : g.cuda_reason) + ")\n";
+  if (!r.gpu_rows) {
+    return "gpu: no GPU rows (" + (!g.cuda ? g.cuda_reason : r.gpu_error.empty() ? "not measured" : r.gpu_error) + ")\n";
+  }
   return "gpu: CUDA driver " + std::to_string(g.driver_version) + ", device " + std::to_string(r.gpu_device) + " of " +
          std::to_string(g.device_count) + "; rows: Handle on device memory (staged), GdsHandle auto (" + r.gds_mode +
          "), copy ceilings with CUDA-registered host memory; a disk row above the ceiling by more than " +
@@ -111,7 +113,7 @@ void json_gpu(Json& j, const CompareReport& r) {
   const GpuProbe& g = r.gpu;
   j.begin_object("gpu");
   j.value("available", g.cuda);
-  j.value("reason", g.cuda_reason);
+  j.value("reason", g.cuda ? r.gpu_error : g.cuda_reason);
   j.value("rows", r.gpu_rows);
   j.value("device", r.gpu_device);
   j.value("device_count", g.device_count);
