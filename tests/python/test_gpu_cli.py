@@ -173,6 +173,42 @@ def no_memory_driver(fakes, out):
     return lib
 
 
+CORRUPT_DTOH = r"""
+#include <dlfcn.h>
+typedef int (*dtoh_fn)(void*, unsigned long long, unsigned long);
+__attribute__((visibility("default"))) int cuMemcpyDtoH_v2(void* dst, unsigned long long src, unsigned long n) {
+  void* fake = dlopen("libdeepio_fake_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  dtoh_fn real = fake ? (dtoh_fn)dlsym(fake, "cuMemcpyDtoH_v2") : 0;
+  int r = real ? real(dst, src, n) : 999;
+  if (r == 0 && n > 100) ((unsigned char*)dst)[100] ^= 0xff;
+  return r;
+}
+"""
+
+
+def test_ds_io_gpu_validate_checks_the_device_bytes(fakes, tmp_path):
+    # A driver whose device-to-host copy flips byte 100: --validate must see it, so it really
+    # compares what is in device memory (copied back) with the file.
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the corrupting driver")
+    src, lib = tmp_path / "corrupt.c", tmp_path / "libcorrupt_cuda.so"
+    src.write_text(CORRUPT_DTOH)
+    fake_dir = fakes[0].parent
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-Wl,--no-as-needed", f"-L{fake_dir}",
+                    "-ldeepio_fake_cuda", f"-Wl,-rpath,{fake_dir}", "-ldl"], check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    for extra in ([], ["--read"], ["--use_gds"]):
+        r = run(["bench", "--folder", str(work), "--io_size", "1M", "--gpu", "--validate", *extra],
+                DEEPIO_CUDA_LIBRARY=str(lib), DEEPIO_CUFILE_LIBRARY=str(fakes[1]))
+        assert r.returncode == 1, (extra, r.stdout, r.stderr)
+        assert "validation failed" in r.stderr and "differs from the buffer at byte 100" in r.stderr, r.stderr
+        # Without --validate nothing copies back: the same run succeeds.
+        assert run(["bench", "--folder", str(work), "--io_size", "1M", "--gpu", *extra],
+                   DEEPIO_CUDA_LIBRARY=str(lib), DEEPIO_CUFILE_LIBRARY=str(fakes[1])).returncode == 0
+
+
 def test_gpu_set_up_failure_drops_the_rows_or_fails_when_asked_for(fakes, tmp_path):
     lib = no_memory_driver(fakes, tmp_path)
     work = tmp_path / "work"

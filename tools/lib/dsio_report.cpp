@@ -53,6 +53,7 @@ std::string ds_io_header(const DsIoRequest& r, int processes, bool mpi) {
 namespace {
 
 std::string io_summary(const DsIoTotals& t) {
+  if (t.bytes_direct + t.bytes_bounced + t.bytes_buffered == 0 && t.bytes_cufile != 0) return "no host-side I/O";
   return io_path(t.bytes_direct, t.bytes_bounced, t.bytes_buffered, t.direct_refused);
 }
 
