@@ -48,7 +48,8 @@ ArgParser make_parser() {
               "a size that suits the machine, writes then reads, and prints deepio's GiB/s beside a\n"
               "naive single-threaded buffered copy (what open(f,'rb').read() into a tensor does) and\n"
               "the device ceiling measured in the same run (fio with the same engine, block size and\n"
-              "queue depth when fio is installed, else a raw O_DIRECT loop).\n\n"
+              "queue depth when fio is installed, else a raw O_DIRECT loop). With CUDA: GPU rows too\n"
+              "(staged, gds with its mode, the host<->device copy ceilings).\n\n"
               "With --io_size: DeepSpeed's ds_io, same flags, same output lines (GB = 2^30).");
   p.value("--folder", "FOLDER", "Folder for I/O files (used by all processes)");
   p.list("--folder_to_device_mapping", "F:D", "One process per entry: folder F, device id D");
@@ -64,8 +65,8 @@ ArgParser make_parser() {
   p.value("--engine", "NAME", "I/O engine (aio_handle)", "aio_handle");
   p.value("--loops", "N", "Measured iterations", "3");
   p.value("--io_parallel", "N", "intra_op_parallelism: worker threads per handle", "1");
-  p.flag("--gpu", "Use accelerator memory");
-  p.flag("--use_gds", "Use GPUDirect Storage (requires --gpu)");
+  p.flag("--gpu", "Use CUDA device memory (ds_io mode); require the GPU rows (comparison mode)");
+  p.flag("--use_gds", "Use GPUDirect Storage through deepio's gds_handle (requires --gpu)");
   p.flag("--slow_bounce_buffer", "Accepted for ds_io compatibility", true);
   p.flag("--torch_legacy_save", "Accepted for ds_io compatibility", true);
   p.flag("--use_accelerator_pin_memory", "Accepted for ds_io compatibility", true);
@@ -84,6 +85,7 @@ ArgParser make_parser() {
       "  deepio bench                                   # the main job: deepio vs naive vs fio\n"
       "  deepio bench --folder /mnt/nvme --json\n"
       "  deepio bench --folder /mnt/nvme --io_size 1G --read --queue_depth 128 --io_parallel 4\n"
+      "  deepio bench --folder /mnt/nvme --io_size 1G --read --gpu --use_gds --validate\n"
       "  mpirun -np 4 deepio bench --folder /mnt/nvme --io_size 1G   # one process per rank");
   return p;
 }
