@@ -3,8 +3,13 @@
 // asked in a child process (it must agree with the one asked here), ds_io's GPU header and
 // lines, and the GPU rows of the comparison report. The driver-facing parts (device memory,
 // copies, the handles on device memory) run against the fake CUDA and cuFile drivers in
-// tests/python/test_gpu_cli.py, through the command itself.
+// tests/python/test_gpu_cli.py, through the command itself, and here in GpuFake.* (run by the
+// ctest entry deepio_tools_tests.gpu_fake with DEEPIO_CUDA_LIBRARY pointing at the fake; they
+// skip without it).
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,6 +19,7 @@
 #include "dsio_report.hpp"
 #include "gpu.hpp"
 #include "json.hpp"
+#include "measure.hpp"
 
 namespace deepio::cli {
 namespace {
@@ -179,6 +185,59 @@ TEST(GpuReports, TheGpuRowsNeedAFourthFile) {
   EXPECT_TRUE(three.error.empty()) << three.error;
   const SizeChoice four = choose_size(std::uint64_t{1} << 30, std::uint64_t{7} << 29, 64ULL << 30, 1 << 20, "/d", 4);
   EXPECT_NE(four.error.find("for 4 files"), std::string::npos) << four.error;
+}
+
+bool fake_driver() {
+  const char* lib = std::getenv("DEEPIO_CUDA_LIBRARY");
+  return lib != nullptr && std::strstr(lib, "fake") != nullptr;
+}
+
+TEST(GpuFake, DeviceMemoryRoundTripsOnlyWithAContextCurrent) {
+  if (!fake_driver()) GTEST_SKIP() << "DEEPIO_CUDA_LIBRARY does not name the fake driver";
+  const GpuProbe g = probe_gpu(true);  // the child's answer, before this process loads CUDA
+  ASSERT_TRUE(g.cuda) << g.cuda_reason;
+  std::string a(1 << 20, '\0'), b(1 << 20, '\0');
+  fill_pattern(a.data(), a.size(), 5);
+  {
+    CudaDevice dev(0);
+    DeviceBuffer d(a.size());
+    d.upload(a.data(), a.size());
+    d.download(b.data(), b.size());
+    EXPECT_EQ(a, b);
+    EXPECT_THROW(d.upload(a.data(), a.size() + 1), Error);  // past the end: refused, not copied
+  }
+  // The context was current only inside the scope: the driver refuses an allocation now, as
+  // the real one does (CUDA_ERROR_INVALID_CONTEXT), and the error names the call.
+  try {
+    DeviceBuffer orphan(4096);
+    FAIL() << "cuMemAlloc without a current context succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code().value(), EIO);
+    EXPECT_NE(std::string(e.what()).find("cuMemAlloc: CUDA_ERROR_INVALID_CONTEXT"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(CudaDevice(7), Error);  // a device the driver does not have
+}
+
+TEST(GpuFake, CopyCeilingsMoveEveryByteFromRegisteredMemory) {
+  if (!fake_driver()) GTEST_SKIP() << "DEEPIO_CUDA_LIBRARY does not name the fake driver";
+  CudaDevice dev(0);
+  const std::size_t n = 4 << 20;
+  PinnedBuffer host(n);
+  fill_pattern(host.data(), n, 9);
+  const std::string want(static_cast<const char*>(host.data()), n);
+  DeviceBuffer d(n);
+  {
+    HostRegistration reg(host.data(), n);
+    EXPECT_THROW(HostRegistration(host.data(), n), Error);  // already registered: the driver says so
+    const Sample up = timed_copy(true, d, host.data(), n);
+    EXPECT_EQ(up.nbytes, n);
+    EXPECT_GT(up.seconds, 0.0);
+    std::memset(host.data(), 0, n);
+    const Sample down = timed_copy(false, d, host.data(), n);
+    EXPECT_EQ(down.nbytes, n);
+    EXPECT_EQ(std::memcmp(host.data(), want.data(), n), 0);
+  }
+  HostRegistration again(host.data(), n);  // the first one was unregistered on destruction
 }
 
 }  // namespace
