@@ -32,7 +32,9 @@ struct Args {
 
 std::string file_name(const Args& a, std::size_t i) { return a.path + "/f" + std::to_string(i); }
 
-unsigned char byte_at(std::size_t file, std::size_t i) { return static_cast<unsigned char>((i * 131 + file * 7 + 1) >> 3); }
+unsigned char byte_at(std::size_t file, std::size_t i) {
+  return static_cast<unsigned char>((i * 131 + file * 7 + 1) >> 3);
+}
 
 int run(const Args& a) {
   const bool many = a.mode == "files";
@@ -41,9 +43,13 @@ int run(const Args& a) {
   const std::size_t total = a.size * count;
   deepio::PinnedBuffer buf(total);
   auto* p = static_cast<unsigned char*>(buf.data());
-  deepio::HandleOptions o{.block_size = a.block, .queue_depth = a.qd, .single_submit = a.single,
-                          .overlap_events = a.overlap, .intra_op_parallelism = a.par,
-                          .backend = *deepio::parse_backend(a.backend), .direct_io = deepio::DirectIo::Auto};
+  deepio::HandleOptions o{.block_size = a.block,
+                          .queue_depth = a.qd,
+                          .single_submit = a.single,
+                          .overlap_events = a.overlap,
+                          .intra_op_parallelism = a.par,
+                          .backend = *deepio::parse_backend(a.backend),
+                          .direct_io = deepio::DirectIo::Auto};
   deepio::Handle h(o);
   if (a.prepare || a.op == "write") {
     for (std::size_t f = 0; f < count; ++f) {
@@ -93,15 +99,16 @@ int run(const Args& a) {
     }
     const auto s = h.stats();
     auto delta = [](std::uint64_t now, std::uint64_t then) { return static_cast<unsigned long long>(now - then); };
-    std::printf("{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"pass\": %zu, \"bytes\": %zu, "
-                "\"seconds\": %.6f, \"submit_seconds\": %.6f, \"cpu_seconds\": %.6f, \"backend\": \"%s\", "
-                "\"bytes_direct\": %llu, \"bytes_bounced\": %llu, \"bytes_buffered\": %llu, \"bytes_fixed\": %llu, "
-                "\"locked\": %s, \"verified\": %s}\n",
-                a.op.c_str(), a.mode.c_str(), pass, total, secs, submit_secs, cpu,
-                std::string(deepio::to_string(h.backend())).c_str(), delta(s.bytes_direct, before.bytes_direct),
-                delta(s.bytes_bounced, before.bytes_bounced), delta(s.bytes_buffered, before.bytes_buffered),
-                delta(s.bytes_fixed, before.bytes_fixed), buf.locked() ? "true" : "false",
-                a.verify ? (ok ? "true" : "false") : "null");
+    std::printf(
+        "{\"tool\": \"deepio\", \"op\": \"%s\", \"mode\": \"%s\", \"pass\": %zu, \"bytes\": %zu, "
+        "\"seconds\": %.6f, \"submit_seconds\": %.6f, \"cpu_seconds\": %.6f, \"backend\": \"%s\", "
+        "\"bytes_direct\": %llu, \"bytes_bounced\": %llu, \"bytes_buffered\": %llu, \"bytes_fixed\": %llu, "
+        "\"locked\": %s, \"verified\": %s}\n",
+        a.op.c_str(), a.mode.c_str(), pass, total, secs, submit_secs, cpu,
+        std::string(deepio::to_string(h.backend())).c_str(), delta(s.bytes_direct, before.bytes_direct),
+        delta(s.bytes_bounced, before.bytes_bounced), delta(s.bytes_buffered, before.bytes_buffered),
+        delta(s.bytes_fixed, before.bytes_fixed), buf.locked() ? "true" : "false",
+        a.verify ? (ok ? "true" : "false") : "null");
     std::fflush(stdout);
     if (!ok) return 3;
   }

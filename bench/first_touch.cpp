@@ -77,9 +77,10 @@ int main(int argc, char** argv) {
       done += seen;
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("{\"tool\": \"liburing\", \"pass\": %zu, \"cycle\": %s, \"bytes\": %zu, \"seconds\": %.6f, "
-                "\"cpu_seconds\": %.6f}\n",
-                pass, cycle ? "true" : "false", size, secs, deepio::bench::cpu_seconds() - c0);
+    std::printf(
+        "{\"tool\": \"liburing\", \"pass\": %zu, \"cycle\": %s, \"bytes\": %zu, \"seconds\": %.6f, "
+        "\"cpu_seconds\": %.6f}\n",
+        pass, cycle ? "true" : "false", size, secs, deepio::bench::cpu_seconds() - c0);
     std::fflush(stdout);
   }
   io_uring_queue_exit(&ring);

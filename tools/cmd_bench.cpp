@@ -33,10 +33,18 @@ namespace {
 const char* const kProg = "deepio bench";
 
 // Flags that only make sense in ds_io mode (with --io_size).
-const char* const kDsIoOnly[] = {"--folder_to_device_mapping", "--read", "--multi_process",
-                                 "--loops", "--warmup_loops", "--include_warmup_time",
-                                 "--different_file_each_iteration", "--validate", "--engine",
-                                 "--fast_io_size", "--slow_bounce_buffer", "--torch_legacy_save",
+const char* const kDsIoOnly[] = {"--folder_to_device_mapping",
+                                 "--read",
+                                 "--multi_process",
+                                 "--loops",
+                                 "--warmup_loops",
+                                 "--include_warmup_time",
+                                 "--different_file_each_iteration",
+                                 "--validate",
+                                 "--engine",
+                                 "--fast_io_size",
+                                 "--slow_bounce_buffer",
+                                 "--torch_legacy_save",
                                  "--use_accelerator_pin_memory"};
 // Flags that only make sense in comparison mode.
 const char* const kCompareOnly[] = {"--size", "--runs", "--no_fio", "--keep"};
@@ -110,8 +118,8 @@ HandleOptions handle_options(const ParsedArgs& a, std::vector<std::string>& erro
 
 /// --gpu/--use_gds: what the GPU layer offers (asked in a child process when `isolated`, so a
 /// parent about to fork workers has not initialised CUDA), and the problems with the flags.
-GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, const char* devices_flag,
-                         bool isolated, std::vector<std::string>& errors) {
+GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, const char* devices_flag, bool isolated,
+                         std::vector<std::string>& errors) {
   if (a.has("--use_gds") && !a.has("--gpu")) errors.push_back("--use_gds requires --gpu");
   if (!a.has("--gpu")) return {};
   const GpuProbe g = probe_gpu(isolated);
@@ -131,7 +139,8 @@ void read_mapping(const ParsedArgs& a, DsIoRequest& r, std::vector<std::string>&
     r.folder = a.get("--folder");
     const auto procs = count_arg(a, "--multi_process", errors).value_or(1);
     if (procs > 1024) errors.push_back("--multi_process: at most 1024 processes");
-    for (std::uint64_t i = 0; i < std::min<std::uint64_t>(procs, 1024); ++i) r.mapping.emplace_back(*r.folder, std::to_string(i));
+    for (std::uint64_t i = 0; i < std::min<std::uint64_t>(procs, 1024); ++i)
+      r.mapping.emplace_back(*r.folder, std::to_string(i));
   }
   r.mapping_args = a.list("--folder_to_device_mapping");
   for (const auto& entry : r.mapping_args) {
@@ -155,7 +164,8 @@ void check_engine(const ParsedArgs& a, std::vector<std::string>& errors) {
   const std::string engine = a.get("--engine", "aio_handle");
   if (engine == "aio_handle") return;
   if (engine == "aio_basic" || engine == "torch_io" || engine == "torch_fastio") {
-    errors.push_back("--engine " + engine + " is not implemented by deepio bench (only aio_handle; "
+    errors.push_back("--engine " + engine +
+                     " is not implemented by deepio bench (only aio_handle; "
                      "DeepSpeed's own copy of it does not run either)");
   } else {
     errors.push_back("--engine: '" + engine + "' is not one of aio_handle, aio_basic, torch_io, torch_fastio");
@@ -176,7 +186,8 @@ DsIoRequest read_ds_io(const ParsedArgs& a, const Launch& launch, std::vector<st
   p.validate = a.has("--validate");
   p.handle = handle_options(a, errors);
   if (p.io_size != 0 && a.has("--block_size") && p.handle.block_size > p.io_size) {
-    errors.push_back("--io_size (" + a.get("--io_size") + ") is smaller than --block_size (" + a.get("--block_size") + ")");
+    errors.push_back("--io_size (" + a.get("--io_size") + ") is smaller than --block_size (" + a.get("--block_size") +
+                     ")");
   }
   check_engine(a, errors);
   p.gpu = a.has("--gpu");

@@ -36,8 +36,9 @@ ArgParser make_parser() {
                    "ones early and measures only the best three at full size (--exhaustive: all of them).");
   parser.list("--nvme_dir", "DIR", "Folder(s) to tune; one process per folder (default: a folder on the local disk)");
   parser.value("--folder", "DIR", "Same as --nvme_dir with one folder", "", true);
-  parser.value("--sweep_config", "JSON", "Search space: {\"block_size\": [...], \"queue_depth\": [...], "
-                                         "\"io_parallel\": [...], \"sequential_requests\": [...], \"single_submit\": [...]}",
+  parser.value("--sweep_config", "JSON",
+               "Search space: {\"block_size\": [...], \"queue_depth\": [...], "
+               "\"io_parallel\": [...], \"sequential_requests\": [...], \"single_submit\": [...]}",
                "DeepSpeed's 64 configurations");
   parser.flag("--no_read", "Do not measure reads");
   parser.flag("--no_write", "Do not measure writes");
@@ -53,10 +54,11 @@ ArgParser make_parser() {
   parser.flag("--keep", "Keep the data files");
   parser.flag("--json", "Print one JSON object instead of text");
   parser.flag("--verbose", "Print every measurement on stderr");
-  parser.epilog("Examples:\n"
-                "  deepio tune --nvme_dir /mnt/nvme --output ds_aio.json --chart tune.svg\n"
-                "  deepio tune --nvme_dir /mnt/nvme0 /mnt/nvme1 --io_size 1G\n"
-                "  deepio tune --nvme_dir /mnt/nvme --exhaustive       # ds_nvme_tune's full sweep");
+  parser.epilog(
+      "Examples:\n"
+      "  deepio tune --nvme_dir /mnt/nvme --output ds_aio.json --chart tune.svg\n"
+      "  deepio tune --nvme_dir /mnt/nvme0 /mnt/nvme1 --io_size 1G\n"
+      "  deepio tune --nvme_dir /mnt/nvme --exhaustive       # ds_nvme_tune's full sweep");
   return parser;
 }
 
@@ -87,7 +89,8 @@ TuneRequest read_request(const ParsedArgs& a, std::vector<std::string>& errors) 
   const bool explicit_dirs = !r.dirs.empty();
   r.options.read = !a.has("--no_read");
   r.options.write = !a.has("--no_write");
-  if (!r.options.read && !r.options.write) errors.push_back("--no_read and --no_write together leave nothing to measure");
+  if (!r.options.read && !r.options.write)
+    errors.push_back("--no_read and --no_write together leave nothing to measure");
   if (a.has("--sweep_config")) r.space = load_sweep_config(a.get("--sweep_config"), errors);
   r.options.io_size = a.has("--io_size") ? size_arg(a, "--io_size", errors).value_or(0) : (400ULL << 20);
   r.options.loops = static_cast<std::size_t>(count_arg(a, "--loops", errors).value_or(1));

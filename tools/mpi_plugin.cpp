@@ -32,8 +32,8 @@ int size() {
 int barrier() { return MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? 0 : 1; }
 int gather(const void* send, std::size_t n, void* recv) {
   if (n > static_cast<std::size_t>(INT_MAX)) return 1;
-  return MPI_Gather(send, static_cast<int>(n), MPI_BYTE, recv, static_cast<int>(n), MPI_BYTE, 0,
-                    MPI_COMM_WORLD) == MPI_SUCCESS
+  return MPI_Gather(send, static_cast<int>(n), MPI_BYTE, recv, static_cast<int>(n), MPI_BYTE, 0, MPI_COMM_WORLD) ==
+                 MPI_SUCCESS
              ? 0
              : 1;
 }
@@ -53,11 +53,9 @@ const char* library_version() {
   return buf;
 }
 
-const deepio_cli_mpi_api kApi = {DEEPIO_CLI_MPI_ABI, init,     rank,     size,           barrier,
-                                 gather,             abort_all, finalize, library_version};
+const deepio_cli_mpi_api kApi = {DEEPIO_CLI_MPI_ABI, init,     rank,           size, barrier, gather,
+                                 abort_all,          finalize, library_version};
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const deepio_cli_mpi_api* deepio_cli_mpi_api_v1() {
-  return &kApi;
-}
+extern "C" __attribute__((visibility("default"))) const deepio_cli_mpi_api* deepio_cli_mpi_api_v1() { return &kApi; }

@@ -28,8 +28,7 @@ int main(int argc, char** argv) {
     const std::size_t got = handle.async_pread(dst.data(), n, path).get();
     std::remove(path.c_str());
     if (got != n || std::memcmp(src.data(), dst.data(), n) != 0) {
-      std::fprintf(stderr, "deepio_downstream: MISMATCH: read %zu of %zu bytes back from %s\n", got, n,
-                   path.c_str());
+      std::fprintf(stderr, "deepio_downstream: MISMATCH: read %zu of %zu bytes back from %s\n", got, n, path.c_str());
       return 1;
     }
     std::printf("deepio %s: wrote and read back %zu bytes with %s: OK\n", deepio::version(), n,

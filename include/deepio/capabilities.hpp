@@ -30,12 +30,12 @@ struct Capabilities {
 
 /// Direct-I/O facts about a folder or file: what deepio will use for files there.
 struct DirectIoInfo {
-  bool supported = false;            ///< O_DIRECT accepted by the file system
-  std::uint32_t mem_align = 0;       ///< buffer address alignment O_DIRECT needs
-  std::uint32_t offset_align = 0;    ///< file offset / length alignment O_DIRECT needs
-  bool from_statx = false;           ///< alignment reported by statx(STATX_DIOALIGN)
-  std::string filesystem;            ///< e.g. "ext4", "tmpfs", "xfs"
-  std::string reason;                ///< why not supported, or how alignment was found
+  bool supported = false;          ///< O_DIRECT accepted by the file system
+  std::uint32_t mem_align = 0;     ///< buffer address alignment O_DIRECT needs
+  std::uint32_t offset_align = 0;  ///< file offset / length alignment O_DIRECT needs
+  bool from_statx = false;         ///< alignment reported by statx(STATX_DIOALIGN)
+  std::string filesystem;          ///< e.g. "ext4", "tmpfs", "xfs"
+  std::string reason;              ///< why not supported, or how alignment was found
 };
 
 /// Creates and removes a small probe file in `folder` (or inspects `folder` if it is a file).

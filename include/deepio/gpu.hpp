@@ -26,10 +26,10 @@ namespace deepio {
 
 /// What the GPU layer found. Every *_reason is empty when the thing is usable.
 struct GpuInfo {
-  bool cuda_found = false;    ///< driver loaded, cuInit succeeded, at least one device
-  std::string cuda_reason;    ///< why not (names the library tried)
-  std::string cuda_library;   ///< the library loaded
-  int driver_version = 0;     ///< cuDriverGetVersion (e.g. 12040); 0 when not found
+  bool cuda_found = false;   ///< driver loaded, cuInit succeeded, at least one device
+  std::string cuda_reason;   ///< why not (names the library tried)
+  std::string cuda_library;  ///< the library loaded
+  int driver_version = 0;    ///< cuDriverGetVersion (e.g. 12040); 0 when not found
   int device_count = 0;
   bool cufile_found = false;  ///< libcufile loaded with every entry point deepio needs
   std::string cufile_reason;
@@ -99,7 +99,7 @@ class Engine;
 namespace gpu {
 class GdsRoute;
 struct GdsParts;
-}
+}  // namespace gpu
 }  // namespace detail
 
 /// DeepNVMe's gds_handle: a deepio::Handle whose operations on CUDA device memory may go

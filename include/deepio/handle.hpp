@@ -120,9 +120,9 @@ struct CollectOptions {
 struct HandleStats {
   std::uint64_t ops_completed = 0;
   std::uint64_t ops_failed = 0;
-  std::uint64_t bytes_direct = 0;     ///< moved with O_DIRECT straight to/from the caller's buffer
-  std::uint64_t bytes_bounced = 0;    ///< moved with O_DIRECT through an aligned bounce buffer
-  std::uint64_t bytes_buffered = 0;   ///< moved through the page cache
+  std::uint64_t bytes_direct = 0;    ///< moved with O_DIRECT straight to/from the caller's buffer
+  std::uint64_t bytes_bounced = 0;   ///< moved with O_DIRECT through an aligned bounce buffer
+  std::uint64_t bytes_buffered = 0;  ///< moved through the page cache
   /// Of the bytes above, those moved through an io_uring registered ("fixed") buffer: memory
   /// from allocate_locked()/PinnedBuffer whose pages the kernel pinned once instead of on every
   /// request. io_uring only; a registration the kernel refuses (RLIMIT_MEMLOCK for an
@@ -153,26 +153,23 @@ class DEEPIO_API Handle {
   /// file_offset above 2^63 - 1 (a negative offset cast) or a null buffer with nbytes > 0,
   /// EOVERFLOW when file_offset + nbytes overflows; failures during the transfer are
   /// reported by the Future and by wait(). On a throw, `op.keep_alive` is not kept.
-  Future async_pread(void* buffer, std::size_t nbytes, const std::string& path,
-                     std::uint64_t file_offset = 0, OpOptions op = {});
+  Future async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0,
+                     OpOptions op = {});
   /// Writes nbytes from buffer at file_offset of `path`, creating the file (mode 0666 & ~umask)
   /// if needed and never truncating it. Returns at once. Throws deepio::Error at submission
   /// when the file cannot be opened or created, and as async_pread for bad arguments.
-  Future async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                      std::uint64_t file_offset = 0, OpOptions op = {});
+  Future async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0,
+                      OpOptions op = {});
   /// As above on a descriptor the caller owns and keeps open until the operation completes;
   /// deepio never closes it. O_DIRECT is used only if the descriptor was opened with it.
-  Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0,
-                     OpOptions op = {});
-  Future async_pwrite(const void* buffer, std::size_t nbytes, int fd,
-                      std::uint64_t file_offset = 0, OpOptions op = {});
+  Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
+  Future async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
 
   /// Submits, then waits for this operation and every operation submitted before it that
   /// is not detached (DeepNVMe semantics). Returns the number of operations collected, this
   /// one included (so >= 1 even when other threads wait at the same time). Throws as wait()
   /// does, the first failure in submission order.
-  std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path,
-                         std::uint64_t file_offset = 0);
+  std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0);
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                           std::uint64_t file_offset = 0);
 

@@ -66,14 +66,13 @@ bool import_raw(nb::handle obj, bool writable, const char* role, Buffer* out) {
   nb::object keep = nb::steal(mv);
   const Py_buffer* view = PyMemoryView_GET_BUFFER(mv);
   if (writable && view->readonly != 0) {
-    throw nb::value_error((std::string(role) + " is read-only (" + py_type_name(obj) +
-                           "): a read needs a writable destination")
-                              .c_str());
+    throw nb::value_error(
+        (std::string(role) + " is read-only (" + py_type_name(obj) + "): a read needs a writable destination").c_str());
   }
   if (PyBuffer_IsContiguous(view, 'C') == 0) {
-    throw nb::value_error((std::string(role) + " is not contiguous (" + py_type_name(obj) +
-                           " with strides); pass a contiguous buffer")
-                              .c_str());
+    throw nb::value_error(
+        (std::string(role) + " is not contiguous (" + py_type_name(obj) + " with strides); pass a contiguous buffer")
+            .c_str());
   }
   out->keep = std::move(keep);
   out->data = view->buf;
@@ -115,8 +114,8 @@ int require_device(const void* p, std::size_t nbytes, int dlpack_ordinal, const 
   if (dev >= 0) return dev;
   std::string why;
   if (!cuda_usable(&why)) {
-    throw nb::type_error((std::string(role) + " lives in CUDA memory, but deepio cannot use the CUDA driver: " + why)
-                             .c_str());
+    throw nb::type_error(
+        (std::string(role) + " lives in CUDA memory, but deepio cannot use the CUDA driver: " + why).c_str());
   }
   char addr[32];
   std::snprintf(addr, sizeof addr, "%p", p);
@@ -155,19 +154,20 @@ bool import_torch(nb::handle obj, const char* role, bool allow_device, Buffer* o
     if (nb::cast<bool>(obj.attr("is_conj")()) || nb::cast<bool>(obj.attr("is_neg")())) {
       // Its memory holds the unconjugated / unnegated values: raw bytes would be wrong.
       throw nb::type_error((std::string(role) + " is a lazily conjugated or negated view; call "
-                            ".resolve_conj() / .resolve_neg() (or .clone()) first")
+                                                ".resolve_conj() / .resolve_neg() (or .clone()) first")
                                .c_str());
     }
     if (!nb::cast<bool>(obj.attr("is_contiguous")())) {
       throw nb::value_error((std::string(role) + " is not contiguous (Tensor with strides); pass a contiguous "
-                             "tensor, e.g. .contiguous(), and copy the result back for reads")
+                                                 "tensor, e.g. .contiguous(), and copy the result back for reads")
                                 .c_str());
     }
     nb::object storage = obj.attr("untyped_storage")();
     out->keep = nb::make_tuple(nb::borrow(obj), storage);
     out->data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(obj.attr("data_ptr")()));
     out->nbytes = nb::cast<std::size_t>(obj.attr("nbytes"));
-    if (cuda) out->device = require_device(out->data, out->nbytes, nb::cast<int>(obj.attr("device").attr("index")), role);
+    if (cuda)
+      out->device = require_device(out->data, out->nbytes, nb::cast<int>(obj.attr("device").attr("index")), role);
     return true;
   } catch (nb::python_error& e) {
     e.restore();
@@ -218,9 +218,9 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow
     if (ok) {
       buf.array = nb::ndarray<nb::ro>(w);
     } else if (nb::ndarray<nb::ro> r; nb::try_cast(obj, r, false)) {
-      throw nb::value_error((std::string(role) + " is read-only (" + py_type_name(obj) +
-                             "): a read needs a writable destination")
-                                .c_str());
+      throw nb::value_error(
+          (std::string(role) + " is read-only (" + py_type_name(obj) + "): a read needs a writable destination")
+              .c_str());
     }
   } else {
     ok = nb::try_cast(obj, buf.array, false);
@@ -246,7 +246,8 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow
       }
       throw nb::type_error((std::string(role) + " (" + py_type_name(obj) + ") cannot be used: " + why).c_str());
     }
-    throw nb::type_error((std::string(role) + " must be a tensor or array supporting DLPack or the buffer "
+    throw nb::type_error((std::string(role) +
+                          " must be a tensor or array supporting DLPack or the buffer "
                           "protocol (torch.Tensor, numpy.ndarray, bytearray, memoryview, ...), not " +
                           py_type_name(obj))
                              .c_str());
@@ -254,11 +255,11 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow
   const nb::ndarray<nb::ro>& a = buf.array;
   const bool cuda = a.device_type() == nb::device::cuda::value && allow_device;
   if (!host_addressable(a.device_type()) && !cuda) {
-    throw nb::type_error((std::string(role) + " lives in " + device_name(a.device_type()) + " memory; " +
-                          (a.device_type() == nb::device::cuda::value
-                               ? "this call moves data between files and CPU memory only"
-                               : "deepio moves data between files and CPU or CUDA memory only"))
-                             .c_str());
+    throw nb::type_error(
+        (std::string(role) + " lives in " + device_name(a.device_type()) + " memory; " +
+         (a.device_type() == nb::device::cuda::value ? "this call moves data between files and CPU memory only"
+                                                     : "deepio moves data between files and CPU or CUDA memory only"))
+            .c_str());
   }
   const nb::dlpack::dtype dt = a.dtype();
   if (dt.lanes != 1 || dt.bits == 0 || dt.bits % 8 != 0) {
@@ -292,9 +293,8 @@ Target parse_target(nb::handle obj) {
   PyObject* fs = PyOS_FSPath(obj.ptr());
   if (fs == nullptr) {
     PyErr_Clear();
-    throw nb::type_error(("a file must be a path (str, bytes, os.PathLike) or an integer descriptor, not " +
-                          py_type_name(obj))
-                             .c_str());
+    throw nb::type_error(
+        ("a file must be a path (str, bytes, os.PathLike) or an integer descriptor, not " + py_type_name(obj)).c_str());
   }
   nb::object path = nb::steal(fs);
   if (PyUnicode_Check(fs)) {

@@ -78,11 +78,11 @@ void init_errors(nb::module_& m) {
   g_eof_error = define_error(m, "EndOfFileError", PyExc_EOFError,
                              "A read reached the end of the file before the requested range (errno ENODATA).\n"
                              "Both an OSError (errno, filename, offset, nbytes) and an EOFError.");
-  g_invalid_argument_error =
-      define_error(m, "InvalidArgumentError", PyExc_ValueError,
-                   "deepio refused an argument before doing any I/O (errno EINVAL): a bad block_size,\n"
-                   "queue_depth, intra_op_parallelism, backend or direct_io, a negative file_offset.\n"
-                   "Both an OSError (errno EINVAL) and a ValueError; the message names the parameter.");
+  g_invalid_argument_error = define_error(
+      m, "InvalidArgumentError", PyExc_ValueError,
+      "deepio refused an argument before doing any I/O (errno EINVAL): a bad block_size,\n"
+      "queue_depth, intra_op_parallelism, backend or direct_io, a negative file_offset.\n"
+      "Both an OSError (errno EINVAL) and a ValueError; the message names the parameter.");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -64,8 +64,8 @@ std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site
 void init_fault(nb::module_& m) {
   m.def(
       "_set_fault",
-      [](const std::string& point, std::optional<int> err, std::optional<std::int64_t> short_bytes,
-         std::int64_t after, std::int64_t count, const std::string& path_contains, double delay) {
+      [](const std::string& point, std::optional<int> err, std::optional<std::int64_t> short_bytes, std::int64_t after,
+         std::int64_t count, const std::string& path_contains, double delay) {
         auto rule = std::make_shared<FaultRule>();
         if (point == "open") {
           rule->point = detail::FaultPoint::Open;

@@ -108,8 +108,8 @@ std::size_t finish(WaitResult& r) {
 // Imports the buffer, opens the file and queues the operation with the buffer as its
 // keep-alive; raises on submission errors (bad arguments, open failures, end of file).
 // *nbytes (if given) gets the request's size.
-Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset,
-                 bool detached, std::size_t* nbytes = nullptr) {
+Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool detached,
+                 std::size_t* nbytes = nullptr) {
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
   const Target t = parse_target(file);
   // A negative offset arrives as a huge one, which the engine refuses naming the value.
@@ -125,7 +125,8 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
     const std::size_t n = buf->nbytes;
     try {
       if (t.fd >= 0) {
-        fut = write ? h.async_pwrite(p, n, t.fd, offset, std::move(op)) : h.async_pread(p, n, t.fd, offset, std::move(op));
+        fut = write ? h.async_pwrite(p, n, t.fd, offset, std::move(op))
+                    : h.async_pread(p, n, t.fd, offset, std::move(op));
       } else {
         fut = write ? h.async_pwrite(p, n, t.path, offset, std::move(op))
                     : h.async_pread(p, n, t.path, offset, std::move(op));
@@ -356,8 +357,7 @@ void init_handle(nb::module_& m) {
       .def_prop_ro("offset", &Op::offset)
       .def_prop_ro("nbytes", &Op::nbytes);
 
-  nb::class_<PyHandle>(m, "Handle",
-                       "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
+  nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
       .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&>(),
            nb::arg("block_size") = 1 << 20, nb::arg("queue_depth") = 128, nb::arg("single_submit") = false,
            nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("backend") = "auto",

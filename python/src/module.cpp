@@ -81,7 +81,8 @@ std::int64_t compare_with_file(nb::handle buffer, nb::handle file, std::int64_t 
       std::size_t done = 0;
       while (done < buf.nbytes) {
         const std::size_t want = std::min(chunk.size(), buf.nbytes - done);
-        const ssize_t r = ::pread(fd, chunk.data(), want, static_cast<off_t>(static_cast<std::uint64_t>(offset) + done));
+        const ssize_t r = ::pread(fd, chunk.data(), want,
+                                  static_cast<off_t>(static_cast<std::uint64_t>(offset) + done));
         if (r < 0) {
           if (errno == EINTR) continue;
           err = errno;
@@ -104,8 +105,9 @@ std::int64_t compare_with_file(nb::handle buffer, nb::handle file, std::int64_t 
     }
   }
   if (err != 0) {
-    raise_error(Error(err, "cannot read the file back for validation", t.fd >= 0 ? "fd " + std::to_string(t.fd) : t.path,
-                      static_cast<std::uint64_t>(offset), buf.nbytes));
+    raise_error(Error(err, "cannot read the file back for validation",
+                      t.fd >= 0 ? "fd " + std::to_string(t.fd) : t.path, static_cast<std::uint64_t>(offset),
+                      buf.nbytes));
   }
   return result;
 }
@@ -135,8 +137,9 @@ NB_MODULE(_deepio, m) {
         Buffer d = import_buffer(dest, true, "dest");
         Buffer s = import_buffer(src, false, "src");
         if (s.nbytes < d.nbytes) {
-          throw nb::value_error(("src holds " + std::to_string(s.nbytes) + " bytes, fewer than dest's " +
-                                 std::to_string(d.nbytes)).c_str());
+          throw nb::value_error(
+              ("src holds " + std::to_string(s.nbytes) + " bytes, fewer than dest's " + std::to_string(d.nbytes))
+                  .c_str());
         }
         nb::gil_scoped_release release;
         std::memmove(d.data, s.data, d.nbytes);
@@ -150,6 +153,5 @@ NB_MODULE(_deepio, m) {
         if (t.fd >= 0) throw nb::type_error("probe_direct_io takes a folder or file path, not a descriptor");
         return probe_dict(t.path);
       },
-      nb::arg("folder"),
-      "Direct-I/O facts for files in `folder` (or the file itself).");
+      nb::arg("folder"), "Direct-I/O facts for files in `folder` (or the file itself).");
 }

@@ -22,8 +22,7 @@ bool backend_compiled(BackendKind kind) noexcept {
   return false;
 }
 
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::size_t queue_depth, Status* why,
-                                      bool single_submit) {
+std::unique_ptr<Backend> make_backend(BackendKind kind, std::size_t queue_depth, Status* why, bool single_submit) {
   switch (kind) {
     case BackendKind::IoUring:
 #if DEEPIO_HAVE_URING

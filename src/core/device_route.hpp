@@ -29,11 +29,11 @@
 namespace deepio::detail {
 
 struct DeviceBinding {
-  int fd = -1;             ///< the descriptor the engine opened (O_DIRECT where accepted)
-  bool direct = false;     ///< fd has O_DIRECT
+  int fd = -1;          ///< the descriptor the engine opened (O_DIRECT where accepted)
+  bool direct = false;  ///< fd has O_DIRECT
   const void* buf = nullptr;
   std::size_t nbytes = 0;
-  int device = -1;         ///< CUDA ordinal owning buf
+  int device = -1;  ///< CUDA ordinal owning buf
   bool write = false;
   const std::string* path = nullptr;  ///< for messages
   std::uint64_t file_offset = 0;

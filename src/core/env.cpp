@@ -23,8 +23,6 @@ std::optional<BackendKind> env_backend() {
   return read<BackendKind>("DEEPIO_BACKEND", parse_backend, "auto, io_uring, libaio, threads");
 }
 
-std::optional<DirectIo> env_direct_io() {
-  return read<DirectIo>("DEEPIO_DIRECT_IO", parse_direct_io, "auto, on, off");
-}
+std::optional<DirectIo> env_direct_io() { return read<DirectIo>("DEEPIO_DIRECT_IO", parse_direct_io, "auto, on, off"); }
 
 }  // namespace deepio::detail

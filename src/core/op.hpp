@@ -42,9 +42,9 @@ struct Counters {
   std::atomic<std::uint64_t> bytes_bounced{0};
   std::atomic<std::uint64_t> bytes_buffered{0};
   std::atomic<std::uint64_t> bytes_fixed{0};
-  std::atomic<std::uint64_t> bytes_gds{0};        ///< moved by a DeviceRoute's backend (cuFile)
-  std::atomic<std::uint64_t> bytes_staged{0};     ///< device memory moved through host staging
-  std::atomic<std::uint64_t> device_requests{0};  ///< requests cut for ops on device memory
+  std::atomic<std::uint64_t> bytes_gds{0};             ///< moved by a DeviceRoute's backend (cuFile)
+  std::atomic<std::uint64_t> bytes_staged{0};          ///< device memory moved through host staging
+  std::atomic<std::uint64_t> device_requests{0};       ///< requests cut for ops on device memory
   std::atomic<std::uint64_t> device_ops_completed{0};  ///< of ops_completed, those on device memory
   std::atomic<std::uint64_t> device_ops_failed{0};     ///< of ops_failed, those on device memory
   std::atomic<std::uint64_t> direct_refused{0};
@@ -61,10 +61,9 @@ struct CompletionSignal {
 
 class OpState {
  public:
-  OpState(bool write, std::string path, std::uint64_t offset, std::size_t nbytes,
-          Counters* counters, CompletionSignal* signal)
-      : write_(write), path_(std::move(path)), offset_(offset), nbytes_(nbytes),
-        counters_(counters), signal_(signal) {}
+  OpState(bool write, std::string path, std::uint64_t offset, std::size_t nbytes, Counters* counters,
+          CompletionSignal* signal)
+      : write_(write), path_(std::move(path)), offset_(offset), nbytes_(nbytes), counters_(counters), signal_(signal) {}
 
   [[nodiscard]] bool write() const noexcept { return write_; }
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
@@ -82,9 +81,15 @@ class OpState {
   void set_region(const LockedRegion& region) noexcept { region_ = region; }
 
   // --- descriptors (set before the op is handed to workers) ---
-  void set_direct_fd(UniqueFd fd) noexcept { owned_direct_ = std::move(fd); direct_fd_ = owned_direct_.get(); }
+  void set_direct_fd(UniqueFd fd) noexcept {
+    owned_direct_ = std::move(fd);
+    direct_fd_ = owned_direct_.get();
+  }
   void borrow_direct_fd(int fd) noexcept { direct_fd_ = fd; }
-  void set_buffered_fd(UniqueFd fd) noexcept { owned_buffered_ = std::move(fd); buffered_fd_ = owned_buffered_.get(); }
+  void set_buffered_fd(UniqueFd fd) noexcept {
+    owned_buffered_ = std::move(fd);
+    buffered_fd_ = owned_buffered_.get();
+  }
   void borrow_buffered_fd(int fd) noexcept { buffered_fd_ = fd; }
   void set_borrowed_source(int fd) noexcept { borrowed_source_ = fd; }
   [[nodiscard]] int direct_fd() const noexcept { return direct_fd_; }
@@ -147,11 +152,11 @@ class OpState {
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   std::uint64_t sequence_ = 0;
-  bool done_ = false;                  // guarded by mutex_
-  Status error_;                       // guarded by mutex_
-  bool claimed_ = false;               // guarded by mutex_
-  bool detached_ = false;              // guarded by mutex_
-  std::shared_ptr<void> keep_alive_;   // guarded by mutex_; empty once claimed
+  bool done_ = false;                 // guarded by mutex_
+  Status error_;                      // guarded by mutex_
+  bool claimed_ = false;              // guarded by mutex_
+  bool detached_ = false;             // guarded by mutex_
+  std::shared_ptr<void> keep_alive_;  // guarded by mutex_; empty once claimed
 };
 
 }  // namespace deepio::detail

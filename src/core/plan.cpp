@@ -10,8 +10,7 @@ constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v +
 
 // Cuts [begin, end) into `parts` pieces at multiples of `unit` (relative to begin), as equal
 // as the unit allows. Returns parts + 1 boundaries (some pieces may be empty).
-std::vector<std::uint64_t> cut(std::uint64_t begin, std::uint64_t end, std::size_t parts,
-                               std::uint64_t unit) {
+std::vector<std::uint64_t> cut(std::uint64_t begin, std::uint64_t end, std::size_t parts, std::uint64_t unit) {
   std::vector<std::uint64_t> b(parts + 1);
   const std::uint64_t len = end - begin;
   const std::uint64_t units = (len + unit - 1) / unit;
@@ -34,8 +33,7 @@ std::vector<Slice> plan_request(const PlanInput& in) {
   const std::uint64_t begin = in.file_offset;
   const std::uint64_t end = in.file_offset + in.nbytes;
   auto buf_at = [&](std::uint64_t file_pos) { return in.buf + (file_pos - begin); };
-  auto add = [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode,
-                 std::size_t chunk) {
+  auto add = [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
     if (from < to) slices[w].segments.push_back({from, buf_at(from), to - from, mode, chunk});
   };
 

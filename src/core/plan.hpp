@@ -41,9 +41,9 @@ struct PlanInput {
   std::byte* buf = nullptr;
   std::size_t nbytes = 0;
   std::uint64_t file_offset = 0;
-  bool direct = false;             ///< an O_DIRECT descriptor is available
-  std::size_t mem_align = 1;       ///< buffer alignment O_DIRECT needs
-  std::size_t offset_align = 1;    ///< file offset/length alignment O_DIRECT needs
+  bool direct = false;           ///< an O_DIRECT descriptor is available
+  std::size_t mem_align = 1;     ///< buffer alignment O_DIRECT needs
+  std::size_t offset_align = 1;  ///< file offset/length alignment O_DIRECT needs
   std::size_t page = 4096;
   std::size_t block_size = 1 << 20;
   std::size_t workers = 1;

@@ -19,22 +19,22 @@ constexpr int kMaxRetries = 1000;  // EINTR/EAGAIN resubmissions of one request 
 struct Active {
   SliceTask task;
   std::list<Active>::iterator self;
-  std::size_t seg = 0;     // next segment to issue from
-  std::uint64_t pos = 0;   // bytes of segments[seg] already issued
+  std::size_t seg = 0;    // next segment to issue from
+  std::uint64_t pos = 0;  // bytes of segments[seg] already issued
   std::size_t outstanding = 0;
   [[nodiscard]] bool issued_all() const { return seg >= task.segments.size(); }
 };
 
 struct Slot {
   Active* owner = nullptr;
-  Request req;              // what is (re)submitted next
+  Request req;  // what is (re)submitted next
   SegmentMode mode = SegmentMode::Buffered;
-  bool buffered = false;    // req.fd is the buffered descriptor
+  bool buffered = false;      // req.fd is the buffered descriptor
   std::byte* user = nullptr;  // caller's memory for the whole original request
   std::size_t len = 0;        // original length
   int bounce = -1;            // bounce slot index, or -1
   int retries = 0;
-  bool in_kernel = false;     // accepted by the backend, completion not yet reaped
+  bool in_kernel = false;  // accepted by the backend, completion not yet reaped
 };
 
 }  // namespace
@@ -58,8 +58,8 @@ struct Worker::Impl {
   // fails at once with this status instead of going to a queue that no longer works.
   Status dead;
   std::map<int, std::unique_ptr<DeviceStager>> stagers;  // by device ordinal
-  std::deque<std::uint32_t> draining;  // slots whose host-to-device copy may still run
-  std::deque<SliceTask> taken;         // scratch for pull()
+  std::deque<std::uint32_t> draining;                    // slots whose host-to-device copy may still run
+  std::deque<SliceTask> taken;                           // scratch for pull()
   // Slices whose requests have all finished: their ops are told (slice_done, which may close
   // files and wake waiters) only after the next requests are on their way to the device.
   std::vector<std::shared_ptr<OpState>> finished;
@@ -261,8 +261,8 @@ struct Worker::Impl {
       int r = 0;
       if (!dead.ok()) {
         r = -dead.errnum;
-      } else if (auto injected = consult_fault_hook({FaultPoint::Submit, nullptr, batch[i].fd, batch[i].offset,
-                                                      batch[i].len, 0})) {
+      } else if (auto injected = consult_fault_hook(
+                     {FaultPoint::Submit, nullptr, batch[i].fd, batch[i].offset, batch[i].len, 0})) {
         r = static_cast<int>(*injected);
       } else {
         r = w.backend_->submit(std::span<const Request>(batch).subspan(i, n));
@@ -294,8 +294,8 @@ struct Worker::Impl {
       release(id);
       return;
     }
-    if (auto injected = consult_fault_hook({op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr,
-                                            s.req.fd, s.req.offset, s.req.len, res})) {
+    if (auto injected = consult_fault_hook(
+            {op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr, s.req.fd, s.req.offset, s.req.len, res})) {
       res = *injected;
     }
     if (res < 0) {
@@ -327,8 +327,7 @@ struct Worker::Impl {
     if (got < s.req.len) {
       if (got == 0) {
         op.fail(op.write() ? Status::failure(EIO, "write made no progress", op.path(), s.req.offset, s.req.len)
-                           : Status::failure(ENODATA, "unexpected end of file", op.path(), s.req.offset,
-                                             s.req.len));
+                           : Status::failure(ENODATA, "unexpected end of file", op.path(), s.req.offset, s.req.len));
         release(id);
         return;
       }
@@ -352,10 +351,10 @@ struct Worker::Impl {
       resubmit.push_back(id);
       return;
     }
-    auto& counter = s.req.driver_file != nullptr                   ? w.counters_->bytes_gds
-                    : s.mode == SegmentMode::Bounce                   ? w.counters_->bytes_bounced
+    auto& counter = s.req.driver_file != nullptr                     ? w.counters_->bytes_gds
+                    : s.mode == SegmentMode::Bounce                  ? w.counters_->bytes_bounced
                     : (s.mode == SegmentMode::Direct && !s.buffered) ? w.counters_->bytes_direct
-                                                                      : w.counters_->bytes_buffered;
+                                                                     : w.counters_->bytes_buffered;
     counter.fetch_add(s.len, std::memory_order_relaxed);
     if (op.device() >= 0) w.counters_->bytes_staged.fetch_add(s.len, std::memory_order_relaxed);
     if (s.bounce >= 0 && !op.write()) {

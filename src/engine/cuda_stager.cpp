@@ -35,12 +35,14 @@ class CudaStager final : public DeviceStager {
 
   Status init(Status* why) {
     CUdevice dev = 0;
-    if (CUresult r = api_->cuDeviceGet(&dev, device_); r != CUDA_SUCCESS) return *why = cuda_status(api_, r, "cuDeviceGet");
+    if (CUresult r = api_->cuDeviceGet(&dev, device_); r != CUDA_SUCCESS)
+      return *why = cuda_status(api_, r, "cuDeviceGet");
     if (CUresult r = api_->cuDevicePrimaryCtxRetain(&ctx_, dev); r != CUDA_SUCCESS) {
       return *why = cuda_status(api_, r, "cuDevicePrimaryCtxRetain");
     }
     retained_ = true;
-    if (CUresult r = api_->cuCtxSetCurrent(ctx_); r != CUDA_SUCCESS) return *why = cuda_status(api_, r, "cuCtxSetCurrent");
+    if (CUresult r = api_->cuCtxSetCurrent(ctx_); r != CUDA_SUCCESS)
+      return *why = cuda_status(api_, r, "cuCtxSetCurrent");
     if (CUresult r = api_->cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) {
       return *why = cuda_status(api_, r, "cuStreamCreate");
     }
@@ -172,7 +174,8 @@ int scan_object(dl_phdr_info* info, std::size_t size, void* data) {
     }
   }
   const std::string_view name = info->dlpi_name != nullptr ? info->dlpi_name : "";
-  const std::string_view base = name.substr(name.find_last_of('/') == std::string_view::npos ? 0 : name.find_last_of('/') + 1);
+  const std::string_view base = name.substr(
+      name.find_last_of('/') == std::string_view::npos ? 0 : name.find_last_of('/') + 1);
   for (const auto& n : *s->names) {
     if (!base.empty() && base == n) {
       s->found = true;
@@ -190,7 +193,8 @@ bool driver_in_process() {
     std::vector<std::string> v;
     const LibraryChoice choice = cuda_library_choice();
     if (choice.disabled) return v;
-    for (const auto& c : choice.candidates) v.push_back(c.substr(c.find_last_of('/') == std::string::npos ? 0 : c.find_last_of('/') + 1));
+    for (const auto& c : choice.candidates)
+      v.push_back(c.substr(c.find_last_of('/') == std::string::npos ? 0 : c.find_last_of('/') + 1));
     return v;
   }();
   if (names.empty()) return false;

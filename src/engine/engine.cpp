@@ -14,7 +14,7 @@
 namespace deepio::detail {
 
 namespace {
-constexpr std::size_t kMaxBlock = std::size_t{1} << 30;  // one request never exceeds 1 GiB
+constexpr std::size_t kMaxBlock = std::size_t{1} << 30;       // one request never exceeds 1 GiB
 constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker
 constexpr std::size_t kMaxCount = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
 
@@ -82,8 +82,7 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
     start_route_workers(wc);
     return;
   }
-  throw_error(why.errnum, "cannot set up the " + std::string(to_string(options_.backend)) +
-                              " backend: " + why.message);
+  throw_error(why.errnum, "cannot set up the " + std::string(to_string(options_.backend)) + " backend: " + why.message);
 }
 
 void Engine::start_route_workers(const WorkerConfig& wc) {
@@ -153,8 +152,8 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
   }
 }
 
-std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path,
-                                        int fd, std::uint64_t file_offset, OpOptions op_options) {
+std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
+                                        std::uint64_t file_offset, OpOptions op_options) {
   const std::string name = path != nullptr ? *path : "fd " + std::to_string(fd);
   if (buf == nullptr && nbytes > 0) throw InvalidArgument("null buffer", name, file_offset, nbytes);
   if (file_offset > kMaxCount) {
@@ -349,9 +348,8 @@ std::size_t Engine::wait() {
 std::size_t Engine::pending() const noexcept {
   std::lock_guard lock(mutex_);
   // Collected ops (through their Future) and detached ones are not waited for by wait().
-  return static_cast<std::size_t>(std::count_if(unclaimed_.begin(), unclaimed_.end(), [](const auto& op) {
-    return !op->claimed() && !op->detached();
-  }));
+  return static_cast<std::size_t>(std::count_if(unclaimed_.begin(), unclaimed_.end(),
+                                                [](const auto& op) { return !op->claimed() && !op->detached(); }));
 }
 
 HandleStats Engine::stats() const noexcept {

@@ -43,8 +43,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// Exactly one of path / fd names the file (fd < 0 when path is used).
-  std::shared_ptr<OpState> submit(bool write, void* buf, std::size_t nbytes, const std::string* path,
-                                  int fd, std::uint64_t file_offset, OpOptions op_options = {});
+  std::shared_ptr<OpState> submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
+                                  std::uint64_t file_offset, OpOptions op_options = {});
   /// Handle::collect; `with` is the state of CollectOptions::with (or null).
   WaitResult collect(const CollectOptions& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
@@ -87,7 +87,7 @@ class Engine {
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<OpState>> unclaimed_;  // guarded by mutex_
-  std::uint64_t next_sequence_ = 1;                  // guarded by mutex_
+  std::uint64_t next_sequence_ = 1;                 // guarded by mutex_
 };
 
 }  // namespace deepio::detail

@@ -58,7 +58,7 @@ detail::gpu::GdsParts default_parts(const GdsOptions& options) {
   detail::Status cufile_why;
   const auto* cuda_api = detail::gpu::cuda(&cuda_why);
   auto* cufile_api = cuda_api != nullptr && options.mode != GdsMode::Compat ? detail::gpu::cufile_mutable(&cufile_why)
-                                                                              : nullptr;
+                                                                            : nullptr;
   return detail::gpu::make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why);
 }
 }  // namespace
@@ -72,9 +72,7 @@ GdsHandle::~GdsHandle() = default;
 
 bool GdsHandle::pin_device_buffer(void* device_ptr, std::size_t nbytes) { return route_->pin(device_ptr, nbytes); }
 bool GdsHandle::unpin_device_buffer(void* device_ptr) { return route_->unpin(device_ptr); }
-void* GdsHandle::new_pinned_device_buffer(std::size_t nbytes, int device) {
-  return route_->new_pinned(nbytes, device);
-}
+void* GdsHandle::new_pinned_device_buffer(std::size_t nbytes, int device) { return route_->new_pinned(nbytes, device); }
 bool GdsHandle::free_pinned_device_buffer(void* device_ptr) { return route_->free_pinned(device_ptr); }
 std::string GdsHandle::mode() const { return route_->mode(); }
 std::string GdsHandle::mode_reason() const { return route_->mode_reason(); }

@@ -35,16 +35,15 @@ Future Handle::async_pread(void* buffer, std::size_t nbytes, const std::string& 
                            OpOptions op) {
   return Future(engine_->submit(false, buffer, nbytes, &path, -1, file_offset, std::move(op)));
 }
-Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                            std::uint64_t file_offset, OpOptions op) {
+Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset,
+                            OpOptions op) {
   // The engine never writes through a write op's buffer; the cast only unifies the plumbing.
   return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset, std::move(op)));
 }
 Future Handle::async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset, OpOptions op) {
   return Future(engine_->submit(false, buffer, nbytes, nullptr, fd, file_offset, std::move(op)));
 }
-Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset,
-                            OpOptions op) {
+Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset, OpOptions op) {
   return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, nullptr, fd, file_offset, std::move(op)));
 }
 

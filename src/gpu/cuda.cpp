@@ -82,8 +82,7 @@ std::unique_ptr<CudaApi> load_from(const std::vector<std::string>& candidates, S
   const std::string missing = resolve_all(lib, api.get());
   if (!missing.empty()) {
     if (why != nullptr) {
-      *why = Status::failure(ENOTSUP, lib.name + " lacks " + missing +
-                                          " (driver too old, or not a CUDA driver)");
+      *why = Status::failure(ENOTSUP, lib.name + " lacks " + missing + " (driver too old, or not a CUDA driver)");
     }
     return nullptr;
   }
@@ -98,8 +97,7 @@ std::unique_ptr<CudaApi> load_from(const std::vector<std::string>& candidates, S
   if (r == CUDA_SUCCESS) r = api->cuDeviceGetCount(&api->device_count);
   if (r != CUDA_SUCCESS) {
     if (why != nullptr) {
-      *why = Status::failure(ENODEV, lib.name + ": cannot count devices: " +
-                                         cuda_error_text(api.get(), r));
+      *why = Status::failure(ENODEV, lib.name + ": cannot count devices: " + cuda_error_text(api.get(), r));
     }
     return nullptr;
   }
@@ -133,9 +131,7 @@ const CudaApi* cuda(Status* why) noexcept {
   return g.api.get();
 }
 
-std::unique_ptr<CudaApi> load_cuda(const std::string& library, Status* why) {
-  return load_from({library}, why);
-}
+std::unique_ptr<CudaApi> load_cuda(const std::string& library, Status* why) { return load_from({library}, why); }
 
 std::string cuda_error_text(const CudaApi* api, CUresult r) {
   const char* name = nullptr;
@@ -162,14 +158,12 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
   if (api == nullptr || p == nullptr) return out;
   const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
   unsigned int memory_type = 0;
-  if (api->cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) !=
-          CUDA_SUCCESS ||
+  if (api->cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) != CUDA_SUCCESS ||
       memory_type != CU_MEMORYTYPE_DEVICE) {
     return out;
   }
   int ordinal = -1;
-  if (api->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) !=
-      CUDA_SUCCESS) {
+  if (api->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != CUDA_SUCCESS) {
     return out;
   }
   out.is_device = true;

@@ -53,7 +53,7 @@ inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_CONTEXT = 1;
-inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;  // data: unsigned int
+inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // data: unsigned int
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;  // data: int
 
 inline constexpr unsigned int CU_MEMORYTYPE_HOST = 1;
@@ -77,24 +77,23 @@ struct CudaApi {
   CUresult (*cuDeviceGetCount)(int* count) = nullptr;
   CUresult (*cuDeviceGet)(CUdevice* device, int ordinal) = nullptr;
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice device) = nullptr;
-  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice device) = nullptr;        // _v2
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice device) = nullptr;  // _v2
   CUresult (*cuCtxSetCurrent)(CUcontext ctx) = nullptr;
   CUresult (*cuCtxGetCurrent)(CUcontext* ctx) = nullptr;
-  CUresult (*cuPointerGetAttribute)(void* data, CUpointer_attribute attribute,
-                                    CUdeviceptr ptr) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void* src, std::size_t nbytes,
-                                CUstream stream) = nullptr;                // _v2
+                                CUstream stream) = nullptr;  // _v2
   CUresult (*cuMemcpyDtoHAsync)(void* dst, CUdeviceptr src, std::size_t nbytes,
-                                CUstream stream) = nullptr;                // _v2
+                                CUstream stream) = nullptr;                                  // _v2
   CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, std::size_t nbytes) = nullptr;  // _v2
   CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, std::size_t nbytes) = nullptr;        // _v2
-  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, std::size_t nbytes) = nullptr;   // _v2
-  CUresult (*cuMemFree)(CUdeviceptr ptr) = nullptr;                         // _v2
+  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, std::size_t nbytes) = nullptr;                    // _v2
+  CUresult (*cuMemFree)(CUdeviceptr ptr) = nullptr;                                          // _v2
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned int flags) = nullptr;
-  CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;                   // _v2
+  CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;  // _v2
   CUresult (*cuStreamSynchronize)(CUstream stream) = nullptr;
   CUresult (*cuEventCreate)(CUevent* event, unsigned int flags) = nullptr;
-  CUresult (*cuEventDestroy)(CUevent event) = nullptr;                      // _v2
+  CUresult (*cuEventDestroy)(CUevent event) = nullptr;  // _v2
   CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
   CUresult (*cuEventQuery)(CUevent event) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent event) = nullptr;

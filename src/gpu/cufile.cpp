@@ -80,8 +80,7 @@ std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates,
   resolve(lib, "cuFileDriverOpen", &api->cuFileDriverOpen, &missing);
   // cufile.h maps cuFileDriverClose to cuFileDriverClose_v2, the close that honours the
   // reference count; the plain name (which tears the library down) is only for old releases.
-  api->cuFileDriverClose =
-      reinterpret_cast<CUfileError_t (*)()>(find_symbol(lib, "cuFileDriverClose_v2"));
+  api->cuFileDriverClose = reinterpret_cast<CUfileError_t (*)()>(find_symbol(lib, "cuFileDriverClose_v2"));
   api->close_is_v2 = api->cuFileDriverClose != nullptr;
   if (!api->close_is_v2) resolve(lib, "cuFileDriverClose", &api->cuFileDriverClose, &missing);
   resolve(lib, "cuFileHandleRegister", &api->cuFileHandleRegister, &missing);
@@ -95,8 +94,7 @@ std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates,
     return nullptr;
   }
   std::string optional_missing;  // optional entry points may be absent
-  resolve(lib, "cuFileDriverSetMaxDirectIOSize", &api->cuFileDriverSetMaxDirectIOSize,
-          &optional_missing);
+  resolve(lib, "cuFileDriverSetMaxDirectIOSize", &api->cuFileDriverSetMaxDirectIOSize, &optional_missing);
   resolve(lib, "cuFileDriverGetProperties", &api->cuFileDriverGetProperties, &optional_missing);
   resolve(lib, "cuFileGetVersion", &api->cuFileGetVersion, &optional_missing);
   resolve(lib, "cuFileSetParameterBool", &api->cuFileSetParameterBool, &optional_missing);
@@ -133,8 +131,7 @@ bool cufile_gds_unusable(CUfileOpError err) noexcept {
     case 5033:  // CU_FILE_NVFS_SETUP_ERROR
     case 5036:  // CU_FILE_GPU_MEMORY_PINNING_FAILED
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -148,10 +145,8 @@ bool cufile_unsupported(CUfileOpError err) noexcept {
     case CU_FILE_INVALID_FILE_TYPE:
     case CU_FILE_INVALID_FILE_OPEN_FLAG:
     case 5020:  // CU_FILE_DIO_NOT_SET
-    case CU_FILE_IO_DISABLED:
-      return true;
-    default:
-      return false;
+    case CU_FILE_IO_DISABLED: return true;
+    default: return false;
   }
 }
 
@@ -169,9 +164,7 @@ CuFileApi* cufile_mutable(Status* why) noexcept {
 
 const CuFileApi* cufile(Status* why) noexcept { return cufile_mutable(why); }
 
-std::unique_ptr<CuFileApi> load_cufile(const std::string& library, Status* why) {
-  return load_from({library}, why);
-}
+std::unique_ptr<CuFileApi> load_cufile(const std::string& library, Status* why) { return load_from({library}, why); }
 
 std::string cufile_error_text(const CudaApi* cuda_api, CUfileError_t e) {
   const char* name = op_error_name(e.err);
@@ -181,23 +174,20 @@ std::string cufile_error_text(const CudaApi* cuda_api, CUfileError_t e) {
 }
 
 Status cufile_status(const CudaApi* cuda_api, CUfileError_t e, const char* what) {
-  return Status::failure(op_error_errno(e.err),
-                         std::string(what) + ": " + cufile_error_text(cuda_api, e));
+  return Status::failure(op_error_errno(e.err), std::string(what) + ": " + cufile_error_text(cuda_api, e));
 }
 
-Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno,
-                        const char* what) {
+Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno, const char* what) {
   if (result == -1) {
     const int errnum = saved_errno != 0 ? saved_errno : EIO;
-    return Status::failure(errnum, std::string(what) + ": file system error (errno " +
-                                       std::to_string(errnum) + ")");
+    return Status::failure(errnum, std::string(what) + ": file system error (errno " + std::to_string(errnum) + ")");
   }
   const auto code = static_cast<CUfileOpError>(-result);
   return cufile_status(cuda_api, CUfileError_t{code, CUDA_SUCCESS}, what);
 }
 
-Status DriverRef::acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib,
-                          DriverRef* out, bool allow_compat) {
+Status DriverRef::acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib, DriverRef* out,
+                          bool allow_compat) {
   if (api == nullptr) return Status::failure(ENOTSUP, "cuFile not loaded");
   std::lock_guard lock(api->driver_mutex);
   if (api->driver_refs == 0) {

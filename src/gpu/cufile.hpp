@@ -115,14 +115,14 @@ struct CuFileApi {
   CUfileError_t (*cuFileBufDeregister)(const void* base) = nullptr;
   ssize_t (*cuFileRead)(CUfileHandle_t fh, void* base, std::size_t nbytes, off_t file_offset,
                         off_t base_offset) = nullptr;
-  ssize_t (*cuFileWrite)(CUfileHandle_t fh, const void* base, std::size_t nbytes,
-                         off_t file_offset, off_t base_offset) = nullptr;
-  CUfileError_t (*cuFileDriverSetMaxDirectIOSize)(std::size_t kib) = nullptr;          // optional
-  CUfileError_t (*cuFileDriverGetProperties)(CUfileDrvProps_t* props) = nullptr;       // optional
-  CUfileError_t (*cuFileGetVersion)(int* version) = nullptr;                           // optional
+  ssize_t (*cuFileWrite)(CUfileHandle_t fh, const void* base, std::size_t nbytes, off_t file_offset,
+                         off_t base_offset) = nullptr;
+  CUfileError_t (*cuFileDriverSetMaxDirectIOSize)(std::size_t kib) = nullptr;     // optional
+  CUfileError_t (*cuFileDriverGetProperties)(CUfileDrvProps_t* props) = nullptr;  // optional
+  CUfileError_t (*cuFileGetVersion)(int* version) = nullptr;                      // optional
   /// cuFile's parameter API (libcufile >= 1.7): parameters are staged before the driver opens.
-  CUfileError_t (*cuFileSetParameterBool)(int param, bool value) = nullptr;            // optional
-  CUfileError_t (*cuFileGetParameterBool)(int param, bool* value) = nullptr;           // optional
+  CUfileError_t (*cuFileSetParameterBool)(int param, bool value) = nullptr;   // optional
+  CUfileError_t (*cuFileGetParameterBool)(int param, bool* value) = nullptr;  // optional
 
   std::string library;
   bool close_is_v2 = false;  ///< cuFileDriverClose_v2 found (reference-counting close)
@@ -153,8 +153,7 @@ Status cufile_status(const CudaApi* cuda_api, CUfileError_t e, const char* what)
 
 /// Failed Status for a negative cuFileRead/cuFileWrite result (`saved_errno` is errno right
 /// after the call, used when result == -1).
-Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno,
-                        const char* what);
+Status cufile_io_status(const CudaApi* cuda_api, ssize_t result, int saved_errno, const char* what);
 
 /// True for the "not supported" family of errors (mapped to ENOTSUP).
 bool cufile_unsupported(CUfileOpError err) noexcept;
@@ -179,8 +178,8 @@ class DriverRef {
   /// Opens (or shares) the driver of `api`. On failure returns a Status with the cuFile error.
   /// The opening reference may first ask cuFile to allow its compatibility mode
   /// (cuFileSetParameterBool, where the library has it); the answer goes to driver_note.
-  static Status acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib,
-                        DriverRef* out, bool allow_compat = false);
+  static Status acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib, DriverRef* out,
+                        bool allow_compat = false);
   ~DriverRef() { reset(); }
   DriverRef(DriverRef&& other) noexcept : api_(other.api_) { other.api_ = nullptr; }
   DriverRef& operator=(DriverRef&& other) noexcept {

@@ -54,8 +54,7 @@ GpuInfo gpu_info() noexcept {
         detail::gpu::CUfileDrvProps_t props{};
         if (cufile_api->cuFileDriverGetProperties(&props).err == detail::gpu::CU_FILE_SUCCESS) {
           direct = direct || props.nvfs.major_version > 0 ||
-                   (props.nvfs.dstatusflags &
-                    (1u << detail::gpu::CU_FILE_NVME_P2P_SUPPORTED_BIT)) != 0;
+                   (props.nvfs.dstatusflags & (1u << detail::gpu::CU_FILE_NVME_P2P_SUPPORTED_BIT)) != 0;
         }
       }
     }

@@ -27,9 +27,7 @@ LibraryChoice choice_from_env(const char* variable, std::vector<std::string> def
 
 }  // namespace
 
-LibraryChoice cuda_library_choice() {
-  return choice_from_env("DEEPIO_CUDA_LIBRARY", {"libcuda.so.1"});
-}
+LibraryChoice cuda_library_choice() { return choice_from_env("DEEPIO_CUDA_LIBRARY", {"libcuda.so.1"}); }
 
 LibraryChoice cufile_library_choice() {
   return choice_from_env("DEEPIO_CUFILE_LIBRARY", {"libcufile.so.0", "libcufile.so"});

@@ -23,18 +23,18 @@ namespace deepio {
 
 namespace {
 struct Entry {
-  std::size_t nbytes;   // what the caller asked for
-  std::size_t mapped;   // what was mapped (whole pages, at least one)
+  std::size_t nbytes;  // what the caller asked for
+  std::size_t mapped;  // what was mapped (whole pages, at least one)
   bool locked;
   std::uint64_t id;
 };
 struct Registry {
   std::mutex mutex;
   std::map<std::uintptr_t, Entry> entries;
-  std::uint64_t next_id = 1;  // guarded by mutex
-  std::mutex listener_mutex;  // taken without `mutex` held
+  std::uint64_t next_id = 1;                                                 // guarded by mutex
+  std::mutex listener_mutex;                                                 // taken without `mutex` held
   std::vector<std::pair<std::uint64_t, detail::ReleaseListener>> listeners;  // guarded by listener_mutex
-  std::uint64_t next_token = 1;                                               // guarded by listener_mutex
+  std::uint64_t next_token = 1;                                              // guarded by listener_mutex
 };
 Registry& registry() {
   static auto* r = new Registry;  // leaked on purpose, see above

@@ -6,8 +6,8 @@
 namespace deepio {
 
 namespace {
-std::string full_message(int errnum, const std::string& message, const std::string& path,
-                         std::uint64_t offset, std::uint64_t nbytes) {
+std::string full_message(int errnum, const std::string& message, const std::string& path, std::uint64_t offset,
+                         std::uint64_t nbytes) {
   std::string s = message;
   if (!path.empty()) s += " '" + path + "'";
   if (nbytes != 0 || offset != 0) {
@@ -18,10 +18,8 @@ std::string full_message(int errnum, const std::string& message, const std::stri
 }
 }  // namespace
 
-Error::Error(int errnum, const std::string& message, std::string path, std::uint64_t offset,
-             std::uint64_t nbytes)
-    : std::system_error(errnum, std::generic_category(),
-                        full_message(errnum, message, path, offset, nbytes)),
+Error::Error(int errnum, const std::string& message, std::string path, std::uint64_t offset, std::uint64_t nbytes)
+    : std::system_error(errnum, std::generic_category(), full_message(errnum, message, path, offset, nbytes)),
       message_(message),
       path_(std::move(path)),
       offset_(offset),
@@ -33,8 +31,8 @@ void throw_if_error(const Status& status) {
   if (!status.ok()) throw_error(status.errnum, status.message, status.path, status.offset, status.nbytes);
 }
 
-void throw_error(int errnum, const std::string& message, const std::string& path,
-                 std::uint64_t offset, std::uint64_t nbytes) {
+void throw_error(int errnum, const std::string& message, const std::string& path, std::uint64_t offset,
+                 std::uint64_t nbytes) {
   throw Error(errnum, message, path, offset, nbytes);
 }
 

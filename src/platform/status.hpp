@@ -18,8 +18,8 @@ struct [[nodiscard]] Status {
 
   [[nodiscard]] bool ok() const noexcept { return errnum == 0; }
   static Status success() { return {}; }
-  static Status failure(int errnum, std::string message, std::string path = {},
-                        std::uint64_t offset = 0, std::uint64_t nbytes = 0) {
+  static Status failure(int errnum, std::string message, std::string path = {}, std::uint64_t offset = 0,
+                        std::uint64_t nbytes = 0) {
     return Status{errnum, std::move(message), std::move(path), offset, nbytes};
   }
 };

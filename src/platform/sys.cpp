@@ -82,8 +82,7 @@ Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const 
   return Status::success();
 }
 
-Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
-                   const std::string& path) {
+Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
   const auto* p = static_cast<const char*>(buf);
   std::size_t done = 0;
   while (done < n) {
@@ -100,8 +99,7 @@ Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
 
 Status file_facts(int fd, const std::string& path, FileFacts* out) {
   struct statx stx {};
-  const long r = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_DIOALIGN,
-                           &stx);
+  const long r = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_DIOALIGN, &stx);
   mode_t mode = 0;
   if (r == 0) {
     out->size = stx.stx_size;

@@ -20,8 +20,7 @@ Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out)
 /// pread(2)/pwrite(2) until all n bytes moved. A read that hits end of file first fails with
 /// ENODATA; a write that makes no progress fails with EIO. EINTR/EAGAIN are retried.
 Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path);
-Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
-                   const std::string& path);
+Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset, const std::string& path);
 
 /// What a file descriptor needs for O_DIRECT and what it holds now.
 struct FileFacts {

@@ -164,8 +164,8 @@ inline std::string backend_param_name(const testing::TestParamInfo<BackendKind>&
   return std::string(to_string(info.param));
 }
 
-#define DEEPIO_INSTANTIATE_FOR_BACKENDS(suite)                                                              \
-  INSTANTIATE_TEST_SUITE_P(Backends, suite,                                                                 \
+#define DEEPIO_INSTANTIATE_FOR_BACKENDS(suite)                                                               \
+  INSTANTIATE_TEST_SUITE_P(Backends, suite,                                                                  \
                            testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads), \
                            ::deepio::test::backend_param_name)
 

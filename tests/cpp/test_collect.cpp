@@ -127,7 +127,8 @@ TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
     t.gate = &gate;
     Handle h(threads_backend());
     std::vector<Future> futs;
-    for (std::size_t i = 0; i < bufs.size(); ++i) futs.push_back(h.async_pread(bufs[i].data(), 4096, path_, i * 4096, keep(t)));
+    for (std::size_t i = 0; i < bufs.size(); ++i)
+      futs.push_back(h.async_pread(bufs[i].data(), 4096, path_, i * 4096, keep(t)));
     EXPECT_EQ(h.pending(), bufs.size());
     expect_collects_nothing(h);  // not done
     EXPECT_EQ(h.pending(), bufs.size());

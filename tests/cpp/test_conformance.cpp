@@ -89,7 +89,8 @@ class Conformance : public testing::TestWithParam<Variant> {
   /// A Handle, or for the GDS instance a GdsHandle with the same options.
   std::shared_ptr<Handle> make(const HandleOptions& o) {
     if (!gds()) return std::make_shared<Handle>(o);
-    auto h = std::make_shared<GdsHandle>(GdsOptions{.block_size = o.block_size, .queue_depth = o.queue_depth,
+    auto h = std::make_shared<GdsHandle>(GdsOptions{.block_size = o.block_size,
+                                                    .queue_depth = o.queue_depth,
                                                     .single_submit = o.single_submit,
                                                     .overlap_events = o.overlap_events,
                                                     .intra_op_parallelism = o.intra_op_parallelism,
@@ -163,7 +164,8 @@ TEST_P(Conformance, ParallelismWithIndivisibleSizes) {
 TEST_P(Conformance, BlockSizesBelowAlignmentAndOdd) {
   const std::string path = dir_.file("b");
   for (std::size_t block : {1ul, 100ul, 512ul, 4097ul, 65536ul + 1}) {
-    auto h_owner = make(opts({.block_size = block, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+    auto h_owner = make(
+        opts({.block_size = block, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
     Handle& h = *h_owner;
     round_trip(h, path, 300000, 4096, 0, static_cast<std::uint32_t>(block));
     if (HasFatalFailure()) return;
@@ -176,7 +178,8 @@ TEST_P(Conformance, QueueDepthsAndSubmitModes) {
   for (std::size_t qd : {1ul, 2ul, 7ul, 64ul, 256ul}) {
     for (bool single : {false, true}) {
       for (bool overlap : {false, true}) {
-        auto h_owner = make(opts({.block_size = 16384, .queue_depth = qd, .single_submit = single, .overlap_events = overlap}));
+        auto h_owner = make(
+            opts({.block_size = 16384, .queue_depth = qd, .single_submit = single, .overlap_events = overlap}));
         Handle& h = *h_owner;
         ++seed;
         round_trip(h, path, (1 << 20) + 4096 * 3, 8192, seed % 2 == 0 ? 0 : 8, seed);
@@ -191,7 +194,8 @@ TEST_P(Conformance, ManyAsyncOpsThenOneWait) {
   Handle& h = *h_owner;
   constexpr int kFiles = 200;
   std::vector<std::vector<std::byte>> data;
-  for (int i = 0; i < kFiles; ++i) data.push_back(pattern(65536 + static_cast<std::size_t>(i) * 13, static_cast<std::uint32_t>(i)));
+  for (int i = 0; i < kFiles; ++i)
+    data.push_back(pattern(65536 + static_cast<std::size_t>(i) * 13, static_cast<std::uint32_t>(i)));
   for (int i = 0; i < kFiles; ++i) {
     h.async_pwrite(data[i].data(), data[i].size(), dir_.file("m" + std::to_string(i)));
   }
@@ -234,7 +238,8 @@ TEST_P(Conformance, FutureReportsCompletionAndBytes) {
 }
 
 TEST_P(Conformance, ConcurrentThreadsOnOneHandleAndAcrossHandles) {
-  auto shared_owner = make(opts({.block_size = 32768, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
+  auto shared_owner = make(
+      opts({.block_size = 32768, .queue_depth = 16, .overlap_events = true, .intra_op_parallelism = 2}));
   Handle& shared = *shared_owner;
   constexpr int kThreads = 6, kOps = 20;
   std::atomic<std::size_t> counted{0};
@@ -334,7 +339,8 @@ TEST_P(Conformance, TmpfsFileWorksWhateverItsDirectIoSupport) {
   if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
   // tmpfs refused O_DIRECT before Linux 6.6 and accepts it since; both must work and the
   // statistics must say which happened.
-  const std::string path = "/dev/shm/deepio-test-" + std::to_string(::getpid()) + "-" + std::string(to_string(GetParam().kind));
+  const std::string path = "/dev/shm/deepio-test-" + std::to_string(::getpid()) + "-" +
+                           std::string(to_string(GetParam().kind));
   const bool direct = probe_direct_io("/dev/shm").supported;
   auto h_owner = make(opts());
   Handle& h = *h_owner;
@@ -385,7 +391,8 @@ TEST_P(Conformance, FileSystemRefusingDirectIoFallsBackVisibly) {
 
 TEST_P(Conformance, BufferedModeMatchesPlainIo) {
   if (gds()) GTEST_SKIP() << "host-path counters: cuFile moves device memory itself";
-  auto h_owner = make(opts({.block_size = 4096, .queue_depth = 8, .intra_op_parallelism = 3, .direct_io = DirectIo::Off}));
+  auto h_owner = make(
+      opts({.block_size = 4096, .queue_depth = 8, .intra_op_parallelism = 3, .direct_io = DirectIo::Off}));
   Handle& h = *h_owner;
   round_trip(h, dir_.file("off"), 1234567, 33, 5, 77);
   EXPECT_EQ(h.stats().bytes_direct + h.stats().bytes_bounced, 0u);

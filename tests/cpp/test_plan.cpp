@@ -62,7 +62,10 @@ TEST(Plan, RandomRequestsKeepInvariants) {
     PlanInput in;
     in.buf = arena + rng() % 8192;
     const int shape = static_cast<int>(rng() % 4);
-    in.nbytes = shape == 0 ? rng() % 64 : shape == 1 ? rng() % (1 << 20) : shape == 2 ? (rng() % 64) * 4096 : rng() % (64u << 20);
+    in.nbytes = shape == 0   ? rng() % 64
+                : shape == 1 ? rng() % (1 << 20)
+                : shape == 2 ? (rng() % 64) * 4096
+                             : rng() % (64u << 20);
     in.file_offset = rng() % 3 == 0 ? (rng() % 1024) * 4096 : rng() % (1ull << 34);
     in.direct = rng() % 4 != 0;
     in.mem_align = std::size_t{1} << (rng() % 13);
@@ -146,7 +149,7 @@ TEST(Plan, UnalignedEndsGoBufferedAndMisalignedBufferBounces) {
   const auto& g = slices[0].segments;
   ASSERT_EQ(g.size(), 3u);
   EXPECT_EQ(g[0].mode, SegmentMode::Buffered);
-  EXPECT_EQ(g[0].nbytes, 1u);  // 4095 -> 4096
+  EXPECT_EQ(g[0].nbytes, 1u);                 // 4095 -> 4096
   EXPECT_EQ(g[1].mode, SegmentMode::Bounce);  // buffer + 1 is never 512-aligned
   EXPECT_EQ(g[1].file_offset, 4096u);
   EXPECT_EQ(g[2].mode, SegmentMode::Buffered);

@@ -141,7 +141,8 @@ TEST_P(Staging, ManyAsyncDeviceReadsThenOneWait) {
   Handle h(opts({.block_size = 65536, .queue_depth = 3, .overlap_events = false}));
   constexpr int kOps = 24;
   const std::size_t n = 200000;
-  for (int i = 0; i < kOps; ++i) test::put(dir_.file("r" + std::to_string(i)), pattern(n, static_cast<std::uint32_t>(i)));
+  for (int i = 0; i < kOps; ++i)
+    test::put(dir_.file("r" + std::to_string(i)), pattern(n, static_cast<std::uint32_t>(i)));
   for (int i = 0; i < kOps; ++i) {
     h.async_pread(dev_.memory.data() + static_cast<std::size_t>(i) * n, n, dir_.file("r" + std::to_string(i)));
   }

@@ -22,7 +22,11 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
 enum { MAX_ALLOCS = 4096 };
-struct alloc { uintptr_t base; size_t nbytes; int host_registered; };
+struct alloc {
+  uintptr_t base;
+  size_t nbytes;
+  int host_registered;
+};
 static struct alloc allocs[MAX_ALLOCS];
 static int device_count = 1;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -48,7 +52,7 @@ static CUresult injected(const char* name) {
   return r;
 }
 
-static int adopt_all;  /* guarded by lock */
+static int adopt_all; /* guarded by lock */
 static int find_host(uintptr_t p);
 
 /* Every address that is not registered host memory counts as device memory of device 0 (its
@@ -161,10 +165,10 @@ EXPORT int deepio_fake_cuda_context_refs(int device) {
   return r;
 }
 
-#define CHECK(name)                      \
-  do {                                   \
-    CUresult inj_ = injected(name);      \
-    if (inj_ != 0) return inj_;          \
+#define CHECK(name)                 \
+  do {                              \
+    CUresult inj_ = injected(name); \
+    if (inj_ != 0) return inj_;     \
   } while (0)
 
 /* As the real driver: calls that work on a context fail with CUDA_ERROR_INVALID_CONTEXT (201)
@@ -284,7 +288,9 @@ static CUresult host_register(void* p, size_t n, unsigned int flags) {
   return record((uintptr_t)p, n, 1) ? 0 : 2;
 }
 
-struct object { int kind; };
+struct object {
+  int kind;
+};
 static CUresult object_create(void** out, int kind) {
   struct object* o = malloc(sizeof *o);
   if (o == NULL) return 2;
@@ -313,8 +319,14 @@ EXPORT CUresult V2(cuMemcpyDtoHAsync)(void* d, CUdeviceptr s, size_t n, void* st
   return dtoh(d, s, n);
 }
 EXPORT CUresult V2(cuMemHostRegister)(void* p, size_t n, unsigned int f) { return host_register(p, n, f); }
-EXPORT CUresult V2(cuStreamDestroy)(void* s) { free(s); return 0; }
-EXPORT CUresult V2(cuEventDestroy)(void* e) { free(e); return 0; }
+EXPORT CUresult V2(cuStreamDestroy)(void* s) {
+  free(s);
+  return 0;
+}
+EXPORT CUresult V2(cuEventDestroy)(void* e) {
+  free(e);
+  return 0;
+}
 
 EXPORT CUresult cuMemHostUnregister(void* p) {
   CHECK("cuMemHostUnregister");

@@ -31,10 +31,16 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-typedef struct { int err; int cu_err; } CUfileError_t;
+typedef struct {
+  int err;
+  int cu_err;
+} CUfileError_t;
 typedef struct {
   int type;
-  union { int fd; void* handle; } handle;
+  union {
+    int fd;
+    void* handle;
+  } handle;
   const void* fs_ops;
 } CUfileDescr_t;
 typedef struct {
@@ -43,8 +49,8 @@ typedef struct {
     size_t poll_thresh_size, max_direct_io_size;
     unsigned int dstatusflags, dcontrolflags;
   } nvfs;
-  unsigned int fflags, max_device_cache_size, per_buffer_cache_size, max_device_pinned_mem_size,
-      max_batch_io_size, max_batch_io_timeout_msecs;
+  unsigned int fflags, max_device_cache_size, per_buffer_cache_size, max_device_pinned_mem_size, max_batch_io_size,
+      max_batch_io_timeout_msecs;
 } CUfileDrvProps_t;
 
 int deepio_fake_cuda_find(uintptr_t p, size_t n, uintptr_t* base, size_t* nbytes);
@@ -52,10 +58,13 @@ int deepio_fake_cuda_find(uintptr_t p, size_t n, uintptr_t* base, size_t* nbytes
 enum { MAX_BUFS = 256 };
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long opens, closes, refs, io_calls, max_io_seen, concurrency, max_concurrency, handles;
-static struct { uintptr_t base; size_t n; } bufs[MAX_BUFS];
+static struct {
+  uintptr_t base;
+  size_t n;
+} bufs[MAX_BUFS];
 static int register_err, open_err, bufregister_err;
 enum { MAX_PARAMS = 16 };
-static int bool_params[MAX_PARAMS];  /* -1: never set */
+static int bool_params[MAX_PARAMS]; /* -1: never set */
 static int bool_params_init;
 static int io_fail_write = -1, io_fail_errno, io_fail_after;
 static long io_fail_result;
@@ -66,8 +75,14 @@ static size_t max_direct_kib;
 static uintptr_t last_base;
 static long last_offset;
 
-static CUfileError_t ok(void) { CUfileError_t e = {0, 0}; return e; }
-static CUfileError_t err(int code) { CUfileError_t e = {code, 0}; return e; }
+static CUfileError_t ok(void) {
+  CUfileError_t e = {0, 0};
+  return e;
+}
+static CUfileError_t err(int code) {
+  CUfileError_t e = {code, 0};
+  return e;
+}
 
 EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_lock(&lock);
@@ -83,8 +98,16 @@ EXPORT void deepio_fake_cufile_reset(void) {
   max_direct_kib = 0;
   pthread_mutex_unlock(&lock);
 }
-EXPORT void deepio_fake_cufile_fail_register(int e) { pthread_mutex_lock(&lock); register_err = e; pthread_mutex_unlock(&lock); }
-EXPORT void deepio_fake_cufile_fail_bufregister(int e) { pthread_mutex_lock(&lock); bufregister_err = e; pthread_mutex_unlock(&lock); }
+EXPORT void deepio_fake_cufile_fail_register(int e) {
+  pthread_mutex_lock(&lock);
+  register_err = e;
+  pthread_mutex_unlock(&lock);
+}
+EXPORT void deepio_fake_cufile_fail_bufregister(int e) {
+  pthread_mutex_lock(&lock);
+  bufregister_err = e;
+  pthread_mutex_unlock(&lock);
+}
 /* The value a cuFileSetParameterBool call staged for `param` (-1: never set). */
 EXPORT int deepio_fake_cufile_param_bool(int param) {
   pthread_mutex_lock(&lock);
@@ -92,7 +115,11 @@ EXPORT int deepio_fake_cufile_param_bool(int param) {
   pthread_mutex_unlock(&lock);
   return v;
 }
-EXPORT void deepio_fake_cufile_fail_open(int e) { pthread_mutex_lock(&lock); open_err = e; pthread_mutex_unlock(&lock); }
+EXPORT void deepio_fake_cufile_fail_open(int e) {
+  pthread_mutex_lock(&lock);
+  open_err = e;
+  pthread_mutex_unlock(&lock);
+}
 EXPORT void deepio_fake_cufile_fail_io(int write, long result, int err_no, int after) {
   pthread_mutex_lock(&lock);
   io_fail_write = write;
@@ -101,15 +128,33 @@ EXPORT void deepio_fake_cufile_fail_io(int write, long result, int err_no, int a
   io_fail_after = after;
   pthread_mutex_unlock(&lock);
 }
-EXPORT void deepio_fake_cufile_max_io(size_t n) { pthread_mutex_lock(&lock); max_io = n; pthread_mutex_unlock(&lock); }
-EXPORT void deepio_fake_cufile_delay_us(unsigned us) { pthread_mutex_lock(&lock); delay_us = us; pthread_mutex_unlock(&lock); }
-EXPORT void deepio_fake_cufile_nvfs_major(unsigned v) { pthread_mutex_lock(&lock); nvfs_major = v; pthread_mutex_unlock(&lock); }
+EXPORT void deepio_fake_cufile_max_io(size_t n) {
+  pthread_mutex_lock(&lock);
+  max_io = n;
+  pthread_mutex_unlock(&lock);
+}
+EXPORT void deepio_fake_cufile_delay_us(unsigned us) {
+  pthread_mutex_lock(&lock);
+  delay_us = us;
+  pthread_mutex_unlock(&lock);
+}
+EXPORT void deepio_fake_cufile_nvfs_major(unsigned v) {
+  pthread_mutex_lock(&lock);
+  nvfs_major = v;
+  pthread_mutex_unlock(&lock);
+}
 EXPORT void deepio_fake_cufile_stats(long out[8]) {
   pthread_mutex_lock(&lock);
   long nb = 0;
   for (int i = 0; i < MAX_BUFS; ++i) nb += bufs[i].base != 0;
-  out[0] = opens; out[1] = closes; out[2] = refs; out[3] = io_calls; out[4] = max_io_seen;
-  out[5] = max_concurrency; out[6] = nb; out[7] = handles;
+  out[0] = opens;
+  out[1] = closes;
+  out[2] = refs;
+  out[3] = io_calls;
+  out[4] = max_io_seen;
+  out[5] = max_concurrency;
+  out[6] = nb;
+  out[7] = handles;
   pthread_mutex_unlock(&lock);
 }
 EXPORT void deepio_fake_cufile_last_io(uintptr_t* base, long* offset) {
@@ -128,14 +173,20 @@ EXPORT size_t deepio_fake_cufile_max_direct_kib(void) {
 EXPORT CUfileError_t cuFileDriverOpen(void) {
   pthread_mutex_lock(&lock);
   int e = open_err;
-  if (e == 0) { ++opens; ++refs; }
+  if (e == 0) {
+    ++opens;
+    ++refs;
+  }
   pthread_mutex_unlock(&lock);
   return e ? err(e) : ok();
 }
 EXPORT CUfileError_t cuFileDriverClose_v2(void) {
   pthread_mutex_lock(&lock);
   int bad = refs == 0;
-  if (!bad) { ++closes; --refs; }
+  if (!bad) {
+    ++closes;
+    --refs;
+  }
   pthread_mutex_unlock(&lock);
   return bad ? err(5001) : ok();
 }
@@ -163,7 +214,9 @@ EXPORT CUfileError_t cuFileDriverGetProperties(CUfileDrvProps_t* p) {
   return ok();
 }
 
-struct handle { int fd; };
+struct handle {
+  int fd;
+};
 
 EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
   if (!driver_open()) return err(5001);
@@ -228,10 +281,18 @@ EXPORT CUfileError_t cuFileBufRegister(const void* p, size_t n, int flags) {
   CUfileError_t r = err(5030);
   pthread_mutex_lock(&lock);
   for (int i = 0; i < MAX_BUFS; ++i) {
-    if (bufs[i].base == (uintptr_t)p) { r = err(5023); goto out; }
+    if (bufs[i].base == (uintptr_t)p) {
+      r = err(5023);
+      goto out;
+    }
   }
   for (int i = 0; i < MAX_BUFS; ++i) {
-    if (bufs[i].base == 0) { bufs[i].base = (uintptr_t)p; bufs[i].n = n; r = ok(); break; }
+    if (bufs[i].base == 0) {
+      bufs[i].base = (uintptr_t)p;
+      bufs[i].n = n;
+      r = ok();
+      break;
+    }
   }
 out:
   pthread_mutex_unlock(&lock);
@@ -241,7 +302,11 @@ EXPORT CUfileError_t cuFileBufDeregister(const void* p) {
   CUfileError_t r = err(5024);
   pthread_mutex_lock(&lock);
   for (int i = 0; i < MAX_BUFS; ++i) {
-    if (bufs[i].base == (uintptr_t)p) { bufs[i].base = 0; r = ok(); break; }
+    if (bufs[i].base == (uintptr_t)p) {
+      bufs[i].base = 0;
+      r = ok();
+      break;
+    }
   }
   pthread_mutex_unlock(&lock);
   return r;

@@ -201,7 +201,8 @@ TEST_F(FakeGds, NewAndFreePinnedDeviceBuffer) {
 
 TEST_F(FakeGds, DriverOpensOnceAndClosesWithTheLastHandleDeregisteringLeftovers) {
   std::byte* dev = device_alloc(4096);
-  const int refs_before = fake_symbol<int(int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_context_refs")(0);  // the test's own
+  const int refs_before = fake_symbol<int(int)>(DEEPIO_FAKE_CUDA,
+                                                "deepio_fake_cuda_context_refs")(0);  // the test's own
   {
     auto a = handle();
     {
@@ -318,16 +319,16 @@ TEST_F(FakeGds, HandleNotRegisteredWithoutNvidiaFsFallsBackInAutoAndFailsInCuFil
 // The handle asks cuFile to allow its compatibility mode through the parameter API, before the
 // driver opens; nothing is written to the working directory.
 TEST_F(FakeGds, CompatModeIsRequestedBeforeTheDriverOpens) {
-  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
-                CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE,
+                                  "deepio_fake_cufile_param_bool")(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
             -1);
   const auto before = std::filesystem::directory_iterator(std::filesystem::current_path());
   std::size_t entries_before = 0;
   for (const auto& e : before) entries_before += e.exists() ? 1 : 0;
   {
     auto h = handle();
-    EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
-                  CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+    EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE,
+                                    "deepio_fake_cufile_param_bool")(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
               1);
   }
   std::size_t entries_after = 0;
@@ -338,8 +339,8 @@ TEST_F(FakeGds, CompatModeIsRequestedBeforeTheDriverOpens) {
   // Compat mode never touches cuFile, so it asks nothing.
   control("deepio_fake_cufile_reset");
   auto c = handle({.mode = GdsMode::Compat});
-  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_param_bool")(
-                CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
+  EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUFILE,
+                                  "deepio_fake_cufile_param_bool")(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE),
             -1);
 }
 
@@ -515,8 +516,7 @@ TEST_F(FakeGds, ConcurrentSubmittersAndWaiters) {
   for (int i = 0; i < kThreads; ++i) {
     datas.push_back(pattern(n, 100 + static_cast<std::uint32_t>(i)));
     devs.push_back(device_alloc(n));
-    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(devs.back()), datas.back().data(), n),
-              CUDA_SUCCESS);
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(devs.back()), datas.back().data(), n), CUDA_SUCCESS);
   }
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {

@@ -22,9 +22,9 @@ TEST(GpuAbsent, CudaIsNullWithAReasonNamingTheLibrary) {
   EXPECT_FALSE(why.ok());
   EXPECT_TRUE(why.errnum == ENOTSUP || why.errnum == ENODEV) << why.errnum;
   const char* env = std::getenv("DEEPIO_CUDA_LIBRARY");
-  const std::string expected = env == nullptr || *env == '\0'    ? "libcuda.so.1"
-                               : std::string(env) == "none" ? "DEEPIO_CUDA_LIBRARY=none"
-                                                            : env;
+  const std::string expected = env == nullptr || *env == '\0' ? "libcuda.so.1"
+                               : std::string(env) == "none"   ? "DEEPIO_CUDA_LIBRARY=none"
+                                                              : env;
   EXPECT_NE(why.message.find(expected), std::string::npos) << why.message;
   // Asked again: same answer, no reload.
   deepio::detail::Status again;

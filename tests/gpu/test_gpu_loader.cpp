@@ -20,9 +20,7 @@ using deepio::gputest::fake_symbol;
 void fake_set_result(const char* name, CUresult r, int after) {
   fake_symbol<void(const char*, CUresult, int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_result")(name, r, after);
 }
-void fake_device_count(int n) {
-  fake_symbol<void(int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_device_count")(n);
-}
+void fake_device_count(int n) { fake_symbol<void(int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_device_count")(n); }
 
 class FakeCuda : public ::testing::Test {
  protected:

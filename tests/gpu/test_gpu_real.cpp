@@ -75,10 +75,10 @@ const CudaApi* real_cuda() {
   return cuda(nullptr);
 }
 
-#define NEED_GPU()                                                             \
-  do {                                                                         \
-    deepio::detail::Status why_;                                               \
-    if (fake_env() || cuda(&why_) == nullptr)                                  \
+#define NEED_GPU()                                                                         \
+  do {                                                                                     \
+    deepio::detail::Status why_;                                                           \
+    if (fake_env() || cuda(&why_) == nullptr)                                              \
       GTEST_SKIP() << "needs a CUDA GPU: " << (fake_env() ? "fake driver" : why_.message); \
   } while (0)
 
@@ -151,7 +151,8 @@ TEST_P(RealGds, WriteThenReadBackThroughPinnedAndUnpinnedBuffers) {
   std::printf("[ mode %s ] %s\n", h.mode().c_str(), h.mode_reason().c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, RealGds, ::testing::Values(GdsMode::Auto, GdsMode::Compat),
-                         [](const auto& param_info) { return param_info.param == GdsMode::Auto ? std::string("Auto") : std::string("Compat"); });
+INSTANTIATE_TEST_SUITE_P(Modes, RealGds, ::testing::Values(GdsMode::Auto, GdsMode::Compat), [](const auto& param_info) {
+  return param_info.param == GdsMode::Auto ? std::string("Auto") : std::string("Compat");
+});
 
 }  // namespace

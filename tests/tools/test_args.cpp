@@ -25,9 +25,9 @@ ParsedArgs parse(const std::vector<std::string>& words, std::vector<std::string>
 
 TEST(Args, GoodFlagsInEveryForm) {
   std::vector<std::string> errors;
-  const ParsedArgs a = parse({"--folder", "/x", "--io_size=1G", "--read", "--nvme_dir", "a", "b", "c", "--loops", "2",
-                              "--loops", "5"},
-                             errors);
+  const ParsedArgs a = parse(
+      {"--folder", "/x", "--io_size=1G", "--read", "--nvme_dir", "a", "b", "c", "--loops", "2", "--loops", "5"},
+      errors);
   EXPECT_TRUE(errors.empty()) << errors.front();
   EXPECT_EQ(a.get("--folder"), "/x");
   EXPECT_EQ(a.get("--io_size"), "1G");
@@ -50,9 +50,9 @@ TEST(Args, HelpAnywhereAndValuesThatLookLikeShortFlags) {
 
 TEST(Args, EveryProblemIsCollectedInOrder) {
   std::vector<std::string> errors;
-  const ParsedArgs a = parse({"stray", "--nope", "v1", "v2", "--read=yes", "--nvme_dir", "a", "--nvme_dir", "b",
-                              "--loops", "--folder"},
-                             errors);
+  const ParsedArgs a = parse(
+      {"stray", "--nope", "v1", "v2", "--read=yes", "--nvme_dir", "a", "--nvme_dir", "b", "--loops", "--folder"},
+      errors);
   EXPECT_EQ(errors, (std::vector<std::string>{
                         "unexpected argument 'stray'",
                         "unknown flag --nope (see --help)",  // one error: its values are skipped

@@ -34,10 +34,23 @@ const char* const kReport = R"(note: both iodepth >= 1 and synchronous I/O engin
 TEST(Fio, CommandLine) {
   const FioJob job{"/d/f.bin", true, 64 << 20, 1 << 20, 32, 4, "libaio", true};
   const std::vector<std::string> argv = fio_argv("fio", job);
-  const std::vector<std::string> want = {
-      "fio", "--name=deepio-ceiling", "--filename=/d/f.bin", "--rw=write", "--bs=1048576", "--iodepth=32",
-      "--ioengine=libaio", "--direct=1", "--size=16777216", "--numjobs=4", "--group_reporting", "--thread",
-      "--fallocate=none", "--invalidate=1", "--output-format=json", "--offset_increment=16777216", "--end_fsync=1"};
+  const std::vector<std::string> want = {"fio",
+                                         "--name=deepio-ceiling",
+                                         "--filename=/d/f.bin",
+                                         "--rw=write",
+                                         "--bs=1048576",
+                                         "--iodepth=32",
+                                         "--ioengine=libaio",
+                                         "--direct=1",
+                                         "--size=16777216",
+                                         "--numjobs=4",
+                                         "--group_reporting",
+                                         "--thread",
+                                         "--fallocate=none",
+                                         "--invalidate=1",
+                                         "--output-format=json",
+                                         "--offset_increment=16777216",
+                                         "--end_fsync=1"};
   EXPECT_EQ(argv, want);
   const std::vector<std::string> read = fio_argv("fio", {"/f", false, 1 << 20, 4096, 1, 1, "psync", false});
   EXPECT_EQ(read[3], "--rw=read");
@@ -58,7 +71,8 @@ TEST(Fio, ReportParser) {
 
   EXPECT_EQ(parse_fio_report(kReport, true).error, "fio reported no I/O");
   EXPECT_EQ(parse_fio_report("fio: no jobs", false).error, "cannot parse fio's JSON output");
-  EXPECT_EQ(parse_fio_report("{\"jobs\": [", false).error, "cannot parse fio's JSON output: unexpected end at offset 10");
+  EXPECT_EQ(parse_fio_report("{\"jobs\": [", false).error,
+            "cannot parse fio's JSON output: unexpected end at offset 10");
   EXPECT_EQ(parse_fio_report("{\"jobs\": []}", false).error, "cannot parse fio's JSON output");
 }
 

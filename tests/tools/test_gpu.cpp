@@ -70,7 +70,7 @@ TEST(GpuFlags, ProbeInAChildAgreesWithTheProbeHere) {
 TEST(CeilingFlag, OnlyAClearMarginAboveTheDiskCeilingIsFlagged) {
   EXPECT_EQ(above_ceiling_flag(1.9, 2.0), "");
   EXPECT_EQ(above_ceiling_flag(2.0 * kCeilingMargin, 2.0), "");  // at the margin: still a result
-  const std::string f = above_ceiling_flag(8.7, 1.8);           // the page cache of issue 11
+  const std::string f = above_ceiling_flag(8.7, 1.8);            // the page cache of issue 11
   EXPECT_NE(f.find("8.70 vs 1.80 GiB/s"), std::string::npos) << f;
   EXPECT_NE(f.find("483%"), std::string::npos) << f;
   EXPECT_NE(f.find("not a result"), std::string::npos) << f;
@@ -146,9 +146,10 @@ TEST(GpuReports, ComparisonShowsGpuRowsAndFlagsWhatBeatsTheDisk) {
     r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5)}, "buffered", "", ""});
     r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(1.8)}, "O_DIRECT", "", ""});
     r.results.push_back({op, "gpu_staged", "GPU staged (aio_handle)", {gib(1.7)}, "staged", "yes", ""});
-    r.results.push_back({op, "gpu_gds", "GPU gds (compat)", {gib(8.7)}, "gds_handle compat", "yes",
-                         above_ceiling_flag(8.7, 1.8)});
-    r.results.push_back({op, op == std::string("read") ? "h2d" : "d2h", "copy (ceiling)", {gib(40.0)}, "cuMemcpy", "", ""});
+    r.results.push_back(
+        {op, "gpu_gds", "GPU gds (compat)", {gib(8.7)}, "gds_handle compat", "yes", above_ceiling_flag(8.7, 1.8)});
+    r.results.push_back(
+        {op, op == std::string("read") ? "h2d" : "d2h", "copy (ceiling)", {gib(40.0)}, "cuMemcpy", "", ""});
   }
   const std::string text = compare_text(r, "0");
   EXPECT_NE(text.find("gpu: CUDA driver 12040, device 0 of 1"), std::string::npos) << text;

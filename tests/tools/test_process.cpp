@@ -39,7 +39,8 @@ TEST(Process, ArgumentsAreNeitherSplitNorExpanded) {
 TEST(Process, BothPipesFullDoNotDeadlock) {
   // 1 MiB on each stream, interleaved: more than a pipe holds, so the runner must read both.
   const ProcessResult r = run_process(
-      {"sh", "-c", "i=0; while [ $i -lt 16 ]; do head -c 65536 /dev/zero; head -c 65536 /dev/zero >&2; i=$((i+1)); done"});
+      {"sh", "-c",
+       "i=0; while [ $i -lt 16 ]; do head -c 65536 /dev/zero; head -c 65536 /dev/zero >&2; i=$((i+1)); done"});
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out.size(), 1U << 20);
   EXPECT_EQ(r.err.size(), 1U << 20);

@@ -28,8 +28,13 @@ CompareReport sample_compare() {
   r.backend = BackendKind::IoUring;
   r.ceiling_desc = "fio-3.33 --ioengine=io_uring --bs=1M --iodepth=32 --numjobs=1 --direct=1";
   for (const char* op : {"write", "read"}) {
-    r.results.push_back({op, "deepio", "deepio", {gib(2.0, 0.1), gib(2.2, 0.1), gib(1.8, 0.1)}, "io_uring, O_DIRECT 100%",
-                         op == std::string("read") ? "yes" : "", ""});
+    r.results.push_back({op,
+                         "deepio",
+                         "deepio",
+                         {gib(2.0, 0.1), gib(2.2, 0.1), gib(1.8, 0.1)},
+                         "io_uring, O_DIRECT 100%",
+                         op == std::string("read") ? "yes" : "",
+                         ""});
     r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5, 0.5)}, "buffered", "", ""});
     r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(2.5)}, "O_DIRECT", "", ""});
   }
@@ -46,8 +51,9 @@ std::string printf_row(const char* op, const char* engine, const char* g, const 
 
 TEST(Reports, ComparisonTable) {
   const std::string text = compare_text(sample_compare(), "9.9.9");
-  EXPECT_EQ(text.substr(0, text.find('\n')),
-            "deepio 9.9.9 bench: 1.00 GiB per file in /var/tmp/deepio-bench-abc123 (ext4, O_DIRECT ok, alignment 512/4096)");
+  EXPECT_EQ(
+      text.substr(0, text.find('\n')),
+      "deepio 9.9.9 bench: 1.00 GiB per file in /var/tmp/deepio-bench-abc123 (ext4, O_DIRECT ok, alignment 512/4096)");
   EXPECT_NE(text.find("buffers not page-locked (RLIMIT_MEMLOCK 8 MiB)\n"), std::string::npos) << text;
   const std::string table =
       "\n" + printf_row("op", "engine", "GiB/s", "vs naive", "% ceiling", "CPU s/GiB", "I/O path") +
@@ -93,17 +99,18 @@ DsIoRequest sample_ds_io() {
 
 TEST(Reports, DsIoHeaderAndLines) {
   const std::string h = ds_io_header(sample_ds_io(), 2, false);
-  EXPECT_EQ(h,
-            "args = Namespace(folder='/mnt/nvme', folder_to_device_mapping=[], io_size=1048576, read=True, "
-            "multi_process=2, block_size=1048576, queue_depth=32, single_submit=False, sequential_requests=False, "
-            "validate=False, engine='aio_handle', loops=2, io_parallel=None, gpu=False, use_gds=False, warmup_loops=1, "
-            "include_warmup_time=False, different_file_each_iteration=False, backend='auto')\n"
-            "Successful validation of command line arguments\n"
-            "Configuring 2 process to folder mapping\n"
-            "[0]: process 0 <----> /mnt/nvme\n"
-            "[1]: process 1 <----> /mnt/nvme\n"
-            "tid 0: read 1M per process, 2 loop(s) after 1 warm-up, block_size 1M, queue_depth 32, overlap_events true, "
-            "single_submit false, intra_op_parallelism 1\n");
+  EXPECT_EQ(
+      h,
+      "args = Namespace(folder='/mnt/nvme', folder_to_device_mapping=[], io_size=1048576, read=True, "
+      "multi_process=2, block_size=1048576, queue_depth=32, single_submit=False, sequential_requests=False, "
+      "validate=False, engine='aio_handle', loops=2, io_parallel=None, gpu=False, use_gds=False, warmup_loops=1, "
+      "include_warmup_time=False, different_file_each_iteration=False, backend='auto')\n"
+      "Successful validation of command line arguments\n"
+      "Configuring 2 process to folder mapping\n"
+      "[0]: process 0 <----> /mnt/nvme\n"
+      "[1]: process 1 <----> /mnt/nvme\n"
+      "tid 0: read 1M per process, 2 loop(s) after 1 warm-up, block_size 1M, queue_depth 32, overlap_events true, "
+      "single_submit false, intra_op_parallelism 1\n");
   DsIoTotals t;
   t.ok = true;
   t.task_latency = 0.25;
@@ -136,8 +143,7 @@ TEST(Reports, IoPathSummary) {
 TEST(Reports, TuneSummaryJsonAndChart) {
   TuneResult r;
   const TuneConfig best{1 << 20, 128, false, true, 2};
-  r.records = {{best, "final", 400 << 20, 3.0, 2.0, false},
-               {TuneConfig{}, "screen", 50 << 20, 0.5, -1, true}};
+  r.records = {{best, "final", 400 << 20, 3.0, 2.0, false}, {TuneConfig{}, "screen", 50 << 20, 0.5, -1, true}};
   r.outcome = {best, 3.0, 2.0};
   r.runs = 3;
   const TuneSummary s{false, {"/mnt/nvme"}, 400 << 20, "io_uring", 64, 1.5, 12.25, false};

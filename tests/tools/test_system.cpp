@@ -29,10 +29,10 @@ TEST(FileSystems, OneTableForTheEngineAndTheCommand) {
 
 TEST(FileSystems, TheTable) {
   const std::pair<std::uint64_t, const char*> known[] = {
-      {0xEF53, "ext4"},        {0x58465342, "xfs"},      {0x9123683E, "btrfs"}, {0x01021994, "tmpfs"},
-      {0x858458f6, "ramfs"},   {0x794c7630, "overlayfs"}, {0x6969, "nfs"},      {0x65735546, "fuse"},
-      {0x2fc12fc1, "zfs"},     {0xF2F52010, "f2fs"},     {0x01021997, "9p"},    {0x0BD00BD0, "lustre"},
-      {0x47504653, "gpfs"},    {0x73717368, "squashfs"}, {0x4d44, "vfat"},
+      {0xEF53, "ext4"},      {0x58465342, "xfs"},       {0x9123683E, "btrfs"}, {0x01021994, "tmpfs"},
+      {0x858458f6, "ramfs"}, {0x794c7630, "overlayfs"}, {0x6969, "nfs"},       {0x65735546, "fuse"},
+      {0x2fc12fc1, "zfs"},   {0xF2F52010, "f2fs"},      {0x01021997, "9p"},    {0x0BD00BD0, "lustre"},
+      {0x47504653, "gpfs"},  {0x73717368, "squashfs"},  {0x4d44, "vfat"},
   };
   for (const auto& [magic, name] : known) EXPECT_EQ(detail::filesystem_type_name(magic), name) << name;
   EXPECT_EQ(detail::filesystem_type_name(0xFFFFFFFFF2F52010ULL), "f2fs") << "sign-extended f_type";

@@ -191,8 +191,8 @@ TEST(Tune, AFailedMeasurementEndsTheSearch) {
 TEST(Tune, PickFinalTakesMediansPerConfiguration) {
   const TuneConfig a{1 << 20, 32, false, true, 1}, b{8 << 20, 32, false, true, 1};
   const std::vector<TuneRecord> recs = {
-      {a, "final", 1, 1.0, 1.0, false}, {b, "final", 1, 5.0, 0.1, false}, {a, "final", 1, 3.0, 1.0, false},
-      {b, "final", 1, 0.1, 0.1, false}, {a, "final", 1, 2.0, 1.0, false}, {b, "final", 1, 0.2, 0.1, false},
+      {a, "final", 1, 1.0, 1.0, false},      {b, "final", 1, 5.0, 0.1, false}, {a, "final", 1, 3.0, 1.0, false},
+      {b, "final", 1, 0.1, 0.1, false},      {a, "final", 1, 2.0, 1.0, false}, {b, "final", 1, 0.2, 0.1, false},
       {b, "screen", 1, 100.0, 100.0, false},  // other stages do not count
   };
   const TuneOutcome o = pick_final(recs, "final");

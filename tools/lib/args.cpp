@@ -23,7 +23,8 @@ void ArgParser::flag(std::string name, std::string help, bool hidden) {
 }
 
 void ArgParser::value(std::string name, std::string metavar, std::string help, std::string default_text, bool hidden) {
-  specs_.push_back({std::move(name), ArgKind::Value, std::move(metavar), std::move(help), std::move(default_text), hidden});
+  specs_.push_back(
+      {std::move(name), ArgKind::Value, std::move(metavar), std::move(help), std::move(default_text), hidden});
 }
 
 void ArgParser::list(std::string name, std::string metavar, std::string help) {
@@ -154,7 +155,8 @@ std::optional<std::uint64_t> size_arg(const ParsedArgs& a, const std::string& fl
   const std::string text = a.get(flag);
   auto v = parse_size(text);
   if (!v) {
-    errors.push_back(flag + ": '" + text + "' is not a size (a number of bytes with an optional K, M, G or T suffix, e.g. 1M)");
+    errors.push_back(flag + ": '" + text +
+                     "' is not a size (a number of bytes with an optional K, M, G or T suffix, e.g. 1M)");
   } else if (*v == 0) {
     errors.push_back(flag + ": must be greater than 0");
     return std::nullopt;

@@ -78,11 +78,10 @@ int print_errors(const std::string& prog, const std::vector<std::string>& errors
 
 /// Reads a size flag ("64K", "1G"); nullopt when absent. Appends "<flag>: '<text>' is not a
 /// size ..." when malformed (and returns nullopt), "<flag>: must be greater than 0" for 0.
-std::optional<std::uint64_t> size_arg(const ParsedArgs& a, const std::string& flag,
-                                      std::vector<std::string>& errors);
+std::optional<std::uint64_t> size_arg(const ParsedArgs& a, const std::string& flag, std::vector<std::string>& errors);
 /// Reads a whole-number flag (at most 10^9); nullopt when absent or bad. Appends an error
 /// when malformed, or when zero unless allow_zero.
-std::optional<std::uint64_t> count_arg(const ParsedArgs& a, const std::string& flag,
-                                       std::vector<std::string>& errors, bool allow_zero = false);
+std::optional<std::uint64_t> count_arg(const ParsedArgs& a, const std::string& flag, std::vector<std::string>& errors,
+                                       bool allow_zero = false);
 
 }  // namespace deepio::cli

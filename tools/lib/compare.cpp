@@ -27,8 +27,8 @@ SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t fre
     if (ram / 8 < c.nbytes) c = {ram / 8, "1/8 of RAM", {}};
     c.nbytes -= c.nbytes % std::max<std::uint64_t>(block_size, 1 << 20);
     if (c.nbytes < (16ULL << 20)) {
-      c.error = "not enough room for a meaningful run in " + parent + " (" + human_bytes(free_disk) +
-                " free disk, " + human_bytes(ram) + " RAM); give --size";
+      c.error = "not enough room for a meaningful run in " + parent + " (" + human_bytes(free_disk) + " free disk, " +
+                human_bytes(ram) + " RAM); give --size";
       return c;
     }
   }
@@ -142,7 +142,7 @@ class CompareRun {
   std::string fio_path_, fio_engine_;
   std::size_t raw_threads_ = 1;
   bool use_fio_ = false, fio_failed_ = false;
-  std::uint64_t acc_[4] = {};  // this op's handle stats deltas: direct, bounced, buffered, refused
+  std::uint64_t acc_[4] = {};   // this op's handle stats deltas: direct, bounced, buffered, refused
   std::uint64_t gacc_[4] = {};  // the same for the GPU staged handle
   GdsStats gds0_;               // the GdsHandle's counters when this op began
   EngineResult res_[2][6];      // [write, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
@@ -171,7 +171,8 @@ void CompareRun::init_results() {
     const char* name = op ? "read" : "write";
     res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}, {}};
     res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}, {}};
-    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered", {}, {}};
+    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered",
+                          {},   {}};
   }
   res_[1][kNaive].path = "buffered read(2) + memcpy";
   res_[0][kNaive].path = "memcpy + buffered write(2)";
@@ -181,8 +182,10 @@ void CompareRun::init_results() {
     res_[op][kGpuStaged] = {name, "gpu_staged", "GPU staged (aio_handle)", {}, {}, {}, {}};
     res_[op][kGpuGds] = {name, "gpu_gds", "GPU gds", {}, {}, {}, {}};
   }
-  res_[0][kCopy] = {"write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory", {}, {}};
-  res_[1][kCopy] = {"read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory", {}, {}};
+  res_[0][kCopy] = {"write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory",
+                    {},      {}};
+  res_[1][kCopy] = {"read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory",
+                    {},     {}};
 }
 
 /// The GPU rows' device, memory and handles. Where CUDA loaded but they cannot be set up (out of
@@ -251,9 +254,8 @@ void CompareRun::verify_gpu(std::size_t op, std::size_t e) {
 /// "compat" once a file was staged) and what went through cuFile.
 void CompareRun::finish_gpu_rows(std::size_t op) {
   GpuRows& g = *gpu_;
-  res_[op][kGpuStaged].path =
-      "staged via page-locked slots, " + std::string(to_string(g.staged.backend())) + ", " +
-      io_path(gacc_[0], gacc_[1], gacc_[2], gacc_[3]);
+  res_[op][kGpuStaged].path = "staged via page-locked slots, " + std::string(to_string(g.staged.backend())) + ", " +
+                              io_path(gacc_[0], gacc_[1], gacc_[2], gacc_[3]);
   const GdsStats s = g.gds.stats();
   const std::uint64_t cufile = s.bytes_cufile - gds0_.bytes_cufile, staged = s.bytes_staged - gds0_.bytes_staged;
   const std::string mode = g.gds.mode(), why = g.gds.mode_reason();
@@ -268,8 +270,8 @@ Sample CompareRun::ceiling_sample(bool write) {
   const CompareSetup& f = rep_.setup;
   if (use_fio_ && !fio_failed_) {
     const HandleOptions& ho = req_.handle;
-    FioJob job{write ? f.f_ceiling : f.f_deepio, write, n_, ho.block_size, ho.queue_depth, ho.intra_op_parallelism,
-               fio_engine_, true};
+    FioJob job{write ? f.f_ceiling : f.f_deepio, write,       n_,  ho.block_size, ho.queue_depth,
+               ho.intra_op_parallelism,          fio_engine_, true};
     FioResult fr = run_fio(fio_path_, job);
     (write ? rep_.fio_command_write : rep_.fio_command_read) = fr.command;
     if (fr.ok) return fr.sample;

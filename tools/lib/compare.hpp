@@ -24,8 +24,8 @@ namespace deepio::cli {
 struct CompareRequest {
   HandleOptions handle;
   std::size_t runs = 3;
-  bool no_fio = false;    ///< measure the ceiling with the raw loop even if fio is installed
-  bool progress = true;   ///< draw a progress line (on a terminal)
+  bool no_fio = false;   ///< measure the ceiling with the raw loop even if fio is installed
+  bool progress = true;  ///< draw a progress line (on a terminal)
   /// CUDA is usable (probe_gpu): add the GPU rows, on device `device`: Handle on device memory
   /// (staged), GdsHandle in Auto mode (with its mode), and the copy ceilings host->device (read)
   /// and device->host (write) between device memory and CUDA-registered host memory.
@@ -44,9 +44,8 @@ struct SizeChoice {
 /// `requested` (--size) or min(1 GiB, free_disk/8, ram/8) cut to whole max(block_size, 1 MiB)
 /// blocks (at least 16 MiB); then rounded up to 4 KiB (the raw loop's O_DIRECT blocks). `files`
 /// files of that size (3; 4 with the GPU rows) must fit in free_disk.
-[[nodiscard]] SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk,
-                                     std::uint64_t ram, std::size_t block_size, const std::string& parent,
-                                     int files = 3);
+[[nodiscard]] SizeChoice choose_size(std::optional<std::uint64_t> requested, std::uint64_t free_disk, std::uint64_t ram,
+                                     std::size_t block_size, const std::string& parent, int files = 3);
 
 /// The temporary folder of one comparison and its three files.
 struct CompareSetup {
@@ -83,11 +82,11 @@ struct CompareReport {
   BackendKind backend = BackendKind::Threads;
   bool locked = false, memory_fs = false;
   std::string ceiling_desc, ceiling_note, fio_command_read, fio_command_write;
-  GpuProbe gpu;          ///< what the GPU layer offered
+  GpuProbe gpu;           ///< what the GPU layer offered
   bool gpu_rows = false;  ///< the GPU rows were measured
   std::string gpu_error;  ///< why they were not although CUDA loaded (device memory, registration refused)
   int gpu_device = 0;
-  std::string gds_mode;   ///< the GdsHandle's mode() and mode_reason() after the run
+  std::string gds_mode;               ///< the GdsHandle's mode() and mode_reason() after the run
   std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each (then the GPU rows)
   bool mismatch = false;              ///< data read back differed from what was written
   /// The result of `engine` for `op` (the first result when absent).

@@ -16,7 +16,11 @@ namespace {
 std::string gpu_line(const CompareReport& r) {
   const GpuProbe& g = r.gpu;
   if (!r.gpu_rows) {
-    return "gpu: no GPU rows (" + (!g.cuda ? g.cuda_reason : r.gpu_error.empty() ? "not measured" : r.gpu_error) + ")\n";
+    return "gpu: no GPU rows (" +
+           (!g.cuda               ? g.cuda_reason
+            : r.gpu_error.empty() ? "not measured"
+                                  : r.gpu_error) +
+           ")\n";
   }
   return "gpu: CUDA driver " + std::to_string(g.driver_version) + ", device " + std::to_string(r.gpu_device) + " of " +
          std::to_string(g.device_count) + "; rows: Handle on device memory (staged), GdsHandle auto (" + r.gds_mode +
@@ -29,17 +33,20 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
   const HandleOptions& ho = r.handle;
   std::string s = "deepio " + version + " bench: " + human_bytes(r.size.nbytes) + " per file in " + r.setup.dir + " (" +
                   d.filesystem + ", " +
-                  (d.supported ? "O_DIRECT ok, alignment " + std::to_string(d.mem_align) + "/" + std::to_string(d.offset_align)
-                               : std::string("no O_DIRECT: buffered")) + ")\n";
+                  (d.supported
+                       ? "O_DIRECT ok, alignment " + std::to_string(d.mem_align) + "/" + std::to_string(d.offset_align)
+                       : std::string("no O_DIRECT: buffered")) +
+                  ")\n";
   s += "size: " + human_bytes(r.size.nbytes) + " (" + r.size.reason + "; " + human_bytes(r.free_disk) + " free disk, " +
        human_bytes(r.ram) + " RAM)\n";
   s += "deepio: backend " + std::string(to_string(r.backend)) + ", block_size " + size_label(ho.block_size) +
-       ", queue_depth " + std::to_string(ho.queue_depth) + ", overlap_events " + (ho.overlap_events ? "true" : "false") +
-       ", single_submit " + (ho.single_submit ? "true" : "false") + ", intra_op_parallelism " +
-       std::to_string(ho.intra_op_parallelism) + ", buffers " +
+       ", queue_depth " + std::to_string(ho.queue_depth) + ", overlap_events " +
+       (ho.overlap_events ? "true" : "false") + ", single_submit " + (ho.single_submit ? "true" : "false") +
+       ", intra_op_parallelism " + std::to_string(ho.intra_op_parallelism) + ", buffers " +
        (r.locked ? std::string("page-locked")
                  : "not page-locked (RLIMIT_MEMLOCK " +
-                       (r.memlock == UINT64_MAX ? std::string("unlimited") : human_bytes(r.memlock)) + ")") + "\n";
+                       (r.memlock == UINT64_MAX ? std::string("unlimited") : human_bytes(r.memlock)) + ")") +
+       "\n";
   s += "ceiling: " + r.ceiling_desc + (r.ceiling_note.empty() ? "" : "; ") + r.ceiling_note + "\n";
   s += "method: " + std::to_string(r.runs) +
        " interleaved runs per engine (order rotated), medians; reads start from a dropped page\n"
@@ -57,7 +64,8 @@ std::string ratio(double g, double base, int decimals, double factor, const char
 }
 
 std::string results_table(const CompareReport& r) {
-  Table t({{6}, {30}, {8, Align::Right}, {9, Align::Right}, {9, Align::Right}, {10, Align::Right}, {0, Align::Left, 2}});
+  Table t(
+      {{6}, {30}, {8, Align::Right}, {9, Align::Right}, {9, Align::Right}, {10, Align::Right}, {0, Align::Left, 2}});
   t.row({"op", "engine", "GiB/s", "vs naive", "% ceiling", "CPU s/GiB", "I/O path"});
   for (const auto& e : r.results) {
     const double naive = r.find(e.op, "naive").median_gib(), ceil = r.find(e.op, "ceiling").median_gib();
@@ -79,8 +87,9 @@ std::string op_lines(const CompareReport& r) {
   for (const char* op : {"write", "read"}) {
     const double g = r.find(op, "deepio").median_gib();
     const double naive = r.find(op, "naive").median_gib(), ceil = r.find(op, "ceiling").median_gib();
-    s += std::string(op == std::string("write") ? "\n" : "") + " " + op + ": deepio " + fixed(g, 2) + " GiB/s = " +
-         ratio(g, naive, 1, 1.0, "") + "x the naive copy, " + ratio(g, ceil, 0, 100.0, "") + "% of the ceiling\n";
+    s += std::string(op == std::string("write") ? "\n" : "") + " " + op + ": deepio " + fixed(g, 2) +
+         " GiB/s = " + ratio(g, naive, 1, 1.0, "") + "x the naive copy, " + ratio(g, ceil, 0, 100.0, "") +
+         "% of the ceiling\n";
   }
   return s;
 }

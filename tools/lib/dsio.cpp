@@ -101,7 +101,6 @@ std::string compare_with_file(const void* buf, std::size_t nbytes, const std::st
   return problem;
 }
 
-
 std::string ds_io_file(const DsIoPlan& p, int tid, std::size_t loop, const std::string& folder) {
   return folder + "/_aio_" + (p.read ? "read" : "write") + "_" + std::to_string(p.io_size) + ".pt." +
          std::to_string(tid) + "_" + std::to_string(p.different_files ? loop : 0);
@@ -253,7 +252,6 @@ ProcReport ds_io_process(const DsIoPlan& p, Group& g) {
   return r;
 }
 
-
 DsIoTotals aggregate(const std::vector<ProcReport>& reports) {
   DsIoTotals t;
   t.processes = static_cast<int>(reports.size());
@@ -283,8 +281,8 @@ DsIoTotals aggregate(const std::vector<ProcReport>& reports) {
 }
 
 DsIoTotals ds_io_run(const DsIoPlan& plan) {
-  return aggregate(run_local(static_cast<int>(plan.folders.size()),
-                             [&plan](Group& g) { return ds_io_process(plan, g); }));
+  return aggregate(
+      run_local(static_cast<int>(plan.folders.size()), [&plan](Group& g) { return ds_io_process(plan, g); }));
 }
 
 }  // namespace deepio::cli

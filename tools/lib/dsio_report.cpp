@@ -11,12 +11,13 @@ namespace {
 
 std::string namespace_line(const DsIoRequest& r) {
   const DsIoPlan& p = r.plan;
-  std::string ns = "args = Namespace(folder=" + (r.folder ? py_str(*r.folder) : "None") + ", folder_to_device_mapping=[";
+  std::string ns = "args = Namespace(folder=" + (r.folder ? py_str(*r.folder) : "None") +
+                   ", folder_to_device_mapping=[";
   for (std::size_t i = 0; i < r.mapping_args.size(); ++i) ns += (i ? ", " : "") + py_str(r.mapping_args[i]);
   ns += "], io_size=" + std::to_string(p.io_size) + ", read=" + py_bool(p.read) + ", multi_process=" + r.multi_process +
-        ", block_size=" + std::to_string(p.handle.block_size) + ", queue_depth=" + std::to_string(p.handle.queue_depth) +
-        ", single_submit=" + py_bool(p.handle.single_submit) + ", sequential_requests=" +
-        py_bool(!p.handle.overlap_events) + ", validate=" + py_bool(p.validate) +
+        ", block_size=" + std::to_string(p.handle.block_size) +
+        ", queue_depth=" + std::to_string(p.handle.queue_depth) + ", single_submit=" + py_bool(p.handle.single_submit) +
+        ", sequential_requests=" + py_bool(!p.handle.overlap_events) + ", validate=" + py_bool(p.validate) +
         ", engine='aio_handle', loops=" + std::to_string(p.loops) + ", io_parallel=" + r.io_parallel.value_or("None") +
         ", gpu=" + py_bool(p.gpu) + ", use_gds=" + py_bool(p.use_gds) + ", warmup_loops=" + std::to_string(p.warmup) +
         ", include_warmup_time=" + py_bool(p.include_warmup) +
@@ -31,8 +32,9 @@ std::string settings_line(const DsIoPlan& p) {
                 "tid 0: %s %s per process, %zu loop(s) after %zu warm-up, block_size %s, queue_depth %zu, "
                 "overlap_events %s, single_submit %s, intra_op_parallelism %zu\n",
                 p.read ? "read" : "write", size_label(p.io_size).c_str(), p.loops, p.warmup,
-                size_label(p.handle.block_size).c_str(), p.handle.queue_depth, p.handle.overlap_events ? "true" : "false",
-                p.handle.single_submit ? "true" : "false", p.handle.intra_op_parallelism);
+                size_label(p.handle.block_size).c_str(), p.handle.queue_depth,
+                p.handle.overlap_events ? "true" : "false", p.handle.single_submit ? "true" : "false",
+                p.handle.intra_op_parallelism);
   return line;
 }
 
@@ -66,15 +68,16 @@ std::string gpu_summary(const DsIoPlan& p, const DsIoTotals& t) {
   if (!p.use_gds) return "GPU memory staged through page-locked slots (aio_handle)";
   const std::uint64_t all = t.bytes_cufile + t.bytes_staged;
   const double cufile = all ? 100.0 * static_cast<double>(t.bytes_cufile) / static_cast<double>(all) : 0.0;
-  return "gds_handle " + t.gpu_mode + "; cuFile " + fixed(cufile, 0) + "%, staged " + fixed(all ? 100.0 - cufile : 0.0, 0) +
-         "%, files cuFile refused " + std::to_string(t.files_fallback);
+  return "gds_handle " + t.gpu_mode + "; cuFile " + fixed(cufile, 0) + "%, staged " +
+         fixed(all ? 100.0 - cufile : 0.0, 0) + "%, files cuFile refused " + std::to_string(t.files_fallback);
 }
 
 std::string ds_io_result_text(const DsIoRequest& r, const DsIoTotals& t, const std::string& mpi_library) {
   const std::string op = r.plan.read ? "Read" : "Write";
   const std::string gpu = gpu_summary(r.plan, t);
   std::string out = "tid 0: backend " + std::string(to_string(t.backend)) + ", " + io_summary(t) + ", " +
-                    fixed(cpu_per_gib(t), 3) + " CPU s/GiB" + (mpi_library.empty() ? "" : ", MPI: ") + mpi_library + "\n";
+                    fixed(cpu_per_gib(t), 3) + " CPU s/GiB" + (mpi_library.empty() ? "" : ", MPI: ") + mpi_library +
+                    "\n";
   if (!gpu.empty()) out += "tid 0: " + gpu + "\n";
   out += "Task " + op + " Latency = " + py_float(t.task_latency) + " sec\n";
   out += "Task " + op + " Speed = " + py_float(t.task_speed()) + " GB/sec\n";
@@ -113,8 +116,8 @@ void io_object(Json& j, const DsIoTotals& t) {
 
 }  // namespace
 
-std::string ds_io_json(const DsIoRequest& r, const DsIoTotals& t, const std::vector<ProcReport>& reports,
-                       int processes, bool mpi, const std::string& version) {
+std::string ds_io_json(const DsIoRequest& r, const DsIoTotals& t, const std::vector<ProcReport>& reports, int processes,
+                       bool mpi, const std::string& version) {
   const DsIoPlan& p = r.plan;
   Json j;
   j.begin_object();

@@ -20,10 +20,10 @@ struct DsIoRequest {
   /// One entry per local process: folder, device label (from --folder x --multi_process, or
   /// --folder_to_device_mapping).
   std::vector<std::pair<std::string, std::string>> mapping;
-  std::optional<std::string> folder;      ///< --folder
-  std::vector<std::string> mapping_args;  ///< --folder_to_device_mapping, as given
-  std::string multi_process = "1";        ///< as given
-  std::optional<std::string> io_parallel; ///< as given (None when absent)
+  std::optional<std::string> folder;       ///< --folder
+  std::vector<std::string> mapping_args;   ///< --folder_to_device_mapping, as given
+  std::string multi_process = "1";         ///< as given
+  std::optional<std::string> io_parallel;  ///< as given (None when absent)
 };
 
 /// block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism as members

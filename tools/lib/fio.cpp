@@ -25,22 +25,21 @@ std::string fio_version(const std::string& fio_path) {
 
 std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job) {
   const std::uint64_t per_job = job.nbytes / job.numjobs;
-  std::vector<std::string> argv = {
-      fio_path,
-      "--name=deepio-ceiling",
-      "--filename=" + job.path,
-      std::string("--rw=") + (job.write ? "write" : "read"),
-      "--bs=" + std::to_string(job.block_size),
-      "--iodepth=" + std::to_string(job.iodepth),
-      "--ioengine=" + job.ioengine,
-      std::string("--direct=") + (job.direct ? "1" : "0"),
-      "--size=" + std::to_string(per_job),
-      "--numjobs=" + std::to_string(job.numjobs),
-      "--group_reporting",
-      "--thread",
-      "--fallocate=none",  // deepio writes into a fresh, unallocated file: so does fio
-      "--invalidate=1",
-      "--output-format=json"};
+  std::vector<std::string> argv = {fio_path,
+                                   "--name=deepio-ceiling",
+                                   "--filename=" + job.path,
+                                   std::string("--rw=") + (job.write ? "write" : "read"),
+                                   "--bs=" + std::to_string(job.block_size),
+                                   "--iodepth=" + std::to_string(job.iodepth),
+                                   "--ioengine=" + job.ioengine,
+                                   std::string("--direct=") + (job.direct ? "1" : "0"),
+                                   "--size=" + std::to_string(per_job),
+                                   "--numjobs=" + std::to_string(job.numjobs),
+                                   "--group_reporting",
+                                   "--thread",
+                                   "--fallocate=none",  // deepio writes into a fresh, unallocated file: so does fio
+                                   "--invalidate=1",
+                                   "--output-format=json"};
   if (job.numjobs > 1) argv.push_back("--offset_increment=" + std::to_string(per_job));
   if (job.write) argv.push_back("--end_fsync=1");
   return argv;

@@ -29,7 +29,8 @@ bool strip_byte_suffix(std::string_view& digits) {
     digits.remove_suffix(2);
     return !digits.empty() && is_unit_letter(digits.back());
   }
-  if (digits.size() >= 2 && (digits.back() == 'B' || digits.back() == 'b') && is_unit_letter(digits[digits.size() - 2])) {
+  if (digits.size() >= 2 && (digits.back() == 'B' || digits.back() == 'b') &&
+      is_unit_letter(digits[digits.size() - 2])) {
     digits.remove_suffix(1);
   }
   return true;
@@ -40,10 +41,14 @@ std::uint64_t strip_unit(std::string_view& digits) {
   if (digits.empty()) return 1;
   std::uint64_t mult = 1;
   switch (digits.back()) {
-    case 'K': case 'k': mult = 1ULL << 10; break;
-    case 'M': case 'm': mult = 1ULL << 20; break;
-    case 'G': case 'g': mult = 1ULL << 30; break;
-    case 'T': case 't': mult = 1ULL << 40; break;
+    case 'K':
+    case 'k': mult = 1ULL << 10; break;
+    case 'M':
+    case 'm': mult = 1ULL << 20; break;
+    case 'G':
+    case 'g': mult = 1ULL << 30; break;
+    case 'T':
+    case 't': mult = 1ULL << 40; break;
     default: break;
   }
   if (mult != 1) digits.remove_suffix(1);
@@ -63,8 +68,10 @@ std::optional<std::uint64_t> parse_size(std::string_view text) {
 }
 
 std::string size_label(std::uint64_t nbytes) {
-  static constexpr struct { std::uint64_t unit; char suffix; } kUnits[] = {
-      {1ULL << 40, 'T'}, {1ULL << 30, 'G'}, {1ULL << 20, 'M'}, {1ULL << 10, 'K'}};
+  static constexpr struct {
+    std::uint64_t unit;
+    char suffix;
+  } kUnits[] = {{1ULL << 40, 'T'}, {1ULL << 30, 'G'}, {1ULL << 20, 'M'}, {1ULL << 10, 'K'}};
   for (const auto& u : kUnits) {
     if (nbytes >= u.unit && nbytes % u.unit == 0) return std::to_string(nbytes / u.unit) + u.suffix;
   }

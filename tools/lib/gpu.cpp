@@ -105,7 +105,8 @@ GpuProbe probe_in_child() {
   if (!decode(in, g)) {
     failed.cuda_reason = "the child process asking for CUDA died (" +
                          std::string(WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
-                                                         : "status " + std::to_string(WEXITSTATUS(status))) + ")";
+                                                         : "status " + std::to_string(WEXITSTATUS(status))) +
+                         ")";
     return failed;
   }
   return g;
@@ -191,9 +192,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), nbytes_(o.
   o.nbytes_ = 0;
 }
 
-void* DeviceBuffer::data() const noexcept {
-  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr_));
-}
+void* DeviceBuffer::data() const noexcept { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr_)); }
 
 void DeviceBuffer::upload(const void* src, std::size_t n) {
   if (n > nbytes_) throw Error(EINVAL, "upload of " + std::to_string(n) + " bytes into a smaller device buffer");

@@ -53,8 +53,7 @@ struct GpuProbe {
 /// does not exist (N CUDA device(s))"). Without cuFile, --use_gds still runs: GdsHandle stages
 /// then, and says so in its mode. Pure.
 [[nodiscard]] std::vector<std::string> gpu_problems(const GpuProbe& g, const char* gpu_flag,
-                                                    const std::vector<int>& devices,
-                                                    const char* devices_flag);
+                                                    const std::vector<int>& devices, const char* devices_flag);
 
 /// Holds device `ordinal`'s primary context (retained) current on the constructing thread;
 /// restores the previous current context and releases the retain on destruction. Throws

@@ -20,8 +20,7 @@ namespace deepio::cli {
 
 Launch detect_launch() {
   Launch l;
-  static constexpr const char* kSizeVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
-                                              "SLURM_NTASKS"};
+  static constexpr const char* kSizeVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"};
   for (const char* var : kSizeVars) {
     const char* v = std::getenv(var);
     if (v == nullptr) continue;

@@ -25,7 +25,7 @@ struct ProcReport {
   std::uint64_t bytes = 0;
   double cpu_sec = 0.0;
   std::uint64_t bytes_direct = 0, bytes_bounced = 0, bytes_buffered = 0, direct_refused = 0;
-  int backend = 0;        ///< deepio::BackendKind actually used
+  int backend = 0;  ///< deepio::BackendKind actually used
   /// --gpu: device memory moved through cuFile / staged (GdsStats; a plain Handle stages all),
   /// operations cuFile refused, and how the handle ran ("staged", or GdsHandle's mode: reason).
   std::uint64_t bytes_cufile = 0, bytes_staged = 0, files_fallback = 0;
@@ -47,9 +47,9 @@ class Group {
 
 /// How this process was launched.
 struct Launch {
-  bool mpi = false;         ///< started by an MPI launcher with more than one rank
-  int world_size = 1;       ///< from the launcher's environment
-  std::string launcher;     ///< which variable said so
+  bool mpi = false;      ///< started by an MPI launcher with more than one rank
+  int world_size = 1;    ///< from the launcher's environment
+  std::string launcher;  ///< which variable said so
 };
 [[nodiscard]] Launch detect_launch();
 

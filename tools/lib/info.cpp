@@ -37,9 +37,7 @@ std::string proc_status(const std::string& key) {
   return {};
 }
 
-std::string memlock_text(std::uint64_t limit) {
-  return limit == UINT64_MAX ? "unlimited" : human_bytes(limit);
-}
+std::string memlock_text(std::uint64_t limit) { return limit == UINT64_MAX ? "unlimited" : human_bytes(limit); }
 
 }  // namespace
 
@@ -111,7 +109,10 @@ std::string backend_lines(const InfoReport& r) {
   std::string s = "\nbackends (auto picks " + std::string(to_string(r.caps.auto_choice)) + "):\n";
   Table t({{9}, {13}, {0}}, 2);
   for (const auto& b : r.caps.backends) {
-    t.row({std::string(to_string(b.kind)), !b.compiled ? "not compiled" : b.available ? "available" : "unavailable",
+    t.row({std::string(to_string(b.kind)),
+           !b.compiled   ? "not compiled"
+           : b.available ? "available"
+                         : "unavailable",
            b.reason});
   }
   s += t.str();
@@ -145,16 +146,18 @@ std::string memory_line(const InfoReport& r) {
 
 std::string gpu_mpi_fio_lines(const InfoReport& r) {
   const GpuInfo& g = r.gpu;
-  std::string s = g.cuda_found ? "\nCUDA driver (" + g.cuda_library + "): found, version " +
-                                     std::to_string(g.driver_version) + ", " + std::to_string(g.device_count) +
-                                     " device(s)\n"
-                               : "\nCUDA driver: not usable: " + g.cuda_reason + "\n";
+  std::string s = g.cuda_found
+                      ? "\nCUDA driver (" + g.cuda_library + "): found, version " + std::to_string(g.driver_version) +
+                            ", " + std::to_string(g.device_count) + " device(s)\n"
+                      : "\nCUDA driver: not usable: " + g.cuda_reason + "\n";
   s += "cuFile: " + (g.cufile_found ? "found (" + g.cufile_library + ")" : "not usable: " + g.cufile_reason) + "\n";
   s += "GPU tensors / gds_handle: " + g.gds_mode + (g.gds_reason.empty() ? "" : ": ") + g.gds_reason + "\n";
   s += "MPI for `deepio bench` under mpirun: " + r.mpi_status +
        (r.launch.mpi ? ", launched by " + r.launch.launcher : std::string()) + "\n";
-  s += "fio: " + (r.fio.empty() ? std::string("not found on PATH (bench measures the ceiling with a raw O_DIRECT loop)")
-                                : r.fio + " (" + r.fio_version + ")") + "\n";
+  s += "fio: " +
+       (r.fio.empty() ? std::string("not found on PATH (bench measures the ceiling with a raw O_DIRECT loop)")
+                      : r.fio + " (" + r.fio_version + ")") +
+       "\n";
   return s;
 }
 

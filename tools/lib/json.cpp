@@ -207,7 +207,10 @@ class JsonParser {
     v.type = JsonValue::Type::Object;
     ++i_;
     ws();
-    if (peek('}')) { ++i_; return true; }
+    if (peek('}')) {
+      ++i_;
+      return true;
+    }
     while (true) {
       ws();
       if (!peek('"')) return fail("expected a string key");
@@ -220,8 +223,14 @@ class JsonParser {
       if (!parse(member, depth + 1)) return false;
       v.object.emplace_back(std::move(key), std::move(member));
       ws();
-      if (peek(',')) { ++i_; continue; }
-      if (peek('}')) { ++i_; return true; }
+      if (peek(',')) {
+        ++i_;
+        continue;
+      }
+      if (peek('}')) {
+        ++i_;
+        return true;
+      }
       return fail("expected ',' or '}'");
     }
   }
@@ -229,14 +238,23 @@ class JsonParser {
     v.type = JsonValue::Type::Array;
     ++i_;
     ws();
-    if (peek(']')) { ++i_; return true; }
+    if (peek(']')) {
+      ++i_;
+      return true;
+    }
     while (true) {
       JsonValue item;
       if (!parse(item, depth + 1)) return false;
       v.array.push_back(std::move(item));
       ws();
-      if (peek(',')) { ++i_; continue; }
-      if (peek(']')) { ++i_; return true; }
+      if (peek(',')) {
+        ++i_;
+        continue;
+      }
+      if (peek(']')) {
+        ++i_;
+        return true;
+      }
       return fail("expected ',' or ']'");
     }
   }
@@ -256,7 +274,10 @@ class JsonParser {
       case '{': return object(v, depth);
       case '[': return array(v, depth);
       case '"': v.type = JsonValue::Type::String; return str(v.string);
-      case 't': v.type = JsonValue::Type::Bool; v.boolean = true; return literal("true");
+      case 't':
+        v.type = JsonValue::Type::Bool;
+        v.boolean = true;
+        return literal("true");
       case 'f': v.type = JsonValue::Type::Bool; return literal("false");
       case 'n': v.type = JsonValue::Type::Null; return literal("null");
       default: return number(v);

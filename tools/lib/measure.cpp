@@ -38,9 +38,7 @@ void fsync_path(const std::string& path) {
 struct Clock {
   double t0 = now_seconds();
   double c0 = process_cpu_seconds();
-  Sample stop(std::size_t nbytes) const {
-    return {now_seconds() - t0, process_cpu_seconds() - c0, nbytes};
-  }
+  Sample stop(std::size_t nbytes) const { return {now_seconds() - t0, process_cpu_seconds() - c0, nbytes}; }
 };
 
 // Full-length read/write loops: a short transfer is not a success.
@@ -111,8 +109,8 @@ Sample naive_write(const void* src, std::size_t nbytes, const std::string& path)
   return c.stop(nbytes);
 }
 
-Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_size,
-                  std::size_t threads, const std::string& path) {
+Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_size, std::size_t threads,
+                  const std::string& path) {
   Clock c;
   Fd f{open_or_throw(path, write ? (O_WRONLY | O_CREAT | O_DIRECT) : (O_RDONLY | O_DIRECT))};
   const std::size_t blocks = (nbytes + block_size - 1) / block_size;

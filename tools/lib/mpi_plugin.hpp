@@ -26,5 +26,4 @@ struct deepio_cli_mpi_api {
 #define DEEPIO_CLI_MPI_ABI 1
 #define DEEPIO_CLI_MPI_SYMBOL "deepio_cli_mpi_api_v1"
 typedef const deepio_cli_mpi_api* (*deepio_cli_mpi_entry)(void);
-
 }

@@ -81,7 +81,8 @@ bool stderr_is_tty() noexcept { return ::isatty(STDERR_FILENO) == 1; }
 std::string folder_problem(const std::string& folder) {
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0) {
-    return "folder '" + folder + "' " + (errno == ENOENT ? std::string("does not exist") : std::string(std::strerror(errno)));
+    return "folder '" + folder + "' " +
+           (errno == ENOENT ? std::string("does not exist") : std::string(std::strerror(errno)));
   }
   if (!S_ISDIR(st.st_mode)) return "'" + folder + "' is not a folder";
   if (::access(folder.c_str(), W_OK | X_OK) != 0) {
@@ -180,9 +181,9 @@ std::string gpu_problem(const char* gpu_flag, const char* gds_flag, bool gds) {
   const GpuInfo g = gpu_info();
   if (!g.cuda_found) return std::string(gpu_flag) + ": no usable CUDA driver: " + g.cuda_reason;
   if (gds && !g.cufile_found) return std::string(gds_flag) + ": no cuFile: " + g.cufile_reason;
-  return std::string(gpu_flag) + ": GPU runs are not in deepio tune yet (CUDA " +
-         std::to_string(g.driver_version) + ", " + std::to_string(g.device_count) + " device(s), GDS mode " +
-         g.gds_mode + "); measure one configuration with deepio bench --io_size ... --gpu [--use_gds]";
+  return std::string(gpu_flag) + ": GPU runs are not in deepio tune yet (CUDA " + std::to_string(g.driver_version) +
+         ", " + std::to_string(g.device_count) + " device(s), GDS mode " + g.gds_mode +
+         "); measure one configuration with deepio bench --io_size ... --gpu [--use_gds]";
 }
 
 // ---- progress ----------------------------------------------------------------------------

@@ -13,9 +13,9 @@
 
 namespace deepio::cli {
 
-[[nodiscard]] double now_seconds() noexcept;          ///< steady clock
-[[nodiscard]] double process_cpu_seconds() noexcept;  ///< getrusage(SELF) user + system
-[[nodiscard]] double children_cpu_seconds() noexcept; ///< getrusage(CHILDREN) user + system
+[[nodiscard]] double now_seconds() noexcept;           ///< steady clock
+[[nodiscard]] double process_cpu_seconds() noexcept;   ///< getrusage(SELF) user + system
+[[nodiscard]] double children_cpu_seconds() noexcept;  ///< getrusage(CHILDREN) user + system
 
 /// fsync()s the file and asks the kernel to drop its pages (posix_fadvise DONTNEED), so the
 /// next read comes from the device. Returns false if the file cannot be opened.

@@ -20,8 +20,7 @@ struct Column {
 
 class Table {
  public:
-  explicit Table(std::vector<Column> columns, std::size_t indent = 0)
-      : columns_(std::move(columns)), indent_(indent) {}
+  explicit Table(std::vector<Column> columns, std::size_t indent = 0) : columns_(std::move(columns)), indent_(indent) {}
   /// Adds a row; missing cells are empty, extra cells are an error (std::invalid_argument).
   Table& row(std::vector<std::string> cells);
   /// Every row, each ending with "\n".

@@ -101,8 +101,9 @@ TuneSpace parse_sweep_config(std::string_view text, const std::string& name, std
     else if (key == "io_parallel") s.io_parallel = json_list<std::uint64_t>(v, key, json_size, errors);
     else if (key == "sequential_requests") s.sequential_requests = json_list<bool>(v, key, json_bool, errors);
     else if (key == "single_submit") s.single_submit = json_list<bool>(v, key, json_bool, errors);
-    else errors.push_back("--sweep_config: unsupported key \"" + key +
-                          "\" (block_size, queue_depth, io_parallel, sequential_requests, single_submit)");
+    else
+      errors.push_back("--sweep_config: unsupported key \"" + key +
+                       "\" (block_size, queue_depth, io_parallel, sequential_requests, single_submit)");
   }
   return s;
 }

@@ -37,7 +37,9 @@ struct TuneConfig {
   bool single_submit = false;
   bool overlap_events = true;
   std::uint64_t io_parallel = 1;  ///< intra_op_parallelism
-  [[nodiscard]] auto key() const { return std::tie(block_size, queue_depth, single_submit, overlap_events, io_parallel); }
+  [[nodiscard]] auto key() const {
+    return std::tie(block_size, queue_depth, single_submit, overlap_events, io_parallel);
+  }
   bool operator==(const TuneConfig& o) const { return key() == o.key(); }
   bool operator<(const TuneConfig& o) const { return key() < o.key(); }
   /// "bs1M qd32 p1 overlap block".
@@ -55,7 +57,7 @@ struct TuneSpace {
   std::vector<std::uint64_t> io_parallel{1, 2, 4, 8};
   /// Every configuration, in ds_nvme_tune's order (block_size outermost, io_parallel inner).
   [[nodiscard]] std::vector<TuneConfig> all() const;
-  [[nodiscard]] std::uint64_t max_block_size() const;  ///< 0 when empty
+  [[nodiscard]] std::uint64_t max_block_size() const;   ///< 0 when empty
   [[nodiscard]] std::uint64_t max_io_parallel() const;  ///< 0 when empty
 };
 
@@ -92,9 +94,9 @@ struct TuneRecord {
 };
 
 struct TuneOptions {
-  std::uint64_t io_size = 400ULL << 20;  ///< the full size (final stage, exhaustive)
-  std::size_t loops = 1;                 ///< loops per run at the full size
-  bool read = true, write = true;        ///< which operations to measure (at least one)
+  std::uint64_t io_size = 400ULL << 20;                   ///< the full size (final stage, exhaustive)
+  std::size_t loops = 1;                                  ///< loops per run at the full size
+  bool read = true, write = true;                         ///< which operations to measure (at least one)
   std::function<void(const TuneRecord&)> on_record = {};  ///< called after each configuration
 };
 

@@ -29,7 +29,8 @@ DsIoPlan DsIoTuneMeasure::plan(const TuneRun& run) const {
 double DsIoTuneMeasure::operator()(const TuneRun& run) {
   const DsIoPlan p = plan(run);
   if (flush_ && run.read) {
-    for (std::size_t t = 0; t < folders_.size(); ++t) drop_page_cache(ds_io_file(p, static_cast<int>(t), 0, folders_[t]));
+    for (std::size_t t = 0; t < folders_.size(); ++t)
+      drop_page_cache(ds_io_file(p, static_cast<int>(t), 0, folders_[t]));
   }
   if (progress_ != nullptr) progress_->step(std::string(run.read ? "read " : "write ") + run.cfg.label());
   const DsIoTotals t = ds_io_run(p);

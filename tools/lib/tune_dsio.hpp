@@ -25,7 +25,7 @@ class DsIoTuneMeasure {
 
   double operator()(const TuneRun& run);
 
-  [[nodiscard]] double gib_moved() const noexcept { return gib_moved_; }  ///< warm-up included
+  [[nodiscard]] double gib_moved() const noexcept { return gib_moved_; }   ///< warm-up included
   [[nodiscard]] BackendKind backend() const noexcept { return backend_; }  ///< of the last run
 
  private:

@@ -97,8 +97,7 @@ class GdsBackend final : public SyncBackend {
 
 }  // namespace
 
-GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi* cufile_api,
-                   const Status& cufile_why)
+GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi* cufile_api, const Status& cufile_why)
     : mode_setting_(options.mode), cuda_(cuda_api) {
   std::string reason;
   if (options.mode == GdsMode::Compat) {
@@ -218,7 +217,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     return Status::success();
   }
   Status st = make_current(what.device);
-  if (!st.ok()) return Status::failure(st.errnum, std::string(verb) + ": " + st.message, path, what.file_offset, what.nbytes);
+  if (!st.ok())
+    return Status::failure(st.errnum, std::string(verb) + ": " + st.message, path, what.file_offset, what.nbytes);
   CUfileDescr_t descr{};
   descr.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
   descr.handle.fd = what.fd;

@@ -12,8 +12,8 @@
 // serve this file here" (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine
 // without nvidia-fs, among others) makes the operation staged in Auto mode (recorded in
 // mode_reason() and files_fallback) and is an error in CuFile mode. A buffer registration
-// refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile) ends when the engine drops it: after
-// the operation's last request, before its descriptor closes.
+// refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile)
+// ends when the engine drops it: after the operation's last request, before its descriptor closes.
 //
 // Backend: make_backend() gives each route worker a synchronous backend (like the thread
 // pool's): submit() runs each request with the worker thread's CUDA context current for the

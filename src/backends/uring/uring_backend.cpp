@@ -55,7 +55,7 @@ class UringBackend final : public Backend {
   explicit UringBackend(bool single_submit) : eager_(single_submit) {}
   ~UringBackend() override {
     if (listener_ != 0) remove_release_listener(listener_);  // waits for a running one
-    io_uring_queue_exit(&ring_);  // also drops every registration
+    io_uring_queue_exit(&ring_);                             // also drops every registration
   }
   UringBackend(const UringBackend&) = delete;
   UringBackend& operator=(const UringBackend&) = delete;
@@ -139,7 +139,7 @@ class UringBackend final : public Backend {
   struct Fixed {
     std::uint64_t region = 0;  // 0: the slot is empty
     std::size_t piece = 0;
-    std::uint64_t used = 0;    // for least-recently-used replacement
+    std::uint64_t used = 0;  // for least-recently-used replacement
   };
 
   // The registered-buffer slot for r, registering its piece of the region on first use;
@@ -190,9 +190,9 @@ class UringBackend final : public Backend {
   bool eager_;
   bool unflushed_ = false;
   std::mutex fixed_mutex_;
-  std::vector<Fixed> fixed_;                                // guarded by fixed_mutex_; empty: no fixed buffers
+  std::vector<Fixed> fixed_;                                 // guarded by fixed_mutex_; empty: no fixed buffers
   std::set<std::pair<std::uint64_t, std::size_t>> refused_;  // guarded by fixed_mutex_
-  std::uint64_t clock_ = 0;                                 // guarded by fixed_mutex_
+  std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
 };
 }  // namespace
