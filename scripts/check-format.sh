@@ -5,17 +5,11 @@
 # missing (scripts/setup.sh installs Debian's `clang-format`).
 #
 # Usage: scripts/check-format.sh [PATH...]   (default: the formatted paths listed here)
-# To fix a file: clang-format -i FILE. The list grows folder by folder as code is reformatted.
+# To fix a file: clang-format -i FILE. Every C and C++ source of the tree is formatted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-formatted=(
-  src/comm
-  include/deepio/comm.hpp
-  python/comm
-  tests/mpi
-  bench/comm
-)
+formatted=(src include python tools tests bench examples)
 (($#)) && formatted=("$@")
 
 CLANG_FORMAT=${CLANG_FORMAT:-clang-format}
@@ -28,7 +22,7 @@ files=()
 for p in "${formatted[@]}"; do
   if [ -d "$p" ]; then
     while IFS= read -r -d '' f; do files+=("$f"); done \
-      < <(find "$p" -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.cu' \) -print0 | sort -z)
+      < <(find "$p" -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.h' -o -name '*.c' -o -name '*.cu' \) -print0 | sort -z)
   elif [ -f "$p" ]; then
     files+=("$p")
   else

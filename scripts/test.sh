@@ -17,12 +17,18 @@ step() { printf '\n==== %s ====\n' "$*"; }
 step "setup"
 bash scripts/setup.sh
 
+step "C++ format (clang-format)"
+bash scripts/check-format.sh
+
 step "build (warnings are errors)"
 cmake --preset ci >/dev/null
 cmake --build --preset ci
 
 step "C++ tests"
 ctest --preset ci --timeout 600
+
+step "installed C++ package (examples/downstream via find_package)"
+bash scripts/check-install.sh
 
 if [ "$quick" -eq 0 ]; then
   for san in asan tsan; do
