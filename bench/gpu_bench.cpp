@@ -192,8 +192,8 @@ int run(const Args& a) {
   deepio::GdsHandle* gds = nullptr;
   std::unique_ptr<deepio::GdsHandle> gds_owner;
   if (a.memory == "gds") {
-    gds_owner = std::make_unique<deepio::GdsHandle>(deepio::GdsOptions{.block_size = a.block, .queue_depth = a.qd,
-                                                                        .intra_op_parallelism = a.par});
+    gds_owner = std::make_unique<deepio::GdsHandle>(
+        deepio::GdsOptions{.block_size = a.block, .queue_depth = a.qd, .intra_op_parallelism = a.par});
     gds = gds_owner.get();
     dev = reinterpret_cast<CUdeviceptr>(gds->new_pinned_device_buffer(a.size));
   } else {
@@ -242,7 +242,8 @@ int run(const Args& a) {
   } else if (a.memory == "gds") {
     read ? gds->sync_pread(dptr, a.size, a.path) : gds->sync_pwrite(dptr, a.size, a.path);
   } else {  // h2d
-    read ? check(cu->cuMemcpyHtoD(dev, hp, a.size), "cuMemcpyHtoD") : check(cu->cuMemcpyDtoH(hp, dev, a.size), "cuMemcpyDtoH");
+    read ? check(cu->cuMemcpyHtoD(dev, hp, a.size), "cuMemcpyHtoD")
+         : check(cu->cuMemcpyDtoH(hp, dev, a.size), "cuMemcpyDtoH");
   }
   if (file && !read) fsync_path(a.path);  // durable: the page cache does not count as the disk
   const auto t1 = std::chrono::steady_clock::now();
@@ -261,17 +262,18 @@ int run(const Args& a) {
     else h.sync_pread(back.data(), a.size, a.path);
     for (std::size_t i = 0; i < a.size && ok; ++i) ok = back[i] == byte_at(i);
   }
-  std::printf("{\"tool\": \"deepio\", \"memory\": \"%s\", \"op\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
-              "\"cpu_seconds\": %.6f, \"gds_mode\": \"%s\", \"cold\": \"%s\", \"resident\": %.4f, "
-              "\"host_registered\": true, \"fsync\": %s, \"direct\": %s, \"bytes_direct\": %llu, "
-              "\"direct_refused\": %llu, \"bytes_cufile\": %llu, \"bytes_staged\": %llu, \"files_fallback\": %llu, "
-              "\"verified\": %s}\n",
-              a.memory.c_str(), a.op.c_str(), a.size, std::chrono::duration<double>(t1 - t0).count(), cpu,
-              gds != nullptr ? gds->mode().c_str() : "", cold.c_str(), resident, file && !read ? "true" : "false",
-              direct ? "true" : "false", static_cast<unsigned long long>(hs.bytes_direct),
-              static_cast<unsigned long long>(hs.direct_refused), static_cast<unsigned long long>(gs.bytes_cufile),
-              static_cast<unsigned long long>(gs.bytes_staged), static_cast<unsigned long long>(gs.files_fallback),
-              a.verify && file ? (ok ? "true" : "false") : "null");
+  std::printf(
+      "{\"tool\": \"deepio\", \"memory\": \"%s\", \"op\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, "
+      "\"cpu_seconds\": %.6f, \"gds_mode\": \"%s\", \"cold\": \"%s\", \"resident\": %.4f, "
+      "\"host_registered\": true, \"fsync\": %s, \"direct\": %s, \"bytes_direct\": %llu, "
+      "\"direct_refused\": %llu, \"bytes_cufile\": %llu, \"bytes_staged\": %llu, \"files_fallback\": %llu, "
+      "\"verified\": %s}\n",
+      a.memory.c_str(), a.op.c_str(), a.size, std::chrono::duration<double>(t1 - t0).count(), cpu,
+      gds != nullptr ? gds->mode().c_str() : "", cold.c_str(), resident, file && !read ? "true" : "false",
+      direct ? "true" : "false", static_cast<unsigned long long>(hs.bytes_direct),
+      static_cast<unsigned long long>(hs.direct_refused), static_cast<unsigned long long>(gs.bytes_cufile),
+      static_cast<unsigned long long>(gs.bytes_staged), static_cast<unsigned long long>(gs.files_fallback),
+      a.verify && file ? (ok ? "true" : "false") : "null");
   if (gds != nullptr) gds->free_pinned_device_buffer(dptr);
   else cu->cuMemFree(dev);
   return ok ? 0 : 3;
