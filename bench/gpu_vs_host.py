@@ -128,7 +128,8 @@ def main():
         how = "O_DIRECT" if all(s.get("direct") for s in ss) else "buffered (O_DIRECT refused)"
         f = f"{fio[op]:.3f} GiB/s" if fio[op] else "not run (fio not installed)"
         print(f"disk ceiling ({op}): gpu_bench --memory disk {args.qd} threads x {args.block} B {how}: "
-              f"{table[(op, 'disk')][0]:.3f} GiB/s; fio io_uring 1M x QD32 direct: {f}; ceiling {ceiling[op]:.3f} GiB/s")
+              f"{table[(op, 'disk')][0]:.3f} GiB/s; fio io_uring 1M x QD32 direct: {f}; "
+              f"ceiling {ceiling[op]:.3f} GiB/s")
     print(f"{'op':<6} {'memory':<20} {'GiB/s':>8} {'CPU s/GiB':>10} {'vs host':>8} {'vs bounce':>10} {'vs disk':>8}")
     flagged = []
     for (op, mem), (gibs, cpu, ss) in table.items():
