@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "deepio/gpu.hpp"
@@ -95,10 +96,12 @@ class Conformance : public testing::TestWithParam<Variant> {
                                                     .overlap_events = o.overlap_events,
                                                     .intra_op_parallelism = o.intra_op_parallelism,
                                                     .mode = GdsMode::CuFile});
+    const std::lock_guard lock(made_mutex_);  // tests make handles from several threads
     made_.push_back(h);
     return h;
   }
   test::TempDir dir_;
+  std::mutex made_mutex_;
   std::vector<std::shared_ptr<GdsHandle>> made_;  // kept for TearDown's check of their stats
 };
 
