@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything CI checks, from a fresh clone: install what is missing, build with warnings as
 # errors, run the GoogleTest/CTest suites (unit, cli, mpi), the same engine suite under
-# ASan+UBSan and under TSan, then install the Python package (with its test hooks) and run
-# pytest, then ruff and mypy.
+# ASan+UBSan and under TSan, then install the Python package (with its test hooks) and
+# DeepSpeed (pinned, the real client), run pytest, then ruff and mypy.
 # Usage: scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,9 +43,16 @@ fi
 if [ -f pyproject.toml ]; then
   step "Python package"
   python3 -m pip install -q --no-build-isolation -Cbuild-dir=build/py -Ccmake.define.DEEPIO_TEST_HOOKS=ON .
+  step "DeepSpeed from PyPI (the real client of tests/python/test_deepspeed.py; ops not built)"
+  # Pinned: its swappers and checkpoint writer are what the tests drive. Built against the
+  # installed torch (no build isolation), with no op compiled (deepio serves them).
+  ds_version=0.19.8
+  if [ "$(python3 -m pip show deepspeed 2>/dev/null | sed -n 's/^Version: //p')" != "$ds_version" ]; then
+    DS_BUILD_OPS=0 python3 -m pip install -q --no-build-isolation "deepspeed==$ds_version"
+  fi
   step "pytest"
   # Run from tests/ so the installed package is imported, not the source folder.
-  (cd tests && python3 -m pytest -q -p no:cacheprovider python)
+  (cd tests && DEEPIO_REQUIRE_DEEPSPEED=1 python3 -m pytest -q -p no:cacheprovider python)
   step "lint (ruff, mypy)"
   bash scripts/lint.sh
 fi

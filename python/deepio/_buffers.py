@@ -131,6 +131,16 @@ def free_locked(buffer: Any) -> bool:
     return bool(_deepio.free_locked_array(buffer))
 
 
+def free_locked_address(address: int) -> bool:
+    """Releases the allocation made by new_locked() whose base address is ``address``."""
+    if isinstance(address, bool):
+        raise TypeError("address must be an integer, not bool")
+    address = operator.index(address)
+    if not 0 < address < 1 << 64:
+        return False
+    return bool(_deepio.free_locked_address(address))
+
+
 def is_pinned(buffer: Any) -> bool:
     """True for torch-pinned tensors and for buffers lying inside one live locked allocation."""
     if is_torch_tensor(buffer):

@@ -126,7 +126,7 @@ class LockedAllocation:
 
     def release(self) -> bool:
         """
-        Marks the allocation freed (free_cpu_locked_tensor); False if it already was. The memory goes when the last array using it dies.
+        Frees the allocation (free_cpu_locked_tensor): unlocked at once; False if it already was. The memory stays mapped until the last array using it dies.
         """
 
 def alloc_locked(nbytes: int, framework: str = 'numpy') -> tuple:
@@ -136,7 +136,12 @@ def alloc_locked(nbytes: int, framework: str = 'numpy') -> tuple:
 
 def free_locked_array(buffer: object) -> bool:
     """
-    Releases the allocation whose base address `buffer` starts at; False for anything else (a view not at the base, foreign memory, a second free). The memory itself goes when the last array using it dies.
+    Frees the allocation whose base address `buffer` starts at (unlocked at once); False for anything else (a view not at the base, foreign memory, a second free).
+    """
+
+def free_locked_address(address: int) -> bool:
+    """
+    Frees the allocation whose base address is `address` (DeepSpeed's free_cpu_locked_tensor_by_ptr); False for any other address or a second free.
     """
 
 def is_locked_range(buffer: object) -> bool:

@@ -13,6 +13,9 @@ time; ``is_compatible()`` is True whenever deepio imported. ``GDSBuilder().load(
 DeepSpeed's ``gds`` module (``gds_handle``); its ``is_compatible()`` is False, with the reason
 in ``.reason``, when no CUDA driver is usable. ``PinMemoryBuilder`` gives
 DeepSpeed's ``pin_memory`` module (``pin_handle``) over the same process-wide registry.
+``UtilsBuilder`` gives DeepSpeed's ``utils`` op (``cast_to_byte_tensor``, ``flatten``,
+``unflatten``, which FastPersist's checkpoint writer needs) in plain torch, so no C++ is
+compiled at run time and it works on DeepSpeed's CPU accelerator too.
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from . import _buffers, _deepio
 from ._aio import aio_handle
 from ._gds import gds_handle
 
-__all__ = ["AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "async_io", "gds", "pin_memory"]
+__all__ = [
+    "AsyncIOBuilder",
+    "GDSBuilder",
+    "PinMemoryBuilder",
+    "UtilsBuilder",
+    "async_io",
+    "gds",
+    "pin_memory",
+    "utils",
+]
 
 
 def aio_read(
@@ -75,20 +87,66 @@ gds.gds_handle = gds_handle  # type: ignore[attr-defined]
 
 
 class pin_handle:  # noqa: N801 - DeepSpeed's name
-    """DeepSpeed's pin_memory.pin_handle: locked tensors from the process-wide registry."""
+    """DeepSpeed's pin_memory.pin_handle over deepio's one process-wide registry: a tensor
+    locked here is pinned for every aio_handle and gds_handle, and the other way round."""
 
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any) -> Any:
+        """A 1-D page-locked tensor of ``num_elem`` elements of ``example_tensor``'s dtype."""
         return _buffers.new_locked(num_elem, example_tensor)
 
     def free_cpu_locked_tensor(self, locked_tensor: Any) -> bool:
+        """Frees a tensor from new_cpu_locked_tensor (any handle's): its memory is unlocked
+        and returned at once. False for anything else or a second free."""
         return _buffers.free_locked(locked_tensor)
 
+    def free_cpu_locked_tensor_by_ptr(self, address: int) -> bool:
+        """Frees the locked allocation whose base address is ``address`` (what
+        ``tensor.data_ptr()`` gave for the tensor new_cpu_locked_tensor returned). False for
+        any other address or a second free."""
+        return _buffers.free_locked_address(address)
+
     def is_pinned(self, buffer: Any) -> bool:
+        """True for torch-pinned tensors and for buffers inside one live locked allocation."""
         return _buffers.is_pinned(buffer)
 
 
 pin_memory = types.ModuleType("deepio.compat.pin_memory", "DeepSpeed's pin_memory module, served by deepio.")
 pin_memory.pin_handle = pin_handle  # type: ignore[attr-defined]
+
+
+def cast_to_byte_tensor(src_tensor: Any) -> Any:
+    """A uint8 view of the memory of a contiguous torch tensor (or of each tensor of a list),
+    as DeepSpeed's utils op gives: same storage, ``nbytes`` elements; a tensor of at most one
+    byte is returned as it is."""
+    if isinstance(src_tensor, (list, tuple)):
+        return [cast_to_byte_tensor(t) for t in src_tensor]
+    import torch
+
+    if src_tensor.nbytes <= 1:
+        return src_tensor
+    if not src_tensor.is_contiguous():
+        raise ValueError("cast_to_byte_tensor() needs a contiguous tensor")
+    return src_tensor.reshape(-1).view(torch.uint8)
+
+
+def flatten(tensors: Any) -> Any:
+    """One contiguous 1-D tensor holding ``tensors`` one after the other."""
+    from torch._utils import _flatten_dense_tensors
+
+    return _flatten_dense_tensors(tensors)
+
+
+def unflatten(flat: Any, tensors: Any) -> Any:
+    """Views of ``flat`` shaped like ``tensors`` (the inverse of flatten())."""
+    from torch._utils import _unflatten_dense_tensors
+
+    return _unflatten_dense_tensors(flat, tensors)
+
+
+utils = types.ModuleType("deepio.compat.utils", "DeepSpeed's utils op, in plain torch.")
+utils.cast_to_byte_tensor = cast_to_byte_tensor  # type: ignore[attr-defined]
+utils.flatten = flatten  # type: ignore[attr-defined]
+utils.unflatten = unflatten  # type: ignore[attr-defined]
 
 
 class _Builder:
@@ -130,6 +188,14 @@ class PinMemoryBuilder(_Builder):
     NAME = "pin_memory"
     BUILD_VAR = "DS_BUILD_PIN_MEMORY"
     _module = pin_memory
+
+
+class UtilsBuilder(_Builder):
+    """``UtilsBuilder().load()`` → DeepSpeed's ``utils`` op (needs torch)."""
+
+    NAME = "utils"
+    BUILD_VAR = "DS_BUILD_UTILS"
+    _module = utils
 
 
 class GDSBuilder(_Builder):

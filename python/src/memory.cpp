@@ -3,12 +3,13 @@
 //
 // Ownership: every allocation is owned by one `_deepio.LockedAllocation` object, which is the
 // owner of the array (and, through DLPack, of any torch tensor or NumPy view made from it).
-// The memory is unlocked and unmapped when that object dies, i.e. when the last array, view
-// or tensor using it is garbage collected. free_locked_array() ("free_cpu_locked_tensor")
-// releases the allocation from deepio's bookkeeping at once (a second free returns False) but
-// never unmaps memory that an array still points at: an array used after the free stays
-// valid memory instead of crashing the process. The registry below maps base addresses to
-// live owners; it is touched only with the GIL held.
+// free_locked_array() / free_locked_address() ("free_cpu_locked_tensor", "..._by_ptr") end the
+// pinning at once: registrations end and the pages are unlocked (VmLck and VmPin drop), the
+// allocation is no longer pinned for any handle, and a second free returns False. The pages
+// stay mapped, data intact, until the owner dies, i.e. until the last array, view, tensor or
+// operation in flight using them is gone: an array used after the free is valid memory, not a
+// crash, and an operation still running on it never sees its memory change.
+// The registry below maps base addresses to live owners; it is touched only with the GIL held.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <map>
 
 #include "common.hpp"
+#include "memory/regions.hpp"
 
 namespace deepio::py {
 
@@ -36,10 +38,12 @@ class LockedAllocation {
   [[nodiscard]] bool locked() const { return buf_.locked; }
   [[nodiscard]] int lock_errno() const { return buf_.lock_errno; }
   [[nodiscard]] bool released() const { return released_; }
-  /// Marks the allocation freed by the caller; false when it already was.
+  /// Frees the allocation for the caller: unregistered, unlocked, no longer pinned (the
+  /// mapping goes with the owner); false when it already was.
   bool release() {
     if (released_) return false;
     released_ = true;
+    detail::retire_locked(buf_.data);
     return true;
   }
 
@@ -81,8 +85,8 @@ void init_memory(nb::module_& m) {
       .def_prop_ro("lock_errno", &LockedAllocation::lock_errno)
       .def_prop_ro("released", &LockedAllocation::released)
       .def("release", &LockedAllocation::release,
-           "Marks the allocation freed (free_cpu_locked_tensor); False if it already was. The memory goes when "
-           "the last array using it dies.");
+           "Frees the allocation (free_cpu_locked_tensor): unlocked at once; False if it already was. The "
+           "memory stays mapped until the last array using it dies.");
 
   m.def(
       "alloc_locked",
@@ -122,8 +126,19 @@ void init_memory(nb::module_& m) {
         return it->second->release();
       },
       nb::arg("buffer"),
-      "Releases the allocation whose base address `buffer` starts at; False for anything else (a view not at "
-      "the base, foreign memory, a second free). The memory itself goes when the last array using it dies.");
+      "Frees the allocation whose base address `buffer` starts at (unlocked at once); False for "
+      "anything else (a view not at the base, foreign memory, a second free).");
+
+  m.def(
+      "free_locked_address",
+      [](std::uintptr_t address) {
+        auto it = live().find(address);
+        if (it == live().end()) return false;
+        return it->second->release();
+      },
+      nb::arg("address"),
+      "Frees the allocation whose base address is `address` (DeepSpeed's free_cpu_locked_tensor_by_ptr); "
+      "False for any other address or a second free.");
 
   m.def(
       "is_locked_range",

@@ -27,6 +27,7 @@ struct Entry {
   std::size_t mapped;  // what was mapped (whole pages, at least one)
   bool locked;
   std::uint64_t id;
+  bool retired = false;  // retire_locked(): unlocked and unregistered, mapping kept until free_locked()
 };
 struct Registry {
   std::mutex mutex;
@@ -48,6 +49,7 @@ const std::pair<const std::uintptr_t, Entry>* holder(const Registry& r, std::uin
   auto it = r.entries.upper_bound(p);
   if (it == r.entries.begin()) return nullptr;
   --it;
+  if (it->second.retired) return nullptr;
   const std::size_t size = size_of(it->second);
   const std::uintptr_t off = p - it->first;  // p >= base: upper_bound's predecessor
   return off <= size && nbytes <= size - off ? &*it : nullptr;
@@ -70,6 +72,15 @@ LockedBuffer allocate_locked(std::size_t nbytes) {
   return buf;
 }
 
+namespace {
+// Tells the listeners that region `id` is going: registrations with the kernel end before
+// the pages go back.
+void notify_release(Registry& r, std::uint64_t id) {
+  std::lock_guard lock(r.listener_mutex);
+  for (const auto& [token, listener] : r.listeners) listener(id);
+}
+}  // namespace
+
 bool free_locked(void* data) noexcept {
   auto& r = registry();
   Entry e{};
@@ -80,16 +91,34 @@ bool free_locked(void* data) noexcept {
     e = it->second;
     r.entries.erase(it);
   }
-  {
-    // Registrations with the kernel end before the pages go back.
-    std::lock_guard lock(r.listener_mutex);
-    for (const auto& [token, listener] : r.listeners) listener(e.id);
-  }
+  if (!e.retired) notify_release(r, e.id);  // a retired region's listeners already heard
   // munmap also unlocks; munlock first keeps the accounting obvious.
-  if (e.locked) ::munlock(data, e.mapped);
+  if (e.locked && !e.retired) ::munlock(data, e.mapped);
   ::munmap(data, e.mapped);
   return true;
 }
+
+namespace detail {
+
+bool retire_locked(void* data) noexcept {
+  auto& r = registry();
+  Entry e{};
+  {
+    std::lock_guard lock(r.mutex);
+    auto it = r.entries.find(reinterpret_cast<std::uintptr_t>(data));
+    if (it == r.entries.end() || it->second.retired) return false;
+    it->second.retired = true;  // from now on nothing finds it: no new registration can start
+    e = it->second;
+  }
+  notify_release(r, e.id);
+  // Unlocked now; the pages stay mapped with their data so that an operation still in flight
+  // on them, or an array still pointing here, sees valid memory (no crash, no data changed
+  // under it) until free_locked() unmaps them.
+  if (e.locked) ::munlock(data, e.mapped);
+  return true;
+}
+
+}  // namespace detail
 
 bool is_pinned(const void* data, std::size_t nbytes) noexcept {
   const auto p = reinterpret_cast<std::uintptr_t>(data);
@@ -130,6 +159,7 @@ LockedMemoryStats locked_memory_stats() noexcept {
   std::lock_guard lock(r.mutex);
   LockedMemoryStats s;
   for (const auto& [base, e] : r.entries) {
+    if (e.retired) continue;
     ++s.allocations;
     s.bytes += e.nbytes;
     if (e.locked) s.locked_bytes += e.mapped;

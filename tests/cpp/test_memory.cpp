@@ -1,13 +1,16 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "deepio/memory.hpp"
+#include "memory/regions.hpp"
 
 namespace deepio {
 namespace {
@@ -100,6 +103,61 @@ TEST(LockedMemory, PinnedBufferMoves) {
   EXPECT_TRUE(is_pinned(p, 4096));
   b.reset();
   EXPECT_FALSE(is_pinned(p, 1));
+}
+
+// VmLck of this process in kB, from /proc/self/status.
+long vm_locked_kb() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmLck: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb;
+}
+
+TEST(LockedMemory, RetireUnlocksAndUnregistersButKeepsTheDataMappedUntilFreed) {
+  std::vector<std::uint64_t> heard;
+  std::mutex heard_mutex;
+  const auto token = detail::add_release_listener([&](std::uint64_t id) {
+    std::lock_guard lock(heard_mutex);
+    heard.push_back(id);
+  });
+  const long vm_before = vm_locked_kb();
+  const auto stats_before = locked_memory_stats();
+  LockedBuffer b = allocate_locked(1 << 20);
+  if (!b.locked) {
+    free_locked(b.data);
+    detail::remove_release_listener(token);
+    GTEST_SKIP() << "memory cannot be locked here: " << std::strerror(b.lock_errno);
+  }
+  std::memset(b.data, 0x5a, b.nbytes);
+  const auto region = detail::find_locked_region(b.data, b.nbytes);
+  ASSERT_NE(region.id, 0u);
+  EXPECT_GE(vm_locked_kb(), vm_before + 1024);
+
+  EXPECT_FALSE(detail::retire_locked(static_cast<char*>(b.data) + 4096)) << "a view is not a base";
+  EXPECT_TRUE(detail::retire_locked(b.data));
+  EXPECT_FALSE(detail::retire_locked(b.data)) << "a second retire is refused";
+  EXPECT_EQ(vm_locked_kb(), vm_before) << "unlocked at once";
+  EXPECT_FALSE(is_pinned(b.data, 1));
+  EXPECT_EQ(detail::find_locked_region(b.data, 1).id, 0u) << "no new registration can find it";
+  EXPECT_EQ(locked_memory_stats().allocations, stats_before.allocations);
+  {
+    std::lock_guard lock(heard_mutex);
+    EXPECT_EQ(heard, std::vector<std::uint64_t>{region.id}) << "registrations end at the retire";
+  }
+  EXPECT_EQ(static_cast<unsigned char*>(b.data)[b.nbytes - 1], 0x5a) << "still mapped, data intact";
+
+  EXPECT_TRUE(free_locked(b.data)) << "the mapping goes at the free";
+  EXPECT_FALSE(free_locked(b.data));
+  {
+    std::lock_guard lock(heard_mutex);
+    EXPECT_EQ(heard.size(), 1u) << "listeners hear of a region once";
+  }
+  detail::remove_release_listener(token);
 }
 
 }  // namespace

@@ -121,10 +121,12 @@ def test_locked_array_kind_dtype():
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_free_semantics_and_no_dangling(example):
-    """free returns True once, False for views and second frees, and a tensor used after
-    its free is still valid memory (deepio unmaps only when the last reference dies)."""
+    """free returns True once, False for views and second frees; the memory is unlocked and
+    uncounted at the free, and a tensor used after its free is still valid memory with its
+    data (deepio unmaps it only when the last reference dies)."""
     h = deepio.aio_handle()
     t = h.new_cpu_locked_tensor(N, example())
+    t[0] = 7
     stats = deepio.locked_memory_stats()
     assert stats["allocations"] >= 1
     assert not h.free_cpu_locked_tensor(_narrow(t, 1, 10))  # not the base
@@ -133,12 +135,15 @@ def test_free_semantics_and_no_dangling(example):
     assert not h.free_cpu_locked_tensor(t)  # second free
     assert not h.is_pinned(t)
     assert not h.is_pinned(view)  # views of a freed allocation are not pinned either
-    t[0] = 1  # must not crash: the memory is still mapped while referenced
+    after_free = deepio.locked_memory_stats()
+    assert after_free["allocations"] == stats["allocations"] - 1, "freed memory is uncounted at the free"
+    assert after_free["released_but_referenced"] >= 1
+    assert float(t[0]) == 7  # still mapped, data intact: no crash, nothing changed under a late reader
+    t[0] = 1  # must not crash: the range is still mapped while referenced
     view[1] = 2
-    assert deepio.locked_memory_stats()["released_but_referenced"] >= 1
-    before = deepio.locked_memory_stats()["allocations"]
     del t, view
-    assert deepio.locked_memory_stats()["allocations"] == before - 1
+    assert deepio.locked_memory_stats()["allocations"] == after_free["allocations"]
+    assert deepio.locked_memory_stats()["released_but_referenced"] == after_free["released_but_referenced"] - 1
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
@@ -221,3 +226,73 @@ def test_locked_tensors_use_io_uring_registered_buffers(example, tmp_path):
     assert h.stats()["bytes_fixed"] == 2 * n
     assert np.array_equal(view, data)
     assert h.free_cpu_locked_tensor(buf)
+
+
+# Run in a fresh interpreter: VmLck/VmPin are per process, and other tests keep memory locked.
+_GIVEN_BACK = r"""
+import json, re, sys
+import numpy as np
+import deepio
+from deepio.compat import PinMemoryBuilder
+
+def vm():
+    status = open("/proc/self/status").read()
+    return {k: int(re.search(k + r":\s+(\d+)", status).group(1)) for k in ("VmLck", "VmPin")}
+
+path, cycles = sys.argv[1], int(sys.argv[2])
+with open(path, "wb") as f:
+    f.write(np.random.default_rng(0).integers(0, 255, 1 << 16, dtype=np.uint8).tobytes())
+start = vm()
+pin = PinMemoryBuilder().load().pin_handle()
+h = deepio.aio_handle(65536, 8, False, True, 1)
+kept, during = [], None
+for i in range(cycles):
+    # Made by one, read through a handle (io_uring registers it: VmPin), freed by another.
+    maker, freer = [(pin, h), (h, pin), (pin, pin)][i % 3]
+    t = maker.new_cpu_locked_tensor(1 << 16, np.empty(0, dtype=np.uint8))
+    assert pin.is_pinned(t) and h.is_pinned(t)
+    assert h.sync_pread(t, path) == 1
+    during = during or vm()
+    if i % 2:
+        assert freer.free_cpu_locked_tensor(t)
+    else:
+        assert pin.free_cpu_locked_tensor_by_ptr(t.ctypes.data)
+        assert not pin.free_cpu_locked_tensor_by_ptr(t.ctypes.data)
+    assert not pin.is_pinned(t) and not h.is_pinned(t)
+    kept.append(t)  # still referenced after its free, as DeepSpeed's callers may do
+freed = vm()
+del h
+print(json.dumps({"start": start, "during": during, "freed": freed, "end": vm(),
+                  "backend": deepio.aio_handle().backend}))
+"""
+
+
+@needs_numpy
+@pytest.mark.parametrize("cycles", [1, 10, 100])
+def test_freed_locked_memory_is_given_back(tmp_path, cycles):
+    """Issue 12: VmLck and VmPin in /proc/self/status return to their starting values after
+    free_cpu_locked_tensor / free_cpu_locked_tensor_by_ptr, whichever handle made or freed
+    the tensor, even while the freed tensors are still referenced."""
+    p = subprocess.run(
+        [sys.executable, "-c", _GIVEN_BACK, str(tmp_path / "f"), str(cycles)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = __import__("json").loads(p.stdout.strip().splitlines()[-1])
+    if r["during"]["VmLck"] == r["start"]["VmLck"]:
+        pytest.skip("memory cannot be locked here (RLIMIT_MEMLOCK)")
+    assert r["during"]["VmLck"] >= r["start"]["VmLck"] + 64
+    assert r["freed"] == r["start"], r
+    assert r["end"] == r["start"], r
+
+
+def test_free_by_ptr_refuses_what_it_does_not_own():
+    pin = PinMemoryBuilder().load().pin_handle()
+    assert pin.free_cpu_locked_tensor_by_ptr(0) is False
+    assert pin.free_cpu_locked_tensor_by_ptr(12345) is False
+    with pytest.raises(TypeError):
+        pin.free_cpu_locked_tensor_by_ptr(True)
+    with pytest.raises(TypeError):
+        pin.free_cpu_locked_tensor_by_ptr("0x1000")

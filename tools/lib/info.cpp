@@ -1,9 +1,11 @@
 #include "info.hpp"
 
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "fio.hpp"
@@ -64,6 +66,55 @@ bool InfoReport::any_async() const {
   return false;
 }
 
+namespace {
+
+// The Python that `deepio` belongs to: $DEEPIO_PYTHON, else a python3 beside this executable
+// (the wheel's scripts folder), else python3 on PATH.
+std::string find_python() {
+  if (const char* env = std::getenv("DEEPIO_PYTHON"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto beside = self.parent_path() / "python3";
+    if (::access(beside.c_str(), X_OK) == 0) return beside.string();
+  }
+  return find_on_path("python3");
+}
+
+// Asks `python` (inheriting our environment, so DEEPIO_DEEPSPEED counts as it would for a
+// program started from here) whether DeepSpeed is installed and the switch is on.
+void ask_deepspeed(InfoReport& r) {
+  r.python = find_python();
+  if (r.python.empty()) {
+    r.deepspeed = "no python3 found (set DEEPIO_PYTHON)";
+    return;
+  }
+  const ProcessResult p = run_process({r.python, "-c",
+                                       "import deepio.deepspeed as d; s = d.status(); "
+                                       "print(int(s['deepspeed_installed']), s['deepspeed_version'] or '-', "
+                                       "int(s['startup_hook']), int(s['active']))"});
+  unsigned installed = 0, hook = 0, active = 0;
+  char version[64] = {};
+  if (!p.ok() || std::sscanf(p.out.c_str(), "%u %63s %u %u", &installed, version, &hook, &active) != 4) {
+    r.deepspeed = "deepio's Python package is not importable there";
+    return;
+  }
+  r.deepspeed_installed = installed != 0;
+  r.deepspeed_switch = active != 0;
+  if (!r.deepspeed_installed) {
+    r.deepspeed = "not installed";
+  } else if (r.deepspeed_switch) {
+    r.deepspeed = std::string(version) +
+                  ", on deepio (DEEPIO_DEEPSPEED=1): its async_io, gds, pin_memory and utils ops are deepio's";
+  } else {
+    r.deepspeed = std::string(version) +
+                  ", switch off (DEEPIO_DEEPSPEED=1, or deepio.deepspeed.install(), puts it on deepio)" +
+                  (hook != 0 ? "" : "; deepio-deepspeed.pth is missing, so only install() works");
+  }
+}
+
+}  // namespace
+
 InfoReport gather_info(const std::string& folder) {
   InfoReport r;
   r.caps = capabilities();
@@ -88,6 +139,7 @@ InfoReport gather_info(const std::string& folder) {
   r.uring_disabled = read_first_line("/proc/sys/kernel/io_uring_disabled");
   r.seccomp = seccomp_mode();
   r.ipc_lock = has_ipc_lock();
+  ask_deepspeed(r);
   return r;
 }
 
@@ -158,6 +210,7 @@ std::string gpu_mpi_fio_lines(const InfoReport& r) {
        (r.fio.empty() ? std::string("not found on PATH (bench measures the ceiling with a raw O_DIRECT loop)")
                       : r.fio + " (" + r.fio_version + ")") +
        "\n";
+  s += "DeepSpeed" + (r.python.empty() ? std::string() : " (for " + r.python + ")") + ": " + r.deepspeed + "\n";
   return s;
 }
 
@@ -232,6 +285,12 @@ void json_mpi_and_rest(Json& j, const InfoReport& r) {
   j.end_object();
   if (r.fio.empty()) j.null("fio");
   else j.value("fio", r.fio_version.empty() ? r.fio : r.fio_version);
+  j.begin_object("deepspeed");
+  j.value("python", r.python);
+  j.value("installed", r.deepspeed_installed);
+  j.value("switch_on", r.deepspeed_switch);
+  j.value("detail", r.deepspeed);
+  j.end_object();
   j.value("io_uring_disabled_sysctl", r.uring_disabled);
   j.value("seccomp", r.seccomp);
 }

@@ -30,6 +30,9 @@ struct InfoReport {
   std::string fio, fio_version;
   std::string uring_disabled;  ///< kernel.io_uring_disabled, "" when absent
   std::string seccomp;
+  std::string python;     ///< the interpreter asked about DeepSpeed ("" when none was found)
+  std::string deepspeed;  ///< what that interpreter says (deepio.deepspeed.status()), or why nothing
+  bool deepspeed_installed = false, deepspeed_switch = false;
   [[nodiscard]] bool any_async() const;  ///< ds_report's async_io: a backend other than threads works
   [[nodiscard]] bool gds_ok() const { return gpu.gds_mode != "unavailable"; }  ///< gds_handle works
   [[nodiscard]] bool mpi_plugin() const { return mpi_status.rfind("plugin found", 0) == 0; }

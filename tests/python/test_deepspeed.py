@@ -1,0 +1,298 @@
+"""DeepSpeed itself on deepio, with the switch (deepio.deepspeed, DEEPIO_DEEPSPEED=1).
+
+Against the real client: DeepSpeed from PyPI (pinned in scripts/test.sh, its ops not built),
+driven through its public API in fresh interpreters. Skipped where DeepSpeed or torch is not
+installed, unless DEEPIO_REQUIRE_DEEPSPEED=1 (CI sets it), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import site
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import deepio
+
+HERE = Path(__file__).resolve().parent
+HAVE = importlib.util.find_spec("deepspeed") is not None and importlib.util.find_spec("torch") is not None
+if not HAVE and os.environ.get("DEEPIO_REQUIRE_DEEPSPEED") == "1":
+    raise RuntimeError(
+        "DEEPIO_REQUIRE_DEEPSPEED=1 but DeepSpeed or torch is not installed (scripts/test.sh installs them)"
+    )
+pytestmark = pytest.mark.skipif(not HAVE, reason="DeepSpeed and torch are not installed")
+
+# Where the wheel put deepio-deepspeed.pth: in a site directory the interpreter processes it at
+# start-up; for an install elsewhere (pip --target, on PYTHONPATH) the child adds it as one.
+_SITE = str(Path(deepio.__file__).resolve().parents[1])
+_IN_SITE = _SITE in {str(Path(p).resolve()) for p in site.getsitepackages()}
+_PRELUDE = "" if _IN_SITE else f"import site; site.addsitedir({_SITE!r})\n"
+
+
+def _env(switch: str | None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DEEPIO_DEEPSPEED", None)
+    if switch is not None:
+        env["DEEPIO_DEEPSPEED"] = switch
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.update(extra)
+    return env
+
+
+def _python(code: str, env: dict[str, str], cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _last_json(p: subprocess.CompletedProcess) -> dict:
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# Every way DeepSpeed hands out the three builders, printed as the module that defines what it got.
+_PROBE = """
+    import json
+    import deepspeed
+    import deepspeed.ops.op_builder as ob
+    import deepspeed.ops.aio as aio, deepspeed.ops.gds as gds, deepspeed.ops.pin_memory as pm
+    import deepspeed.runtime.swap_tensor.partitioned_param_swapper as pps
+    import deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper as pos
+    import deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper as pls
+    import deepspeed.runtime.model_checkpointing.writer_factory as wf
+    import deepspeed.io.fast_file_writer as ffw
+    import deepspeed.nvme.ds_aio_handle as dah
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    acc = get_accelerator()
+    def m(x):
+        return getattr(x, "__module__", type(x).__module__)
+    print(json.dumps({
+        "op_builder": [m(ob.AsyncIOBuilder), m(ob.GDSBuilder), m(ob.PinMemoryBuilder), m(ob.UtilsBuilder)],
+        "ops": [m(aio.AsyncIOBuilder), m(gds.GDSBuilder), m(pm.PinMemoryBuilder)],
+        "importers": [m(pps.AsyncIOBuilder), m(pps.GDSBuilder), m(pos.AsyncIOBuilder), m(pls.AsyncIOBuilder),
+                      m(wf.AsyncIOBuilder), m(wf.GDSBuilder), m(ffw.UtilsBuilder), m(dah.GDSBuilder)],
+        "get_op_builder": [m(acc.get_op_builder(n)) for n in
+                           ("AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "UtilsBuilder")],
+        "create_op_builder": [m(acc.create_op_builder(n)) for n in ("AsyncIOBuilder", "PinMemoryBuilder")],
+        "all_ops": {k: m(v) for k, v in ALL_OPS.items() if k in ("async_io", "gds", "pin_memory", "utils")},
+        "other_op": m(acc.get_op_builder("CPUAdamBuilder")),
+        "defining_module_kept": m(__import__("deepspeed.ops.op_builder.async_io",
+                                             fromlist=["AsyncIOBuilder"]).AsyncIOBuilder),
+        "pin_handle": type(ob.PinMemoryBuilder().load().pin_handle()).__module__,
+    }))
+"""
+
+
+def _all_deepio(report: dict) -> None:
+    for key in ("op_builder", "ops", "importers", "get_op_builder", "create_op_builder"):
+        assert report[key] == ["deepio.compat"] * len(report[key]), (key, report[key])
+    assert set(report["all_ops"].values()) == {"deepio.compat"}, report["all_ops"]
+    assert "async_io" in report["all_ops"] and "pin_memory" in report["all_ops"]
+    assert report["other_op"].startswith("deepspeed."), "only the I/O ops are switched"
+    assert report["defining_module_kept"].startswith("deepspeed."), "DeepSpeed's own classes stay where they are"
+    assert report["pin_handle"] == "deepio.compat"
+
+
+def _deepspeed_sources_digest() -> str:
+    root = Path(importlib.util.find_spec("deepspeed").origin).parent  # type: ignore[union-attr, arg-type]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_install_switches_every_way_deepspeed_gets_its_io_ops(tmp_path, when):
+    digest = _deepspeed_sources_digest()
+    body = textwrap.dedent(_PROBE)
+    install = "import deepio.deepspeed\nassert deepio.deepspeed.install() is True\n"
+    if when == "before":
+        code = install + body
+    else:  # DeepSpeed and the modules that import its builders are loaded first
+        imports, rest = body.split("acc = get_accelerator()\n", 1)
+        code = imports + install + "acc = get_accelerator()\n" + rest
+    _all_deepio(_last_json(_python(code, _env(None), tmp_path)))
+    assert _deepspeed_sources_digest() == digest, "DeepSpeed's files were edited"
+
+
+def test_environment_variable_switches_at_interpreter_start(tmp_path):
+    """DEEPIO_DEEPSPEED=1: the program never mentions deepio."""
+    _all_deepio(_last_json(_python(_PROBE, _env("1"), tmp_path)))
+
+
+@pytest.mark.parametrize("value", [None, "0", ""])
+def test_without_the_switch_deepspeed_keeps_its_own_ops(tmp_path, value):
+    code = """
+        import json, sys
+        import deepspeed.ops.op_builder as ob
+        print(json.dumps({"builder": ob.AsyncIOBuilder.__module__, "deepio_imported": "deepio" in sys.modules}))
+    """
+    report = _last_json(_python(code, _env(value), tmp_path))
+    assert report["builder"].startswith("deepspeed."), report
+    assert report["deepio_imported"] is False, "the start-up hook imports deepio only when asked"
+
+
+def test_without_deepspeed_install_does_nothing(tmp_path):
+    code = """
+        import importlib.abc, json, sys
+        class Hide(importlib.abc.MetaPathFinder):   # this interpreter has no DeepSpeed
+            def find_spec(self, name, path, target=None):
+                if name == "deepspeed" or name.startswith("deepspeed."):
+                    raise ModuleNotFoundError(name)
+                return None
+        sys.meta_path.insert(0, Hide())
+        finders = list(sys.meta_path)
+        import deepio.deepspeed as dd
+        print(json.dumps({"result": dd.install(), "unchanged": sys.meta_path == finders,
+                          "installed": dd.installed(), "status": dd.status()}))
+    """
+    report = _last_json(_python(code, _env(None), tmp_path))
+    assert report == {
+        "result": False,
+        "unchanged": True,
+        "installed": False,
+        "status": report["status"],
+    }
+    assert report["status"]["deepspeed_installed"] is False
+
+
+def test_status_reports_what_deepio_info_prints(tmp_path):
+    code = """
+        import json
+        import deepio.deepspeed as dd
+        print(json.dumps(dd.status()))
+    """
+    on = _last_json(_python(code, _env("1"), tmp_path))
+    off = _last_json(_python(code, _env(None), tmp_path))
+    assert on["deepspeed_installed"] and on["deepspeed_version"]
+    assert on["startup_hook"] is True, "the wheel installs deepio-deepspeed.pth"
+    assert (on["env_on"], on["active"]) == (True, True)
+    assert (off["env_on"], off["active"]) == (False, False)
+
+
+_RUN_PROGRAM = "import runpy, sys\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def _program(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PRELUDE + _RUN_PROGRAM, str(HERE / "deepspeed_program.py"), *args],
+        env=_env("1", **env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _train(tmp_path: Path, offload: str, dtype: str, port: int) -> dict:
+    import torch
+
+    folder = tmp_path / f"{offload}-{dtype}"
+    folder.mkdir()
+    out = tmp_path / f"{offload}-{dtype}.pt"
+    p = _program(["train", offload, dtype, str(folder), str(out)], tmp_path, MASTER_PORT=str(port))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_zero3_nvme_offload_trains_bit_identically_to_cpu_offload(tmp_path, dtype):
+    """ZeRO-3 with the optimizer state (and, in bf16, the parameters) on NVMe through deepio,
+    plain and pipelined swapper: losses and final parameters equal, bit for bit, to the same
+    run offloading to CPU."""
+    import torch
+
+    port = 29600 + (0 if dtype == "bf16" else 10)
+    reference = _train(tmp_path, "cpu", dtype, port)
+    for i, offload in enumerate(("nvme", "nvme-pipelined")):
+        run = _train(tmp_path, offload, dtype, port + 1 + i)
+        assert run["builder"] == "deepio.compat"
+        assert run["losses"] == reference["losses"], (offload, run["losses"], reference["losses"])
+        assert run["params"].keys() == reference["params"].keys()
+        for name, value in reference["params"].items():
+            assert torch.equal(run["params"][name], value), (offload, name)
+        # The swaps really went through deepio's handles: bytes moved, nothing failed.
+        handles = run["handles"]
+        assert len(handles) == (3 if dtype == "bf16" else 1), handles
+        for stats in handles:
+            assert stats["ops_completed"] > 0 and stats["ops_failed"] == 0, handles
+        assert sum(s["bytes_direct"] + s["bytes_buffered"] + s["bytes_bounced"] for s in handles) > 8 << 20
+
+
+def test_fastpersist_checkpoint_writer_saves_through_deepio(tmp_path):
+    """DeepSpeed's fast checkpoint writer (FastPersist) saves through deepio's aio_handle and a
+    buffer pinned by deepio's pin_memory op; torch.load reads the checkpoint back equal."""
+    import torch
+
+    folder = tmp_path / "ckpt"
+    out = tmp_path / "ckpt.pt"
+    # DeepSpeed's CPU accelerator pins through the pin_memory op only in its native mode.
+    p = _program(["checkpoint", str(folder), str(out)], tmp_path, MASTER_PORT="29631", DS_PIN_MEMORY_BACKEND="native")
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    r = torch.load(out, weights_only=False)
+    assert r["builder"] == "deepio.compat"
+    assert r["buffer_pinned_for_deepio"] is True, "DeepSpeed's pinned buffer is pinned for deepio's handles too"
+    assert r["saved"].keys() == r["live"].keys() and len(r["live"]) == 6
+    for name, value in r["live"].items():
+        assert torch.equal(r["saved"][name], value), name
+    (stats,) = r["handles"]
+    assert stats["ops_completed"] > 0 and stats["ops_failed"] == 0
+    assert stats["bytes_direct"] + stats["bytes_buffered"] + stats["bytes_bounced"] >= 4 << 20
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_deepspeeds_ds_io_runs_on_deepio(tmp_path, read):
+    """DeepSpeed's own ds_io (its DeepNVMe benchmark) with the switch on."""
+    code = f"""
+        import sys
+        sys.argv = ["ds_io", "--folder", {str(tmp_path)!r}, "--io_size", "4M", "--loops", "2", "--validate"]
+        if {read}:
+            sys.argv.append("--read")
+        import deepspeed.ops.op_builder as ob
+        assert ob.AsyncIOBuilder.__module__ == "deepio.compat", ob.AsyncIOBuilder
+        from deepspeed.nvme import ds_io_main
+        ds_io_main()
+    """
+    p = _python(code, _env("1"), tmp_path, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    kind = "Read" if read else "Write"
+    speed = [line for line in p.stdout.splitlines() if line.startswith(f"E2E {kind} Speed = ")]
+    assert speed and float(speed[0].split("=")[1].split()[0]) > 0, p.stdout[-2000:]
+    files = [f for f in tmp_path.iterdir() if f.name.startswith(f"_aio_{kind.lower()}_")]
+    assert files and all(f.stat().st_size == 4 << 20 for f in files)
+
+
+def test_deepio_info_says_whether_deepspeed_is_there_and_switched():
+    from test_cli import CLI, run
+
+    if CLI is None:
+        pytest.skip("the deepio command is not built")
+    starts_hook = _PRELUDE == ""  # deepio is in a site directory: its .pth runs at start-up
+    for value, on in (("1", starts_hook), ("0", False)):
+        r = run("info", "--json", env={"DEEPIO_PYTHON": sys.executable, "DEEPIO_DEEPSPEED": value})
+        assert r.returncode == 0, r.stderr
+        ds = json.loads(r.stdout)["deepspeed"]
+        assert ds["python"] == sys.executable
+        assert ds["installed"] is True, ds
+        assert ds["switch_on"] is on, ds
+        assert ds["detail"].startswith(importlib.metadata.version("deepspeed")), ds
+    text = run("info", env={"DEEPIO_PYTHON": sys.executable, "DEEPIO_DEEPSPEED": "0"}).stdout
+    assert "DeepSpeed (for " in text and "switch off" in text
+    missing = run("info", "--json", env={"DEEPIO_PYTHON": "/nonexistent/python3"})
+    assert missing.returncode == 0
+    assert "not importable" in json.loads(missing.stdout)["deepspeed"]["detail"]
