@@ -128,7 +128,10 @@ struct HandleStats {
   /// request. io_uring only; a registration the kernel refuses (RLIMIT_MEMLOCK for an
   /// unprivileged user) just leaves these bytes on the ordinary path.
   std::uint64_t bytes_fixed = 0;
-  std::uint64_t direct_refused = 0;   ///< files or requests that refused O_DIRECT and went buffered
+  std::uint64_t direct_refused = 0;  ///< files or requests that refused O_DIRECT and went buffered
+  /// Direct writes of more than one block that extended their file and whose range was
+  /// allocated first (fallocate), so that their blocks ran in parallel as overwrites.
+  std::uint64_t preallocated = 0;
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
 };

@@ -235,6 +235,7 @@ nb::dict PyHandle::stats() const {
   d["bytes_buffered"] = s.bytes_buffered;
   d["bytes_fixed"] = s.bytes_fixed;
   d["direct_refused"] = s.direct_refused;
+  d["preallocated"] = s.preallocated;
   d["short_transfers"] = s.short_transfers;
   d["retries"] = s.retries;
   return d;

@@ -48,6 +48,7 @@ struct Counters {
   std::atomic<std::uint64_t> device_ops_completed{0};  ///< of ops_completed, those on device memory
   std::atomic<std::uint64_t> device_ops_failed{0};     ///< of ops_failed, those on device memory
   std::atomic<std::uint64_t> direct_refused{0};
+  std::atomic<std::uint64_t> preallocated{0};  ///< extending direct writes whose range was fallocate()d first
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
 };

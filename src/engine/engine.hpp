@@ -67,6 +67,7 @@ class Engine {
   Route bind_route(OpState& op, void* buf, const Opened& opened);
   void start_route_workers(const WorkerConfig& wc);
   void open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out);
+  void preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes);
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
                 const Opened& opened, Route route);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);

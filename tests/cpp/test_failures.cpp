@@ -1,15 +1,20 @@
 // Failure paths, with real failures where the system can produce them (missing files,
 // permissions, end of file, RLIMIT_FSIZE, a file system that fills up) and the test-only
 // fault hook where it cannot (EIO, short transfers, EAGAIN, EINVAL from O_DIRECT).
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "platform/fault.hpp"
 #include "common/support.hpp"
@@ -120,6 +125,52 @@ TEST_P(Failures, FileSizeLimitGivesEFBIGAndKeepsWhatFits) {
   EXPECT_LE(file.size(), 1u << 20);
   const auto data = pattern(4 << 20, 3);
   EXPECT_TRUE(std::equal(file.begin(), file.end(), data.begin())) << "what was written is right";
+}
+
+TEST_P(Failures, ExtendingDirectWriteIsPreallocatedBeforeItsBlocksGo) {
+  const std::string path = dir_.file("fresh");
+  Handle h(opts({.block_size = 1 << 20, .queue_depth = 8}));
+  PinnedBuffer buf(4 << 20);
+  const auto data = pattern(buf.size(), 11);
+  std::memcpy(buf.data(), data.data(), data.size());
+  // Hold every request before it reaches the kernel: what the file looks like then is the
+  // submission's own doing.
+  std::atomic<bool> go{false};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Submit) {
+      while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return std::nullopt;
+  });
+  auto write = h.async_pwrite(buf.data(), buf.size(), path, 512 << 10);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  go = true;
+  EXPECT_TRUE(write.wait_for(std::chrono::seconds(30)));
+  EXPECT_EQ(h.wait(), 1u);
+  detail::set_fault_hook({});
+  const HandleStats stats = h.stats();
+  if (stats.bytes_direct + stats.bytes_bounced == 0) GTEST_SKIP() << "this folder takes no O_DIRECT";
+  {
+    const int probe = ::open(dir_.file("probe").c_str(), O_WRONLY | O_CREAT, 0600);
+    ASSERT_GE(probe, 0);
+    const bool can = ::fallocate(probe, 0, 0, 4096) == 0;
+    ::close(probe);
+    if (!can) GTEST_SKIP() << "this file system refuses fallocate";
+  }
+  EXPECT_EQ(stats.preallocated, 1u);
+  EXPECT_EQ(st.st_size, (512 << 10) + (4 << 20)) << "allocated up to the write's end before any block went";
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, 4u << 20);
+  auto file = slurp(path);
+  ASSERT_EQ(file.size(), (512u << 10) + (4u << 20)) << "exact extent";
+  EXPECT_TRUE(std::all_of(file.begin(), file.begin() + (512 << 10), [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), file.begin() + (512 << 10)));
+
+  // An overwrite inside the file, and a single-block extension, are not preallocated.
+  h.sync_pwrite(buf.data(), 2 << 20, path);
+  h.sync_pwrite(buf.data(), 1 << 20, path, 5 << 20);
+  EXPECT_EQ(h.stats().preallocated, 1u);
+  EXPECT_EQ(slurp(path).size(), 6u << 20) << "never truncated, grown by the write only";
 }
 
 // A real file system that fills up: an 8 MiB ext4 image on a loop device.
