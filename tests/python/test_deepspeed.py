@@ -296,3 +296,24 @@ def test_deepio_info_says_whether_deepspeed_is_there_and_switched():
     missing = run("info", "--json", env={"DEEPIO_PYTHON": "/nonexistent/python3"})
     assert missing.returncode == 0
     assert "not importable" in json.loads(missing.stdout)["deepspeed"]["detail"]
+
+
+def test_cuda_and_cpu_accelerators_hand_out_deepios_builders(tmp_path):
+    """The CUDA accelerator (DeepSpeed's default on GPU machines) is switched like the CPU
+    one; its class is imported and asked without a GPU (the switch answers before CUDA)."""
+    code = """
+        import json
+        import deepio.deepspeed
+        deepio.deepspeed.install()
+        from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+        out = {}
+        for cls in (CUDA_Accelerator, CPU_Accelerator):
+            acc = cls.__new__(cls)   # no __init__: it would look for a device
+            names = ("AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "UtilsBuilder")
+            out[cls.__name__] = [acc.get_op_builder(n).__module__ for n in names]
+            out[cls.__name__].append(type(acc.create_op_builder("GDSBuilder")).__module__)
+        print(json.dumps(out))
+    """
+    report = _last_json(_python(code, _env(None), tmp_path))
+    assert report == {name: ["deepio.compat"] * 5 for name in ("CUDA_Accelerator", "CPU_Accelerator")}
