@@ -160,8 +160,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> bool:
-    """Switches DeepSpeed to deepio's async_io, gds and pin_memory ops, whether DeepSpeed is
-    imported already or later. Idempotent. Returns True when DeepSpeed is installed (the
+    """Switches DeepSpeed to deepio's async_io, gds, pin_memory and utils ops, whether
+    DeepSpeed is imported already or later. Idempotent. Returns True when DeepSpeed is installed (the
     switch then has something to act on), False when it is not (nothing is changed)."""
     global _finder
     if _deepspeed_spec() is None:
