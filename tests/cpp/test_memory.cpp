@@ -142,7 +142,9 @@ TEST(LockedMemory, RetireUnlocksAndUnregistersButKeepsTheDataMappedUntilFreed) {
   EXPECT_FALSE(detail::retire_locked(static_cast<char*>(b.data) + 4096)) << "a view is not a base";
   EXPECT_TRUE(detail::retire_locked(b.data));
   EXPECT_FALSE(detail::retire_locked(b.data)) << "a second retire is refused";
-  if (observable) EXPECT_EQ(vm_locked_kb(), vm_before) << "unlocked at once";
+  if (observable) {
+    EXPECT_EQ(vm_locked_kb(), vm_before) << "unlocked at once";
+  }
   EXPECT_FALSE(is_pinned(b.data, 1));
   EXPECT_EQ(detail::find_locked_region(b.data, 1).id, 0u) << "no new registration can find it";
   EXPECT_EQ(locked_memory_stats().allocations, stats_before.allocations);
