@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -103,6 +104,60 @@ TEST(LockedMemory, PinnedBufferMoves) {
   EXPECT_TRUE(is_pinned(p, 4096));
   b.reset();
   EXPECT_FALSE(is_pinned(p, 1));
+}
+
+// The AnonHugePages (kB) of the mapping that starts at `base`, from /proc/self/smaps; -1 if none.
+long anon_huge_kb(const void* base) {
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  bool in = false;
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+      in = lo <= reinterpret_cast<std::uintptr_t>(base) && reinterpret_cast<std::uintptr_t>(base) < hi;
+    } else if (in && std::sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) {
+      break;
+    }
+  }
+  std::fclose(f);
+  return kb;
+}
+
+// thp_fault_fallback from /proc/vmstat: huge-page faults the kernel served with small pages.
+long thp_fault_fallbacks() {
+  FILE* f = std::fopen("/proc/vmstat", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long n = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "thp_fault_fallback %ld", &n) == 1) break;
+  }
+  std::fclose(f);
+  return n;
+}
+
+TEST(LockedMemory, LargeAllocationsUseTransparentHugePagesWhereTheSystemAllows) {
+  std::string mode;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+    char buf[128] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) mode = buf;
+    std::fclose(f);
+  }
+  if (mode.find("[never]") != std::string::npos || mode.empty()) GTEST_SKIP() << "no transparent huge pages here";
+  const long fallbacks = thp_fault_fallbacks();
+  PinnedBuffer big(16 << 20);
+  std::memset(big.data(), 1, big.size());
+  const long huge = anon_huge_kb(big.data());
+  if (huge < (8 << 10) && thp_fault_fallbacks() > fallbacks) {
+    GTEST_SKIP() << "the kernel had no free huge page (thp_fault_fallback grew)";
+  }
+  // At least half of it: the ends of a mapping that is not 2 MiB aligned stay small pages.
+  EXPECT_GE(huge, 8 << 10) << "THP mode: " << mode;
+  PinnedBuffer small(1 << 20);
+  std::memset(small.data(), 1, small.size());
+  EXPECT_EQ(anon_huge_kb(small.data()), 0) << "small buffers stay on small pages";
 }
 
 // VmLck of this process in kB, from /proc/self/status.
