@@ -23,7 +23,8 @@ struct LockedBuffer {
 
 /// Allocates nbytes (0 allowed: a one-page allocation) page-aligned, not zeroed, and tries to
 /// lock it. Allocations of 2 MiB and more ask for transparent huge pages (MADV_HUGEPAGE, best
-/// effort), so that a large direct request needs few DMA segments. Throws deepio::Error(ENOMEM) when no memory is available. Thread-safe.
+/// effort), so that a large direct request needs few DMA segments. Throws
+/// deepio::Error(ENOMEM) when no memory is available. Thread-safe.
 DEEPIO_API LockedBuffer allocate_locked(std::size_t nbytes);
 
 /// Unlocks and frees an allocation given its base address. Returns false (and does nothing)
