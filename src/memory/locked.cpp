@@ -1,12 +1,15 @@
 // The process-wide registry of page-locked allocations.
 //
 // Invariants: the map holds every live allocation keyed by base address; entries never
-// overlap (mmap guarantees it); all access is under g_mutex. Memory comes from anonymous
-// mmap (page-aligned, no allocator header), is locked with mlock when the limit allows, and
-// is returned with munmap. Each allocation has an id that is never reused; release listeners
-// (memory/regions.hpp) hear of a free before the munmap, under listener_mutex so that a
-// listener being removed is never running. The registry object is deliberately leaked:
-// allocations may be freed by Python finalizers that run after static destructors.
+// overlap (mmap guarantees it); all access is under Registry::mutex. Memory comes from
+// anonymous mmap (page-aligned, no allocator header; 2 MiB and more advised onto transparent
+// huge pages), is locked with mlock when the limit allows, and is returned with munmap. An
+// entry may be retired first (retire_locked: unlocked, invisible to lookups and stats, still
+// mapped) and is then only waiting for free_locked's munmap. Each allocation has an id that
+// is never reused; release listeners (memory/regions.hpp) hear of it once, at the retire or
+// else before the munmap, under listener_mutex so that a listener being removed is never
+// running. The registry object is deliberately leaked: allocations may be freed by Python
+// finalizers that run after static destructors.
 #include <sys/mman.h>
 
 #include <cerrno>
