@@ -83,6 +83,34 @@ struct GdsOptions {
   DirectIo direct_io = DirectIo::Auto;
 };
 
+/// GdsOptions with the engine settings of `h` (block size, queue depth, submission modes,
+/// parallelism, backend, direct I/O) and the given mode.
+[[nodiscard]] inline GdsOptions gds_options(const HandleOptions& h, GdsMode mode = GdsMode::Auto) {
+  GdsOptions o;
+  o.block_size = h.block_size;
+  o.queue_depth = h.queue_depth;
+  o.single_submit = h.single_submit;
+  o.overlap_events = h.overlap_events;
+  o.intra_op_parallelism = h.intra_op_parallelism;
+  o.mode = mode;
+  o.backend = h.backend;
+  o.direct_io = h.direct_io;
+  return o;
+}
+
+/// The HandleOptions a GdsHandle's host path and staging run with: `o` without its mode.
+[[nodiscard]] inline HandleOptions handle_options(const GdsOptions& o) {
+  HandleOptions h;
+  h.block_size = o.block_size;
+  h.queue_depth = o.queue_depth;
+  h.single_submit = o.single_submit;
+  h.overlap_events = o.overlap_events;
+  h.intra_op_parallelism = o.intra_op_parallelism;
+  h.backend = o.backend;
+  h.direct_io = o.direct_io;
+  return h;
+}
+
 /// What a GdsHandle did with device memory (Handle::stats() has the rest).
 struct GdsStats {
   std::uint64_t ops_completed = 0;   ///< operations on device memory (Handle::stats() counts all)

@@ -9,22 +9,6 @@ namespace deepio {
 
 namespace detail::gpu {
 
-namespace {
-
-HandleOptions handle_options(const GdsOptions& o) {
-  HandleOptions h;
-  h.block_size = o.block_size;
-  h.queue_depth = o.queue_depth;
-  h.single_submit = o.single_submit;
-  h.overlap_events = o.overlap_events;
-  h.intra_op_parallelism = o.intra_op_parallelism;
-  h.backend = o.backend;
-  h.direct_io = o.direct_io;
-  return h;
-}
-
-}  // namespace
-
 GdsParts make_gds_parts(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
                         CuFileApi* cufile_api, const Status& cufile_why) {
   if (cuda_api == nullptr) {

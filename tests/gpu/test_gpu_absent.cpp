@@ -103,3 +103,39 @@ TEST(GpuAbsent, MissingLibrariesLoadToNullWithTheirNames) {
 }
 
 }  // namespace
+
+namespace deepio {
+namespace {
+
+// gds_options / handle_options carry every engine setting across, and only the mode differs.
+TEST(GdsOptionsConversion, EveryEngineSettingCrossesBothWays) {
+  HandleOptions h;
+  h.block_size = 12345;
+  h.queue_depth = 7;
+  h.single_submit = true;
+  h.overlap_events = true;
+  h.intra_op_parallelism = 3;
+  h.backend = BackendKind::Threads;
+  h.direct_io = DirectIo::Off;
+  const GdsOptions g = gds_options(h, GdsMode::Compat);
+  EXPECT_EQ(g.block_size, 12345u);
+  EXPECT_EQ(g.queue_depth, 7u);
+  EXPECT_TRUE(g.single_submit);
+  EXPECT_TRUE(g.overlap_events);
+  EXPECT_EQ(g.intra_op_parallelism, 3u);
+  EXPECT_EQ(g.backend, BackendKind::Threads);
+  EXPECT_EQ(g.direct_io, DirectIo::Off);
+  EXPECT_EQ(g.mode, GdsMode::Compat);
+  EXPECT_EQ(gds_options(h).mode, GdsMode::Auto);
+  const HandleOptions back = handle_options(g);
+  EXPECT_EQ(back.block_size, h.block_size);
+  EXPECT_EQ(back.queue_depth, h.queue_depth);
+  EXPECT_EQ(back.single_submit, h.single_submit);
+  EXPECT_EQ(back.overlap_events, h.overlap_events);
+  EXPECT_EQ(back.intra_op_parallelism, h.intra_op_parallelism);
+  EXPECT_EQ(back.backend, h.backend);
+  EXPECT_EQ(back.direct_io, h.direct_io);
+}
+
+}  // namespace
+}  // namespace deepio

@@ -85,18 +85,8 @@ enum Engine : std::size_t { kDeepio = 0, kNaive = 1, kCeiling = 2, kGpuStaged = 
 /// use, the context last.
 struct GpuRows {
   GpuRows(int device, std::size_t n, const HandleOptions& ho)
-      : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho)) {}
-  static GdsOptions gds_options(const HandleOptions& h) {
-    GdsOptions o;
-    o.block_size = h.block_size;
-    o.queue_depth = h.queue_depth;
-    o.single_submit = h.single_submit;
-    o.overlap_events = h.overlap_events;
-    o.intra_op_parallelism = h.intra_op_parallelism;
-    o.backend = h.backend;
-    o.direct_io = h.direct_io;
-    return o;  // mode Auto: cuFile where it accepts the file, staging (visibly) elsewhere
-  }
+      // Mode Auto: cuFile where it accepts the file, staging (visibly) elsewhere.
+      : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho, GdsMode::Auto)) {}
   CudaDevice cuda;
   DeviceBuffer dev;
   PinnedBuffer host;

@@ -142,19 +142,6 @@ void add_stats(ProcReport& r, const HandleStats& st) {
   r.direct_refused = st.direct_refused;
 }
 
-GdsOptions gds_options(const HandleOptions& h) {
-  GdsOptions o;
-  o.block_size = h.block_size;
-  o.queue_depth = h.queue_depth;
-  o.single_submit = h.single_submit;
-  o.overlap_events = h.overlap_events;
-  o.intra_op_parallelism = h.intra_op_parallelism;
-  o.mode = GdsMode::Auto;
-  o.backend = h.backend;
-  o.direct_io = h.direct_io;
-  return o;
-}
-
 /// The memory of one process: page-locked host memory (the buffer itself, or with --gpu the
 /// host side of filling and validating), and with --gpu the device, its context current on
 /// this thread, and the device buffer the handle moves.
@@ -179,7 +166,7 @@ struct ProcMemory {
 /// not virtual, so each is held as itself).
 struct ProcHandle {
   explicit ProcHandle(const DsIoPlan& p) {
-    if (p.use_gds) gds.emplace(gds_options(p.handle));
+    if (p.use_gds) gds.emplace(gds_options(p.handle, GdsMode::Auto));
     else plain.emplace(p.handle);
   }
   [[nodiscard]] Handle& get() { return gds ? static_cast<Handle&>(*gds) : *plain; }
