@@ -69,6 +69,13 @@ LockedAllocation* containing(const void* data) {
   return p - it->first < span ? it->second : nullptr;
 }
 
+// Frees the live allocation whose base address is `base`; false for any other address or a
+// second free.
+bool release_at(std::uintptr_t base) {
+  auto it = live().find(base);
+  return it != live().end() && it->second->release();
+}
+
 LockedAllocation::~LockedAllocation() {
   live().erase(address());
   free_locked(buf_.data);
@@ -120,23 +127,14 @@ void init_memory(nb::module_& m) {
       [](nb::handle obj) {
         const void* data = nullptr;
         std::size_t n = 0;
-        if (!host_range(obj, &data, &n)) return false;
-        auto it = live().find(reinterpret_cast<std::uintptr_t>(data));
-        if (it == live().end()) return false;
-        return it->second->release();
+        return host_range(obj, &data, &n) && release_at(reinterpret_cast<std::uintptr_t>(data));
       },
       nb::arg("buffer"),
       "Frees the allocation whose base address `buffer` starts at (unlocked at once); False for "
       "anything else (a view not at the base, foreign memory, a second free).");
 
   m.def(
-      "free_locked_address",
-      [](std::uintptr_t address) {
-        auto it = live().find(address);
-        if (it == live().end()) return false;
-        return it->second->release();
-      },
-      nb::arg("address"),
+      "free_locked_address", [](std::uintptr_t address) { return release_at(address); }, nb::arg("address"),
       "Frees the allocation whose base address is `address` (DeepSpeed's free_cpu_locked_tensor_by_ptr); "
       "False for any other address or a second free.");
 
