@@ -14,9 +14,17 @@ Modern::
 
 Any CPU tensor or array works (torch, NumPy, anything with ``__dlpack__`` or the buffer
 protocol), and CUDA tensors where a CUDA driver is usable (``deepio.gpu_info()``);
-``deepio.gds_handle`` is DeepNVMe's gds_handle. Failures raise ``OSError`` subclasses
+``deepio.gds_handle`` is DeepNVMe's gds_handle.
+
+Checkpoints (torch's format, durable, through the engine)::
+
+    deepio.save(state_dict, "/local_nvme/ckpt.pt")     # plain torch.load reads it
+    sd = deepio.load("/local_nvme/ckpt.pt", map_location="cpu")
+    with deepio.Writer(path) as f: numpy.save(f, array)   # file-like objects for any serializer
+
+Failures raise ``OSError`` subclasses
 (arguments deepio refuses: ``InvalidArgumentError``, also a ``ValueError``).
-See docs/python.md.
+See docs/python.md and docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 from . import _deepio
 from ._aio import ValidationError, aio_handle
 from ._buffers import LockedMemoryWarning
+from .checkpoint import Reader, Writer, load, save
 from ._file import File, Future
 from ._gds import gds_handle, gpu_info
 
@@ -44,6 +53,10 @@ __all__ = [
     "InvalidArgumentError",
     "ValidationError",
     "LockedMemoryWarning",
+    "save",
+    "load",
+    "Writer",
+    "Reader",
     "info",
     "locked_memory_stats",
     "__version__",

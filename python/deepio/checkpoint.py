@@ -1,0 +1,638 @@
+"""Checkpoints through the engine: ``deepio.save``/``deepio.load`` (torch's file format) and
+the file-like ``deepio.Writer``/``deepio.Reader`` any serializer can use.
+
+Writer protocol. Bytes handed to ``write()`` are copied into one of two page-locked staging
+buffers (``buffer_size`` each). A full buffer is submitted to the engine as one positional
+write and filling continues in the other buffer while the first is on its way to the disk;
+before a buffer is filled again its write is waited for (and its error raised). Buffers cover
+file ranges that end at multiples of ``buffer_size``, so every full buffer is an aligned
+request that the engine writes with direct I/O; a partial buffer (``flush()``, ``seek()``,
+``close()``) is written as it is and the engine puts its unaligned edges through the page
+cache. ``write()`` never keeps the caller's memory: when it returns, the bytes are copied
+(torch hands ``write()`` views of tensor storages that are only valid during the call).
+``flush()`` writes everything staged and waits for it; ``close()`` also flushes the file to
+stable storage (``fsync``) unless ``durable=False``. A failed write is raised by the call
+that waits for it and again by every later call; ``close()`` releases everything anyway.
+
+Reader protocol. The file is read in aligned chunks of ``buffer_size`` into two page-locked
+buffers; a small read that continues the previous one starts reading the next chunk ahead.
+A read of at least ``buffer_size`` bytes goes from the engine straight into the caller's
+memory (what is already in a chunk is copied from there), so ``torch.load`` reads each
+storage in one large request into the tensor's own memory.
+
+Neither object is thread-safe: use one from one thread at a time, as with ``open()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import pickle
+import threading
+import zipfile
+from typing import Any, Union
+
+from . import _deepio
+from ._durable import replacing
+from ._file import File, Future
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+#: Staging buffers of a Writer (two of these) and read-ahead chunks of a Reader (two).
+DEFAULT_WRITE_BUFFER = 32 << 20
+DEFAULT_READ_BUFFER = 4 << 20
+_SMALL_COPY = 64 << 10  # below this a slice assignment beats a GIL-releasing memcpy
+
+_handle: Any | None = None
+_handle_lock = threading.Lock()
+
+
+def _checkpoint_handle(handle: Any) -> Any:
+    """The engine handle Writers and Readers use unless given one: 1 MiB requests, two
+    workers with 32 in flight each (large sequential transfers; see docs/checkpoints.md)."""
+    global _handle
+    if handle is not None:
+        return handle
+    with _handle_lock:
+        if _handle is None:
+            _handle = _deepio.Handle(block_size=1 << 20, queue_depth=32, intra_op_parallelism=2)
+        return _handle
+
+
+class _Staging:
+    """One page-locked (when RLIMIT_MEMLOCK allows; else page-aligned) buffer of nbytes,
+    seen as a writable memoryview of bytes. release() frees it; call it only when no engine
+    operation uses it any more."""
+
+    __slots__ = ("owner", "_capsule", "view")
+
+    def __init__(self, nbytes: int) -> None:
+        self._capsule, self.owner = _deepio.alloc_locked(nbytes, "raw")
+        raw = (ctypes.c_char * nbytes).from_address(self.owner.address)
+        self.view = memoryview(raw).cast("B")
+
+    def release(self) -> None:
+        self.view.release()
+        self.owner.release()
+        self._capsule = None
+
+
+def _byte_view(b: Any) -> memoryview:
+    mv = b if isinstance(b, memoryview) else memoryview(b)
+    if mv.ndim == 1 and mv.format in ("B", "b", "c") and mv.contiguous:
+        return mv if mv.format == "B" else mv.cast("B")
+    if mv.contiguous:
+        return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+    return memoryview(mv.tobytes())
+
+
+def _copy(dest: memoryview, src: memoryview) -> None:
+    if len(src) >= _SMALL_COPY:
+        _deepio.memcpy(dest, src)  # GIL released
+    else:
+        dest[:] = src
+
+
+def _is_device(b: Any) -> bool:
+    from ._buffers import is_device_buffer
+
+    return is_device_buffer(b)
+
+
+class Writer(io.RawIOBase):
+    """A binary file opened for writing whose bytes go through deepio's engine.
+
+    ``Writer(path, *, buffer_size=32 MiB, handle=None, direct_io="auto", durable=True)``
+    creates or truncates ``path``. ``write(b)`` accepts anything with the buffer protocol
+    (and CUDA memory: torch CUDA tensors or kDLCUDA DLPack producers, written through the
+    engine's GPU staging pipeline) and always consumes all of it. ``tell()``, ``seek()``
+    (within what is staged: free; elsewhere: staged bytes are written first), ``flush()``,
+    ``close()`` (``fsync`` when ``durable``), context manager. Errors are ``OSError``
+    subclasses with errno and file name; ``ValueError`` after close.
+    """
+
+    def __init__(
+        self,
+        path: PathArg,
+        *,
+        buffer_size: int = DEFAULT_WRITE_BUFFER,
+        handle: Any = None,
+        direct_io: str | bool | None = "auto",
+        durable: bool = True,
+    ) -> None:
+        super().__init__()
+        self._file: File | None = None
+        self._bufs: list[_Staging] = []
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 4096:
+            raise ValueError(f"buffer_size must be an integer of at least 4096, got {buffer_size!r}")
+        buffer_size = -(-buffer_size // 4096) * 4096  # whole pages: aligned for any device
+        self.name = os.fspath(path)
+        self._file = File(path, "w", handle=_checkpoint_handle(handle), direct_io=direct_io)
+        try:
+            self._bufs = [_Staging(buffer_size), _Staging(buffer_size)]
+        except BaseException:
+            self._file.close()
+            raise
+        self._size = buffer_size
+        self._pending: list[Future | None] = [None, None]  # the write of each buffer
+        self._other: list[Future] = []  # writes from the caller's device memory
+        self._cur = 0  # buffer being filled
+        self._base = 0  # file offset of its first byte
+        self._pos = 0  # write position inside it
+        self._fill = 0  # bytes of it holding data
+        self._limit = buffer_size  # its capacity: ends at a multiple of buffer_size
+        self._error: BaseException | None = None
+        self._durable = durable
+
+    # --------------------------------------------------------------------- io.RawIOBase
+    def writable(self) -> bool:
+        self._check()
+        return True
+
+    def readable(self) -> bool:
+        self._check()
+        return False
+
+    def seekable(self) -> bool:
+        self._check()
+        return True
+
+    def fileno(self) -> int:
+        # Not offered: writing to the descriptor directly would bypass the staged bytes.
+        raise io.UnsupportedOperation("deepio.Writer has no file descriptor to write to")
+
+    @property
+    def direct(self) -> bool:
+        """True when the file is open with O_DIRECT (full buffers bypass the page cache)."""
+        return bool(self._file is not None and self._file.direct)
+
+    def tell(self) -> int:
+        self._check()
+        return self._base + self._pos
+
+    def write(self, b: Any) -> int:
+        self._check()
+        if _is_device(b):
+            return self._write_device(b)
+        src = _byte_view(b)
+        n = len(src)
+        done = 0
+        while done < n:
+            room = self._limit - self._pos
+            k = min(room, n - done)
+            buf = self._bufs[self._cur].view
+            _copy(buf[self._pos : self._pos + k], src[done : done + k])
+            self._pos += k
+            done += k
+            if self._pos > self._fill:
+                self._fill = self._pos
+            if self._pos == self._limit:
+                self._submit()
+        return n
+
+    def _write_device(self, b: Any) -> int:
+        from ._buffers import sync_producer_stream
+
+        nbytes = int(getattr(b, "nbytes", 0))
+        at = self._flush_to_position()
+        sync_producer_stream(b)
+        assert self._file is not None
+        self._other.append(self._file.pwrite(b, at))
+        self._restart(at + nbytes)
+        return nbytes
+
+    def _flush_to_position(self) -> int:
+        """Submits what is staged; returns the write position, from which a new window starts
+        (after waiting for every write, when the position lies inside what was staged)."""
+        at = self._base + self._pos
+        self._submit_partial()
+        if at != self._base:
+            self._drain()
+            self._restart(at)
+        return at
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._check()
+        if whence == os.SEEK_SET:
+            target = offset
+        elif whence == os.SEEK_CUR:
+            target = self._base + self._pos + offset
+        elif whence == os.SEEK_END:
+            self.flush()
+            assert self._file is not None
+            target = self._file.size() + offset
+        else:
+            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+        if target < 0:
+            raise ValueError(f"negative seek position {target}")
+        if self._base <= target <= self._base + self._fill:
+            self._pos = target - self._base  # inside what is staged: nothing to write yet
+        else:
+            self._flush_to_position()
+            self._drain()
+            self._restart(target)
+        return target
+
+    def flush(self) -> None:
+        """Writes everything staged through the engine and waits for it (no fsync)."""
+        if self._file is None:
+            return
+        self._check()
+        self._flush_to_position()
+        self._drain()
+
+    def truncate(self, size: int | None = None) -> int:
+        self.flush()
+        assert self._file is not None
+        size = self.tell() if size is None else size
+        self._file.truncate(size)
+        return size
+
+    def close(self) -> None:
+        """Flushes, fsyncs (``durable``), closes and frees the staging buffers. Raises the
+        first write error (again, if an earlier call raised it already)."""
+        if self._file is None:
+            super().close()
+            return
+        err: BaseException | None = None
+        try:
+            if self._error is None:
+                self._submit_partial()
+            self._drain()
+            if self._durable:
+                self._file.fsync()
+        except BaseException as e:
+            err = e
+        finally:
+            self._release()
+            super().close()
+        if err is not None:
+            raise err
+        if self._error is not None:
+            raise self._error
+
+    def discard(self) -> None:
+        """Closes without writing what is still staged (the file keeps what reached it)."""
+        if self._file is not None:
+            self._error = self._error or OSError("deepio.Writer discarded")
+            try:
+                self.close()
+            except BaseException:
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except BaseException:
+            pass
+
+    # ------------------------------------------------------------------------ internals
+    def _check(self) -> None:
+        if self._file is None:
+            raise ValueError("I/O operation on a closed deepio.Writer")
+        if self._error is not None:
+            raise self._error
+
+    def _wait(self, fut: Future | None) -> None:
+        if fut is None:
+            return
+        try:
+            fut.result()
+        except BaseException as e:
+            if self._error is None:
+                self._error = e
+            raise
+
+    def _submit(self) -> None:
+        """Writes the current buffer's data and moves to the other buffer (waiting for the
+        write it was holding)."""
+        assert self._file is not None
+        if self._fill:
+            buf = self._bufs[self._cur].view[: self._fill]
+            self._pending[self._cur] = self._file.pwrite(buf, self._base)
+        self._restart(self._base + self._fill, switch=True)
+
+    def _submit_partial(self) -> None:
+        if self._fill:
+            self._submit()
+
+    def _restart(self, offset: int, switch: bool = False) -> None:
+        if switch:
+            self._cur ^= 1
+            fut, self._pending[self._cur] = self._pending[self._cur], None
+            self._wait(fut)
+        self._base = offset
+        self._pos = self._fill = 0
+        self._limit = self._size - offset % self._size
+
+    def _drain(self) -> None:
+        futs = [f for f in self._pending if f is not None] + self._other
+        self._pending = [None, None]
+        self._other = []
+        first: BaseException | None = None
+        for f in futs:  # wait for all before raising: no write may outlive its buffer
+            try:
+                self._wait(f)
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _release(self) -> None:
+        try:
+            self._drain()
+        except BaseException:
+            pass
+        f, self._file = self._file, None
+        for b in self._bufs:
+            b.release()
+        self._bufs = []
+        if f is not None:
+            f.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._file is None else f"pos={self.tell()}"
+        return f"<deepio.Writer {self.name!r} {state}>"
+
+
+class Reader(io.RawIOBase):
+    """A binary file opened for reading through deepio's engine, with read-ahead.
+
+    ``Reader(path, *, buffer_size=4 MiB, handle=None, direct_io="auto")``: ``read(n=-1)``,
+    ``readinto(b)`` (fills ``b`` unless the end of the file comes first), ``readall()``,
+    ``seek()``, ``tell()``, ``readable()``/``seekable()``, context manager. Missing files,
+    permissions and directories raise at construction, as ``open()`` does.
+    """
+
+    def __init__(
+        self,
+        path: PathArg,
+        *,
+        buffer_size: int = DEFAULT_READ_BUFFER,
+        handle: Any = None,
+        direct_io: str | bool | None = "auto",
+    ) -> None:
+        super().__init__()
+        self._file: File | None = None
+        self._bufs: list[_Staging] = []
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 4096:
+            raise ValueError(f"buffer_size must be an integer of at least 4096, got {buffer_size!r}")
+        buffer_size = -(-buffer_size // 4096) * 4096
+        self.name = os.fspath(path)
+        if os.path.isdir(self.name):  # O_RDONLY opens a folder; reading it would say EISDIR late
+            raise IsADirectoryError(21, "Is a directory", self.name)
+        self._file = File(path, "r", handle=_checkpoint_handle(handle), direct_io=direct_io)
+        try:
+            self._end = self._file.size()
+            self._bufs = [_Staging(buffer_size), _Staging(buffer_size)]
+        except BaseException:
+            self._file.close()
+            raise
+        self._size = buffer_size
+        self._chunk: list[int] = [-1, -1]  # chunk index each buffer holds (or is reading)
+        self._fut: list[Future | None] = [None, None]
+        self._pos = 0
+        self._last_chunk = -2  # chunk the previous small read ended in
+
+    def readable(self) -> bool:
+        self._check()
+        return True
+
+    def writable(self) -> bool:
+        self._check()
+        return False
+
+    def seekable(self) -> bool:
+        self._check()
+        return True
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("deepio.Reader has no file descriptor to read from")
+
+    def tell(self) -> int:
+        self._check()
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._check()
+        if whence == os.SEEK_SET:
+            target = offset
+        elif whence == os.SEEK_CUR:
+            target = self._pos + offset
+        elif whence == os.SEEK_END:
+            target = self._end + offset
+        else:
+            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+        if target < 0:
+            raise ValueError(f"negative seek position {target}")
+        self._pos = target
+        return target
+
+    def readinto(self, b: Any) -> int:
+        self._check()
+        dest = b if isinstance(b, memoryview) else memoryview(b)
+        if dest.readonly or not dest.c_contiguous:
+            raise ValueError("readinto() needs a writable C-contiguous buffer")
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")
+        n = max(0, min(len(dest), self._end - self._pos))
+        done = 0
+        while done < n:
+            pos = self._pos + done
+            k = pos // self._size
+            want = n - done
+            held = self._held(k)
+            if held is not None:  # already in (or on its way into) a buffer: copy from there
+                view = self._ready(held)
+                start = pos - k * self._size
+                m = min(want, len(view) - start)
+                _copy(dest[done : done + m], view[start : start + m])
+                done += m
+                continue
+            if want >= self._size:  # large: straight into the caller's memory
+                assert self._file is not None
+                self._file.read_into(dest[done:n], pos)
+                done = n
+                continue
+            slot = self._load(k)  # small: through a chunk, and read the next one ahead
+            view = self._ready(slot)
+            start = pos - k * self._size
+            m = min(want, len(view) - start)
+            _copy(dest[done : done + m], view[start : start + m])
+            done += m
+        end_chunk = (self._pos + n - 1) // self._size if n else self._last_chunk
+        if n and n < self._size and end_chunk in (self._last_chunk, self._last_chunk + 1):
+            self._prefetch(end_chunk + 1)  # sequential small reads: read ahead
+        self._last_chunk = end_chunk
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._check()
+        if size is None or size < 0:
+            return self.readall()
+        out = bytearray(max(0, min(size, self._end - self._pos)))
+        n = self.readinto(out)
+        del out[n:]
+        return bytes(out)
+
+    def readall(self) -> bytes:
+        self._check()
+        return self.read(max(0, self._end - self._pos))
+
+    def close(self) -> None:
+        if self._file is not None:
+            first: BaseException | None = None
+            for f in self._fut:
+                if f is not None:
+                    try:
+                        f.wait()
+                    except BaseException as e:
+                        first = first or e
+            f_, self._file = self._file, None
+            for b in self._bufs:
+                b.release()
+            self._bufs = []
+            f_.close()
+            if first is not None:
+                raise first
+        super().close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except BaseException:
+            pass
+
+    def _check(self) -> None:
+        if self._file is None:
+            raise ValueError("I/O operation on a closed deepio.Reader")
+
+    def _held(self, k: int) -> int | None:
+        for i in (0, 1):
+            if self._chunk[i] == k:
+                return i
+        return None
+
+    def _ready(self, i: int) -> memoryview:
+        fut, self._fut[i] = self._fut[i], None
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException:
+                self._chunk[i] = -1
+                raise
+        k = self._chunk[i]
+        length = min(self._size, self._end - k * self._size)
+        return self._bufs[i].view[:length]
+
+    def _start(self, i: int, k: int) -> None:
+        fut, self._fut[i] = self._fut[i], None
+        if fut is not None:
+            fut.wait()  # its outcome is moot; the buffer must be free before reuse
+        self._chunk[i] = -1
+        off = k * self._size
+        length = min(self._size, self._end - off)
+        assert self._file is not None
+        self._fut[i] = self._file.pread(self._bufs[i].view[:length], off)
+        self._chunk[i] = k
+
+    def _load(self, k: int) -> int:
+        # Replace the buffer not holding the chunk just before k (keep a read-behind).
+        i = 0 if self._chunk[1] == k - 1 else 1
+        if self._chunk[i] == k - 1:
+            i ^= 1
+        self._start(i, k)
+        return i
+
+    def _prefetch(self, k: int) -> None:
+        if k * self._size >= self._end or self._held(k) is not None:
+            return
+        cur = self._held(k - 1)
+        i = 0 if cur is None else cur ^ 1
+        self._start(i, k)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._file is None else f"pos={self._pos}"
+        return f"<deepio.Reader {self.name!r} {state}>"
+
+
+# ------------------------------------------------------------------------ save and load
+
+
+def _fspath(path: Any, what: str) -> str:
+    if hasattr(path, "write") or hasattr(path, "read"):
+        raise TypeError(f"deepio.{what}() takes a file name; for a file object use deepio.Writer/Reader with torch")
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        raise TypeError("path must be a str or os.PathLike[str]")
+    return p
+
+
+def save(
+    obj: Any,
+    path: PathArg,
+    *,
+    pickle_protocol: int = 2,
+    buffer_size: int = DEFAULT_WRITE_BUFFER,
+    handle: Any = None,
+) -> None:
+    """Saves ``obj`` as ``torch.save(obj, path)`` does (torch's zip format; plain
+    ``torch.load`` reads it), through the engine, durably: the file is written under a
+    temporary name in the same folder, flushed to stable storage, renamed over ``path`` and
+    the folder flushed. On any error (ENOSPC, EFBIG, an exception while pickling) ``path``
+    keeps its old contents (or stays absent) and the temporary file is removed.
+
+    torch's serializer pickles the object and hands each tensor storage's own memory to
+    ``Writer.write()`` (no pickled copy); the Writer stages it in page-locked memory and writes
+    aligned direct I/O. CUDA storages are copied to host memory by torch first, one at a time.
+    """
+    import torch
+
+    final = _fspath(path, "save")
+    with replacing(final) as tmp:
+        w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
+        try:
+            torch.save(obj, w, pickle_protocol=pickle_protocol)
+            w.close()
+        except BaseException:
+            w.discard()
+            raise
+
+
+_LOAD_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError)
+
+
+def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None = None, **kwargs: Any) -> Any:
+    """Loads a file written by ``torch.save`` or ``deepio.save``, as ``torch.load(path,
+    map_location, weights_only=...)`` does, reading through the engine (each storage in one
+    large request straight into its tensor's memory).
+
+    ``weights_only=None`` leaves the choice to torch, exactly as ``torch.load`` does (torch
+    2.6 and later: ``True`` unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says otherwise), so
+    files holding arbitrary Python objects need ``weights_only=False`` from a trusted source.
+    Other keywords go to ``torch.load`` (``mmap=True`` maps the file instead of reading it).
+    A missing file, a folder or a permission raise the ``OSError`` subclass, as ``open()``
+    does; a truncated or corrupt file raises torch's exception type with the file named.
+    """
+    import torch
+
+    p = _fspath(path, "load")
+    if kwargs.get("mmap"):
+        return torch.load(p, map_location=map_location, weights_only=weights_only, **kwargs)
+    with Reader(p) as f:
+        try:
+            return torch.load(f, map_location=map_location, weights_only=weights_only, **kwargs)
+        except OSError:
+            raise
+        except _LOAD_ERRORS as e:
+            raise _naming(e, p) from e
+
+
+def _naming(e: BaseException, path: str) -> BaseException:
+    msg = f"deepio.load({path!r}): cannot load it as a torch checkpoint (truncated or corrupt?): {e}"
+    try:
+        return type(e)(msg)
+    except Exception:
+        return RuntimeError(msg)
