@@ -35,9 +35,9 @@ from typing import Any
 from . import _deepio
 from ._aio import ValidationError, aio_handle
 from ._buffers import LockedMemoryWarning
-from .checkpoint import Reader, Writer, load, save
 from ._file import File, Future
 from ._gds import gds_handle, gpu_info
+from .checkpoint import Reader, Writer, load, save
 
 EndOfFileError = _deepio.EndOfFileError
 InvalidArgumentError = _deepio.InvalidArgumentError
