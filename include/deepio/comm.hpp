@@ -20,10 +20,12 @@
 //   sgn(x) = +1 if x >= 0 (including -0.0 and NaN), else -1; a sign bit is 1 for +1.
 //   Packing is MSB first: element 8k+j is bit (7-j) of byte k (numpy/cupy bitorder='big').
 //   All arithmetic is fp32 except the sum of squares inside ||.||, which is accumulated in
-//   fp64 in a fixed order (8 interleaved lanes, lane l takes the elements i with i % 8 == l,
-//   combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))); sqrt of that is rounded to fp32 and
-//   divided in fp32 by (float)sqrt(n). The result is therefore deterministic and identical on
-//   every rank, and independent of the instruction set used.
+//   fp64 in a fixed order (8 interleaved lanes, lane l takes the elements i with i % 8 == l;
+//   within a lane, leaves of 64 consecutive terms are summed in order and the leaves by a
+//   perfect binary tree; lanes combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))); sqrt of that
+//   is rounded to fp32 and divided in fp32 by (float)sqrt(n). The result is therefore
+//   deterministic and identical on every rank, independent of the instruction set used, and
+//   reproducible with tensor operations on a GPU (docs/comm.md, "Norms").
 //
 // Sizes: N must be a multiple of 8*W, server_error must have N/W elements, and N0 <= N.
 // Every rank must pass the same N0 and N. A violation on any rank raises ArgumentError on

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -107,6 +108,7 @@ inline void worker_group(const float* in, std::size_t n_in, float* ew, std::size
     b |= static_cast<unsigned>(bit_of(x)) << (7 - j);
   }
   packed[g / 8] = static_cast<std::uint8_t>(b);
+  acc.end_row();
 }
 
 void worker_scalar(const float* in, std::size_t n_in, float* ew, std::size_t n, std::uint8_t* packed,
@@ -141,6 +143,7 @@ void server_scalar(const std::uint8_t* const* blocks, const float* t, std::size_
       b |= static_cast<unsigned>(bit_of(v)) << (7 - jj);
     }
     packed[k] = static_cast<std::uint8_t>(b);
+    acc.end_row();
   }
 }
 
@@ -164,6 +167,26 @@ DEEPIO_AVX2 inline void square_add_avx2(__m256 x, __m256d& lo, __m256d& hi) noex
   const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
   lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
   hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+}
+
+// Counts the row just added to lo/hi and, when the leaf is full, adds it to the counter of
+// subtrees (SumSq::push_leaf in registers: the h lowest set bits of `occupied` are merged,
+// then occupied + 1 clears them and sets bit h). The count lives in a local (`rows`, written
+// back to acc.rows by the caller): acc.rows in memory would be reloaded after every byte
+// store to `packed`, which may alias it.
+DEEPIO_AVX2 inline void end_row_avx2(SumSq& acc, unsigned& rows, __m256d& lo, __m256d& hi) noexcept {
+  if (++rows != SumSq::kLeafRows) return;
+  const unsigned h = static_cast<unsigned>(std::countr_one(acc.occupied));
+  for (unsigned i = 0; i < h; ++i) {
+    lo = _mm256_add_pd(_mm256_loadu_pd(acc.level[i]), lo);
+    hi = _mm256_add_pd(_mm256_loadu_pd(acc.level[i] + 4), hi);
+  }
+  _mm256_storeu_pd(acc.level[h], lo);
+  _mm256_storeu_pd(acc.level[h] + 4, hi);
+  acc.occupied += 1;
+  rows = 0;
+  lo = _mm256_setzero_pd();
+  hi = _mm256_setzero_pd();
 }
 
 DEEPIO_AVX2 void pack_avx2(const float* x, std::size_t n, std::uint8_t* out) noexcept {
@@ -193,19 +216,23 @@ DEEPIO_AVX2 void worker_avx2(const float* in, std::size_t n_in, float* ew, std::
   const std::size_t in_groups = std::min(n_in, n) / 8;  // groups fully covered by the input
   __m256d lo = _mm256_loadu_pd(acc.lane);
   __m256d hi = _mm256_loadu_pd(acc.lane + 4);
+  unsigned rows = acc.rows;
   std::size_t k = 0;
   for (; k < in_groups; ++k) {
     const __m256 x = _mm256_add_ps(_mm256_loadu_ps(in + 8 * k), _mm256_loadu_ps(ew + 8 * k));
     _mm256_storeu_ps(ew + 8 * k, x);
     square_add_avx2(x, lo, hi);
     packed[k] = pack8_avx2(x);
+    end_row_avx2(acc, rows, lo, hi);
   }
   if (k < groups && 8 * k < n_in) {  // the group where the input ends mid-byte
     _mm256_storeu_pd(acc.lane, lo);
     _mm256_storeu_pd(acc.lane + 4, hi);
+    acc.rows = rows;
     worker_group(in, n_in, ew, 8 * k, packed, acc);
     lo = _mm256_loadu_pd(acc.lane);
     hi = _mm256_loadu_pd(acc.lane + 4);
+    rows = acc.rows;
     ++k;
   }
   const __m256 zero = _mm256_setzero_ps();
@@ -214,9 +241,11 @@ DEEPIO_AVX2 void worker_avx2(const float* in, std::size_t n_in, float* ew, std::
     _mm256_storeu_ps(ew + 8 * k, x);
     square_add_avx2(x, lo, hi);
     packed[k] = pack8_avx2(x);
+    end_row_avx2(acc, rows, lo, hi);
   }
   _mm256_storeu_pd(acc.lane, lo);
   _mm256_storeu_pd(acc.lane + 4, hi);
+  acc.rows = rows;
 }
 
 DEEPIO_AVX2 void residual_avx2(float* e, std::size_t n, float s) noexcept {
@@ -237,6 +266,7 @@ DEEPIO_AVX2 void server_avx2(const std::uint8_t* const* blocks, const float* t, 
   __m256d lo = _mm256_loadu_pd(acc.lane);
   __m256d hi = _mm256_loadu_pd(acc.lane + 4);
   const __m256 t0 = _mm256_set1_ps(t[0]);
+  unsigned rows = acc.rows;
   for (std::size_t k = 0; k < n / 8; ++k) {
     __m256 c = _mm256_xor_ps(t0, sign_mask_avx2(blocks[0][k]));
     for (std::size_t j = 1; j < w; ++j)
@@ -245,9 +275,11 @@ DEEPIO_AVX2 void server_avx2(const std::uint8_t* const* blocks, const float* t, 
     _mm256_storeu_ps(es + 8 * k, c);
     square_add_avx2(c, lo, hi);
     packed[k] = pack8_avx2(c);
+    end_row_avx2(acc, rows, lo, hi);
   }
   _mm256_storeu_pd(acc.lane, lo);
   _mm256_storeu_pd(acc.lane + 4, hi);
+  acc.rows = rows;
 }
 #endif  // DEEPIO_COMM_X86
 
@@ -265,8 +297,35 @@ bool cpu_has_avx2() noexcept {
 
 }  // namespace
 
+void SumSq::push_leaf() noexcept {
+  double carry[8];
+  std::memcpy(carry, lane, sizeof carry);
+  // The h lowest bits are set: merge those subtrees (earlier leaves on the left); then
+  // occupied + 1 clears them and sets bit h (a binary counter).
+  const auto h = static_cast<unsigned>(std::countr_one(occupied));
+  for (unsigned i = 0; i < h; ++i) {
+    for (unsigned l = 0; l < 8; ++l) carry[l] = level[i][l] + carry[l];
+  }
+  std::memcpy(level[h], carry, sizeof carry);
+  occupied += 1;
+  std::fill(std::begin(lane), std::end(lane), 0.0);
+  rows = 0;
+}
+
 double SumSq::total() const noexcept {
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  // The perfect tree over the leaves padded with zero leaves: at each level the node on the
+  // path of the last (partial) leaf is (full left subtree) + (node below), or (node below) + 0,
+  // which is exact. Hence the fold from the lowest level up.
+  double acc[8];
+  bool any = rows != 0;
+  std::memcpy(acc, lane, sizeof acc);
+  for (unsigned h = 0; h < 64; ++h) {
+    if (!((occupied >> h) & 1u)) continue;
+    for (unsigned l = 0; l < 8; ++l) acc[l] = any ? level[h][l] + acc[l] : level[h][l];
+    any = true;
+  }
+  if (!any) return 0.0;
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 float scale_of(const SumSq& acc, std::size_t n) noexcept {

@@ -6,10 +6,17 @@
 // Invariants shared by every pass:
 //   - bit(x) = !(x < 0): +0, -0 and NaN give 1. Bits are packed MSB first (element 8k+j is
 //     bit 7-j of byte k).
-//   - Sums of squares go into SumSq: fp64 lane l accumulates x*x (exact in fp64) for the
-//     elements i with i % 8 == l, in increasing i, where i counts from the start of the
-//     chunk (chunks start at multiples of 8, so this equals the global index mod 8). Every
-//     kernel honours this order, so scalar and AVX2 results are bitwise identical.
+//   - Sums of squares go into SumSq, in an order that is fixed by the index alone, so that any
+//     implementation (these kernels, the torch-ops path of python/deepio/comm/_torchops.py on
+//     a CPU or a GPU) computes the same fp64 bits: element i (counted from the start of the
+//     vector whose norm is taken; chunks start at multiples of 8) is in row i / 8, lane i % 8.
+//     Rows are grouped into leaves of kLeafRows consecutive rows; within a leaf, lane l sums
+//     x*x (exact in fp64) row by row in increasing order, starting from +0.0. The leaves are
+//     summed by a perfect binary tree over leaf indices (zero leaves pad it to a power of
+//     two; adding +0.0 to a sum of squares changes nothing), lane by lane, and the 8 lanes
+//     are combined ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). A stream builds the tree with a
+//     binary counter (one full subtree per set bit), which is why SumSq carries a stack.
+//     Every kernel honours this order, so scalar, AVX2 and torch results are bitwise identical.
 //   - Lengths passed as `n` to the fused passes are multiples of 8 (whole bytes).
 // Thread-safety: all functions are pure over their arguments.
 #pragma once
@@ -22,9 +29,21 @@
 namespace deepio::comm::detail {
 
 struct SumSq {
-  double lane[8] = {};
+  static constexpr unsigned kLeafRows = 64;  // rows of 8 elements per leaf (512 elements)
 
-  // ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+  double lane[8] = {};         // the current leaf: lane l summed over its rows so far
+  unsigned rows = 0;           // rows in the current leaf, < kLeafRows between calls
+  std::uint64_t occupied = 0;  // bit h set: level[h] holds a full subtree of 2^h leaves
+  double level[64][8] = {};    // the binary counter of finished subtrees
+
+  // Call after a row's 8 squares were added to lane[]: closes the leaf after kLeafRows rows.
+  void end_row() noexcept {
+    if (++rows == kLeafRows) push_leaf();
+  }
+  // Adds the current leaf to the counter (merging equal subtrees) and starts a new leaf.
+  void push_leaf() noexcept;
+  // The fp64 sum of squares: the pending leaf and the subtrees folded from the lowest level
+  // up (the zero-padded perfect tree), then the lanes combined as stated above.
   double total() const noexcept;
 };
 

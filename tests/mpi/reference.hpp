@@ -28,11 +28,26 @@ struct RankState {
 inline bool sign_bit(float x) { return !(x < 0.0f); }  // x >= 0, -0.0 and NaN -> true
 inline float sgn(float x) { return sign_bit(x) ? 1.0f : -1.0f; }
 
-// ||v||_2 / sqrt(n): fp64 squares summed in 8 interleaved lanes (lane = index % 8), lanes
-// combined ((0+1)+(2+3))+((4+5)+(6+7)), sqrt rounded to fp32, divided in fp32 by fp32(sqrt n).
+// ||v||_2 / sqrt(n), written independently of the streaming kernels: fp64 squares; lane
+// l = i % 8; leaves of 64 rows (512 elements) summed row by row from +0.0; leaves summed by
+// a perfect binary tree padded with zero leaves (recursively, halves of a power-of-two span);
+// lanes combined ((0+1)+(2+3))+((4+5)+(6+7)); sqrt rounded to fp32, divided in fp32 by
+// fp32(sqrt n).
+inline double ref_tree(const std::vector<double>& leaves, std::size_t begin, std::size_t span) {
+  if (span == 1) return begin < leaves.size() ? leaves[begin] : 0.0;
+  return ref_tree(leaves, begin, span / 2) + ref_tree(leaves, begin + span / 2, span / 2);
+}
 inline float ref_scale(const float* v, std::size_t n) {
-  double lane[8] = {};
-  for (std::size_t i = 0; i < n; ++i) lane[i % 8] += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+  const std::size_t leaf = 512;
+  const std::size_t n_leaves = (n + leaf - 1) / leaf;
+  std::size_t span = 1;
+  while (span < n_leaves) span *= 2;
+  double lane[8];
+  for (std::size_t l = 0; l < 8; ++l) {
+    std::vector<double> leaves(n_leaves, 0.0);
+    for (std::size_t i = l; i < n; i += 8) leaves[i / leaf] += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+    lane[l] = n_leaves ? ref_tree(leaves, 0, span) : 0.0;
+  }
   const double total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   return static_cast<float>(std::sqrt(total)) / static_cast<float>(std::sqrt(static_cast<double>(n)));
 }
