@@ -136,6 +136,18 @@ struct HandleStats {
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
 };
 
+/// One read or write of a batch (Handle::submit_batch). Exactly one of `path` (non-empty) and
+/// `fd` (>= 0) names the file.
+struct IoRequest {
+  bool write = false;
+  void* buffer = nullptr;  ///< read into, or written from (never written through for a write)
+  std::size_t nbytes = 0;
+  std::string path{};
+  int fd = -1;
+  std::uint64_t file_offset = 0;
+  OpOptions op{};
+};
+
 class DEEPIO_API Handle {
  public:
   /// Starts the workers. Throws deepio::InvalidArgument (EINVAL) for a block_size,
@@ -167,6 +179,16 @@ class DEEPIO_API Handle {
   /// deepio never closes it. O_DIRECT is used only if the descriptor was opened with it.
   Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
   Future async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
+
+  /// Submits many reads and writes in one call: their arguments are checked first (nothing is
+  /// submitted if one is refused: deepio::InvalidArgument naming the request's index), then
+  /// every request enters the submission order, in the order given, and the call returns.
+  /// The files are opened, sized and planned off the calling thread (up to
+  /// min(intra_op_parallelism, 8) opener threads), so the first requests' I/O runs while later
+  /// files are still being opened. Unlike async_pread/async_pwrite, a failure to open a file
+  /// or a read past its end is not thrown here: it is that request's failure, reported by its
+  /// Future and by the wait()/collect() that collects it. Returns one Future per request.
+  std::vector<Future> submit_batch(std::vector<IoRequest> requests);
 
   /// Submits, then waits for this operation and every operation submitted before it that
   /// is not detached (DeepNVMe semantics). Returns the number of operations collected, this

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <functional>
 #include <limits>
+#include <thread>
 
 #include "backends/factory.hpp"
 #include "core/env.hpp"
@@ -41,6 +44,61 @@ struct Engine::Opened {
   bool direct = false;
   std::size_t mem_align = 1;
   std::size_t offset_align = 1;
+};
+
+// Threads that open, size and plan the requests of batches, so that the submitting thread
+// returns at once. Jobs run in the order posted per thread; stop() runs every job already
+// posted before joining, so no request of a batch is ever dropped.
+class Engine::Openers {
+ public:
+  explicit Openers(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~Openers() { stop(); }
+  Openers(const Openers&) = delete;
+  Openers& operator=(const Openers&) = delete;
+
+  [[nodiscard]] std::size_t size() const noexcept { return threads_.size(); }
+
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and nothing left to run
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mutex_
+  bool stopping_ = false;                   // guarded by mutex_
+  std::vector<std::thread> threads_;
 };
 
 Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(options), route_(std::move(setup.route)) {
@@ -95,7 +153,12 @@ void Engine::start_route_workers(const WorkerConfig& wc) {
 }
 
 Engine::~Engine() {
-  // Workers finish everything queued before they stop: in-flight writes are never dropped.
+  // Batches still being opened are dispatched first; then the workers finish everything
+  // queued before they stop: in-flight writes are never dropped.
+  {
+    std::lock_guard lock(openers_mutex_);
+    if (openers_) openers_->stop();
+  }
   for (auto& w : workers_) w->stop();
   for (auto& w : route_workers_) w->stop();
 }
@@ -152,9 +215,11 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
   }
 }
 
-std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
-                                        std::uint64_t file_offset, OpOptions op_options) {
-  const std::string name = path != nullptr ? *path : "fd " + std::to_string(fd);
+namespace {
+std::string file_name(const std::string* path, int fd) { return path != nullptr ? *path : "fd " + std::to_string(fd); }
+
+// The argument checks every submission gets before anything is created.
+void check_request(const void* buf, std::size_t nbytes, const std::string& name, std::uint64_t file_offset) {
   if (buf == nullptr && nbytes > 0) throw InvalidArgument("null buffer", name, file_offset, nbytes);
   if (file_offset > kMaxCount) {
     throw InvalidArgument("file_offset must be non-negative, got " + as_written(file_offset), name);
@@ -162,8 +227,13 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
   if (file_offset > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - nbytes) {
     throw_error(EOVERFLOW, "file_offset + nbytes overflows a file offset", name, file_offset, nbytes);
   }
-  auto op = std::make_shared<OpState>(write, name, file_offset, nbytes, &counters_, &signal_);
-  // The caller holds its own reference across this call, so dropping the op on a throw below
+}
+}  // namespace
+
+std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbytes, std::string name,
+                                        std::uint64_t file_offset, OpOptions op_options) {
+  auto op = std::make_shared<OpState>(write, std::move(name), file_offset, nbytes, &counters_, &signal_);
+  // The caller holds its own reference across the submission, so dropping the op on a throw
   // never releases the keep-alive here.
   op->set_keep_alive(std::move(op_options.keep_alive));
   op->set_detached(op_options.detached);
@@ -171,6 +241,100 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
   op->set_on_device(op->device() >= 0);
   // Only io_uring registers buffers; the lookup is skipped for the others.
   if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, nbytes));
+  return op;
+}
+
+std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
+                                        std::uint64_t file_offset, OpOptions op_options) {
+  std::string name = file_name(path, fd);
+  check_request(buf, nbytes, name, file_offset);
+  auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options));
+  start(op, buf, path, fd, /*tracked=*/false);
+  return op;
+}
+
+std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest> requests) {
+  // 1. Every argument first: a refused request leaves the whole batch unsubmitted.
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const IoRequest& r = requests[i];
+    const std::string where = "request " + std::to_string(i) + " of the batch: ";
+    if (r.path.empty() == (r.fd < 0)) {
+      throw InvalidArgument(where + "exactly one of path and fd must name the file");
+    }
+    try {
+      check_request(r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd), r.file_offset);
+    } catch (const Error& e) {
+      if (e.invalid_argument()) throw InvalidArgument(where + e.message(), e.path(), e.offset(), e.nbytes());
+      throw Error(e.errnum(), where + e.message(), e.path(), e.offset(), e.nbytes());
+    }
+  }
+  // 2. The ops, in the submission order as given (one lock for the whole batch).
+  auto batch = std::make_shared<std::vector<IoRequest>>(std::move(requests));
+  std::vector<std::shared_ptr<OpState>> ops;
+  ops.reserve(batch->size());
+  for (IoRequest& r : *batch) {
+    ops.push_back(new_op(r.write, r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd),
+                         r.file_offset, std::move(r.op)));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    while (!unclaimed_.empty() && unclaimed_.front()->claimed()) unclaimed_.pop_front();
+    for (const auto& op : ops) {
+      op->set_sequence(next_sequence_++);
+      unclaimed_.push_back(op);
+    }
+  }
+  if (ops.empty()) return ops;
+  // 3. Opening and planning go to the openers, in contiguous runs (at least kMinRun requests
+  // each, so a small batch stays on one thread and in order).
+  constexpr std::size_t kMinRun = 16;
+  Openers& openers = start_openers();
+  const std::size_t runs = std::clamp<std::size_t>(ops.size() / kMinRun, 1, openers.size());
+  auto shared_ops = std::make_shared<std::vector<std::shared_ptr<OpState>>>(ops);
+  for (std::size_t k = 0; k < runs; ++k) {
+    const std::size_t begin = ops.size() * k / runs;
+    const std::size_t end = ops.size() * (k + 1) / runs;
+    openers.post([this, batch, shared_ops, begin, end] {
+      for (std::size_t i = begin; i < end; ++i) start_batched((*shared_ops)[i], (*batch)[i]);
+    });
+  }
+  return ops;
+}
+
+Engine::Openers& Engine::start_openers() {
+  std::lock_guard lock(openers_mutex_);
+  if (!openers_) openers_ = std::make_unique<Openers>(std::min<std::size_t>(options_.intra_op_parallelism, 8));
+  return *openers_;
+}
+
+void Engine::start_batched(const std::shared_ptr<OpState>& op, const IoRequest& r) noexcept {
+  Status failure;
+  try {
+    start(op, r.buffer, r.path.empty() ? nullptr : &r.path, r.fd, /*tracked=*/true);
+    return;
+  } catch (const Error& e) {
+    // As for a single submission, an open failure names the request that was attempted.
+    const bool bare = e.nbytes() == 0 && e.offset() == 0 && op->nbytes() != 0;
+    failure = Status::failure(e.errnum(), e.message() + (bare ? (op->write() ? " for writing" : " for reading") : ""),
+                              e.path().empty() ? op->path() : e.path(), bare ? op->offset() : e.offset(),
+                              bare ? op->nbytes() : e.nbytes());
+  } catch (const std::bad_alloc&) {
+    failure = Status::failure(ENOMEM, "out of memory while submitting", op->path(), op->offset(), op->nbytes());
+  } catch (const std::exception& e) {
+    failure = Status::failure(EIO, e.what(), op->path(), op->offset(), op->nbytes());
+  }
+  // Failed before any slice was queued: it completes now, counted as submitted and finished
+  // so the descriptor back-pressure stays balanced.
+  op->fail(std::move(failure));
+  submitted_.fetch_add(1);
+  op->complete_now();
+}
+
+void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked) {
+  const bool write = op->write();
+  const std::uint64_t file_offset = op->offset();
+  const std::size_t nbytes = op->nbytes();
+  const std::string& name = op->path();
   Opened opened;
   std::uint64_t size = 0;
   if (path != nullptr) {
@@ -203,8 +367,7 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
   }
   Route route;
   if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
-  dispatch(op, buf, nbytes, file_offset, opened, std::move(route));
-  return op;
+  dispatch(op, buf, nbytes, file_offset, opened, std::move(route), tracked);
 }
 
 void Engine::preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes) {
@@ -242,7 +405,7 @@ Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
 }
 
 void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                      const Opened& opened, Route route) {
+                      const Opened& opened, Route route, bool tracked) {
   PlanInput in;
   in.buf = static_cast<std::byte*>(buf);
   in.nbytes = nbytes;
@@ -271,7 +434,7 @@ void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t
   }
 
   submitted_.fetch_add(1);
-  track(op);
+  if (!tracked) track(op);
   if (slices.empty()) {
     op->complete_now();
     return;

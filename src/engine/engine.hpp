@@ -45,6 +45,9 @@ class Engine {
   /// Exactly one of path / fd names the file (fd < 0 when path is used).
   std::shared_ptr<OpState> submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
                                   std::uint64_t file_offset, OpOptions op_options = {});
+  /// Handle::submit_batch: checks every request, tracks them all in order, and hands the
+  /// opening and planning to the opener threads.
+  std::vector<std::shared_ptr<OpState>> submit_batch(std::vector<IoRequest> requests);
   /// Handle::collect; `with` is the state of CollectOptions::with (or null).
   WaitResult collect(const CollectOptions& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
@@ -58,6 +61,7 @@ class Engine {
 
  private:
   struct Opened;
+  class Openers;
   /// How an op on device memory goes: through the route's backend (direct) or staged; file
   /// is the route's registration, kept by every slice until the op's requests are done.
   struct Route {
@@ -68,8 +72,16 @@ class Engine {
   void start_route_workers(const WorkerConfig& wc);
   void open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out);
   void preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes);
+  std::shared_ptr<OpState> new_op(bool write, void* buf, std::size_t nbytes, std::string name,
+                                  std::uint64_t file_offset, OpOptions op_options);
+  /// Opens (or inspects) the file, checks the range and dispatches; `tracked`: the op already
+  /// has its place in the submission order (a batch). Throws on failure, having queued nothing.
+  void start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked);
+  /// start() on an opener thread: a failure becomes the op's own (it completes failed).
+  void start_batched(const std::shared_ptr<OpState>& op, const IoRequest& request) noexcept;
+  Openers& start_openers();
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                const Opened& opened, Route route);
+                const Opened& opened, Route route, bool tracked);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
   /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
   /// ops from the front on the way).
@@ -85,6 +97,9 @@ class Engine {
   std::shared_ptr<DeviceRoute> route_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> route_workers_;  // the route's backends, if it has any
+
+  std::mutex openers_mutex_;
+  std::unique_ptr<Openers> openers_;  // started by the first batch; guarded by openers_mutex_
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<OpState>> unclaimed_;  // guarded by mutex_

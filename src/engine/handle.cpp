@@ -47,6 +47,13 @@ Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std:
   return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, nullptr, fd, file_offset, std::move(op)));
 }
 
+std::vector<Future> Handle::submit_batch(std::vector<IoRequest> requests) {
+  std::vector<Future> futures;
+  futures.reserve(requests.size());
+  for (auto& op : engine_->submit_batch(std::move(requests))) futures.emplace_back(std::move(op));
+  return futures;
+}
+
 namespace {
 // A synchronous call: its own op is detached so that a wait() in another thread never takes
 // it (and its count and failure) away from this call; this call then collects it together

@@ -100,6 +100,11 @@ class Conformance : public testing::TestWithParam<Variant> {
     made_.push_back(h);
     return h;
   }
+  /// For a test that must destroy its handle: TearDown's cuFile check no longer covers it.
+  void forget(const Handle* h) {
+    const std::lock_guard lock(made_mutex_);
+    std::erase_if(made_, [h](const auto& m) { return m.get() == h; });
+  }
   test::TempDir dir_;
   std::mutex made_mutex_;
   std::vector<std::shared_ptr<GdsHandle>> made_;  // kept for TearDown's check of their stats
@@ -212,6 +217,150 @@ TEST_P(Conformance, ManyAsyncOpsThenOneWait) {
   }
   EXPECT_EQ(h.wait(), static_cast<std::size_t>(kFiles));
   for (int i = 0; i < kFiles; ++i) ASSERT_EQ(back[i], data[i]) << i;
+}
+
+// A batch: reads and writes mixed, paths and descriptors, many files and one file at
+// offsets, sizes and offsets not aligned; one call, then one wait() for all of it.
+TEST_P(Conformance, BatchOfReadsAndWritesMovesExactlyThePlainIoBytes) {
+  auto h_owner = make(opts({.block_size = 65536, .queue_depth = 32, .intra_op_parallelism = 3}));
+  Handle& h = *h_owner;
+  constexpr int kFiles = 150;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<IoRequest> writes;
+  for (int i = 0; i < kFiles; ++i) {
+    data.push_back(pattern(4096 * static_cast<std::size_t>(i % 7) + static_cast<std::size_t>(i) * 13 + 1,
+                           static_cast<std::uint32_t>(i)));
+    writes.push_back({.write = true,
+                      .buffer = data.back().data(),
+                      .nbytes = data.back().size(),
+                      .path = dir_.file("b" + std::to_string(i)),
+                      .file_offset = static_cast<std::uint64_t>(i % 3) * 511});
+  }
+  // One file at offsets, through a descriptor the caller owns.
+  const auto big = pattern(3 << 20, 99);
+  const int fd = ::open(dir_.file("one").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  for (std::size_t off = 0; off < big.size(); off += 300000) {
+    const std::size_t n = std::min<std::size_t>(300000, big.size() - off);
+    writes.push_back(
+        {.write = true, .buffer = const_cast<std::byte*>(big.data() + off), .nbytes = n, .fd = fd, .file_offset = off});
+  }
+  const std::size_t nwrites = writes.size();
+  std::vector<Future> wf = h.submit_batch(std::move(writes));
+  EXPECT_EQ(wf.size(), nwrites);
+  EXPECT_EQ(h.wait(), nwrites) << "every request of the batch is collected by wait()";
+  for (int i = 0; i < kFiles; ++i) {
+    const auto file = slurp(dir_.file("b" + std::to_string(i)));
+    const std::size_t off = static_cast<std::size_t>(i % 3) * 511;
+    ASSERT_EQ(file.size(), off + data[i].size()) << i;
+    ASSERT_TRUE(std::equal(data[i].begin(), data[i].end(), file.begin() + static_cast<std::ptrdiff_t>(off))) << i;
+  }
+  EXPECT_EQ(slurp(dir_.file("one")), big);
+
+  std::vector<std::vector<std::byte>> back(kFiles);
+  std::vector<std::byte> big_back(big.size());
+  std::vector<IoRequest> reads;
+  for (int i = 0; i < kFiles; ++i) {
+    back[i].resize(data[i].size());
+    reads.push_back({.buffer = back[i].data(),
+                     .nbytes = back[i].size(),
+                     .path = dir_.file("b" + std::to_string(i)),
+                     .file_offset = static_cast<std::uint64_t>(i % 3) * 511});
+  }
+  for (std::size_t off = 0; off < big.size(); off += 262144) {
+    const std::size_t n = std::min<std::size_t>(262144, big.size() - off);
+    reads.push_back({.buffer = big_back.data() + off, .nbytes = n, .fd = fd, .file_offset = off});
+  }
+  std::vector<Future> rf = h.submit_batch(std::move(reads));
+  std::size_t moved = 0;
+  for (auto& f : rf) moved += f.get();
+  std::size_t expected = big.size();
+  for (const auto& d : data) expected += d.size();
+  EXPECT_EQ(moved, expected);
+  EXPECT_EQ(h.wait(), 0u) << "collected through their Futures";
+  for (int i = 0; i < kFiles; ++i) ASSERT_EQ(back[i], data[i]) << i;
+  EXPECT_EQ(big_back, big);
+  ::close(fd);
+}
+
+// A request that cannot be opened or reads past the end fails alone, reported by its Future
+// and by wait(), while the rest of the batch completes; argument errors refuse the batch.
+TEST_P(Conformance, BatchFailuresBelongToTheirRequest) {
+  auto h_owner = make(opts({.block_size = 65536, .queue_depth = 8, .intra_op_parallelism = 2}));
+  Handle& h = *h_owner;
+  const auto a = pattern(100000, 5);
+  put(dir_.file("a"), a);
+  std::vector<std::byte> r1(a.size()), r2(10), r3(a.size());
+  std::vector<IoRequest> reqs;
+  reqs.push_back({.buffer = r1.data(), .nbytes = r1.size(), .path = dir_.file("a")});
+  reqs.push_back({.buffer = r2.data(), .nbytes = r2.size(), .path = dir_.file("missing")});
+  reqs.push_back({.buffer = r3.data(), .nbytes = r3.size(), .path = dir_.file("a"), .file_offset = 1});
+  std::vector<Future> f = h.submit_batch(std::move(reqs));
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0].get(), a.size());
+  EXPECT_EQ(r1, a);
+  try {
+    f[1].get();
+    ADD_FAILURE() << "a missing file must fail its request";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOENT);
+    EXPECT_EQ(e.path(), dir_.file("missing"));
+    EXPECT_EQ(e.nbytes(), 10u) << "the failure names the request";
+  }
+  try {
+    f[2].get();
+    ADD_FAILURE() << "a read past the end must fail its request";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENODATA);
+  }
+  EXPECT_EQ(h.pending(), 0u);
+
+  // The same failures through wait(): all three collected, the first failure (ENOENT) thrown.
+  std::vector<IoRequest> again;
+  again.push_back({.buffer = r1.data(), .nbytes = r1.size(), .path = dir_.file("a")});
+  again.push_back({.buffer = r2.data(), .nbytes = r2.size(), .path = dir_.file("missing")});
+  (void)h.submit_batch(std::move(again));
+  WaitResult w = h.collect();
+  EXPECT_EQ(w.count, 2u);
+  ASSERT_EQ(w.errors.size(), 1u);
+  EXPECT_EQ(w.errors[0].errnum(), ENOENT);
+
+  // Argument errors refuse the whole batch before anything is submitted.
+  std::vector<IoRequest> bad;
+  bad.push_back({.buffer = r1.data(), .nbytes = r1.size(), .path = dir_.file("never")});
+  bad.push_back({.buffer = nullptr, .nbytes = 8, .path = dir_.file("never")});
+  try {
+    (void)h.submit_batch(std::move(bad));
+    ADD_FAILURE() << "a null buffer must refuse the batch";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("request 1"), std::string::npos) << e.what();
+  }
+  std::vector<IoRequest> neither;
+  neither.push_back({.buffer = r1.data(), .nbytes = 1});
+  EXPECT_THROW((void)h.submit_batch(std::move(neither)), InvalidArgument);
+  EXPECT_EQ(h.pending(), 0u);
+  EXPECT_EQ(::access(dir_.file("never").c_str(), F_OK), -1) << "nothing of a refused batch ran";
+  EXPECT_TRUE(h.submit_batch({}).empty());
+}
+
+// Destroying the handle right after a batch: every write of it still lands.
+TEST_P(Conformance, HandleDestroyedRightAfterABatchFinishesIt) {
+  constexpr int kFiles = 64;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < kFiles; ++i) data.push_back(pattern(70000 + static_cast<std::size_t>(i), 40u + i));
+  {
+    auto h = make(opts({.block_size = 16384, .queue_depth = 4, .intra_op_parallelism = 2}));
+    std::vector<IoRequest> reqs;
+    for (int i = 0; i < kFiles; ++i) {
+      reqs.push_back({.write = true,
+                      .buffer = data[i].data(),
+                      .nbytes = data[i].size(),
+                      .path = dir_.file("d" + std::to_string(i))});
+    }
+    (void)h->submit_batch(std::move(reqs));
+    forget(h.get());  // `h` is now the last owner: the scope's end destroys the handle
+  }
+  for (int i = 0; i < kFiles; ++i) ASSERT_EQ(slurp(dir_.file("d" + std::to_string(i))), data[i]) << i;
 }
 
 TEST_P(Conformance, SyncCallDrainsEarlierAsyncOps) {
