@@ -16,7 +16,8 @@ from __future__ import annotations
 import operator
 import os
 import sys
-from typing import Any, Union
+from collections.abc import Sequence
+from typing import Any, Union, cast
 
 from . import _buffers, _deepio
 
@@ -248,6 +249,28 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         returns 0. ``filename`` may be an integer descriptor (or ``fd=``), never closed."""
         return self._async(True, buffer, _pick_file(filename, fd, "async_pwrite"), file_offset, False)
 
+    def async_pread_batch(
+        self, buffers: Sequence[Any], files: FileArg | Sequence[FileArg], file_offsets: Sequence[int] | None = None
+    ) -> int:
+        """Queues one read per buffer in a single call; returns how many were queued.
+
+        ``files`` is one path or descriptor for every buffer (one file at several offsets) or
+        a sequence with one per buffer; ``file_offsets`` one offset per buffer (default 0).
+        The buffers are checked first (a bad one queues nothing and raises), then the call
+        releases the GIL once and returns; the files are opened off the calling thread, so
+        a file that cannot be opened, or a read past its end, is reported by wait() (the
+        first failure raised, the others in its ``other_errors``), not here."""
+        _sync_streams(buffers)
+        return cast(int, self._h.submit_batch(False, buffers, files, file_offsets))
+
+    def async_pwrite_batch(
+        self, buffers: Sequence[Any], files: FileArg | Sequence[FileArg], file_offsets: Sequence[int] | None = None
+    ) -> int:
+        """Queues one write per buffer in a single call (creating files, never truncating);
+        returns how many were queued. Arguments and failures as for async_pread_batch."""
+        _sync_streams(buffers)
+        return cast(int, self._h.submit_batch(True, buffers, files, file_offsets))
+
     def wait(self) -> int:
         """Blocks (GIL released, Ctrl-C honoured) until every queued operation completed;
         returns how many (0 if none). If any failed, raises the first failure's OSError once
@@ -365,6 +388,18 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 name,
             )
             raise err
+
+
+def _sync_streams(buffers: Sequence[Any]) -> None:
+    # A tensor or array is itself a sequence (of rows): refuse it rather than write its rows.
+    if not isinstance(buffers, (list, tuple)):
+        raise TypeError(f"buffers must be a list or tuple of buffers, not {type(buffers).__qualname__}")
+    # Once per CUDA device of the batch (see _buffers.sync_producer_stream).
+    seen = set()
+    for b in buffers:
+        if _buffers.is_torch_cuda(b) and b.device not in seen:
+            seen.add(b.device)
+            _buffers.sync_producer_stream(b)
 
 
 def _nbytes(buffer: Any) -> int:

@@ -71,6 +71,11 @@ class Handle:
 
     def submit_future(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> Op: ...
 
+    def submit_batch(self, write: bool, buffers: object, files: object, offsets: object | None = None, futures: bool = False) -> object:
+        """
+        Submits many reads or writes in one call; files are opened off the calling thread. Returns the count (queued for wait()) or, with futures=True, a list of Op.
+        """
+
     def wait(self) -> int:
         """Waits for every queued operation; returns how many were collected."""
 

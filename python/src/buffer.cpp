@@ -9,11 +9,11 @@
 
 namespace deepio::py {
 
-namespace {
-
 std::string py_type_name(nb::handle obj) {
   return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__"));
 }
+
+namespace {
 
 const char* device_name(int type) {
   switch (type) {

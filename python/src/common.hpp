@@ -64,6 +64,8 @@ bool host_range(nb::handle obj, const void** data, std::size_t* nbytes);
 nb::object make_exception(const Error& e);
 /// Sets the Python error indicator to make_exception(e) and throws nb::python_error.
 [[noreturn]] void raise_error(const Error& e);
+/// The qualified name of obj's type, for error messages.
+std::string py_type_name(nb::handle obj);
 
 /// A file argument: a path (str, bytes or os.PathLike) or an integer descriptor.
 struct Target {

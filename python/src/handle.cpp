@@ -344,6 +344,105 @@ std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::h
   return std::make_shared<Op>(std::move(fut), write, static_cast<std::uint64_t>(file_offset), nbytes);
 }
 
+namespace {
+// A single file for the whole batch: a path or a descriptor, not a sequence of them.
+bool is_one_file(nb::handle files) {
+  if (PyLong_Check(files.ptr()) || PyUnicode_Check(files.ptr()) || PyBytes_Check(files.ptr())) return true;
+  return nb::hasattr(files, "__fspath__");
+}
+
+std::vector<nb::handle> as_items(nb::handle seq, const char* what) {
+  if (!PySequence_Check(seq.ptr()) || PyUnicode_Check(seq.ptr()) || PyBytes_Check(seq.ptr())) {
+    throw nb::type_error((std::string(what) + " must be a sequence (list or tuple), not " + py_type_name(seq)).c_str());
+  }
+  nb::object fast = nb::steal(PySequence_Fast(seq.ptr(), what));
+  if (!fast.is_valid()) throw nb::python_error();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  // Borrowed from `seq`'s own items: the caller keeps `seq` (and so them) alive.
+  std::vector<nb::handle> out(items, items + n);
+  return out;
+}
+}  // namespace
+
+nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures) {
+  auto h = engine();
+  // Copies of the sequences (new references) so their items stay alive whatever the caller
+  // does to the originals from another thread.
+  nb::object buffer_list = nb::steal(PySequence_List(buffers.ptr()));
+  if (!buffer_list.is_valid()) {
+    PyErr_Clear();
+    throw nb::type_error(("buffers must be a sequence, not " + py_type_name(buffers)).c_str());
+  }
+  const std::vector<nb::handle> bufs_in = as_items(buffer_list, "buffers");
+  const std::size_t n = bufs_in.size();
+  const bool one_file = is_one_file(files);
+  nb::object file_list;
+  std::vector<nb::handle> files_in;
+  if (!one_file) {
+    file_list = nb::steal(PySequence_List(files.ptr()));
+    if (!file_list.is_valid()) {
+      PyErr_Clear();
+      throw nb::type_error(
+          ("files must be a path, a descriptor or a sequence of them, not " + py_type_name(files)).c_str());
+    }
+    files_in = as_items(file_list, "files");
+    if (files_in.size() != n) {
+      throw InvalidArgument("files has " + std::to_string(files_in.size()) + " items for " + std::to_string(n) +
+                            " buffers");
+    }
+  }
+  std::vector<std::int64_t> offs(n, 0);
+  if (!offsets.is_none()) {
+    nb::object off_list = nb::steal(PySequence_List(offsets.ptr()));
+    if (!off_list.is_valid()) {
+      PyErr_Clear();
+      throw nb::type_error(("offsets must be a sequence of integers, not " + py_type_name(offsets)).c_str());
+    }
+    const std::vector<nb::handle> offs_in = as_items(off_list, "offsets");
+    if (offs_in.size() != n) {
+      throw InvalidArgument("offsets has " + std::to_string(offs_in.size()) + " items for " + std::to_string(n) +
+                            " buffers");
+    }
+    for (std::size_t i = 0; i < n; ++i) offs[i] = nb::cast<std::int64_t>(offs_in[i]);
+  }
+  const Target shared = one_file ? parse_target(files) : Target{};
+  // Every buffer is imported before anything is submitted: a bad one refuses the batch.
+  std::vector<std::shared_ptr<Buffer>> keep;  // this call's own references (see submit_op)
+  keep.reserve(n);
+  std::vector<IoRequest> reqs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    keep.push_back(std::make_shared<Buffer>(import_buffer(bufs_in[i], !write, "buffer", /*allow_device=*/true)));
+    const Target t = one_file ? shared : parse_target(files_in[i]);
+    IoRequest& r = reqs[i];
+    r.write = write;
+    r.buffer = keep.back()->data;
+    r.nbytes = keep.back()->nbytes;
+    r.path = t.path;
+    r.fd = t.fd;
+    r.file_offset = static_cast<std::uint64_t>(offs[i]);  // a negative one is refused by the engine
+    r.op.keep_alive = keep.back();
+    r.op.detached = futures;
+  }
+  std::vector<Future> futs;
+  std::optional<Error> err;
+  {
+    nb::gil_scoped_release release;
+    try {
+      futs = h->submit_batch(std::move(reqs));
+    } catch (const Error& e) {
+      err.emplace(e);
+    }
+  }
+  if (err) raise_error(*err);
+  if (!futures) return nb::int_(n);
+  nb::list out;
+  for (std::size_t i = 0; i < n; ++i) {
+    out.append(std::make_shared<Op>(std::move(futs[i]), write, static_cast<std::uint64_t>(offs[i]), keep[i]->nbytes));
+  }
+  return out;
+}
+
 void init_handle(nb::module_& m) {
   nb::class_<Op>(m, "Op", "One operation submitted through deepio.File; wrapped by deepio.Future.")
       .def("done", &Op::done, "True once the operation finished (successfully or not). Never blocks.")
@@ -370,6 +469,10 @@ void init_handle(nb::module_& m) {
            "Submits and waits (drain: also for everything queued for wait()); returns the count collected.")
       .def("submit_future", &PyHandle::submit_future, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offset") = 0)
+      .def("submit_batch", &PyHandle::submit_batch, nb::arg("write"), nb::arg("buffers"), nb::arg("files"),
+           nb::arg("offsets").none() = nb::none(), nb::arg("futures") = false,
+           "Submits many reads or writes in one call; files are opened off the calling thread. "
+           "Returns the count (queued for wait()) or, with futures=True, a list of Op.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)

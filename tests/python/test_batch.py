@@ -1,0 +1,170 @@
+"""Batched submission: aio_handle.async_pread_batch / async_pwrite_batch and the raw
+_deepio.Handle.submit_batch, against plain file reads and writes."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import deepio
+from deepio import _deepio
+
+
+def _data(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_batches_of_many_files_write_and_read_back_exact_bytes(tmp_path):
+    sizes = [1, 4095, 4096, 65536 + 7, 1 << 20, 3 * 4096 + 1] * 20
+    arrays = [_data(n, i) for i, n in enumerate(sizes)]
+    paths = [str(tmp_path / f"t{i}") for i in range(len(sizes))]
+    with deepio.aio_handle(block_size=65536, queue_depth=16, intra_op_parallelism=2) as h:
+        assert h.async_pwrite_batch(arrays, paths) == len(arrays)
+        assert h.wait() == len(arrays)
+        for a, p in zip(arrays, paths):
+            with open(p, "rb") as f:
+                assert f.read() == a.tobytes()
+        back = [np.empty_like(a) for a in arrays]
+        assert h.async_pread_batch(back, paths) == len(back)
+        assert h.wait() == len(back)
+    for a, b in zip(arrays, back):
+        assert np.array_equal(a, b)
+
+
+def test_one_file_at_offsets_by_path_and_by_descriptor(tmp_path):
+    path = tmp_path / "one"
+    chunk = 300_001  # not aligned: heads and tails go buffered, the middles direct
+    parts = [torch.from_numpy(_data(chunk, 10 + i)) for i in range(9)]
+    offsets = [i * chunk for i in range(len(parts))]
+    h = deepio.aio_handle(intra_op_parallelism=3)
+    h.async_pwrite_batch(parts, path, offsets)
+    assert h.wait() == len(parts)
+    assert path.read_bytes() == b"".join(p.numpy().tobytes() for p in parts)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        back = [torch.empty(chunk, dtype=torch.uint8) for _ in parts]
+        h.async_pread_batch(back, fd, offsets)
+        assert h.wait() == len(back)
+    finally:
+        os.close(fd)
+    for p, b in zip(parts, back):
+        assert torch.equal(p, b)
+
+
+def test_a_file_that_cannot_be_opened_fails_in_wait_and_the_rest_completes(tmp_path):
+    good = tmp_path / "good"
+    good.write_bytes(bytes(range(256)) * 64)
+    bufs = [np.zeros(16384, np.uint8), np.zeros(10, np.uint8), np.zeros(16384, np.uint8), np.zeros(5, np.uint8)]
+    files = [good, tmp_path / "missing", good, tmp_path / "missing-too"]
+    h = deepio.aio_handle()
+    assert h.async_pread_batch(bufs, files) == 4, "open failures are not raised at submission"
+    with pytest.raises(FileNotFoundError) as ei:
+        h.wait()
+    assert ei.value.filename == str(tmp_path / "missing")
+    assert len(ei.value.other_errors) == 1
+    assert isinstance(ei.value.other_errors[0], FileNotFoundError)
+    assert bufs[0].tobytes() == good.read_bytes() and bufs[2].tobytes() == good.read_bytes()
+    assert h.pending() == 0
+    assert h.wait() == 0
+
+
+def test_read_past_end_of_file_is_that_requests_failure(tmp_path):
+    p = tmp_path / "short"
+    p.write_bytes(b"x" * 1000)
+    h = deepio.aio_handle()
+    h.async_pread_batch([np.zeros(1000, np.uint8), np.zeros(1001, np.uint8)], p)
+    with pytest.raises(deepio.EndOfFileError):
+        h.wait()
+
+
+@pytest.mark.parametrize(
+    "buffers, files, offsets, exc",
+    [
+        ([np.zeros(4, np.uint8)] * 2, ["a"], None, deepio.InvalidArgumentError),  # one file short
+        ([np.zeros(4, np.uint8)] * 2, "a", [0], deepio.InvalidArgumentError),  # one offset short
+        ([np.zeros(4, np.uint8), "not a buffer"], "a", None, TypeError),
+        ([np.zeros(4, np.uint8)] * 2, "a", [0, -1], deepio.InvalidArgumentError),
+        ([np.zeros(4, np.uint8)] * 2, ["a", 3.5], None, TypeError),
+        (np.zeros((2, 4), np.uint8), "a", None, TypeError),  # an array is not a list of buffers
+        ((b for b in [np.zeros(4, np.uint8)]), "a", None, TypeError),
+    ],
+)
+def test_bad_arguments_refuse_the_whole_batch(tmp_path, buffers, files, offsets, exc):
+    os.chdir(tmp_path)
+    h = deepio.aio_handle()
+    with pytest.raises(exc):
+        h.async_pwrite_batch(buffers, files, offsets)
+    assert h.pending() == 0
+    assert not (tmp_path / "a").exists(), "nothing of a refused batch was written"
+
+
+def test_a_read_only_destination_refuses_the_batch(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"y" * 64)
+    ro = np.zeros(64, np.uint8)
+    ro.setflags(write=False)
+    h = deepio.aio_handle()
+    with pytest.raises((ValueError, TypeError)):
+        h.async_pread_batch([np.zeros(64, np.uint8), ro], p)
+    assert h.pending() == 0
+
+
+def test_buffers_stay_alive_until_collected(tmp_path):
+    h = deepio.aio_handle(block_size=4096, queue_depth=2)
+    expected = [_data(1 << 20, 30 + i).tobytes() for i in range(8)]
+    h.async_pwrite_batch([np.frombuffer(e, np.uint8).copy() for e in expected], [tmp_path / f"k{i}" for i in range(8)])
+    gc.collect()  # the caller kept no reference: the handle does
+    assert h.wait() == 8
+    for i, e in enumerate(expected):
+        assert (tmp_path / f"k{i}").read_bytes() == e
+
+
+def test_futures_from_the_raw_handle_are_collected_one_by_one(tmp_path):
+    raw = _deepio.Handle(intra_op_parallelism=2)
+    arrays = [_data(70_000 + i, i) for i in range(40)]
+    ops = raw.submit_batch(True, arrays, [str(tmp_path / f"f{i}") for i in range(40)], None, futures=True)
+    assert len(ops) == 40
+    assert [op.result() for op in ops] == [a.nbytes for a in arrays]
+    assert raw.wait() == 0, "ops with futures belong to their futures"
+    bad = raw.submit_batch(False, [np.zeros(3, np.uint8)], str(tmp_path / "nope"), None, futures=True)
+    assert isinstance(bad[0].exception(), FileNotFoundError)
+    raw.close()
+
+
+def test_many_threads_submitting_batches_at_once(tmp_path):
+    h = deepio.aio_handle(block_size=65536, queue_depth=8, intra_op_parallelism=2)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            arrays = [_data(50_000 + i, 1000 * t + i) for i in range(25)]
+            paths = [tmp_path / f"th{t}-{i}" for i in range(25)]
+            h.async_pwrite_batch(arrays, paths)
+            back = [np.empty_like(a) for a in arrays]
+            h.wait()  # collects this thread's writes (and maybe others': each counted once)
+            h.async_pread_batch(back, paths)
+            h.wait()
+            for a, b in zip(arrays, back):
+                assert np.array_equal(a, b)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    h.close()
+
+
+def test_an_empty_batch_queues_nothing(tmp_path):
+    h = deepio.aio_handle()
+    assert h.async_pwrite_batch([], tmp_path / "e") == 0
+    assert h.wait() == 0
+    assert not (tmp_path / "e").exists()
