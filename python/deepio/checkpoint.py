@@ -1,24 +1,26 @@
 """Checkpoints through the engine: ``deepio.save``/``deepio.load`` (torch's file format) and
 the file-like ``deepio.Writer``/``deepio.Reader`` any serializer can use.
 
-Writer protocol. Bytes handed to ``write()`` are copied into one of two page-locked staging
-buffers (``buffer_size`` each). A full buffer is submitted to the engine as one positional
-write and filling continues in the other buffer while the first is on its way to the disk;
-before a buffer is filled again its write is waited for (and its error raised). Buffers cover
-file ranges that end at multiples of ``buffer_size``, so every full buffer is an aligned
-request that the engine writes with direct I/O; a partial buffer (``flush()``, ``seek()``,
-``close()``) is written as it is and the engine puts its unaligned edges through the page
-cache. ``write()`` never keeps the caller's memory: when it returns, the bytes are copied
-(torch hands ``write()`` views of tensor storages that are only valid during the call).
-``flush()`` writes everything staged and waits for it; ``close()`` also flushes the file to
-stable storage (``fsync``) unless ``durable=False``. A failed write is raised by the call
-that waits for it and again by every later call; ``close()`` releases everything anyway.
+Writer protocol. Bytes handed to ``write()`` are copied into a ring of ``buffers``
+page-locked staging buffers (``buffer_size`` each). A full buffer is submitted to the engine
+as one positional write and filling continues in the next buffer while the earlier ones are on
+their way to the disk; before a buffer is filled again its write is waited for (and its error
+raised). Buffers cover file ranges that end at multiples of ``buffer_size``, so every full
+buffer is an aligned request from aligned memory, written with direct I/O; a partial buffer
+(``flush()``, ``seek()`` elsewhere, ``close()``) is written as it is and the engine puts its
+unaligned edges through the page cache. ``write()`` never keeps the caller's memory: when it
+returns, the bytes are copied (torch hands ``write()`` views of tensor storages that are only
+valid during the call). ``flush()`` writes everything staged and waits for it; ``close()``
+also flushes the file to stable storage (``fsync``) unless ``durable=False``. A failed write
+is raised by the call that waits for it and again by every later call; ``close()`` releases
+everything anyway.
 
-Reader protocol. The file is read in aligned chunks of ``buffer_size`` into two page-locked
-buffers; a small read that continues the previous one starts reading the next chunk ahead.
-A read of at least ``buffer_size`` bytes goes from the engine straight into the caller's
-memory (what is already in a chunk is copied from there), so ``torch.load`` reads each
-storage in one large request into the tensor's own memory.
+Reader protocol. The file is read in aligned chunks of ``buffer_size`` into a ring of
+``buffers`` page-locked buffers (direct I/O into aligned memory), and copied from there into
+the caller's memory. A large read starts every chunk it covers, up to the ring's size ahead,
+plus the chunk after it; a small read that continues the previous one starts the next chunk.
+Reading straight into the caller's memory would be slower: a tensor's memory is rarely
+page-aligned, and the engine then bounces every block (measured in docs/checkpoints.md).
 
 Neither object is thread-safe: use one from one thread at a time, as with ``open()``.
 """
@@ -26,6 +28,7 @@ Neither object is thread-safe: use one from one thread at a time, as with ``open
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
 import pickle
@@ -39,9 +42,11 @@ from ._file import File, Future
 
 PathArg = Union[str, "os.PathLike[str]"]
 
-#: Staging buffers of a Writer (two of these) and read-ahead chunks of a Reader (two).
-DEFAULT_WRITE_BUFFER = 32 << 20
-DEFAULT_READ_BUFFER = 4 << 20
+#: Staging buffers of a Writer and read-ahead chunks of a Reader: size and count.
+DEFAULT_WRITE_BUFFER = 16 << 20
+DEFAULT_WRITE_BUFFERS = 4
+DEFAULT_READ_BUFFER = 8 << 20
+DEFAULT_READ_BUFFERS = 4
 _SMALL_COPY = 64 << 10  # below this a slice assignment beats a GIL-releasing memcpy
 
 _handle: Any | None = None
@@ -58,6 +63,15 @@ def _checkpoint_handle(handle: Any) -> Any:
         if _handle is None:
             _handle = _deepio.Handle(block_size=1 << 20, queue_depth=32, intra_op_parallelism=2)
         return _handle
+
+
+def _check_sizes(buffer_size: Any, buffers: Any) -> int:
+    """buffer_size rounded up to whole pages (aligned for any device)."""
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 4096:
+        raise ValueError(f"buffer_size must be an integer of at least 4096, got {buffer_size!r}")
+    if isinstance(buffers, bool) or not isinstance(buffers, int) or not 2 <= buffers <= 64:
+        raise ValueError(f"buffers must be an integer from 2 to 64, got {buffers!r}")
+    return -(-buffer_size // 4096) * 4096
 
 
 class _Staging:
@@ -100,10 +114,29 @@ def _is_device(b: Any) -> bool:
     return is_device_buffer(b)
 
 
+def _with_name(e: OSError, name: str) -> OSError:
+    """The engine's error for a descriptor (filename None) with the file's name put in."""
+    if e.filename is not None:
+        return e
+    try:
+        named = type(e)(e.errno, e.strerror, name)
+    except Exception:
+        return e
+    for attr in ("offset", "nbytes", "other_errors"):
+        if hasattr(e, attr):
+            try:
+                setattr(named, attr, getattr(e, attr))
+            except AttributeError:
+                pass
+    named.__traceback__ = e.__traceback__
+    return named
+
+
 class Writer(io.RawIOBase):
     """A binary file opened for writing whose bytes go through deepio's engine.
 
-    ``Writer(path, *, buffer_size=32 MiB, handle=None, direct_io="auto", durable=True)``
+    ``Writer(path, *, buffer_size=16 MiB, buffers=4, handle=None, direct_io="auto",
+    durable=True)``
     creates or truncates ``path``. ``write(b)`` accepts anything with the buffer protocol
     (and CUDA memory: torch CUDA tensors or kDLCUDA DLPack producers, written through the
     engine's GPU staging pipeline) and always consumes all of it. ``tell()``, ``seek()``
@@ -117,6 +150,7 @@ class Writer(io.RawIOBase):
         path: PathArg,
         *,
         buffer_size: int = DEFAULT_WRITE_BUFFER,
+        buffers: int = DEFAULT_WRITE_BUFFERS,
         handle: Any = None,
         direct_io: str | bool | None = "auto",
         durable: bool = True,
@@ -124,18 +158,16 @@ class Writer(io.RawIOBase):
         super().__init__()
         self._file: File | None = None
         self._bufs: list[_Staging] = []
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 4096:
-            raise ValueError(f"buffer_size must be an integer of at least 4096, got {buffer_size!r}")
-        buffer_size = -(-buffer_size // 4096) * 4096  # whole pages: aligned for any device
+        buffer_size = _check_sizes(buffer_size, buffers)
         self.name = os.fspath(path)
         self._file = File(path, "w", handle=_checkpoint_handle(handle), direct_io=direct_io)
         try:
-            self._bufs = [_Staging(buffer_size), _Staging(buffer_size)]
+            self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
         except BaseException:
-            self._file.close()
+            self._release()
             raise
         self._size = buffer_size
-        self._pending: list[Future | None] = [None, None]  # the write of each buffer
+        self._pending: list[Future | None] = [None] * buffers  # the write of each buffer
         self._other: list[Future] = []  # writes from the caller's device memory
         self._cur = 0  # buffer being filled
         self._base = 0  # file offset of its first byte
@@ -224,8 +256,8 @@ class Writer(io.RawIOBase):
             target = self._file.size() + offset
         else:
             raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
+        if target < 0:  # as os.lseek and open() files say it
+            raise OSError(errno.EINVAL, f"Invalid argument: negative seek position {target}", self.name)
         if self._base <= target <= self._base + self._fill:
             self._pos = target - self._base  # inside what is staged: nothing to write yet
         else:
@@ -299,6 +331,10 @@ class Writer(io.RawIOBase):
             return
         try:
             fut.result()
+        except OSError as e:
+            if self._error is None:
+                self._error = _with_name(e, self.name)
+            raise self._error from None
         except BaseException as e:
             if self._error is None:
                 self._error = e
@@ -319,7 +355,7 @@ class Writer(io.RawIOBase):
 
     def _restart(self, offset: int, switch: bool = False) -> None:
         if switch:
-            self._cur ^= 1
+            self._cur = (self._cur + 1) % len(self._bufs)
             fut, self._pending[self._cur] = self._pending[self._cur], None
             self._wait(fut)
         self._base = offset
@@ -328,7 +364,7 @@ class Writer(io.RawIOBase):
 
     def _drain(self) -> None:
         futs = [f for f in self._pending if f is not None] + self._other
-        self._pending = [None, None]
+        self._pending = [None] * len(self._pending)
         self._other = []
         first: BaseException | None = None
         for f in futs:  # wait for all before raising: no write may outlive its buffer
@@ -359,10 +395,10 @@ class Writer(io.RawIOBase):
 class Reader(io.RawIOBase):
     """A binary file opened for reading through deepio's engine, with read-ahead.
 
-    ``Reader(path, *, buffer_size=4 MiB, handle=None, direct_io="auto")``: ``read(n=-1)``,
-    ``readinto(b)`` (fills ``b`` unless the end of the file comes first), ``readall()``,
-    ``seek()``, ``tell()``, ``readable()``/``seekable()``, context manager. Missing files,
-    permissions and directories raise at construction, as ``open()`` does.
+    ``Reader(path, *, buffer_size=8 MiB, buffers=4, handle=None, direct_io="auto")``:
+    ``read(n=-1)``, ``readinto(b)`` (fills ``b`` unless the end of the file comes first),
+    ``readall()``, ``seek()``, ``tell()``, ``readable()``/``seekable()``, context manager.
+    Missing files, permissions and folders raise at construction, as ``open()`` does.
     """
 
     def __init__(
@@ -370,30 +406,29 @@ class Reader(io.RawIOBase):
         path: PathArg,
         *,
         buffer_size: int = DEFAULT_READ_BUFFER,
+        buffers: int = DEFAULT_READ_BUFFERS,
         handle: Any = None,
         direct_io: str | bool | None = "auto",
     ) -> None:
         super().__init__()
         self._file: File | None = None
         self._bufs: list[_Staging] = []
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 4096:
-            raise ValueError(f"buffer_size must be an integer of at least 4096, got {buffer_size!r}")
-        buffer_size = -(-buffer_size // 4096) * 4096
+        buffer_size = _check_sizes(buffer_size, buffers)
         self.name = os.fspath(path)
         if os.path.isdir(self.name):  # O_RDONLY opens a folder; reading it would say EISDIR late
             raise IsADirectoryError(21, "Is a directory", self.name)
         self._file = File(path, "r", handle=_checkpoint_handle(handle), direct_io=direct_io)
         try:
             self._end = self._file.size()
-            self._bufs = [_Staging(buffer_size), _Staging(buffer_size)]
+            self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
         except BaseException:
-            self._file.close()
+            self._close_all()
             raise
         self._size = buffer_size
-        self._chunk: list[int] = [-1, -1]  # chunk index each buffer holds (or is reading)
-        self._fut: list[Future | None] = [None, None]
+        self._chunk: list[int] = [-1] * buffers  # chunk index each buffer holds (or is reading)
+        self._fut: list[Future | None] = [None] * buffers
         self._pos = 0
-        self._last_chunk = -2  # chunk the previous small read ended in
+        self._last_chunk = -2  # chunk the previous read ended in
 
     def readable(self) -> bool:
         self._check()
@@ -410,6 +445,11 @@ class Reader(io.RawIOBase):
     def fileno(self) -> int:
         raise io.UnsupportedOperation("deepio.Reader has no file descriptor to read from")
 
+    @property
+    def direct(self) -> bool:
+        """True when the file is open with O_DIRECT (chunks bypass the page cache)."""
+        return bool(self._file is not None and self._file.direct)
+
     def tell(self) -> int:
         self._check()
         return self._pos
@@ -424,8 +464,8 @@ class Reader(io.RawIOBase):
             target = self._end + offset
         else:
             raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
+        if target < 0:  # as os.lseek and open() files say it
+            raise OSError(errno.EINVAL, f"Invalid argument: negative seek position {target}", self.name)
         self._pos = target
         return target
 
@@ -437,34 +477,25 @@ class Reader(io.RawIOBase):
         if dest.format != "B" or dest.ndim != 1:
             dest = dest.cast("B")
         n = max(0, min(len(dest), self._end - self._pos))
+        if n == 0:
+            return 0
+        first, last = self._pos // self._size, (self._pos + n - 1) // self._size
+        # Read ahead: through the end of a large read (and the chunk after it, where the next
+        # record's header usually is), or one chunk after a small read that continues the last.
+        sequential = first in (self._last_chunk, self._last_chunk + 1)
+        ahead = last + 1 if (last > first or sequential) else last
         done = 0
         while done < n:
             pos = self._pos + done
             k = pos // self._size
-            want = n - done
-            held = self._held(k)
-            if held is not None:  # already in (or on its way into) a buffer: copy from there
-                view = self._ready(held)
-                start = pos - k * self._size
-                m = min(want, len(view) - start)
-                _copy(dest[done : done + m], view[start : start + m])
-                done += m
-                continue
-            if want >= self._size:  # large: straight into the caller's memory
-                assert self._file is not None
-                self._file.read_into(dest[done:n], pos)
-                done = n
-                continue
-            slot = self._load(k)  # small: through a chunk, and read the next one ahead
-            view = self._ready(slot)
+            self._start_range(k, min(ahead, k + len(self._bufs) - 1))
+            i = self._chunk.index(k)
+            view = self._ready(i)
             start = pos - k * self._size
-            m = min(want, len(view) - start)
+            m = min(n - done, len(view) - start)
             _copy(dest[done : done + m], view[start : start + m])
             done += m
-        end_chunk = (self._pos + n - 1) // self._size if n else self._last_chunk
-        if n and n < self._size and end_chunk in (self._last_chunk, self._last_chunk + 1):
-            self._prefetch(end_chunk + 1)  # sequential small reads: read ahead
-        self._last_chunk = end_chunk
+        self._last_chunk = last
         self._pos += n
         return n
 
@@ -483,21 +514,20 @@ class Reader(io.RawIOBase):
 
     def close(self) -> None:
         if self._file is not None:
-            first: BaseException | None = None
-            for f in self._fut:
-                if f is not None:
-                    try:
-                        f.wait()
-                    except BaseException as e:
-                        first = first or e
-            f_, self._file = self._file, None
-            for b in self._bufs:
-                b.release()
-            self._bufs = []
-            f_.close()
-            if first is not None:
-                raise first
+            self._close_all()
         super().close()
+
+    def _close_all(self) -> None:
+        for i, f in enumerate(self._fut):
+            if f is not None:
+                f.wait()  # a read-ahead nobody asked for: its outcome does not matter
+                self._fut[i] = None
+        f_, self._file = self._file, None
+        for b in self._bufs:
+            b.release()
+        self._bufs = []
+        if f_ is not None:
+            f_.close()
 
     def __del__(self) -> None:
         try:
@@ -509,12 +539,6 @@ class Reader(io.RawIOBase):
         if self._file is None:
             raise ValueError("I/O operation on a closed deepio.Reader")
 
-    def _held(self, k: int) -> int | None:
-        for i in (0, 1):
-            if self._chunk[i] == k:
-                return i
-        return None
-
     def _ready(self, i: int) -> memoryview:
         fut, self._fut[i] = self._fut[i], None
         if fut is not None:
@@ -524,34 +548,30 @@ class Reader(io.RawIOBase):
                 self._chunk[i] = -1
                 raise
         k = self._chunk[i]
-        length = min(self._size, self._end - k * self._size)
-        return self._bufs[i].view[:length]
+        return self._bufs[i].view[: min(self._size, self._end - k * self._size)]
+
+    def _start_range(self, k: int, upto: int) -> None:
+        """Starts reading every chunk of [k, upto] (within the file) not already held, into
+        buffers holding chunks outside that range."""
+        upto = min(upto, (self._end - 1) // self._size)
+        for j in range(k, upto + 1):
+            if j in self._chunk:
+                continue
+            free = [i for i, c in enumerate(self._chunk) if not k <= c <= upto]
+            # Prefer empty buffers, then the chunk furthest behind.
+            i = min(free, key=lambda i: (self._chunk[i] >= 0, self._chunk[i] if self._chunk[i] < k else -1))
+            self._start(i, j)
 
     def _start(self, i: int, k: int) -> None:
         fut, self._fut[i] = self._fut[i], None
         if fut is not None:
-            fut.wait()  # its outcome is moot; the buffer must be free before reuse
+            fut.wait()  # a read-ahead never used: the buffer must be free before reuse
         self._chunk[i] = -1
         off = k * self._size
         length = min(self._size, self._end - off)
         assert self._file is not None
         self._fut[i] = self._file.pread(self._bufs[i].view[:length], off)
         self._chunk[i] = k
-
-    def _load(self, k: int) -> int:
-        # Replace the buffer not holding the chunk just before k (keep a read-behind).
-        i = 0 if self._chunk[1] == k - 1 else 1
-        if self._chunk[i] == k - 1:
-            i ^= 1
-        self._start(i, k)
-        return i
-
-    def _prefetch(self, k: int) -> None:
-        if k * self._size >= self._end or self._held(k) is not None:
-            return
-        cur = self._held(k - 1)
-        i = 0 if cur is None else cur ^ 1
-        self._start(i, k)
 
     def __repr__(self) -> str:
         state = "closed" if self._file is None else f"pos={self._pos}"
@@ -596,8 +616,13 @@ def save(
         try:
             torch.save(obj, w, pickle_protocol=pickle_protocol)
             w.close()
-        except BaseException:
+        except BaseException as e:
+            cause = w._error
             w.discard()
+            if cause is not None and cause is not e:
+                # torch's writer goes on after write() raised and fails on its own
+                # ("unexpected pos"): the Writer's error is the one to report.
+                raise cause from None
             raise
 
 
@@ -632,7 +657,11 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
 
 def _naming(e: BaseException, path: str) -> BaseException:
     msg = f"deepio.load({path!r}): cannot load it as a torch checkpoint (truncated or corrupt?): {e}"
-    try:
-        return type(e)(msg)
-    except Exception:
-        return RuntimeError(msg)
+    for cls in type(e).__mro__:  # the nearest class that takes a message (UnicodeDecodeError does not)
+        try:
+            named = cls(msg)
+        except Exception:
+            continue
+        if isinstance(named, BaseException):
+            return named
+    return RuntimeError(msg)

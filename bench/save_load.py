@@ -1,0 +1,192 @@
+"""deepio.save / deepio.load against torch.save / torch.load on a checkpoint-sized state dict.
+
+    python3 bench/save_load.py [--gib 1.5] [--pairs 5] [--dir /var/tmp/deepio-bench] [--json]
+
+A transformer-shaped state dict (embedding, per layer qkv/out/mlp weights and biases, norms;
+tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, interleaved
+(deepio, torch, deepio, torch, ... with the order swapped every pair), --pairs times:
+
+  save:  deepio.save (temp name, fsync, rename, fsync folder) | torch.save + fsync of the
+         file and folder (the same durability) | torch.save without fsync (what most code does)
+  load:  deepio.load | torch.load of the same torch.save file, page cache dropped before each
+         (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm)
+
+Printed: medians of GiB/s and CPU s/GiB (user + system of the whole process, engine threads
+included, from getrusage). Results are checked outside the timed region (one load of each
+kind compared with the original tensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+
+
+def state_dict(gib: float, dtype):  # type: ignore[no-untyped-def]
+    import torch
+
+    h, vocab = 2048, 32000
+    esize = torch.empty(0, dtype=dtype).element_size()
+    per_layer = (3 * h * h + h * h + 4 * h * h * 2) * esize
+    layers = max(1, int((gib * (1 << 30) - vocab * h * esize) // per_layer))
+    g = torch.Generator().manual_seed(0)
+    sd = {"embed.weight": torch.randn(vocab, h, generator=g).to(dtype)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        sd[p + "attn.qkv.weight"] = torch.randn(3 * h, h, generator=g).to(dtype)
+        sd[p + "attn.qkv.bias"] = torch.randn(3 * h, generator=g).to(dtype)
+        sd[p + "attn.out.weight"] = torch.randn(h, h, generator=g).to(dtype)
+        sd[p + "mlp.up.weight"] = torch.randn(4 * h, h, generator=g).to(dtype)
+        sd[p + "mlp.down.weight"] = torch.randn(h, 4 * h, generator=g).to(dtype)
+        sd[p + "norm1.weight"] = torch.ones(h, dtype=dtype)
+        sd[p + "norm2.weight"] = torch.ones(h, dtype=dtype)
+    sd["step"] = 1234
+    return sd
+
+
+def nbytes_of(sd) -> int:  # type: ignore[no-untyped-def]
+    return sum(v.nbytes for v in sd.values() if hasattr(v, "nbytes"))
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drop_caches() -> bool:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def timed(fn):  # type: ignore[no-untyped-def]
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, cpu_seconds() - c0, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.5, help="state dict size in GiB (default 1.5)")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dir", default="/var/tmp/deepio-bench")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = ap.parse_args()
+
+    import torch
+
+    import deepio
+    from deepio import checkpoint
+
+    os.makedirs(args.dir, exist_ok=True)
+    need = int(args.gib * (1 << 30))
+    free_disk = shutil.disk_usage(args.dir).free
+    avail = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
+    if free_disk < 4 * need:
+        sys.exit(f"need {4 * need >> 20} MiB free in {args.dir}, have {free_disk >> 20}")
+    if avail < 3 * need:
+        sys.exit(f"need {3 * need >> 20} MiB of available memory, have {avail >> 20}")
+
+    dtype = getattr(torch, args.dtype)
+    sd = state_dict(args.gib, dtype)
+    total = nbytes_of(sd)
+    gib = total / (1 << 30)
+    h = checkpoint._checkpoint_handle(None)
+    probe = deepio.info(args.dir)["direct_io"]
+    print(
+        f"# state dict: {len(sd)} entries, {gib:.2f} GiB {args.dtype}; dir {args.dir} ({probe.get('filesystem')}); "
+        f"engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
+        f"{h.queue_depth}, {h.intra_op_parallelism} workers; Writer buffers 2 x "
+        f"{checkpoint.DEFAULT_WRITE_BUFFER >> 20} MiB, Reader chunks 2 x {checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs"
+    )
+    p_dio = os.path.join(args.dir, "deepio.pt")
+    p_tor = os.path.join(args.dir, "torch.pt")
+    p_raw = os.path.join(args.dir, "torch-nosync.pt")
+
+    def save_deepio() -> None:
+        deepio.save(sd, p_dio)
+
+    def save_torch_fsync() -> None:
+        torch.save(sd, p_tor)
+        fsync_path(p_tor)
+        fsync_path(args.dir)
+
+    def save_torch() -> None:
+        torch.save(sd, p_raw)
+
+    saves = {"deepio.save": save_deepio, "torch.save+fsync": save_torch_fsync, "torch.save (no fsync)": save_torch}
+    loads = {
+        "deepio.load": lambda: deepio.load(p_tor, weights_only=True),
+        "torch.load": lambda: torch.load(p_tor, weights_only=True),
+    }
+    res: dict[str, list[tuple[float, float]]] = {k: [] for k in [*saves, *loads]}
+    cold = True
+    for i in range(args.pairs):
+        order = list(saves) if i % 2 == 0 else list(reversed(saves))
+        for name in order:
+            os.sync()
+            wall, cpu, _ = timed(saves[name])
+            res[name].append((wall, cpu))
+        os.sync()
+        order = list(loads) if i % 2 == 0 else list(reversed(loads))
+        for name in order:
+            cold = drop_caches() and cold
+            wall, cpu, out = timed(loads[name])
+            res[name].append((wall, cpu))
+            del out
+        print(
+            f"pair {i + 1}: " + ", ".join(f"{k} {gib / v[-1][0]:.2f} GiB/s" for k, v in res.items()),
+            flush=True,
+        )
+
+    # Verify outside the timed region.
+    for name, fn in [("deepio.save -> torch.load", lambda: torch.load(p_dio)), *loads.items()]:
+        got = fn()
+        bad = [k for k, v in sd.items() if hasattr(v, "nbytes") and not torch.equal(got[k], v)]
+        if bad or got["step"] != sd["step"]:
+            sys.exit(f"{name}: results differ ({bad[:3]})")
+        del got
+    print(f"# verified; page cache {'dropped before each load' if cold else 'NOT dropped (not root): warm loads'}")
+
+    summary = {}
+    print(f"{'method':24s} {'GiB/s':>7s} {'CPU s/GiB':>10s}   (medians of {args.pairs})")
+    for name, v in res.items():
+        rate = statistics.median(gib / w for w, _ in v)
+        cpu = statistics.median(c / gib for _, c in v)
+        summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "runs": v}
+        print(f"{name:24s} {rate:7.2f} {cpu:10.2f}")
+    r = {k: v["gib_per_s"] for k, v in summary.items()}
+    print(
+        f"# deepio.save / torch.save+fsync = {r['deepio.save'] / r['torch.save+fsync']:.2f}x; "
+        f"/ torch.save (no fsync) = {r['deepio.save'] / r['torch.save (no fsync)']:.2f}x; "
+        f"deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x"
+    )
+    if args.json:
+        print(json.dumps({"gib": gib, "cold": cold, "results": summary}))
+    for p in (p_dio, p_tor, p_raw):
+        os.unlink(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

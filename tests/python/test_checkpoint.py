@@ -1,0 +1,484 @@
+"""deepio.save/load and the file-like deepio.Writer/Reader: torch compatibility both ways,
+other serializers, durability (a writer killed mid-save, exceptions, RLIMIT_FSIZE) and the
+failures a user can cause (missing file, permissions, folders, truncated or corrupt files)."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import deepio
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+
+EXAMPLES = int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "40"))
+SMALL = {"buffer_size": 8192, "buffers": 3}  # many buffer turns on small data
+
+
+def _child(script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def _leftovers(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if ".deepio-tmp-" in n)
+
+
+# ------------------------------------------------------------------------ Writer / Reader
+
+
+@pytest.mark.parametrize("kw", [{}, SMALL, {"buffer_size": 4096, "buffers": 2, "direct_io": "off"}])
+def test_writer_sequence_of_writes_is_the_concatenation(tmp_dir, kw):
+    rng = np.random.default_rng(1)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 4095, 4096, 4097, 30000, 7, 65536)]
+    p = tmp_dir / "w.bin"
+    with deepio.Writer(p, **kw) as f:
+        assert f.writable() and f.seekable() and not f.readable()
+        for i, piece in enumerate(pieces):
+            # bytes, bytearray, memoryview, NumPy and torch all arrive through the buffer protocol
+            src = [bytes, bytearray, memoryview, lambda b: np.frombuffer(b, np.uint8)][i % 4](piece)
+            assert f.write(src) == len(piece)
+        assert f.tell() == sum(map(len, pieces))
+    assert p.read_bytes() == b"".join(pieces)
+    assert f.closed
+    with pytest.raises(ValueError):
+        f.write(b"x")
+
+
+def test_writer_takes_strided_and_typed_buffers(tmp_dir):
+    t = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    with deepio.Writer(tmp_dir / "t.bin") as f:
+        f.write(t.numpy())  # 2-D float64: written as its bytes
+        f.write(np.arange(10, dtype=np.int32)[::2])  # not contiguous: copied first
+    data = (tmp_dir / "t.bin").read_bytes()
+    assert data == t.numpy().tobytes() + np.arange(10, dtype=np.int32)[::2].tobytes()
+
+
+def test_writer_flush_makes_bytes_visible_and_seek_overwrites(tmp_dir):
+    p = tmp_dir / "s.bin"
+    body = os.urandom(50000)
+    with deepio.Writer(p, **SMALL) as f:
+        f.write(body)
+        f.flush()
+        assert p.read_bytes() == body  # flush() waits for the engine
+        assert f.seek(10) == 10  # far behind what is staged: written, then restarted
+        f.write(b"HEAD")
+        assert f.seek(0, os.SEEK_END) == len(body)
+        f.write(b"TAIL")
+        assert f.seek(-2, os.SEEK_CUR) == len(body) + 2
+        f.write(b"ZZ")  # inside what is staged
+        f.seek(len(body) + 100)  # past the end: a hole
+        f.write(b"!")
+    want = bytearray(body)
+    want[10:14] = b"HEAD"
+    want += b"TAZZ" + b"\0" * 96 + b"!"
+    assert p.read_bytes() == bytes(want)
+    with pytest.raises(ValueError):
+        deepio.Writer(p, buffer_size=100)
+
+
+def test_writer_truncates_existing_file(tmp_dir):
+    p = tmp_dir / "old.bin"
+    p.write_bytes(b"x" * 100000)
+    with deepio.Writer(p) as f:
+        f.write(b"short")
+    assert p.read_bytes() == b"short"
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    size=st.integers(0, 70000),
+    reads=st.lists(st.tuples(st.integers(0, 80000), st.integers(-1, 40000)), min_size=1, max_size=12),
+    kw=st.sampled_from([SMALL, {"buffer_size": 4096, "buffers": 2}, {}]),
+)
+def test_reader_random_reads_match_the_file(tmp_dir, size, reads, kw):
+    data = os.urandom(size)
+    p = tmp_dir / "r.bin"
+    p.write_bytes(data)
+    with deepio.Reader(p, **kw) as f:
+        assert f.readable() and f.seekable() and not f.writable()
+        for off, n in reads:
+            assert f.seek(off) == off
+            if n % 2:
+                got = f.read(n)
+            else:
+                buf = bytearray(max(n, 0))
+                got = bytes(buf[: f.readinto(buf)])
+            want = data[off:] if n < 0 else data[off : off + n]
+            assert got == want
+            assert f.tell() == off + len(want)
+    assert f.closed
+
+
+def test_reader_sequential_reads_and_readinto_torch(tmp_dir):
+    data = os.urandom(3 * 8192 + 123)
+    p = tmp_dir / "seq.bin"
+    p.write_bytes(data)
+    with deepio.Reader(p, **SMALL) as f:
+        out = b"".join(iter(lambda: f.read(1000), b""))
+        assert out == data
+        assert f.read(10) == b"" and f.readinto(bytearray(10)) == 0
+        f.seek(5)
+        t = torch.empty(len(data) - 5, dtype=torch.uint8)
+        assert f.readinto(memoryview(t.numpy())) == len(data) - 5
+        assert t.numpy().tobytes() == data[5:]
+        with pytest.raises(ValueError):
+            f.readinto(b"read-only")
+        with pytest.raises(OSError) as ei:
+            f.seek(-1)
+        assert ei.value.errno == errno.EINVAL
+        with pytest.raises(io.UnsupportedOperation):
+            f.fileno()
+
+
+def test_other_serializers_through_writer_and_reader(tmp_dir):
+    arr = np.random.default_rng(0).standard_normal((300, 700))
+    p = tmp_dir / "a.npy"
+    with deepio.Writer(p) as f:
+        np.save(f, arr)
+    assert np.array_equal(np.load(p), arr)  # plain NumPy reads the file
+    with deepio.Reader(p) as f:
+        assert np.array_equal(np.load(f), arr)
+    obj = {"list": list(range(1000)), "blob": os.urandom(100000), "nested": ({"a": 1.5},)}
+    with deepio.Writer(tmp_dir / "o.pkl", **SMALL) as f:
+        pickle.dump(obj, f, protocol=5)
+    with deepio.Reader(tmp_dir / "o.pkl", **SMALL) as f:
+        assert pickle.load(f) == obj
+    with deepio.Writer(tmp_dir / "t.pt") as f:
+        torch.save({"x": torch.arange(5)}, f)  # torch.save to a file object, kept open
+    assert torch.equal(torch.load(tmp_dir / "t.pt")["x"], torch.arange(5))
+
+
+# ---------------------------------------------------------------------- torch round trips
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(st.lists(st.integers(0, 9), min_size=0, max_size=3))
+    n = 1
+    for s in shape:
+        n *= s
+    base = torch.from_numpy(np.frombuffer(draw(st.binary(min_size=n * 16, max_size=n * 16)), np.uint8).copy())
+    if n == 0:
+        t = torch.empty(0, dtype=dtype)
+    elif dtype == torch.bool:
+        t = (base[:n] & 1).bool()
+    else:
+        t = base[: n * torch.empty(0, dtype=dtype).element_size()].view(dtype)
+    t = t.reshape(shape)
+    kind = draw(st.sampled_from(["plain", "transposed", "sliced"]))
+    if kind == "transposed" and t.dim() >= 2:
+        t = t.transpose(0, 1)  # non-contiguous
+    elif kind == "sliced" and t.dim() >= 1 and t.shape[0] > 1:
+        t = t[1:]  # a view with a storage offset
+    return t
+
+
+def containers():
+    leaves = tensors() | st.integers() | st.text(max_size=5) | st.none()
+    return st.recursive(
+        leaves,
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.tuples(inner, inner)
+            | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+def raw(t) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        assert a.storage_offset() == b.storage_offset()
+        # Compare bytes: NaN payloads and float8 compare exactly, and == is not defined for float8.
+        assert raw(a) == raw(b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(obj=containers())
+def test_round_trips_with_torch(tmp_dir, obj):
+    ours, theirs = tmp_dir / "ours.pt", tmp_dir / "theirs.pt"
+    deepio.save(obj, ours)
+    torch.save(obj, theirs)
+    assert_same(obj, torch.load(ours))  # deepio.save -> torch.load
+    assert_same(obj, deepio.load(theirs))  # torch.save -> deepio.load
+    assert_same(obj, deepio.load(ours))  # deepio.save -> deepio.load
+
+
+def test_shared_storages_stay_shared(tmp_dir):
+    base = torch.arange(100, dtype=torch.float32)
+    obj = {"all": base, "view": base[10:20], "t": base.view(10, 10).t(), "bf": torch.randn(5).bfloat16()}
+    p = tmp_dir / "shared.pt"
+    deepio.save(obj, p)
+    for got in (torch.load(p), deepio.load(p)):
+        assert got["all"].untyped_storage().data_ptr() == got["view"].untyped_storage().data_ptr()
+        assert got["t"].untyped_storage().data_ptr() == got["all"].untyped_storage().data_ptr()
+        got["all"][15] = -1
+        assert got["view"][5] == -1  # one storage, as torch.load gives
+        assert_same(obj["bf"], got["bf"])
+
+
+def test_large_state_dict_and_map_location(tmp_dir):
+    sd = {f"w{i}": torch.randn(1 << 18) for i in range(12)}  # 12 MiB: several buffer turns
+    sd["small"] = torch.ones(3)
+    p = tmp_dir / "sd.pt"
+    deepio.save(sd, p)
+    got = deepio.load(p, map_location="cpu")
+    for k in sd:
+        assert torch.equal(got[k], sd[k])
+    got = deepio.load(p, map_location=lambda storage, loc: storage)
+    assert torch.equal(got["w3"], sd["w3"])
+    nn = torch.nn.Linear(30, 20)
+    deepio.save(nn.state_dict(), p)
+    fresh = torch.nn.Linear(30, 20)
+    fresh.load_state_dict(deepio.load(p))
+    assert torch.equal(fresh.weight, nn.weight)
+
+
+class Custom:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, Custom) and other.v == self.v
+
+
+def test_weights_only_follows_torch_load(tmp_dir):
+    p = tmp_dir / "custom.pt"
+    deepio.save({"c": Custom(3), "t": torch.ones(2)}, p)
+    with pytest.raises(pickle.UnpicklingError) as ei:
+        torch.load(p)  # torch 2.6+: weights_only=True by default
+    with pytest.raises(pickle.UnpicklingError) as ei2:
+        deepio.load(p)  # the same default, the same exception type
+    assert str(p) in str(ei2.value) and "weights_only" in str(ei.value)
+    assert deepio.load(p, weights_only=False)["c"] == Custom(3)
+    assert deepio.load(p, mmap=True, weights_only=False)["c"] == Custom(3)
+
+
+# ---------------------------------------------------------------------------- durability
+
+
+def test_killed_writer_leaves_the_old_file_intact(tmp_dir):
+    p = tmp_dir / "ckpt.pt"
+    old = {"old": torch.arange(1000)}
+    deepio.save(old, p)
+    good = p.read_bytes()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys, torch, deepio
+                big = {{f"t{{i}}": torch.randn(1 << 22) for i in range(48)}}  # 768 MiB
+                print("ready", flush=True)
+                while True:
+                    deepio.save(big, {str(p)!r})
+            """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the temporary file is well under way
+            tmp = [tmp_dir / n for n in _leftovers(tmp_dir)]
+            if tmp and tmp[0].exists() and tmp[0].stat().st_size > 64 << 20:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the writer never got going")
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert p.read_bytes() == good  # the final name still holds the old file
+    assert torch.equal(torch.load(p)["old"], old["old"])
+    left = _leftovers(tmp_dir)  # the killed writer's temporary file, recognisable by name
+    assert len(left) == 1 and left[0].startswith(".ckpt.pt.deepio-tmp-"), left
+    os.unlink(tmp_dir / left[0])
+
+
+class Explodes:
+    def __reduce__(self):
+        raise RuntimeError("boom while pickling")
+
+
+def test_exception_mid_save_keeps_the_old_file(tmp_dir):
+    p = tmp_dir / "ckpt.pt"
+    deepio.save({"v": torch.ones(10)}, p)
+    good = p.read_bytes()
+    with pytest.raises(RuntimeError, match="boom"):
+        deepio.save({"a": torch.randn(1 << 20), "b": Explodes()}, p)
+    assert p.read_bytes() == good and _leftovers(tmp_dir) == []
+
+
+def test_write_error_mid_save_keeps_the_old_file(tmp_dir, fault):
+    p = tmp_dir / "ckpt.pt"
+    deepio.save({"v": torch.ones(10)}, p)
+    good = p.read_bytes()
+    fault("write", errno=errno.EIO, after=3, path_contains="deepio-tmp")  # a later block of the body
+    with pytest.raises(OSError) as ei:
+        deepio.save({f"t{i}": torch.randn(1 << 20) for i in range(8)}, p, buffer_size=1 << 20)
+    assert ei.value.errno == errno.EIO and ".ckpt.pt.deepio-tmp-" in ei.value.filename
+    assert p.read_bytes() == good and _leftovers(tmp_dir) == []
+
+
+def test_file_size_limit_mid_save_keeps_the_old_file(tmp_dir):
+    """RLIMIT_FSIZE in a child (SIGXFSZ ignored): the save fails with EFBIG, the old file and
+    its name are intact and no temporary file is left."""
+    p = tmp_dir / "ckpt.pt"
+    deepio.save({"v": torch.ones(10)}, p)
+    good = p.read_bytes()
+    r = _child(f"""
+        import errno, resource, signal, os, torch, deepio
+        big = {{f"t{{i}}": torch.randn(1 << 20) for i in range(16)}}  # 64 MiB
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, 8 << 20))
+        try:
+            deepio.save(big, {str(p)!r})
+        except OSError as e:
+            assert e.errno == errno.EFBIG, e
+            print("EFBIG")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "EFBIG"
+    assert p.read_bytes() == good and _leftovers(tmp_dir) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is missing")
+def test_full_device_through_writer():
+    with pytest.raises(OSError) as ei:
+        with deepio.Writer("/dev/full", durable=False) as f:
+            f.write(b"x" * 100000)
+    assert ei.value.errno == errno.ENOSPC
+
+
+# ------------------------------------------------------------------ failures a user causes
+
+
+def test_missing_file_and_folder_paths(tmp_dir):
+    with pytest.raises(FileNotFoundError) as ei:
+        deepio.load(tmp_dir / "nope.pt")
+    assert ei.value.filename == str(tmp_dir / "nope.pt")
+    with pytest.raises(FileNotFoundError):
+        deepio.save({"x": torch.ones(1)}, tmp_dir / "no-such-folder" / "x.pt")
+    with pytest.raises(IsADirectoryError):
+        deepio.load(tmp_dir)
+    with pytest.raises(IsADirectoryError):
+        deepio.save({"x": torch.ones(1)}, tmp_dir)
+    with pytest.raises(IsADirectoryError):
+        deepio.Writer(tmp_dir)
+    with pytest.raises(TypeError):
+        deepio.save({}, io.BytesIO())
+    assert _leftovers(tmp_dir) == []
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "cut-central-directory", "flipped-pickle"])
+def test_corrupt_files_name_the_file(tmp_dir, how):
+    p = tmp_dir / f"{how}.pt"
+    torch.save({"w": torch.randn(1000), "n": 3}, p)
+    data = bytearray(p.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "garbage":
+        data = bytearray(os.urandom(len(data)))
+    elif how == "empty":
+        data = bytearray()
+    elif how == "cut-central-directory":
+        data = data[:-30]
+    else:
+        i = data.index(b"data.pkl") + 40
+        data[i : i + 20] = b"\xff" * 20
+    p.write_bytes(bytes(data))
+    with pytest.raises(Exception) as theirs:
+        torch.load(p)
+    with pytest.raises(Exception) as ours:
+        deepio.load(p)
+    assert str(p) in str(ours.value), ours.value
+    # torch's exception type, or the nearest base class of it that takes a message
+    # (UnicodeDecodeError -> UnicodeError): an `except` written for torch.load still catches it.
+    assert isinstance(theirs.value, type(ours.value)) and type(ours.value) is not Exception, (theirs.value, ours.value)
+
+
+def test_permission_denied_as_unprivileged_user(tmp_dir):
+    """root ignores file modes, so the calls run as nobody in a child process."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to switch to another user")
+    secret = tmp_dir / "root_only.pt"
+    torch.save({"x": torch.ones(2)}, secret)
+    os.chmod(secret, 0o600)
+    locked = tmp_dir / "locked"
+    locked.mkdir(mode=0o755)
+    os.chmod(tmp_dir, 0o755)
+    r = _child(f"""
+        import os, torch, deepio
+        os.setgid(65534); os.setuid(65534)
+        for call in (lambda: deepio.load({str(secret)!r}),
+                     lambda: deepio.save({{"x": torch.ones(1)}}, {str(locked / "x.pt")!r}),
+                     lambda: deepio.Reader({str(secret)!r})):
+            try:
+                call()
+            except PermissionError as e:
+                print("EACCES", e.filename)
+            else:
+                raise SystemExit("no PermissionError")
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] == f"EACCES {secret}" and lines[2] == f"EACCES {secret}"
+    assert lines[1].startswith(f"EACCES {locked}/.x.pt.deepio-tmp-")  # the temporary name it tried
+    assert os.listdir(locked) == []
