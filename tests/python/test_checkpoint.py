@@ -482,3 +482,48 @@ def test_permission_denied_as_unprivileged_user(tmp_dir):
     assert lines[0] == f"EACCES {secret}" and lines[2] == f"EACCES {secret}"
     assert lines[1].startswith(f"EACCES {locked}/.x.pt.deepio-tmp-")  # the temporary name it tried
     assert os.listdir(locked) == []
+
+
+# ------------------------------------------------------------------------ CUDA memory (fake)
+
+
+def test_writer_takes_device_memory_through_the_engine(tmp_dir, tmp_path_factory):
+    """Writer.write(CUDA buffer) goes through the engine's GPU staging path (here the fake
+    CUDA driver of tests/gpu, in a child process: the driver is chosen once per process),
+    between staged host bytes, at the right offset."""
+    from test_gpu_fake import build_fakes
+
+    cuda, cufile = build_fakes(tmp_path_factory.mktemp("fakes"))
+    p = tmp_dir / "dev.bin"
+    script = f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import deepio
+        from test_gpu_fake_cases import FakeCuda, FakeCudaTensor
+        cuda = FakeCuda()
+        data = os.urandom(3_000_017)
+        dev = FakeCudaTensor(cuda, len(data))
+        dev.write(data)
+        with deepio.Writer({str(p)!r}, buffer_size=1 << 20, buffers=2) as f:
+            f.write(b"head" * 1000)
+            assert f.write(dev) == len(data)
+            f.write(dev.view(5, 100))
+            f.write(b"tail")
+            assert f.tell() == 4000 + len(data) + 104
+        want = b"head" * 1000 + data + data[5:105] + b"tail"
+        assert open({str(p)!r}, "rb").read() == want
+        dev.free()
+        print("ok")
+    """
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "DEEPIO_GPU_TEST_MODE": "fake",
+        "DEEPIO_CUDA_LIBRARY": str(cuda),
+        "DEEPIO_CUFILE_LIBRARY": "none",
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")
