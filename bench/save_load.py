@@ -115,8 +115,9 @@ def main() -> int:
     print(
         f"# state dict: {len(sd)} entries, {gib:.2f} GiB {args.dtype}; dir {args.dir} ({probe.get('filesystem')}); "
         f"engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
-        f"{h.queue_depth}, {h.intra_op_parallelism} workers; Writer buffers 2 x "
-        f"{checkpoint.DEFAULT_WRITE_BUFFER >> 20} MiB, Reader chunks 2 x {checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; "
+        f"{h.queue_depth}, {h.intra_op_parallelism} workers; Writer buffers {checkpoint.DEFAULT_WRITE_BUFFERS} x "
+        f"{checkpoint.DEFAULT_WRITE_BUFFER >> 20} MiB, Reader chunks {checkpoint.DEFAULT_READ_BUFFERS} x "
+        f"{checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; "
         f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs"
     )
     p_dio = os.path.join(args.dir, "deepio.pt")
