@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Batched submission against a Python loop of single submissions, same handle and buffers.
+
+Cases (each: loop = one aio_handle.async_pread/async_pwrite per request then wait();
+batch = one async_pread_batch/async_pwrite_batch then wait()):
+  small-reads   N reads of --small bytes at offsets of one file (page cache dropped first)
+  many-files    --files files of --file-size bytes: write them, then read them back
+                (page cache and dentries dropped before the reads: cold opens)
+
+Pairs are interleaved (loop, batch, batch, loop, ...), medians of --pairs; every row prints
+ops/s, GiB/s and CPU seconds per GiB of the process (user + system, all threads).
+
+Usage: python3 bench/batch_submit.py [--dir DIR] [--pairs 5] [--small 4096] [--count 65536]
+                                     [--files 4096] [--file-size 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import deepio
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn):
+    c0, t0 = cpu(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, cpu() - c0
+
+
+def small_reads(h, path, bufs, offsets, batch: bool) -> None:
+    if batch:
+        h.async_pread_batch(bufs, path, offsets)
+    else:
+        for b, o in zip(bufs, offsets):
+            h.async_pread(b, path, o)
+    h.wait()
+
+
+def many(h, write: bool, bufs, paths, batch: bool) -> None:
+    if batch:
+        (h.async_pwrite_batch if write else h.async_pread_batch)(bufs, paths)
+    else:
+        call = h.async_pwrite if write else h.async_pread
+        for b, p in zip(bufs, paths):
+            call(b, p)
+    h.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=None, help="folder for the test files (default: a temporary one)")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--small", type=int, default=4096)
+    ap.add_argument("--count", type=int, default=65536)
+    ap.add_argument("--files", type=int, default=4096)
+    ap.add_argument("--file-size", type=int, default=65536)
+    ap.add_argument("--queue-depth", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="intra_op_parallelism")
+    a = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="deepio-batch-", dir=a.dir)
+    cold = drop_caches()
+    print(f"deepio {deepio.__version__}; folder {root}; page cache dropped: {cold}; pairs {a.pairs}")
+    h = deepio.aio_handle(block_size=1 << 20, queue_depth=a.queue_depth, intra_op_parallelism=a.threads)
+    try:
+        # small-reads: one file, N aligned offsets in random order.
+        path = os.path.join(root, "small")
+        total = a.small * a.count
+        with open(path, "wb") as f:
+            f.write(np.random.default_rng(1).integers(0, 256, total, dtype=np.uint8).tobytes())
+        pool = h.new_cpu_locked_tensor(total, np.empty(0, np.uint8))
+        bufs = [pool[i * a.small : (i + 1) * a.small] for i in range(a.count)]
+        offsets = [int(i) * a.small for i in np.random.default_rng(2).permutation(a.count)]
+        # many-files
+        fbufs = [np.random.default_rng(10 + i).integers(0, 256, a.file_size, dtype=np.uint8) for i in range(a.files)]
+        paths = [os.path.join(root, f"f{i:06d}") for i in range(a.files)]
+        rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
+
+        def record(case: str, mode: str, s: float, c: float) -> None:
+            rows.setdefault(case, {}).setdefault(mode, []).append((s, c))
+
+        for pair in range(a.pairs):
+            order = [False, True] if pair % 2 == 0 else [True, False]
+            for batch in order:
+                mode = "batch" if batch else "loop"
+                drop_caches()
+                s, c = timed(lambda: small_reads(h, path, bufs, offsets, batch))
+                record(f"{a.count} reads of {a.small} B, one file", mode, s, c)
+                for p in paths:
+                    if os.path.exists(p):
+                        os.unlink(p)
+                s, c = timed(lambda: many(h, True, fbufs, paths, batch))
+                record(f"{a.files} new files of {a.file_size} B: write", mode, s, c)
+                drop_caches()
+                s, c = timed(lambda: many(h, False, fbufs, paths, batch))
+                record(f"{a.files} files of {a.file_size} B: read (cold)", mode, s, c)
+        sizes = {
+            f"{a.count} reads of {a.small} B, one file": (a.count, total),
+            f"{a.files} new files of {a.file_size} B: write": (a.files, a.files * a.file_size),
+            f"{a.files} files of {a.file_size} B: read (cold)": (a.files, a.files * a.file_size),
+        }
+        print(f"{'case':44} {'mode':6} {'kops/s':>8} {'GiB/s':>7} {'CPU s/GiB':>10}   batch/loop (pairs)")
+        for case, modes in rows.items():
+            ops, nbytes = sizes[case]
+            gib = nbytes / (1 << 30)
+            for mode in ("loop", "batch"):
+                s = statistics.median(x[0] for x in modes[mode])
+                c = statistics.median(x[1] for x in modes[mode])
+                extra = ""
+                if mode == "batch":
+                    ratios = [lp[0] / bt[0] for lp, bt in zip(modes["loop"], modes["batch"])]
+                    extra = f"   {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+                print(f"{case:44} {mode:6} {ops / s / 1e3:8.1f} {gib / s:7.3f} {c / gib:10.3f}{extra}")
+    finally:
+        h.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Big sequential transfers: deepio's aio_handle against DeepNVMe (DeepSpeed's async_io op),
+one process holding both, same handle parameters, same file, interleaved.
+
+For each (queue_depth, intra_op_parallelism) and each buffer kind, a sample is one 1 GiB
+(--mib) read or write of one file by one library: reads after the file's page cache is
+dropped, writes timed through fsync (overwrite of an existing file). Each library uses its
+own new_cpu_locked_tensor, as its users do (deepio: page-locked and, at >= 2 MiB, advised onto
+transparent huge pages; DeepNVMe: page-locked 4 KiB pages). One buffer for both is not a fair
+engine-only comparison: DeepNVMe copies any tensor torch does not report as pinned through a
+bounce buffer of its own, and deepio's locked memory is not torch-pinned.
+Order alternates per pair; medians of the paired ratios (deepio time / DeepNVMe time
+inverted: > 1 means deepio is faster), GiB/s and CPU seconds per GiB of the process.
+
+DeepSpeed's op is JIT-built on first use (ninja, a C++ compiler, libaio-dev): a minute or two.
+
+    python3 bench/vs_deepnvme.py --folder /var/tmp/deepio-vs --mib 1024 --pairs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import statistics
+import time
+
+GIB = 1 << 30
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drop(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def sample(handle, buf, path: str, write: bool) -> tuple[float, float]:
+    if not write:
+        drop(path)
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    if write:
+        handle.async_pwrite(buf, path)
+    else:
+        handle.async_pread(buf, path)
+    handle.wait()
+    if write:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return time.perf_counter() - t0, cpu_seconds() - c0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--folder", default="/var/tmp/deepio-vs-deepnvme")
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--block-size", type=int, default=1 << 20)
+    ap.add_argument("--queue-depths", default="32,128")
+    ap.add_argument("--parallelism", default="1,2")
+    args = ap.parse_args()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+    import torch
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    import deepio
+    from deepio import compat
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)  # its NVMe-endurance warning per call
+
+    assert AsyncIOBuilder.__module__.startswith("deepspeed."), "run without DEEPIO_DEEPSPEED"
+    ds_op = AsyncIOBuilder().load()
+    dio_op = compat.AsyncIOBuilder().load()
+    os.makedirs(args.folder, exist_ok=True)
+    n = (args.mib << 20) // 4
+    path = os.path.join(args.folder, "seq")
+    example = torch.zeros(1, dtype=torch.float32)
+    print(f"deepio {deepio.__version__}, {args.mib} MiB, block {args.block_size}, pairs {args.pairs}")
+    print(
+        f"{'case':30} {'DeepNVMe GiB/s':>15} {'deepio GiB/s':>13} {'deepio/DS':>10} "
+        f"{'DS CPU s/GiB':>13} {'deepio CPU s/GiB':>17}   ratio range"
+    )
+    for qd in [int(x) for x in args.queue_depths.split(",")]:
+        for par in [int(x) for x in args.parallelism.split(",")]:
+            hs = {
+                "DeepNVMe": ds_op.aio_handle(args.block_size, qd, False, True, par),
+                "deepio": dio_op.aio_handle(args.block_size, qd, False, True, par),
+            }
+            own = {k: h.new_cpu_locked_tensor(n, example) for k, h in hs.items()}
+            own["deepio"].copy_(torch.randn(n, generator=torch.Generator().manual_seed(qd + par)))
+            own["DeepNVMe"].copy_(own["deepio"])
+            hs["deepio"].async_pwrite(own["deepio"], path)
+            hs["deepio"].wait()
+            for write in (False, True):
+                res: dict[str, list[tuple[float, float]]] = {"DeepNVMe": [], "deepio": []}
+                for i in range(args.pairs):
+                    for name in ("DeepNVMe", "deepio") if i % 2 == 0 else ("deepio", "DeepNVMe"):
+                        res[name].append(sample(hs[name], own[name], path, write))
+                if not write:
+                    assert torch.equal(own["deepio"], own["DeepNVMe"]), "both read the same bytes"
+                ratios = [d[0] / o[0] for d, o in zip(res["DeepNVMe"], res["deepio"])]
+                gib = n * 4 / GIB
+                row = {
+                    k: (gib / statistics.median(t for t, _ in v), statistics.median(c for _, c in v) / gib)
+                    for k, v in res.items()
+                }
+                case = f"{'write' if write else 'read'} qd{qd} x{par}"
+                print(
+                    f"{case:30} {row['DeepNVMe'][0]:15.3f} {row['deepio'][0]:13.3f} "
+                    f"{statistics.median(ratios):10.2f} {row['DeepNVMe'][1]:13.3f} {row['deepio'][1]:17.3f}"
+                    f"   {min(ratios):.2f}-{max(ratios):.2f}",
+                    flush=True,
+                )
+            for k, h in hs.items():
+                h.free_cpu_locked_tensor(own[k])
+    os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()
