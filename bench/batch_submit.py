@@ -44,9 +44,9 @@ def cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(fn):
+def timed(fn, *args):
     c0, t0 = cpu(), time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0, cpu() - c0
 
 
@@ -106,15 +106,15 @@ def main() -> None:
             for batch in order:
                 mode = "batch" if batch else "loop"
                 drop_caches()
-                s, c = timed(lambda: small_reads(h, path, bufs, offsets, batch))
+                s, c = timed(small_reads, h, path, bufs, offsets, batch)
                 record(f"{a.count} reads of {a.small} B, one file", mode, s, c)
                 for p in paths:
                     if os.path.exists(p):
                         os.unlink(p)
-                s, c = timed(lambda: many(h, True, fbufs, paths, batch))
+                s, c = timed(many, h, True, fbufs, paths, batch)
                 record(f"{a.files} new files of {a.file_size} B: write", mode, s, c)
                 drop_caches()
-                s, c = timed(lambda: many(h, False, fbufs, paths, batch))
+                s, c = timed(many, h, False, fbufs, paths, batch)
                 record(f"{a.files} files of {a.file_size} B: read (cold)", mode, s, c)
         sizes = {
             f"{a.count} reads of {a.small} B, one file": (a.count, total),
