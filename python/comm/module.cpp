@@ -37,6 +37,9 @@ namespace {
 
 using F32In = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using F32Out = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// Any device: the agreement only compares addresses and lengths (never dereferences), so CUDA
+// tensors of the torch-ops path are checked by the same C++ rules.
+using F32Any = nb::ndarray<const float, nb::ndim<1>, nb::c_contig>;
 using U8In = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using U8Out = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Message =
@@ -94,7 +97,8 @@ void check_layout(std::size_t n0, std::size_t n, std::size_t w) {
     throw dc::ArgumentError(dd::reason_text(r, w), r);
 }
 
-dd::CallArgs call_args(const F32In& input, const F32In& output, const F32In& worker_error, const F32In& server_error) {
+dd::CallArgs call_args(const F32Any& input, const F32Any& output, const F32Any& worker_error,
+                       const F32Any& server_error) {
   return {input.data(),        input.shape(0),        output.data(),       output.shape(0),
           worker_error.data(), worker_error.shape(0), server_error.data(), server_error.shape(0)};
 }
@@ -156,7 +160,8 @@ NB_MODULE(_comm, m) {
   // The stages of the torch.distributed transport (same agreement and wire layout as MPI).
   m.def(
       "agreement_message",
-      [](F32In input, F32In output, F32In worker_error, F32In server_error, std::size_t w, int rank, Message message) {
+      [](F32Any input, F32Any output, F32Any worker_error, F32Any server_error, std::size_t w, int rank,
+         Message message) {
         check_rank(w, rank);
         const dd::AgreementMessage msg = dd::agreement_message(call_args(input, output, worker_error, server_error), w,
                                                                rank);
@@ -168,8 +173,8 @@ NB_MODULE(_comm, m) {
       "over all ranks.");
   m.def(
       "agreement_verdict",
-      [](Message reduced, F32In input, F32In output, F32In worker_error, F32In server_error, std::size_t w, int rank,
-         const std::string& where) {
+      [](Message reduced, F32Any input, F32Any output, F32Any worker_error, F32Any server_error, std::size_t w,
+         int rank, const std::string& where) {
         check_rank(w, rank);
         dd::AgreementMessage msg;
         std::copy(reduced.data(), reduced.data() + msg.size(), msg.begin());

@@ -23,12 +23,12 @@ def pack_signs(x: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C
 
 def unpack_signs(packed: Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)], out: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu')], scale: float = 1.0, kernel: str = 'best') -> None: ...
 
-def agreement_message(input: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], output: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], worker_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], server_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], world_size: int, rank: int, message: Annotated[NDArray[numpy.int64], dict(shape=(7), order='C', device='cpu')]) -> None:
+def agreement_message(input: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], output: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], worker_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], server_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], world_size: int, rank: int, message: Annotated[NDArray[numpy.int64], dict(shape=(7), order='C', device='cpu')]) -> None:
     """
     Size agreement, step 1: this rank's checks and lengths into message (7 int64), to be reduced with MAX over all ranks.
     """
 
-def agreement_verdict(reduced: Annotated[NDArray[numpy.int64], dict(shape=(7), order='C', device='cpu')], input: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], output: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], worker_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], server_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], world_size: int, rank: int, where: str) -> None:
+def agreement_verdict(reduced: Annotated[NDArray[numpy.int64], dict(shape=(7), order='C', device='cpu')], input: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], output: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], worker_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], server_error: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', writable=False)], world_size: int, rank: int, where: str) -> None:
     """
     Size agreement, step 2: raises deepio.InvalidArgumentError on every rank (or on none) from the reduced message.
     """

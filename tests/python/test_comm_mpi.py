@@ -101,11 +101,27 @@ def test_comm_mpi(np_, case):
 
 
 def ref_scale(v):
+    """||v|| / sqrt(n) in the specified order: fp64 squares, lane l = i % 8, leaves of 64
+    consecutive lane terms (512 elements) summed in order from +0.0, leaves summed by a perfect
+    binary tree padded with zero leaves, lanes combined ((0+1)+(2+3))+((4+5)+(6+7))."""
     import numpy as np
 
     v64 = v.astype(np.float64)
-    lanes = [np.cumsum(v64[k::8] * v64[k::8])[-1] if v64[k::8].size else 0.0 for k in range(8)]
-    lanes = [np.float64(x) for x in lanes]
+    sq = v64 * v64
+    leaf = 512
+    n_leaves = -(-v.size // leaf)
+    span = 1
+    while span < n_leaves:
+        span *= 2
+    padded = np.zeros(span * leaf, np.float64)
+    padded[: v.size] = sq
+    rows = padded.reshape(span, leaf // 8, 8)
+    leaves = np.zeros((span, 8), np.float64)
+    for r in range(leaf // 8):  # in order, one row at a time
+        leaves = leaves + rows[:, r, :]
+    while leaves.shape[0] > 1:  # the tree, level by level
+        leaves = leaves[0::2] + leaves[1::2]
+    lanes = [np.float64(x) for x in leaves[0]] if n_leaves else [np.float64(0.0)] * 8
     total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
     return np.float32(np.sqrt(total)) / np.float32(np.sqrt(np.float64(v.size)))
 

@@ -1,0 +1,67 @@
+"""Is the MPI library that mpi4py loaded CUDA-aware? Asked at run time, of the library itself.
+
+Open MPI (2.0 and later) answers ``MPIX_Query_cuda_support()`` (its mpi-ext.h): 1 when this
+process's library can take CUDA device pointers, 0 when it was built without CUDA support (or
+the support is switched off at run time). MPICH 4 answers ``MPIX_GPU_query_support(
+MPIX_GPU_SUPPORT_CUDA, &flag)``. Both are looked up in the already loaded MPI library through
+ctypes (mpi4py loads it with RTLD_GLOBAL); deepio links neither. A library with neither symbol is
+reported as not CUDA-aware, with that reason: device buffers are then never handed to MPI.
+``ompi_info --parsable --all | grep mpi_built_with_cuda_support`` reports the build-time flag of
+an Open MPI installation; the run-time query is what this process will actually get.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import warnings
+
+_MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA
+_warned: set[str] = set()
+
+
+@functools.lru_cache(maxsize=1)
+def query() -> tuple[bool, str]:
+    """(CUDA-aware, reason) for the MPI library in this process; the reason names the evidence."""
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        return False, "MPI is not initialised"
+    version = MPI.Get_library_version().strip().splitlines()[0]
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError as e:  # pragma: no cover - dlopen(NULL) does not fail on Linux
+        return False, f"cannot look up symbols of the MPI library ({e})"
+    fn = getattr(lib, "MPIX_Query_cuda_support", None)
+    if fn is not None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        if fn() == 1:
+            return True, f"MPIX_Query_cuda_support() = 1 ({version})"
+        return False, f"MPIX_Query_cuda_support() = 0: the MPI library is not CUDA-aware ({version})"
+    fn = getattr(lib, "MPIX_GPU_query_support", None)
+    if fn is not None:
+        flag = ctypes.c_int(0)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        if fn(_MPIX_GPU_SUPPORT_CUDA, ctypes.byref(flag)) == 0 and flag.value == 1:
+            return True, f"MPIX_GPU_query_support(CUDA) = 1 ({version})"
+        return False, f"MPIX_GPU_query_support(CUDA) = 0: the MPI library is not CUDA-aware ({version})"
+    return False, f"the MPI library offers no CUDA-support query (MPIX_Query_cuda_support) ({version})"
+
+
+class CudaAwareWarning(RuntimeWarning):
+    """``cuda_aware=True`` was asked for, but the MPI library cannot take device buffers."""
+
+
+def warn_once(reason: str) -> None:
+    """Warns once per process and reason that device buffers will be staged."""
+    if reason in _warned:
+        return
+    _warned.add(reason)
+    warnings.warn(
+        "deepio.comm: cuda_aware=True, but " + reason + "; only the packed signs and scales "
+        "(about 1/32 of the buffer) are staged through page-locked host memory",
+        CudaAwareWarning,
+        stacklevel=3,
+    )
