@@ -13,6 +13,10 @@ exits non-zero, on every rank. Differences from the original, each on purpose:
   512.0314 for 3 * 2**20 uniform values), which alone moves every output element by ~1e-5,
   more than the test's 1e-6 threshold; deepio accumulates squares in fp64 (docs/comm.md).
   With DeepSpeed both sides used the same torch norm, so that error cancelled.
+* The CUDA variant (``test_deepspeed_mpi_backend_seed_cuda``, skipped without a GPU) keeps the
+  seed's buffers on the GPU (``cuda:local_rank % device_count``, ranks sharing one GPU), as the
+  seed has them: deepio compresses them there (torch-ops engine) and stages only the packed
+  blocks (``cuda_aware=False``); ``torch_sim`` runs over gloo, which reduces CUDA tensors too.
 * The check is the original's (one-sided, 1e-6, on this rank's chunk, then the magnitude of
   the compensated server value where they differ) plus: the same check with the sign
   reversed, identical output on every rank, and the worker error against the sim's.
@@ -55,7 +59,29 @@ def test_deepspeed_mpi_backend_seed(np_):
     assert p.returncode == 0 and passed == np_, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
 
 
-def worker():
+def _cuda_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+@pytest.mark.skipif(not (_have("mpi4py") and _have("torch")), reason="needs mpi4py and torch")
+@pytest.mark.skipif(not _have("deepio.comm"), reason="deepio built without MPI (no deepio._comm)")
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("np_", [2, 4])
+def test_deepspeed_mpi_backend_seed_cuda(np_):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), HERE, "--worker", "cuda"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    passed = p.stdout.count("Successfully passed the test for MPI Backend")
+    assert p.returncode == 0 and passed == np_, f"rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+
+def worker(device_kind="cpu"):
     import socket
 
     import numpy as np
@@ -79,7 +105,11 @@ def worker():
 
     backend = MpiBackend(cuda_aware=False)
     local_rank = rank
-    device = torch.device("cpu")
+    if device_kind == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
 
     def _norm(t):
         # fp64 accumulation, rounded to fp32 (see the module docstring).
@@ -141,13 +171,13 @@ def worker():
     a64 = a_input.double()
     s64 = np.float32(np.sqrt(float((a64 * a64).sum())) / np.sqrt(right_tensor_size))
     sgn = torch.where(a_input < 0, -1.0, 1.0)
-    expected_we = torch.zeros(right_tensor_size)
+    expected_we = torch.zeros(right_tensor_size, device=device)
     expected_we[:tensor_size] = a_input - float(s64) * sgn
     if not torch.allclose(worker_error, expected_we, rtol=0, atol=1e-6):
         d = (worker_error - expected_we).abs()
         failures.append(f"worker_error differs from a - s*sign(a) (max {float(d.max())})")
     # Identical output on every rank.
-    outs = comm.allgather(a_after.numpy().tobytes())
+    outs = comm.allgather(a_after.cpu().numpy().tobytes())
     if any(o != outs[0] for o in outs):
         failures.append("ranks disagree on the output")
     if failures:
@@ -158,4 +188,4 @@ def worker():
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:
-    worker()
+    worker(sys.argv[-1] if sys.argv[-1] == "cuda" else "cpu")
