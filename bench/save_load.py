@@ -6,7 +6,7 @@ A transformer-shaped state dict (embedding, per layer qkv/out/mlp weights and bi
 tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, interleaved
 (deepio, torch, deepio, torch, ... with the order swapped every pair), --pairs times:
 
-  save:  deepio.save (temp name, fsync, rename, fsync folder) | torch.save + fsync of the
+  save:  deepio.save (temp name, fsync, rename, fsync folder), also with crc32=False | torch.save + fsync of the
          file and folder (the same durability) | torch.save without fsync (what most code does)
   load:  deepio.load | torch.load of the same torch.save file, page cache dropped before each
          (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm)
@@ -118,7 +118,8 @@ def main() -> int:
         f"{h.queue_depth}, {h.intra_op_parallelism} workers; Writer buffers {checkpoint.DEFAULT_WRITE_BUFFERS} x "
         f"{checkpoint.DEFAULT_WRITE_BUFFER >> 20} MiB, Reader chunks {checkpoint.DEFAULT_READ_BUFFERS} x "
         f"{checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; "
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs"
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     p_dio = os.path.join(args.dir, "deepio.pt")
     p_tor = os.path.join(args.dir, "torch.pt")
@@ -126,6 +127,9 @@ def main() -> int:
 
     def save_deepio() -> None:
         deepio.save(sd, p_dio)
+
+    def save_deepio_nocrc() -> None:
+        deepio.save(sd, p_dio, crc32=False)
 
     def save_torch_fsync() -> None:
         torch.save(sd, p_tor)
@@ -135,7 +139,12 @@ def main() -> int:
     def save_torch() -> None:
         torch.save(sd, p_raw)
 
-    saves = {"deepio.save": save_deepio, "torch.save+fsync": save_torch_fsync, "torch.save (no fsync)": save_torch}
+    saves = {
+        "deepio.save": save_deepio,
+        "deepio.save crc32=False": save_deepio_nocrc,
+        "torch.save+fsync": save_torch_fsync,
+        "torch.save (no fsync)": save_torch,
+    }
     loads = {
         "deepio.load": lambda: deepio.load(p_tor, weights_only=True),
         "torch.load": lambda: torch.load(p_tor, weights_only=True),
@@ -167,15 +176,16 @@ def main() -> int:
         if bad or got["step"] != sd["step"]:
             sys.exit(f"{name}: results differ ({bad[:3]})")
         del got
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     print(f"# verified; page cache {'dropped before each load' if cold else 'NOT dropped (not root): warm loads'}")
 
     summary = {}
-    print(f"{'method':24s} {'GiB/s':>7s} {'CPU s/GiB':>10s}   (medians of {args.pairs})")
+    print(f"{'method':26s} {'GiB/s':>7s} {'CPU s/GiB':>10s}   (medians of {args.pairs})")
     for name, v in res.items():
         rate = statistics.median(gib / w for w, _ in v)
         cpu = statistics.median(c / gib for _, c in v)
         summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "runs": v}
-        print(f"{name:24s} {rate:7.2f} {cpu:10.2f}")
+        print(f"{name:26s} {rate:7.2f} {cpu:10.2f}")
     r = {k: v["gib_per_s"] for k, v in summary.items()}
     print(
         f"# deepio.save / torch.save+fsync = {r['deepio.save'] / r['torch.save+fsync']:.2f}x; "

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -283,6 +284,22 @@ def test_large_state_dict_and_map_location(tmp_dir):
     fresh = torch.nn.Linear(30, 20)
     fresh.load_state_dict(deepio.load(p))
     assert torch.equal(fresh.weight, nn.weight)
+
+
+@pytest.mark.parametrize("crc32", [None, True, False])
+def test_crc32_choice(tmp_dir, crc32):
+    import zipfile
+
+    sd = {"a": torch.randn(5000), "b": torch.arange(10)}
+    p = tmp_dir / "crc.pt"
+    deepio.save(sd, p, crc32=crc32)
+    for got in (torch.load(p), deepio.load(p)):
+        assert torch.equal(got["a"], sd["a"]) and torch.equal(got["b"], sd["b"])
+    with zipfile.ZipFile(p) as z:
+        crcs = {i.filename: i.CRC for i in z.infolist()}
+        assert crcs["archive/data/0"] == (0 if crc32 is False else zlib.crc32(raw(sd["a"])))
+        if crc32 is not False:
+            assert z.testzip() is None  # every record's CRC checks out
 
 
 class Custom:
