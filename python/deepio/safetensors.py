@@ -303,12 +303,14 @@ def _run(ops: list[Any]) -> None:
         raise first
 
 
-def _submit_read(h: Any, dest: Any, path: str, offset: int, nbytes: int, ops: list[Any]) -> None:
-    """Queues reads of [offset, offset + nbytes) of path into dest[0:nbytes] in chunks."""
+def _submit_read(h: Any, cut: Any, path: str, offset: int, nbytes: int, ops: list[Any]) -> None:
+    """Queues reads of [offset, offset + nbytes) of ``path`` into the destination in requests
+    of up to _CHUNK_BYTES; ``cut(at, n)`` returns the destination's bytes [at, at + n) (a
+    memoryview slice, a CUDA tensor slice, any buffer the engine takes)."""
     at = 0
     while at < nbytes:
         n = min(_CHUNK_BYTES, nbytes - at)
-        ops.append(h.submit_future(False, dest[at : at + n], path, offset + at))
+        ops.append(h.submit_future(False, cut(at, n), path, offset + at))
         at += n
 
 
@@ -357,7 +359,8 @@ def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
         buf = _host_buffer(header.file_size - lo)
         base = header.data_offset - lo
         if buf is not None and nbytes:
-            _submit_read(_engine("cpu"), memoryview(buf), path, lo, header.file_size - lo, ops)
+            view = memoryview(buf)
+            _submit_read(_engine("cpu"), lambda a, n: view[a : a + n], path, lo, header.file_size - lo, ops)
         return _Pending(header, buf, base, dev)
     if dev.type != "cuda":
         raise ValueError(f"device must be 'cpu' or a CUDA device, not {str(dev)!r}")
@@ -368,7 +371,7 @@ def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
     if nbytes:
         torch.cuda.current_stream(dev).synchronize()  # the allocation is usable by deepio's stream
         kind = "gds" if _deepio.gpu_info().get("gds_mode") == "gds" else "cpu"
-        _submit_read(_engine(kind), buf, path, header.data_offset, nbytes, ops)
+        _submit_read(_engine(kind), lambda a, n: buf[a : a + n], path, header.data_offset, nbytes, ops)
     return _Pending(header, buf, 0, dev)
 
 
@@ -523,6 +526,8 @@ def _plan(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tup
     entries.sort(key=lambda e: (-_RANK[e[1]], e[0]))
     doc: dict[str, Any] = {}
     if metadata is not None:
+        # Sorted: safetensors orders these keys at random (a Rust HashMap), so equal inputs
+        # give equal files here only; with at most one key the files are byte-identical.
         doc["__metadata__"] = dict(sorted(metadata.items()))
     at = 0
     plan = []
@@ -625,3 +630,107 @@ def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
         if n:
             torch.frombuffer(out, dtype=torch.uint8, count=n, offset=len(head) + off).copy_(_as_bytes(v.detach()))
     return bytes(out)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _drop_caches() -> bool:
+    """Empties the page cache (root only); False where not allowed."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _ceiling(paths: list[str]) -> None:
+    """The disk ceiling: every file read whole, sequentially, by the same engine into one big
+    page-aligned buffer (no parsing, no tensors)."""
+    sizes = [os.path.getsize(p) for p in paths]
+    buf = _host_buffer(sum(sizes))
+    if buf is None:
+        return
+    view = memoryview(buf)
+    ops: list[Any] = []
+    at = 0
+    for p, n in zip(paths, sizes):
+        _submit_read(_engine("cpu"), lambda a, k, at=at: view[at + a : at + a + k], p, 0, n, ops)
+        at += n
+    try:
+        _run(ops)
+    finally:
+        view.release()
+        buf.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deepio.safetensors PATH [--device D] [--repeat N]``: loads a file or a folder
+    of shards and prints GB/s next to the disk ceiling measured in the same run (a plain
+    sequential read of the same bytes by the same engine), cold page cache when run as root."""
+    import argparse
+    import statistics
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m deepio.safetensors", description=main.__doc__)
+    ap.add_argument("path", help="a .safetensors file or a folder of them")
+    ap.add_argument("--device", default="cpu", help='"cpu" (default), "cuda", "cuda:N"')
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved load/ceiling pairs (default 3)")
+    ap.add_argument("--no-drop-caches", action="store_true", help="keep the page cache between runs")
+    args = ap.parse_args(argv)
+    try:
+        paths = _shard_paths(args.path)
+        total = sum(os.path.getsize(p) for p in paths)
+        h = _engine("cpu")
+        drop = not args.no_drop_caches and _drop_caches()
+        cache = "cold (dropped before each run)" if drop else "warm (page cache not dropped: not root, or asked)"
+        print(
+            f"deepio.safetensors: {len(paths)} file(s), {total / 1e9:.3f} GB; device {args.device}; "
+            f"engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
+            f"{h.queue_depth}, {h.intra_op_parallelism} workers, requests of {_CHUNK_BYTES >> 20} MiB; cache {cache}"
+        )
+        loads, ceils, cpus = [], [], []
+        count = 0
+        for i in range(max(args.repeat, 1)):
+            for what in ("load", "ceiling") if i % 2 == 0 else ("ceiling", "load"):
+                if drop:
+                    _drop_caches()
+                c0, t0 = _cpu_seconds(), time.perf_counter()
+                if what == "load":
+                    sd = load_files(paths, device=args.device)
+                    count = len(sd)
+                    if args.device != "cpu":
+                        _torch().cuda.synchronize()
+                    del sd
+                else:
+                    _ceiling(paths)
+                dt, dc = time.perf_counter() - t0, _cpu_seconds() - c0
+                (loads if what == "load" else ceils).append(dt)
+                if what == "load":
+                    cpus.append(dc)
+                rate, per = total / dt / 1e9, dc / (total / 2**30)
+                print(f"  run {i + 1} {what:8s} {rate:7.2f} GB/s  {dt:7.3f} s  CPU {per:.3f} s/GiB")
+        lo, ce = statistics.median(loads), statistics.median(ceils)
+        print(
+            f"load {count} tensors: {total / lo / 1e9:.2f} GB/s (median of {len(loads)}), "
+            f"CPU {statistics.median(cpus) / (total / 2**30):.3f} s/GiB; disk ceiling (engine, sequential, "
+            f"same run): {total / ce / 1e9:.2f} GB/s; load/ceiling {ce / lo:.2f}"
+        )
+        return 0
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"python -m deepio.safetensors: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
