@@ -34,7 +34,7 @@ import os
 import pickle
 import threading
 import zipfile
-from typing import Any, Union
+from typing import IO, Any, Union, cast
 
 from . import _deepio
 from ._durable import replacing
@@ -635,12 +635,12 @@ def _torch_save(obj: Any, w: Writer, pickle_protocol: int, crc32: bool | None) -
     import torch
 
     if crc32 is None:
-        torch.save(obj, w, pickle_protocol=pickle_protocol)
+        torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
         return
     # torch.save's own steps with the CRC choice made here rather than in torch's global
     # option (which other threads may be saving under).
     ser = torch.serialization
-    zf = torch._C.PyTorchFileWriter(w, bool(crc32), ser._get_storage_alignment())
+    zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), bool(crc32), ser._get_storage_alignment())
     ser._save(obj, zf, pickle, pickle_protocol, False)
     zf.write_end_of_file()
     w.flush()
@@ -668,7 +668,7 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
         return torch.load(p, map_location=map_location, weights_only=weights_only, **kwargs)
     with Reader(p) as f:
         try:
-            return torch.load(f, map_location=map_location, weights_only=weights_only, **kwargs)
+            return torch.load(cast(IO[bytes], f), map_location=map_location, weights_only=weights_only, **kwargs)
         except OSError:
             raise
         except _LOAD_ERRORS as e:
