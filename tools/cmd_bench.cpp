@@ -47,16 +47,18 @@ const char* const kDsIoOnly[] = {"--folder_to_device_mapping",
                                  "--torch_legacy_save",
                                  "--use_accelerator_pin_memory"};
 // Flags that only make sense in comparison mode.
-const char* const kCompareOnly[] = {"--size", "--runs", "--no_fio", "--keep"};
+const char* const kCompareOnly[] = {"--size", "--runs", "--no_fio", "--no_hugepage_reserve", "--keep"};
 
 ArgParser make_parser() {
   ArgParser p(kProg,
               "Measure file I/O with deepio.\n\n"
               "Without --io_size: the main job. Picks a folder on the local disk (or --folder) and\n"
-              "a size that suits the machine, writes then reads, and prints deepio's GiB/s beside a\n"
-              "naive single-threaded buffered copy (what open(f,'rb').read() into a tensor does) and\n"
-              "the device ceiling measured in the same run (fio with the same engine, block size and\n"
-              "queue depth when fio is installed, else a raw O_DIRECT loop). With CUDA: GPU rows too\n"
+              "a size that suits the machine, writes a fresh file, overwrites it, reads it, and prints\n"
+              "deepio's GiB/s beside a naive single-threaded buffered copy (what open(f,'rb').read()\n"
+              "into a tensor does) and the device ceiling measured in the same run: fio with the same\n"
+              "engine, block size and queue depth on huge-page buffers (so the device does not split\n"
+              "its requests), else a raw O_DIRECT loop on deepio's page-locked huge-page buffers. A\n"
+              "figure above the ceiling is flagged, not given as a percentage. With CUDA: GPU rows too\n"
               "(staged, gds with its mode, the host<->device copy ceilings).\n\n"
               "With --io_size: DeepSpeed's ds_io, same flags, same output lines (GB = 2^30).");
   p.value("--folder", "FOLDER", "Folder for I/O files (used by all processes)");
@@ -86,6 +88,9 @@ ArgParser make_parser() {
   p.value("--size", "SIZE", "Comparison mode: bytes per file (default: min(1G, free disk/8, RAM/8))");
   p.value("--runs", "N", "Comparison mode: interleaved runs per engine; medians are reported", "3");
   p.flag("--no_fio", "Comparison mode: measure the ceiling with deepio's raw O_DIRECT loop even if fio is installed");
+  p.flag("--no_hugepage_reserve",
+         "Comparison mode: never add huge pages to vm.nr_hugepages for fio's buffers (by default root "
+         "adds the few it lacks for the run and gives them back)");
   p.flag("--keep", "Comparison mode: keep the temporary folder and its files");
   p.flag("--json", "Print one JSON object instead of text");
   p.epilog(
@@ -299,6 +304,7 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   if (!errors.empty()) return print_errors(kProg, errors);
   const bool json = a.has("--json");
   req.no_fio = a.has("--no_fio");
+  req.may_reserve_hugepages = !a.has("--no_hugepage_reserve");
   req.progress = !json;
 
   const std::uint64_t free_disk = free_disk_bytes(parent), ram = physical_memory_bytes();

@@ -129,10 +129,10 @@ def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
             **fake_env(fakes))
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "deepio.bench.compare/1"
+    assert doc["schema"] == "deepio.bench.compare/2"
     assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is True
     rows = {(x["op"], x["engine"]): x for x in doc["results"]}
-    assert len(rows) == 12
+    assert len(rows) == 15  # write and read x 6, overwrite x 3 (deepio, naive, ceiling: no GPU rows)
     for op in ("write", "read"):
         for engine in ("deepio", "naive", "ceiling", "gpu_staged", "gpu_gds"):
             assert (op, engine) in rows
@@ -236,7 +236,7 @@ def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["gpu"]["available"] is False and doc["gpu"]["rows"] is False
     assert "DEEPIO_CUDA_LIBRARY=none" in doc["gpu"]["reason"]
-    assert [x["engine"] for x in doc["results"]] == ["deepio", "naive", "ceiling"] * 2
+    assert [x["engine"] for x in doc["results"]] == ["deepio", "naive", "ceiling"] * 3  # write, overwrite, read
 
 
 def test_tune_gpu_points_at_bench(fakes, tmp_path):

@@ -1,11 +1,15 @@
 // The fio runner: the command line, the report parser on fio's real JSON shape, and the
-// runner against a stand-in program (always) and the real fio (when installed).
+// runner against a stand-in program (always) and the real fio (when installed); the ceiling's
+// huge pages (ceiling.hpp): the pool parser, the loan that reserves and gives back (as root),
+// fio on them, and an overwrite that stays in place.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
 #include <gtest/gtest.h>
 
+#include "ceiling.hpp"
 #include "common/support.hpp"
 #include "fio.hpp"
 #include "process.hpp"
@@ -137,6 +141,102 @@ TEST(Fio, RealFio) {
   const FioResult r = run_fio(fio, {file, false, 4 << 20, 1 << 20, 4, 1, "psync", direct});
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.sample.nbytes, 4U << 20);
+}
+
+TEST(Fio, CommandLineWithHugePageBuffers) {
+  FioJob job{"/d/f.bin", false, 64 << 20, 1 << 20, 32, 1, "io_uring", true};
+  job.mem = "shmhuge";
+  job.hugepage_bytes = 2 << 20;
+  const std::vector<std::string> argv = fio_argv("fio", job);
+  ASSERT_GE(argv.size(), 2U);
+  EXPECT_EQ(argv[argv.size() - 2], "--mem=shmhuge");
+  EXPECT_EQ(argv.back(), "--hugepage-size=2097152");
+}
+
+TEST(HugePages, PoolParserAndPagesNeeded) {
+  const HugePagePool p = parse_hugepage_pool(
+      "MemTotal:       24683656 kB\nHugePages_Total:      40\nHugePages_Free:       30\nHugePages_Rsvd:        4\n"
+      "HugePages_Surp:        0\nHugepagesize:       2048 kB\nHugetlb:           81920 kB\n");
+  EXPECT_EQ(p.page_bytes, 2U << 20);
+  EXPECT_EQ(p.total, 40U);
+  EXPECT_EQ(p.free, 30U);
+  EXPECT_EQ(p.available(), 26U) << "free pages promised to a mapping are not available";
+  EXPECT_EQ(parse_hugepage_pool("MemTotal: 1 kB\n").page_bytes, 0U) << "no hugetlb";
+  // 32 x 1 MiB (+ fio's alignment) = 17 pages of 2 MiB, one spare: 18 per job.
+  EXPECT_EQ(fio_huge_pages_needed(1 << 20, 32, 1, 2 << 20), 18U);
+  EXPECT_EQ(fio_huge_pages_needed(1 << 20, 32, 2, 2 << 20), 36U);
+  EXPECT_EQ(fio_huge_pages_needed(1 << 20, 32, 1, 0), 0U);
+}
+
+std::string nr_hugepages() {
+  std::ifstream f("/proc/sys/vm/nr_hugepages");
+  std::string v;
+  f >> v;
+  return v;
+}
+
+TEST(HugePages, LoanRefusedWithoutReservingLeavesThePoolAlone) {
+  const std::string before = nr_hugepages();
+  const HugePageLoan l = HugePageLoan::obtain(std::uint64_t{1} << 40, false);
+  EXPECT_FALSE(l.ok());
+  EXPECT_EQ(l.added(), 0U);
+  EXPECT_FALSE(l.description().empty());
+  EXPECT_EQ(nr_hugepages(), before);
+}
+
+// As root: the loan adds the pages fio lacks, real fio runs on them (--mem=shmhuge), and the
+// pool is back where it was once the loan is gone.
+TEST(HugePages, ReservedForFioAndGivenBack) {
+  const std::string fio = find_on_path("fio");
+  if (fio.empty()) GTEST_SKIP() << "fio is not installed";
+  if (::access("/proc/sys/vm/nr_hugepages", W_OK) != 0) GTEST_SKIP() << "vm.nr_hugepages is not writable (not root)";
+  test::TempDir dir;
+  if (!probe_direct_io(dir.path().string()).supported) GTEST_SKIP() << "no O_DIRECT here";
+  const std::string before = nr_hugepages();
+  const HugePagePool pool = read_hugepage_pool();
+  if (pool.page_bytes == 0) GTEST_SKIP() << "no hugetlb in this kernel";
+  {
+    const std::uint64_t need = fio_huge_pages_needed(1 << 20, 4, 1, pool.page_bytes) + pool.available();
+    HugePageLoan l = HugePageLoan::obtain(need, true);
+    ASSERT_TRUE(l.ok()) << l.description();
+    EXPECT_GT(l.added(), 0U) << "more than the free pages were asked for, so some were reserved";
+    EXPECT_NE(l.description().find("given back"), std::string::npos) << l.description();
+    FioJob job{dir.file("h.bin"), true, 8 << 20, 1 << 20, 4, 1, "psync", true};
+    job.mem = "shmhuge";
+    job.hugepage_bytes = l.page_bytes();
+    const FioResult w = run_fio(fio, job);
+    ASSERT_TRUE(w.ok) << w.error << "\n" << w.command;
+    EXPECT_EQ(w.sample.nbytes, 8U << 20);
+  }
+  EXPECT_EQ(nr_hugepages(), before);
+}
+
+// The "overwrite" row: fio writing a file that exists at full size writes it in place (same
+// inode, same size), it does not lay it out again.
+TEST(Fio, WriteOverAnExistingFileStaysInPlace) {
+  const std::string fio = find_on_path("fio");
+  if (fio.empty()) GTEST_SKIP() << "fio is not installed";
+  test::TempDir dir;
+  const std::string file = dir.file("o.bin");
+  const bool direct = probe_direct_io(dir.path().string()).supported;
+  ASSERT_TRUE(run_fio(fio, {file, true, 4 << 20, 1 << 20, 4, 1, "psync", direct}).ok);
+  struct stat a {
+  }, b{};
+  ASSERT_EQ(::stat(file.c_str(), &a), 0);
+  const FioResult w = run_fio(fio, {file, true, 4 << 20, 1 << 20, 4, 1, "psync", direct});
+  ASSERT_TRUE(w.ok) << w.error;
+  ASSERT_EQ(::stat(file.c_str(), &b), 0);
+  EXPECT_EQ(a.st_ino, b.st_ino);
+  EXPECT_EQ(b.st_size, 4 << 20);
+}
+
+TEST(Ceiling, QueueLimitsOfTheDiskBehindAFolder) {
+  test::TempDir dir;
+  const QueueLimits q = queue_limits_of(dir.path().string());
+  if (q.device.empty()) GTEST_SKIP() << "the test folder is not on a block device";
+  EXPECT_GT(q.max_segments, 0U) << q.device;
+  EXPECT_GT(q.max_sectors_kb, 0U) << q.device;
+  EXPECT_EQ(queue_limits_of(dir.file("missing")).device, "");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ceiling.hpp"
 #include "common/support.hpp"
 #include "dsio.hpp"
 #include "measure.hpp"
@@ -33,6 +34,22 @@ TEST(Measure, EveryEngineRoundTrips) {
   deepio_read(h, dst.data(), kSize, dir.file("deepio"));
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), kSize), 0);
   EXPECT_EQ(compare_with_file(src.data(), kSize, dir.file("deepio")), "");
+}
+
+// The report says how much of deepio's (and the raw ceiling's) buffers sit on transparent huge
+// pages: page-locked buffers of 2 MiB and more are advised onto them.
+TEST(Measure, ThpShareOfABuffer) {
+  constexpr std::size_t kBig = 16 << 20;
+  PinnedBuffer big(kBig);
+  touch_pages(big.data(), kBig);
+  const std::uint64_t huge = thp_bytes(big.data(), kBig);
+  EXPECT_LE(huge, kBig);
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.find("[never]") != std::string::npos || mode.empty()) GTEST_SKIP() << "THP off: " << mode;
+  EXPECT_GT(huge, 0U) << "16 MiB advised onto huge pages has none (THP " << mode << ")";
+  EXPECT_EQ(thp_bytes(big.data(), 0), 0U);
 }
 
 TEST(Measure, RawDirectLoopOnManyThreads) {

@@ -68,6 +68,41 @@ double EngineResult::cpu_per_gib() const {
   return gib > 0 ? cpu / gib : 0.0;
 }
 
+namespace {
+/// True when the device behind the folder splits a direct request of block_size bytes from
+/// 4 KiB pages (more pages than segments per request).
+bool splits_small_pages(const QueueLimits& q, std::size_t block_size) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::uint64_t pages = block_size / static_cast<std::size_t>(page > 0 ? page : 4096);
+  return q.max_segments > 0 && pages > q.max_segments;
+}
+}  // namespace
+
+std::string ceiling_doubt(const CompareReport& r, const EngineResult& ceiling, double g) {
+  if (r.ceiling_buffers == "pages" && splits_small_pages(r.queue, r.handle.block_size)) {
+    return "its buffers are 4 KiB pages, and " + r.queue.device + " splits a " + size_label(r.handle.block_size) +
+           " request of them (max_segments " + std::to_string(r.queue.max_segments) + ")";
+  }
+  if (ceiling.samples.size() < 2) return "one ceiling sample only: give --runs 3 or more";
+  double lo = ceiling.samples.front().gib_per_s(), hi = lo;
+  for (const auto& s : ceiling.samples) {
+    lo = std::min(lo, s.gib_per_s());
+    hi = std::max(hi, s.gib_per_s());
+  }
+  if (g <= hi) {
+    return "the figure lies within the ceiling's own samples, " + fixed(lo, 2) + "-" + fixed(hi, 2) +
+           " GiB/s: equal within the device's drift between runs";
+  }
+  return "every ceiling sample (" + fixed(lo, 2) + "-" + fixed(hi, 2) +
+         " GiB/s) is below the figure: the device's speed drifted, or the ceiling's engine fell short";
+}
+
+std::string above_ceiling_problem(const CompareReport& r, double g, const EngineResult& ceiling) {
+  const double c = ceiling.median_gib();
+  if (c <= 0 || g <= c) return {};
+  return "above ceiling: ceiling not trustworthy (" + ceiling_doubt(r, ceiling, g) + ")";
+}
+
 const EngineResult& CompareReport::find(const std::string& op, const std::string& engine) const {
   for (const auto& r : results) {
     if (r.op == op && r.engine == engine) return r;
@@ -78,6 +113,8 @@ const EngineResult& CompareReport::find(const std::string& op, const std::string
 namespace {
 
 enum Engine : std::size_t { kDeepio = 0, kNaive = 1, kCeiling = 2, kGpuStaged = 3, kGpuGds = 4, kCopy = 5 };
+enum Op : std::size_t { kWrite = 0, kOverwrite = 1, kRead = 2, kOps = 3 };
+const char* const kOpNames[kOps] = {"write", "overwrite", "read"};
 
 /// The GPU side of a comparison: the device (context current on this thread), one device
 /// buffer, a CUDA-registered host buffer for the copy ceilings, and the two handles. Members
@@ -112,13 +149,16 @@ class CompareRun {
  private:
   void start_gpu();
   void init_results();
+  void plan_fio_buffers();
+  void use_raw_buffers();
   void measure_op(std::size_t op, Progress& progress);
   Sample sample(std::size_t op, std::size_t e, bool first);
   Sample gpu_sample(bool write, std::size_t e, bool first);
   void verify_gpu(std::size_t op, std::size_t e);
   void finish_gpu_rows(std::size_t op);
-  Sample ceiling_sample(bool write);
-  [[nodiscard]] std::size_t engines() const noexcept { return gpu_ ? 6 : 3; }
+  Sample ceiling_sample(std::size_t op);
+  /// The GPU rows write fresh files and read; they have no overwrite row.
+  [[nodiscard]] std::size_t engines(std::size_t op) const noexcept { return gpu_ && op != kOverwrite ? 6 : 3; }
   [[nodiscard]] std::string raw_desc() const {
     return "raw O_DIRECT pread/pwrite loop, " + std::to_string(raw_threads_) + " threads x " +
            size_label(req_.handle.block_size);
@@ -130,16 +170,21 @@ class CompareRun {
   Handle h_;
   std::optional<GpuRows> gpu_;
   std::string fio_path_, fio_engine_;
+  HugePageLoan loan_;  // hugetlb pages for fio's buffers, held (and reserved pages given back) with the run
   std::size_t raw_threads_ = 1;
   bool use_fio_ = false, fio_failed_ = false;
   std::uint64_t acc_[4] = {};   // this op's handle stats deltas: direct, bounced, buffered, refused
   std::uint64_t gacc_[4] = {};  // the same for the GPU staged handle
   GdsStats gds0_;               // the GdsHandle's counters when this op began
-  EngineResult res_[2][6];      // [write, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
+  EngineResult res_[kOps][6];   // [write, overwrite, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
 };
 
 void CompareRun::plan_ceiling() {
   const HandleOptions& ho = req_.handle;
+  rep_.queue = queue_limits_of(rep_.setup.dir);
+  rep_.buffers_thp = n_ > 0 ? static_cast<double>(thp_bytes(src_.data(), n_) + thp_bytes(dst_.data(), n_)) /
+                                  static_cast<double>(2 * n_)
+                            : 0.0;
   fio_path_ = req_.no_fio ? std::string() : find_on_path("fio");
   const std::string fio_ver = fio_path_.empty() ? std::string() : fio_version(fio_path_);
   fio_engine_ = fio_engine_for(rep_.backend);
@@ -147,35 +192,76 @@ void CompareRun::plan_ceiling() {
   use_fio_ = !fio_path_.empty() && !rep_.memory_fs && rep_.setup.dinfo.supported;
   if (!fio_path_.empty() && !use_fio_) rep_.ceiling_note = "fio skipped: the folder does not support O_DIRECT";
   if (fio_path_.empty() && !req_.no_fio) rep_.ceiling_note = "fio not found on PATH";
+  if (use_fio_) plan_fio_buffers();
+  if (!use_fio_) use_raw_buffers();
   rep_.ceiling_desc = use_fio_ ? fio_ver + " --ioengine=" + fio_engine_ + " --bs=" + size_label(ho.block_size) +
                                      " --iodepth=" + std::to_string(ho.queue_depth) +
-                                     " --numjobs=" + std::to_string(ho.intra_op_parallelism) + " --direct=1"
+                                     " --numjobs=" + std::to_string(ho.intra_op_parallelism) + " --direct=1" +
+                                     (loan_.ok() ? " --mem=shmhuge" : "")
                                : raw_desc();
   init_results();
+}
+
+/// fio's buffers: hugetlb pages (free ones, or reserved for the run); without them, its own
+/// 4 KiB-page buffers only where the device does not split a request of them, else the raw loop.
+void CompareRun::plan_fio_buffers() {
+  const HandleOptions& ho = req_.handle;
+  const HugePagePool pool = read_hugepage_pool();
+  loan_ = HugePageLoan::obtain(
+      fio_huge_pages_needed(ho.block_size, ho.queue_depth, ho.intra_op_parallelism, pool.page_bytes),
+      req_.may_reserve_hugepages);
+  if (loan_.ok()) {
+    rep_.ceiling_buffers = "hugetlb";
+    rep_.ceiling_buffers_detail = "fio --mem=shmhuge: " + loan_.description();
+    rep_.hugepages_reserved = loan_.added();
+    return;
+  }
+  if (splits_small_pages(rep_.queue, ho.block_size)) {
+    use_fio_ = false;
+    rep_.ceiling_note = "fio not used: its 4 KiB-page buffers would have " + rep_.queue.device + " split every " +
+                        size_label(ho.block_size) + " request (max_segments " +
+                        std::to_string(rep_.queue.max_segments) + "), and no huge pages for it: " + loan_.description();
+    return;
+  }
+  rep_.ceiling_buffers = "pages";
+  rep_.ceiling_buffers_detail = "fio's own buffers, 4 KiB pages (" +
+                                (rep_.queue.max_segments > 0
+                                     ? "a " + size_label(ho.block_size) + " request fits " + rep_.queue.device +
+                                           "'s max_segments " + std::to_string(rep_.queue.max_segments)
+                                     : std::string("the device's segment limit is unknown")) +
+                                "); no huge pages: " + loan_.description();
+}
+
+/// The raw loop's buffers are deepio's: page-locked where the limit allows, THP-advised.
+void CompareRun::use_raw_buffers() {
+  rep_.ceiling_buffers = rep_.buffers_thp >= 0.9 ? "thp" : "pages";
+  rep_.ceiling_buffers_detail = std::string("deepio's buffers (") + (rep_.locked ? "page-locked" : "not page-locked") +
+                                "), " + fixed(100.0 * rep_.buffers_thp, 0) + "% on transparent huge pages";
 }
 
 void CompareRun::init_results() {
   const std::string naive_label = "naive 1-thread buffered copy";
   const std::string ceil_label = use_fio_ ? "fio (device ceiling)" : "raw O_DIRECT (ceiling)";
-  for (std::size_t op = 0; op < 2; ++op) {
-    const char* name = op ? "read" : "write";
+  for (std::size_t op = 0; op < kOps; ++op) {
+    const char* name = kOpNames[op];
     res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}, {}};
     res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}, {}};
     res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered",
                           {},   {}};
   }
-  res_[1][kNaive].path = "buffered read(2) + memcpy";
-  res_[0][kNaive].path = "memcpy + buffered write(2)";
+  res_[kRead][kNaive].path = "buffered read(2) + memcpy";
+  res_[kWrite][kNaive].path = "memcpy + buffered write(2)";
+  res_[kOverwrite][kNaive].path = "memcpy + buffered write(2) in place";
   if (!gpu_) return;
-  for (std::size_t op = 0; op < 2; ++op) {
-    const char* name = op ? "read" : "write";
+  for (std::size_t op : {kWrite, kRead}) {
+    const char* name = kOpNames[op];
     res_[op][kGpuStaged] = {name, "gpu_staged", "GPU staged (aio_handle)", {}, {}, {}, {}};
     res_[op][kGpuGds] = {name, "gpu_gds", "GPU gds", {}, {}, {}, {}};
   }
-  res_[0][kCopy] = {"write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory",
-                    {},      {}};
-  res_[1][kCopy] = {"read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory",
-                    {},     {}};
+  res_[kWrite][kCopy] = {
+      "write", "d2h", "device->host copy (ceiling)", {}, "cuMemcpyDtoH into CUDA-registered host memory", {}, {}};
+  res_[kRead][kCopy] = {
+      "read", "h2d", "host->device copy (ceiling)", {}, "cuMemcpyHtoD from CUDA-registered host memory", {}, {}};
 }
 
 /// The GPU rows' device, memory and handles. Where CUDA loaded but they cannot be set up (out of
@@ -230,7 +316,7 @@ Sample CompareRun::gpu_sample(bool write, std::size_t e, bool first) {
 void CompareRun::verify_gpu(std::size_t op, std::size_t e) {
   EngineResult& r = res_[op][e];
   bool same = false;
-  if (op == 0) {
+  if (op != kRead) {
     same = compare_with_file(src_.data(), n_, rep_.setup.f_gpu).empty();
   } else {
     gpu_->dev.download(dst_.data(), n_);
@@ -256,12 +342,17 @@ void CompareRun::finish_gpu_rows(std::size_t op) {
                            std::to_string(s.files_fallback - gds0_.files_fallback);
 }
 
-Sample CompareRun::ceiling_sample(bool write) {
+Sample CompareRun::ceiling_sample(std::size_t op) {
   const CompareSetup& f = rep_.setup;
+  const bool write = op != kRead;
   if (use_fio_ && !fio_failed_) {
     const HandleOptions& ho = req_.handle;
     FioJob job{write ? f.f_ceiling : f.f_deepio, write,       n_,  ho.block_size, ho.queue_depth,
                ho.intra_op_parallelism,          fio_engine_, true};
+    if (loan_.ok()) {
+      job.mem = "shmhuge";
+      job.hugepage_bytes = loan_.page_bytes();
+    }
     FioResult fr = run_fio(fio_path_, job);
     (write ? rep_.fio_command_write : rep_.fio_command_read) = fr.command;
     if (fr.ok) return fr.sample;
@@ -273,20 +364,26 @@ Sample CompareRun::ceiling_sample(bool write) {
                     write ? f.f_ceiling : f.f_deepio);
 }
 
-/// One timed transfer of engine `e`; a write goes to a fresh file, a read starts from a
-/// dropped page cache (and the first one into a zeroed buffer, to be verified).
+/// One timed transfer of engine `e`; a write goes to a fresh file, an overwrite over the file
+/// the writes left (its cached pages dropped first), a read starts from a dropped page cache
+/// (and the first one into a zeroed buffer, to be verified).
 Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
-  const bool write = op == 0;
+  const bool write = op != kRead;
   const CompareSetup& f = rep_.setup;
-  if (write) {
-    ::unlink((e == kDeepio ? f.f_deepio : e == kNaive ? f.f_naive : f.f_ceiling).c_str());
+  const std::string& target = e == kDeepio ? f.f_deepio : e == kNaive ? f.f_naive : f.f_ceiling;
+  if (op == kWrite) {
+    if (e < kGpuStaged) ::unlink(target.c_str());
+  } else if (op == kOverwrite) {
+    drop_page_cache(target);
   } else {
     drop_page_cache(f.f_deepio);
     if (first && e != kCeiling) std::memset(dst_.data(), 0, n_);
   }
   if (e >= kGpuStaged) return gpu_sample(write, e, first);
-  if (e == kNaive) return write ? naive_write(src_.data(), n_, f.f_naive) : naive_read(dst_.data(), n_, f.f_deepio);
-  if (e == kCeiling) return ceiling_sample(write);
+  if (e == kNaive) {
+    return write ? naive_write(src_.data(), n_, f.f_naive, op == kOverwrite) : naive_read(dst_.data(), n_, f.f_deepio);
+  }
+  if (e == kCeiling) return ceiling_sample(op);
   const HandleStats s0 = h_.stats();
   const Sample s = write ? deepio_write(h_, src_.data(), n_, f.f_deepio) : deepio_read(h_, dst_.data(), n_, f.f_deepio);
   const HandleStats s1 = h_.stats();
@@ -298,20 +395,19 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
 }
 
 void CompareRun::measure_op(std::size_t op, Progress& progress) {
-  const bool write = op == 0;
   std::fill(std::begin(acc_), std::end(acc_), 0);
   std::fill(std::begin(gacc_), std::end(gacc_), 0);
   if (gpu_) gds0_ = gpu_->gds.stats();
-  const std::size_t ne = engines();
+  const std::size_t ne = engines(op);
   for (std::size_t r = 0; r < req_.runs; ++r) {
     for (std::size_t k = 0; k < ne; ++k) {
       const std::size_t e = (r + k) % ne;  // rotate the order: A B C, B C A, C A B
-      progress.step(std::string(write ? "write " : "read ") + res_[op][e].engine + ", run " + std::to_string(r + 1) +
-                    "/" + std::to_string(req_.runs));
+      progress.step(std::string(kOpNames[op]) + " " + res_[op][e].engine + ", run " + std::to_string(r + 1) + "/" +
+                    std::to_string(req_.runs));
       res_[op][e].samples.push_back(sample(op, e, r == 0));
       if (r == 0 && (e == kGpuStaged || e == kGpuGds)) {
         verify_gpu(op, e);
-      } else if (!write && r == 0 && e < kCeiling) {
+      } else if (op == kRead && r == 0 && e < kCeiling) {
         res_[op][e].verified = std::memcmp(dst_.data(), src_.data(), n_) == 0 ? "yes" : "MISMATCH";
         if (res_[op][e].verified != "yes") rep_.mismatch = true;
       }
@@ -321,18 +417,22 @@ void CompareRun::measure_op(std::size_t op, Progress& progress) {
   if (fio_failed_) {
     res_[op][kCeiling].label = "raw O_DIRECT (ceiling)";
     rep_.ceiling_desc = raw_desc();
+    use_raw_buffers();
   }
-  if (gpu_) finish_gpu_rows(op);
+  if (gpu_ && op != kOverwrite) finish_gpu_rows(op);
 }
 
 void CompareRun::measure_all() {
-  Progress progress(req_.runs * 2 * engines(), req_.progress);
-  for (std::size_t op = 0; op < 2; ++op) measure_op(op, progress);
+  Progress progress(req_.runs * (engines(kWrite) + engines(kOverwrite) + engines(kRead)), req_.progress);
+  for (std::size_t op = 0; op < kOps; ++op) measure_op(op, progress);
   progress.done();
-  for (auto& row : res_) {
+  loan_.give_back();
+  for (std::size_t op = 0; op < kOps; ++op) {
+    auto& row = res_[op];
     const double ceiling = row[kCeiling].median_gib();
-    for (std::size_t e = 0; e < engines(); ++e) {
+    for (std::size_t e = 0; e < engines(op); ++e) {
       if (e == kGpuStaged || e == kGpuGds) row[e].flag = above_ceiling_flag(row[e].median_gib(), ceiling);
+      if (e == kDeepio || e == kNaive) row[e].flag = above_ceiling_problem(rep_, row[e].median_gib(), row[kCeiling]);
       rep_.results.push_back(std::move(row[e]));
     }
   }

@@ -1,9 +1,16 @@
 // `deepio bench` without --io_size: deepio beside the naive single-threaded buffered copy and
 // the device ceiling (fio with the engine, block size and depth deepio used, or a raw
 // O_DIRECT loop), all measured in one run, interleaved with the order rotated (A B C, B C A,
-// C A B), medians of `runs`. Reads start from a dropped page cache; writes go to a fresh file
-// and include fsync, for every engine; the first read of deepio and of the naive copy is
+// C A B), medians of `runs`. Three operations: "write" into a fresh file (unlinked before each
+// run), "overwrite" in place over the file the writes left, "read" from a dropped page cache;
+// writes include fsync, for every engine; the first read of deepio and of the naive copy is
 // compared with what was written (outside the timed region).
+//
+// The ceiling is segment-friendly (ceiling.hpp): fio with hugetlb buffers (--mem=shmhuge),
+// else the raw loop on deepio's own page-locked THP buffers; fio with ordinary buffers only
+// where the device does not split a block_size request of 4 KiB pages. A deepio or naive figure
+// above the ceiling is flagged ("above ceiling: ceiling not trustworthy (why)"), never given as
+// a percentage over 100.
 //
 // choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
 // with errno and path for I/O) and leave the temporary folder to remove_temp_dir().
@@ -15,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "ceiling.hpp"
 #include "deepio/deepio.hpp"
 #include "gpu.hpp"
 #include "measure.hpp"
@@ -26,6 +34,9 @@ struct CompareRequest {
   std::size_t runs = 3;
   bool no_fio = false;   ///< measure the ceiling with the raw loop even if fio is installed
   bool progress = true;  ///< draw a progress line (on a terminal)
+  /// Where the hugetlb pool lacks the pages fio needs: add them to vm.nr_hugepages for the run
+  /// (root only) and take them away after (false: --no_hugepage_reserve).
+  bool may_reserve_hugepages = true;
   /// CUDA is usable (probe_gpu): add the GPU rows, on device `device`: Handle on device memory
   /// (staged), GdsHandle in Auto mode (with its mode), and the copy ceilings host->device (read)
   /// and device->host (write) between device memory and CUDA-registered host memory.
@@ -60,14 +71,15 @@ CompareSetup prepare_compare(const std::string& parent);
 
 /// One engine's samples for one operation.
 struct EngineResult {
-  std::string op;      ///< "write" / "read"
+  std::string op;      ///< "write" (fresh file) / "overwrite" / "read"
   std::string engine;  ///< "deepio", "naive", "ceiling"; GPU: "gpu_staged", "gpu_gds", "h2d", "d2h"
   std::string label;
   std::vector<Sample> samples;
   std::string path;      ///< I/O path actually used
   std::string verified;  ///< "" not checked, "yes", "MISMATCH"
-  /// Not empty: the median is above the disk ceiling of this run by more than kCeilingMargin,
-  /// so it is not reported as a result (GPU disk rows; why, in one sentence).
+  /// Not empty: a measurement problem, in one sentence. deepio and naive rows: the median is
+  /// above this run's ceiling (the figure stands, the ceiling is doubted); GPU disk rows: above
+  /// it by more than kCeilingMargin (the figure is not reported as a result).
   std::string flag;
   [[nodiscard]] double median_gib() const;
   [[nodiscard]] double cpu_per_gib() const;
@@ -82,13 +94,21 @@ struct CompareReport {
   BackendKind backend = BackendKind::Threads;
   bool locked = false, memory_fs = false;
   std::string ceiling_desc, ceiling_note, fio_command_read, fio_command_write;
-  GpuProbe gpu;           ///< what the GPU layer offered
-  bool gpu_rows = false;  ///< the GPU rows were measured
+  /// The ceiling's buffers: "hugetlb" (fio --mem=shmhuge), "thp" (the raw loop on deepio's
+  /// page-locked buffers, mostly on transparent huge pages) or "pages" (4 KiB pages); the
+  /// detail says where they came from.
+  std::string ceiling_buffers, ceiling_buffers_detail;
+  std::uint64_t hugepages_reserved = 0;  ///< pages added to vm.nr_hugepages for the run (given back)
+  QueueLimits queue;                     ///< the device behind the folder
+  double buffers_thp = 0;                ///< fraction of deepio's buffers on transparent huge pages
+  GpuProbe gpu;                          ///< what the GPU layer offered
+  bool gpu_rows = false;                 ///< the GPU rows were measured
   std::string gpu_error;  ///< why they were not although CUDA loaded (device memory, registration refused)
   int gpu_device = 0;
-  std::string gds_mode;               ///< the GdsHandle's mode() and mode_reason() after the run
-  std::vector<EngineResult> results;  ///< write then read; deepio, naive, ceiling each (then the GPU rows)
-  bool mismatch = false;              ///< data read back differed from what was written
+  std::string gds_mode;  ///< the GdsHandle's mode() and mode_reason() after the run
+  /// write, overwrite, read; deepio, naive, ceiling each (then the GPU rows, for write and read)
+  std::vector<EngineResult> results;
+  bool mismatch = false;  ///< data read back differed from what was written
   /// The result of `engine` for `op` (the first result when absent).
   [[nodiscard]] const EngineResult& find(const std::string& op, const std::string& engine) const;
 };
@@ -98,7 +118,15 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
 
 /// The text report: configuration first, then the table and one line per operation.
 [[nodiscard]] std::string compare_text(const CompareReport& r, const std::string& version);
-/// The --json document (schema deepio.bench.compare/1).
+/// Why a figure above the ceiling says more about the ceiling than about the figure: the
+/// ceiling's buffers split requests on this device, or `g` lies within (or above) the ceiling's
+/// own samples (one sentence).
+[[nodiscard]] std::string ceiling_doubt(const CompareReport& r, const EngineResult& ceiling, double g);
+/// "above ceiling: ceiling not trustworthy (<ceiling_doubt>)" when `g` is above the ceiling's
+/// median, else "" (also when no ceiling was measured).
+[[nodiscard]] std::string above_ceiling_problem(const CompareReport& r, double g, const EngineResult& ceiling);
+
+/// The --json document (schema deepio.bench.compare/2).
 [[nodiscard]] std::string compare_json(const CompareReport& r, const std::string& version);
 
 }  // namespace deepio::cli

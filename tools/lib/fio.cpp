@@ -42,6 +42,8 @@ std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job
                                    "--output-format=json"};
   if (job.numjobs > 1) argv.push_back("--offset_increment=" + std::to_string(per_job));
   if (job.write) argv.push_back("--end_fsync=1");
+  if (!job.mem.empty()) argv.push_back("--mem=" + job.mem);
+  if (job.hugepage_bytes != 0) argv.push_back("--hugepage-size=" + std::to_string(job.hugepage_bytes));
   return argv;
 }
 

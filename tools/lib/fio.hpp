@@ -23,6 +23,10 @@ struct FioJob {
   std::size_t numjobs = 1;  ///< the file is split into numjobs equal ranges
   std::string ioengine = "io_uring";
   bool direct = true;
+  /// fio's --mem: "" (its default, malloc: 4 KiB pages) or "shmhuge" (hugetlb pages, so a
+  /// request is one DMA segment per huge page: ceiling.hpp); hugepage_bytes: --hugepage-size.
+  std::string mem = {};
+  std::uint64_t hugepage_bytes = 0;
 };
 
 struct FioResult {
@@ -34,7 +38,8 @@ struct FioResult {
 
 /// The command line for one job: sequential read or write of nbytes split over numjobs
 /// threads, --output-format=json, no preallocation (deepio writes into a fresh file too),
-/// --end_fsync=1 for writes (deepio's write timings include fsync).
+/// --end_fsync=1 for writes (deepio's write timings include fsync). A write to an existing file
+/// of nbytes overwrites it in place (fio neither truncates nor lays it out again).
 [[nodiscard]] std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job);
 /// Reads fio's --output-format=json (anything before the first '{' is skipped: fio prints
 /// notes there): bytes and runtime of the job's read or write side, CPU from usr_cpu/sys_cpu.

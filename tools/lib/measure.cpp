@@ -98,12 +98,12 @@ Sample naive_read(void* dst, std::size_t nbytes, const std::string& path) {
   return c.stop(nbytes);
 }
 
-Sample naive_write(const void* src, std::size_t nbytes, const std::string& path) {
+Sample naive_write(const void* src, std::size_t nbytes, const std::string& path, bool in_place) {
   Clock c;
   std::unique_ptr<char, decltype(&std::free)> bytes(static_cast<char*>(std::malloc(nbytes ? nbytes : 1)), &std::free);
   if (!bytes) throw Error(ENOMEM, "cannot allocate the write buffer", path, 0, nbytes);
   std::memcpy(bytes.get(), src, nbytes);
-  Fd f{open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC)};
+  Fd f{open_or_throw(path, O_WRONLY | O_CREAT | (in_place ? 0 : O_TRUNC))};
   write_full(f.fd, bytes.get(), nbytes, 0, path, false);
   if (::fsync(f.fd) != 0) throw Error(errno, "fsync failed", path);
   return c.stop(nbytes);

@@ -35,7 +35,8 @@ Sample deepio_read(Handle& h, void* buf, std::size_t nbytes, const std::string& 
 Sample naive_read(void* dst, std::size_t nbytes, const std::string& path);
 /// What `open(f,'wb').write(t.numpy().tobytes())` does: memcpy into a fresh buffer, write(2)
 /// it through the page cache, one thread; then fsync (so the timing ends on the device).
-Sample naive_write(const void* src, std::size_t nbytes, const std::string& path);
+/// `in_place`: open(f,'r+b') instead, overwriting the file without truncating it.
+Sample naive_write(const void* src, std::size_t nbytes, const std::string& path, bool in_place = false);
 
 /// A raw ceiling without fio: `threads` threads each pread/pwrite one block_size block at a
 /// time with O_DIRECT, taking the next block from a shared counter (psync at depth `threads`).

@@ -128,9 +128,39 @@ char g_temp_dirs[kMaxDirs][1024];
 volatile sig_atomic_t g_dir_count = 0;
 bool g_handlers_installed = false;
 
+// Huge pages a HugePageLoan (ceiling.hpp) added to vm.nr_hugepages: taken away again here on
+// the ways out that skip its destructor (exit(), signals), with signal-safe calls only.
+volatile sig_atomic_t g_hugepages_added = 0;
+const char kNrHugepages[] = "/proc/sys/vm/nr_hugepages";
+
+void give_back_hugepages() noexcept {
+  const long added = g_hugepages_added;
+  if (added <= 0) return;
+  g_hugepages_added = 0;
+  char buf[32] = {};
+  int fd = ::open(kNrHugepages, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  long now = 0;
+  for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; ++i) now = now * 10 + (buf[i] - '0');
+  long left = now > added ? now - added : 0;
+  char out[32];
+  int len = 0;
+  do {
+    out[sizeof out - 1 - static_cast<std::size_t>(len++)] = static_cast<char>('0' + left % 10);
+    left /= 10;
+  } while (left > 0);
+  fd = ::open(kNrHugepages, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)!::write(fd, out + sizeof out - static_cast<std::size_t>(len), static_cast<std::size_t>(len));
+  ::close(fd);
+}
+
 void remove_all() noexcept {
   for (int i = 0; i < g_temp_count; ++i) ::unlink(g_temp_files[i]);
   for (int i = 0; i < g_dir_count; ++i) ::rmdir(g_temp_dirs[i]);
+  give_back_hugepages();
 }
 
 extern "C" void on_signal(int sig) {
@@ -168,6 +198,13 @@ void register_temp_file(const std::string& path) {
   std::snprintf(g_temp_files[g_temp_count], sizeof g_temp_files[0], "%s", path.c_str());
   g_temp_count = g_temp_count + 1;
 }
+
+void register_hugepages_added(std::uint64_t pages) {
+  install_cleanup_handlers();
+  g_hugepages_added = static_cast<sig_atomic_t>(pages);
+}
+
+void give_back_hugepages_now() noexcept { give_back_hugepages(); }
 
 void remove_temp_dir() {
   remove_all();

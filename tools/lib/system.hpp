@@ -47,6 +47,10 @@ std::string pick_disk_folder(std::string* why);
 std::string make_temp_dir(const std::string& parent, const std::string& tag);
 void register_temp_file(const std::string& path);
 void remove_temp_dir();
+/// `pages` huge pages were added to vm.nr_hugepages for this run (ceiling.hpp's HugePageLoan):
+/// give_back_hugepages_now(), exit and SIGINT/SIGTERM/SIGHUP subtract them again (once).
+void register_hugepages_added(std::uint64_t pages);
+void give_back_hugepages_now() noexcept;
 
 /// Why `deepio tune --gpu` (and `--gds` when `gds`) cannot run here, as one line naming the
 /// flag and the cause (no usable CUDA driver, no cuFile); tune's GPU sweep is not written yet,
