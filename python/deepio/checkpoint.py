@@ -76,20 +76,20 @@ def _check_sizes(buffer_size: Any, buffers: Any) -> int:
 
 class _Staging:
     """One page-locked (when RLIMIT_MEMLOCK allows; else page-aligned) buffer of nbytes,
-    seen as a writable memoryview of bytes. release() frees it; call it only when no engine
-    operation uses it any more."""
+    seen as a writable memoryview of bytes. release() unlocks it at once; the memory stays
+    mapped while any view of it lives (the ctypes array holds the allocation), so an
+    operation interrupted before it finished can never write into freed memory."""
 
-    __slots__ = ("owner", "_capsule", "view")
+    __slots__ = ("owner", "view")
 
     def __init__(self, nbytes: int) -> None:
-        self._capsule, self.owner = _deepio.alloc_locked(nbytes, "raw")
+        capsule, self.owner = _deepio.alloc_locked(nbytes, "raw")
         raw = (ctypes.c_char * nbytes).from_address(self.owner.address)
+        raw._deepio_allocation = capsule  # type: ignore[attr-defined]
         self.view = memoryview(raw).cast("B")
 
     def release(self) -> None:
-        self.view.release()
         self.owner.release()
-        self._capsule = None
 
 
 def _byte_view(b: Any) -> memoryview:
