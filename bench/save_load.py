@@ -11,9 +11,11 @@ tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, int
   load:  deepio.load | torch.load of the same torch.save file, page cache dropped before each
          (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm)
 
-Printed: medians of GiB/s and CPU s/GiB (user + system of the whole process, engine threads
-included, from getrusage). Results are checked outside the timed region (one load of each
-kind compared with the original tensors).
+Printed: medians of GiB/s, CPU s/GiB (user + system of the whole process, engine threads
+included, from getrusage) and the peak resident memory each call added (VmHWM after a reset,
+minus VmRSS before: a load's result itself counts, so the checkpoint's size is the floor).
+Results are checked outside the timed region (one load of each kind compared with the
+original tensors).
 """
 
 from __future__ import annotations
@@ -77,10 +79,27 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def timed(fn):  # type: ignore[no-untyped-def]
+    """(wall s, CPU s, peak resident memory added while fn ran in MiB, fn's result). The peak
+    is VmHWM after resetting it (echo 5 > /proc/self/clear_refs) minus VmRSS before."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+    except OSError:
+        pass
+    rss0 = rss_kib("VmRSS")
     c0, t0 = cpu_seconds(), time.perf_counter()
     out = fn()
-    return time.perf_counter() - t0, cpu_seconds() - c0, out
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    return wall, cpu, (rss_kib("VmHWM") - rss0) / 1024, out
 
 
 def main() -> int:
@@ -149,20 +168,20 @@ def main() -> int:
         "deepio.load": lambda: deepio.load(p_tor, weights_only=True),
         "torch.load": lambda: torch.load(p_tor, weights_only=True),
     }
-    res: dict[str, list[tuple[float, float]]] = {k: [] for k in [*saves, *loads]}
+    res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in [*saves, *loads]}
     cold = True
     for i in range(args.pairs):
         order = list(saves) if i % 2 == 0 else list(reversed(saves))
         for name in order:
             os.sync()
-            wall, cpu, _ = timed(saves[name])
-            res[name].append((wall, cpu))
+            wall, cpu, peak, _ = timed(saves[name])
+            res[name].append((wall, cpu, peak))
         os.sync()
         order = list(loads) if i % 2 == 0 else list(reversed(loads))
         for name in order:
             cold = drop_caches() and cold
-            wall, cpu, out = timed(loads[name])
-            res[name].append((wall, cpu))
+            wall, cpu, peak, out = timed(loads[name])
+            res[name].append((wall, cpu, peak))
             del out
         print(
             f"pair {i + 1}: " + ", ".join(f"{k} {gib / v[-1][0]:.2f} GiB/s" for k, v in res.items()),
@@ -180,12 +199,13 @@ def main() -> int:
     print(f"# verified; page cache {'dropped before each load' if cold else 'NOT dropped (not root): warm loads'}")
 
     summary = {}
-    print(f"{'method':26s} {'GiB/s':>7s} {'CPU s/GiB':>10s}   (medians of {args.pairs})")
+    print(f"{'method':26s} {'GiB/s':>7s} {'CPU s/GiB':>10s} {'peak +RSS MiB':>14s}   (medians of {args.pairs})")
     for name, v in res.items():
-        rate = statistics.median(gib / w for w, _ in v)
-        cpu = statistics.median(c / gib for _, c in v)
-        summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "runs": v}
-        print(f"{name:26s} {rate:7.2f} {cpu:10.2f}")
+        rate = statistics.median(gib / w for w, _, _ in v)
+        cpu = statistics.median(c / gib for _, c, _ in v)
+        peak = statistics.median(p for _, _, p in v)
+        summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "peak_rss_added_mib": peak, "runs": v}
+        print(f"{name:26s} {rate:7.2f} {cpu:10.2f} {peak:14.0f}")
     r = {k: v["gib_per_s"] for k, v in summary.items()}
     print(
         f"# deepio.save / torch.save+fsync = {r['deepio.save'] / r['torch.save+fsync']:.2f}x; "
