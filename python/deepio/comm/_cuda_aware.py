@@ -4,7 +4,8 @@ Open MPI (2.0 and later) answers ``MPIX_Query_cuda_support()`` (its mpi-ext.h): 
 process's library can take CUDA device pointers, 0 when it was built without CUDA support (or
 the support is switched off at run time). MPICH 4 answers ``MPIX_GPU_query_support(
 MPIX_GPU_SUPPORT_CUDA, &flag)``. Both are looked up in the already loaded MPI library through
-ctypes (mpi4py loads it with RTLD_GLOBAL); deepio links neither. A library with neither symbol is
+ctypes (in the process's global symbols, where mpi4py puts them, else in the libmpi* mapped into
+the process); deepio links neither. A library with neither symbol is
 reported as not CUDA-aware, with that reason: device buffers are then never handed to MPI.
 ``ompi_info --parsable --all | grep mpi_built_with_cuda_support`` reports the build-time flag of
 an Open MPI installation; the run-time query is what this process will actually get.
@@ -15,9 +16,35 @@ from __future__ import annotations
 import ctypes
 import functools
 import warnings
+from typing import Any
 
 _MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA
 _warned: set[str] = set()
+
+
+def _loaded_mpi_libraries() -> list[ctypes.CDLL]:
+    """The process's global symbols, then each libmpi* already mapped into this process (in case
+    mpi4py loaded it without RTLD_GLOBAL): dlopen of a loaded library returns its handle."""
+    libs = [ctypes.CDLL(None)]
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "/libmpi" in ln and ".so" in ln}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return libs
+
+
+def _symbol(libs: list[ctypes.CDLL], name: str) -> Any:
+    for lib in libs:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            return fn
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,19 +54,16 @@ def query() -> tuple[bool, str]:
 
     if not MPI.Is_initialized():
         return False, "MPI is not initialised"
-    version = MPI.Get_library_version().strip().splitlines()[0]
-    try:
-        lib = ctypes.CDLL(None)
-    except OSError as e:  # pragma: no cover - dlopen(NULL) does not fail on Linux
-        return False, f"cannot look up symbols of the MPI library ({e})"
-    fn = getattr(lib, "MPIX_Query_cuda_support", None)
+    version = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
+    libs = _loaded_mpi_libraries()
+    fn = _symbol(libs, "MPIX_Query_cuda_support")
     if fn is not None:
         fn.restype = ctypes.c_int
         fn.argtypes = []
         if fn() == 1:
             return True, f"MPIX_Query_cuda_support() = 1 ({version})"
         return False, f"MPIX_Query_cuda_support() = 0: the MPI library is not CUDA-aware ({version})"
-    fn = getattr(lib, "MPIX_GPU_query_support", None)
+    fn = _symbol(libs, "MPIX_GPU_query_support")
     if fn is not None:
         flag = ctypes.c_int(0)
         fn.restype = ctypes.c_int

@@ -67,7 +67,8 @@ def sum_squares(x: Any) -> Any:
         return torch.zeros((), dtype=torch.float64, device=x.device)
     leaf = 8 * LEAF_ROWS
     n_leaves = -(-n // leaf)
-    sq = torch.zeros(n_leaves * leaf, dtype=torch.float64, device=x.device)  # zero rows pad the last leaf
+    sq = torch.empty(n_leaves * leaf, dtype=torch.float64, device=x.device)
+    sq[n:].zero_()  # zero rows pad the last leaf
     sq[:n].copy_(x)
     sq.mul_(sq)  # exact: a float squared fits in a double
     rows = sq.view(n_leaves, LEAF_ROWS, 8)
@@ -222,7 +223,7 @@ def transport_buffer(transport: Transport, send: Any, nbytes: int) -> Any:
         recv = torch.empty(nbytes, dtype=torch.uint8, device=send.device)
         transport.all_to_all(send, recv)
         return recv
-    host_send, host_recv = transport_staging(transport, "a2a", nbytes)  # type: ignore[attr-defined]
+    host_send, host_recv = transport_staging(transport, "a2a", nbytes)
     host_send.copy_(send)
     transport.all_to_all(host_send, host_recv)
     return host_recv.to(send.device, non_blocking=True)
@@ -236,7 +237,7 @@ def exchange_gather(transport: Transport, own: Any, nbytes: int) -> Any:
         gathered = torch.empty(nbytes, dtype=torch.uint8, device=own.device)
         transport.all_gather(own, gathered)
         return gathered
-    host_own, host_gathered = transport_staging(transport, "ag", nbytes)  # type: ignore[attr-defined]
+    host_own, host_gathered = transport_staging(transport, "ag", nbytes)
     host_own = host_own[: own.numel()]
     host_own.copy_(own)
     transport.all_gather(host_own, host_gathered)
