@@ -17,6 +17,13 @@ edited: modules already imported are patched in memory, modules imported later a
 they load (an import hook on ``sys.meta_path``). Without DeepSpeed installed it does nothing.
 ``UtilsBuilder`` (``cast_to_byte_tensor``, which FastPersist's checkpoint writer loads) is
 served too, in plain torch: no op is compiled at run time, on any accelerator.
+
+DeepSpeed's swappers submit through ``swap_tensor.utils.swap_in_tensors``/``swap_out_tensors``
+(one ``async_pread``/``async_pwrite`` per tensor). With the switch on, those names (in
+``utils`` and in every swapper module that imported them) submit a deepio handle's tensors
+as one batch (``async_pread_batch``/``async_pwrite_batch``: one call, files opened off the
+training thread); any other handle gets DeepSpeed's loop. One difference follows from it: a
+swap file that cannot be opened is raised by the handle's ``wait()``, not by the swap call.
 """
 
 from __future__ import annotations
@@ -89,9 +96,49 @@ def _wrap_accelerator(cls: type) -> None:
         cls.create_op_builder = create_op_builder  # type: ignore[attr-defined]
 
 
+_SWAP_MODULE = "deepspeed.runtime.swap_tensor.utils"
+# DeepSpeed's own swap functions, kept for handles that are not deepio's.
+_swap_originals: dict[str, Any] = {}
+
+
+def swap_in_tensors(swap_handle: Any, tensor_buffers: Any, swap_paths: Any) -> None:
+    """DeepSpeed's swap_in_tensors as one batch on a deepio handle (see the module doc)."""
+    batch = getattr(swap_handle, "async_pread_batch", None)
+    if batch is None:
+        return _swap_originals["swap_in_tensors"](swap_handle, tensor_buffers, swap_paths)
+    pairs = list(zip(tensor_buffers, swap_paths))  # zip's length, as DeepSpeed's loop
+    batch([b for b, _ in pairs], [p for _, p in pairs])
+    return None
+
+
+def swap_out_tensors(swap_handle: Any, tensor_buffers: Any, swap_paths: Any) -> None:
+    """DeepSpeed's swap_out_tensors as one batch on a deepio handle (see the module doc)."""
+    batch = getattr(swap_handle, "async_pwrite_batch", None)
+    if batch is None:
+        return _swap_originals["swap_out_tensors"](swap_handle, tensor_buffers, swap_paths)
+    pairs = list(zip(tensor_buffers, swap_paths))
+    batch([b for b, _ in pairs], [p for _, p in pairs])
+    return None
+
+
+_SWAP_FUNCTIONS = {"swap_in_tensors": swap_in_tensors, "swap_out_tensors": swap_out_tensors}
+
+
+def _patch_swap(module: types.ModuleType) -> None:
+    for attr, ours in _SWAP_FUNCTIONS.items():
+        current = module.__dict__.get(attr, _MISSING)
+        if current is _MISSING or current is ours:
+            continue
+        if getattr(current, "__module__", None) != _SWAP_MODULE:
+            continue  # a name of the same spelling that is not DeepSpeed's function
+        _swap_originals.setdefault(attr, current)
+        setattr(module, attr, ours)
+
+
 def _patch(module: types.ModuleType) -> None:
     """Switches one DeepSpeed module over to deepio's builders (idempotent)."""
     name = module.__name__
+    _patch_swap(module)
     ours = _ours()
     inside_builders = any(name.startswith(p + ".") for p in _BUILDER_PACKAGES)
     if not inside_builders:

@@ -75,6 +75,8 @@ _PROBE = """
     import deepspeed.runtime.model_checkpointing.writer_factory as wf
     import deepspeed.io.fast_file_writer as ffw
     import deepspeed.nvme.ds_aio_handle as dah
+    import deepspeed.runtime.swap_tensor.utils as swu
+    import deepspeed.runtime.swap_tensor.async_swapper as asw
     from deepspeed.accelerator import get_accelerator
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
     acc = get_accelerator()
@@ -93,6 +95,9 @@ _PROBE = """
         "defining_module_kept": m(__import__("deepspeed.ops.op_builder.async_io",
                                              fromlist=["AsyncIOBuilder"]).AsyncIOBuilder),
         "pin_handle": type(ob.PinMemoryBuilder().load().pin_handle()).__module__,
+        "swap_functions": [m(f) for f in (swu.swap_in_tensors, swu.swap_out_tensors, pps.swap_in_tensors,
+                                          pps.swap_out_tensors, pos.swap_in_tensors, pos.swap_out_tensors,
+                                          asw.swap_out_tensors)],
     }))
 """
 
@@ -105,6 +110,7 @@ def _all_deepio(report: dict) -> None:
     assert report["other_op"].startswith("deepspeed."), "only the I/O ops are switched"
     assert report["defining_module_kept"].startswith("deepspeed."), "DeepSpeed's own classes stay where they are"
     assert report["pin_handle"] == "deepio.compat"
+    assert report["swap_functions"] == ["deepio.deepspeed"] * 7, report["swap_functions"]
 
 
 def _deepspeed_sources_digest() -> str:
@@ -128,6 +134,44 @@ def test_install_switches_every_way_deepspeed_gets_its_io_ops(tmp_path, when):
         code = imports + install + "acc = get_accelerator()\n" + rest
     _all_deepio(_last_json(_python(code, _env(None), tmp_path)))
     assert _deepspeed_sources_digest() == digest, "DeepSpeed's files were edited"
+
+
+def test_swap_functions_submit_a_deepio_handles_tensors_as_one_batch(tmp_path):
+    """DeepSpeed's swap_out/swap_in on a deepio handle: one batch (so a file that cannot be
+    opened is raised by wait(), not by the call); any other handle keeps DeepSpeed's loop."""
+    code = f"""
+        import json, torch
+        import deepio.deepspeed
+        deepio.deepspeed.install()
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+        from deepspeed.runtime.swap_tensor.utils import swap_in_tensors, swap_out_tensors
+        h = AsyncIOBuilder().load().aio_handle(1 << 20, 8, False, True, 1)
+        ts = [torch.randn(1000 + 37 * i) for i in range(20)]
+        paths = [{str(tmp_path)!r} + f"/s{{i}}.swp" for i in range(20)]
+        swap_out_tensors(h, ts, paths)
+        out = h.wait()
+        back = [torch.empty_like(t) for t in ts]
+        swap_in_tensors(h, back, iter(paths))  # any iterables, zip's length, as DeepSpeed's loop
+        got = h.wait()
+        same = all(torch.equal(a, b) for a, b in zip(ts, back))
+        swap_in_tensors(h, [torch.empty(4)], [{str(tmp_path)!r} + "/missing.swp"])
+        try:
+            h.wait()
+            missing = "not raised"
+        except FileNotFoundError:
+            missing = "raised by wait"
+        class Loop:  # not a deepio handle: DeepSpeed's own loop, call by call
+            calls = []
+            def async_pwrite(self, b, p, o):
+                self.calls.append(p)
+                return 0
+        loop = Loop()
+        swap_out_tensors(loop, ts[:3], paths[:3])
+        print(json.dumps({{"out": out, "in": got, "same": same, "missing": missing,
+                          "loop_calls": len(loop.calls)}}))
+    """
+    r = _last_json(_python(code, _env(None), tmp_path))
+    assert r == {"out": 20, "in": 20, "same": True, "missing": "raised by wait", "loop_calls": 3}
 
 
 def test_environment_variable_switches_at_interpreter_start(tmp_path):
