@@ -333,18 +333,25 @@ def _device(device: Any) -> Any:
     return torch.device(device)
 
 
-def _host_buffer(nbytes: int) -> mmap.mmap | None:
-    """Anonymous, page-aligned, zero-on-demand memory: no fill pass, no memlock limit, huge
-    pages where the system offers them (fewer DMA segments per direct request)."""
+# Where a CPU load's data lands (docs/models.md, "Layout"): "locked" is deepio's page-locked
+# allocator (mlock, huge pages from 2 MiB; io_uring reads it through registered buffers; pageable
+# where RLIMIT_MEMLOCK refuses), "mmap" plain anonymous memory. bench/load_weights.py compares them.
+_HOST_MEMORY = "locked"
+
+
+def _host_buffer(nbytes: int) -> Any:
+    """Page-aligned memory for ``nbytes`` (None for 0) that supports the buffer protocol."""
     if nbytes == 0:
         return None
-    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    if _HOST_MEMORY == "locked":
         try:
-            mm.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
+            import numpy  # noqa: F401 - the allocator hands its memory out as a NumPy array
+        except ImportError:
             pass
-    return mm
+        else:
+            array, _owner = _deepio.alloc_locked(nbytes, "numpy")  # the array keeps it alive
+            return array
+    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
@@ -670,7 +677,6 @@ def _ceiling(paths: list[str]) -> None:
         _run(ops)
     finally:
         view.release()
-        buf.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,299 @@
+"""Loading model weights from safetensors shards: deepio.safetensors against safetensors.torch.
+
+Makes a model-like state dict (a Llama-style transformer in bf16: embeddings and lm_head of
+vocab x hidden, per layer four hidden x hidden attention matrices, three hidden x inter MLP
+matrices and two norms; tensors from 8 KiB to 250 MiB) split into shards, then measures, with
+the page cache dropped before every run (root), interleaved, one fresh process per run:
+
+  ceiling      the same bytes read whole and sequentially by deepio's engine into one big buffer
+  deepio       deepio.safetensors.load_files(shards, device)
+  deepio.mmap  the same with the data in plain anonymous memory instead of page-locked memory
+  per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
+  st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
+  st.safe_open safe_open(shard).get_tensor(name) for each tensor
+
+safetensors maps the file and returns before reading it (pages arrive on first touch), so every
+method ends by touching each 4 KiB page of every tensor (for deepio a no-op pass over resident
+memory): the time is until the weights are in memory. Each run reports wall time, CPU seconds
+(user + system, all threads) per GiB and peak resident memory during the load (VmHWM reset
+before it). Medians over --pairs runs of each method.
+
+    python3 bench/load_weights.py                      # 2 GiB in 2 shards under /var/tmp
+    python3 bench/load_weights.py --gib 4 --shards 4 --pairs 7 --json out.json
+    python3 bench/load_weights.py --device cuda:0      # adds loads to the GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HIDDEN, INTER, VOCAB = 4096, 11008, 32000
+
+
+def model_shapes(target_bytes: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a bf16 transformer with as many layers as fit in target_bytes."""
+    head = [("model.embed_tokens.weight", (VOCAB, HIDDEN))]
+    tail = [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
+    per_layer = 2 * (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER + 2 * HIDDEN)
+    layers = max(1, (target_bytes - 2 * 2 * VOCAB * HIDDEN) // per_layer)
+    body = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        body += [(p + f"self_attn.{n}.weight", (HIDDEN, HIDDEN)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        body += [(p + "mlp.gate_proj.weight", (INTER, HIDDEN)), (p + "mlp.up_proj.weight", (INTER, HIDDEN))]
+        body += [(p + "mlp.down_proj.weight", (HIDDEN, INTER))]
+        body += [(p + "input_layernorm.weight", (HIDDEN,)), (p + "post_attention_layernorm.weight", (HIDDEN,))]
+    return head + body + tail
+
+
+def make_files(folder: str, gib: float, shards: int) -> list[str]:
+    """Writes (or reuses, when the recorded configuration matches) the shards."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    stamp = os.path.join(folder, "config.json")
+    config = {"gib": gib, "shards": shards, "hidden": HIDDEN, "inter": INTER, "vocab": VOCAB}
+    paths = [os.path.join(folder, f"model-{i + 1:05d}-of-{shards:05d}.safetensors") for i in range(shards)]
+    try:
+        with open(stamp) as f:
+            if json.load(f) == config and all(os.path.exists(p) for p in paths):
+                return paths
+    except (OSError, ValueError):
+        pass
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            os.unlink(os.path.join(folder, name))
+    shapes = model_shapes(int(gib * 2**30))
+    total = sum(2 * _numel(s) for _, s in shapes)
+    per_shard, at, shard, g = total / shards, 0, 0, torch.Generator().manual_seed(0)
+    current: dict = {}
+    for name, shape in shapes:
+        current[name] = torch.empty(shape, dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+        at += 2 * _numel(shape)
+        if at >= per_shard * (shard + 1) and shard < shards - 1:
+            save_file(current, paths[shard], metadata={"format": "pt"})
+            current, shard = {}, shard + 1
+    save_file(current, paths[shard], metadata={"format": "pt"})
+    with open(stamp, "w") as f:
+        json.dump(config, f)
+    os.sync()
+    return paths
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ------------------------------------------------------------------------- one measured run
+
+
+def _touch(sd: dict) -> int:
+    """Reads one byte of every 4 KiB page of every tensor (on its device); returns a checksum."""
+    import torch
+
+    s = 0
+    for t in sd.values():
+        if t.numel():
+            b = t.reshape(-1).view(torch.uint8)
+            s += int(b[::4096].sum())
+    return s
+
+
+def _per_tensor(ds, paths: list[str]) -> dict:
+    """Each tensor read by its own engine request into its own torch.empty (64-byte aligned
+    memory, so the direct body goes through the engine's bounce slots)."""
+    import torch
+
+    sd, ops = {}, []
+    h = ds._engine("cpu")
+    for p in paths:
+        head = ds.read_header(p)
+        for t in head.tensors:
+            dst = torch.empty(t.shape, dtype=getattr(torch, ds._TORCH_NAME[t.dtype]))
+            sd[t.name] = dst
+            if t.nbytes:
+                ops.append(h.submit_future(False, dst.reshape(-1).view(torch.uint8), p, head.data_offset + t.begin))
+    ds._run(ops)
+    return sd
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_one(method: str, paths: list[str], device: str) -> dict:
+    import torch  # noqa: F401 - imported before the clock starts, by every method
+
+    import deepio.safetensors as ds
+
+    if method.startswith("st"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5\n")  # resets VmHWM: the peak below is the load's
+    rss0 = _status("VmRSS")
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    if method == "ceiling":
+        ds._ceiling(paths)
+        sd: dict = {}
+    elif method == "deepio":
+        sd = ds.load_files(paths, device=device)
+    elif method == "deepio.mmap":  # the same into plain anonymous memory instead of locked
+        ds._HOST_MEMORY = "mmap"
+        sd = ds.load_files(paths, device=device)
+    elif method == "per_tensor":  # the layout not taken: one engine request per tensor
+        sd = _per_tensor(ds, paths)
+    elif method == "st.load_file":
+        sd = {}
+        for p in paths:
+            sd.update(load_file(p, device=device))
+    elif method == "st.safe_open":
+        sd = {}
+        for p in paths:
+            with safe_open(p, framework="pt", device=device) as f:
+                for k in f.keys():
+                    sd[k] = f.get_tensor(k)
+    else:
+        raise SystemExit(f"unknown method {method}")
+    check = _touch(sd)
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {
+        "method": method,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak_rss": _status("VmHWM"),
+        "rss_before": rss0,
+        "tensors": len(sd),
+        "check": check,
+    }
+
+
+# --------------------------------------------------------------------------------- driver
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/var/tmp/deepio-load-weights", help="where the shards live (a real disk)")
+    ap.add_argument("--gib", type=float, default=2.0, help="model size in GiB (default 2)")
+    ap.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
+    ap.add_argument("--pairs", type=int, default=5, help="runs of each method, interleaved (default 5)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    ap.add_argument("--methods", default="ceiling,deepio,st.load_file,st.safe_open")
+    ap.add_argument("--json", help="write every run and the medians here")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.one:
+        paths = json.loads(os.environ["LOAD_WEIGHTS_PATHS"])
+        print(json.dumps(run_one(args.one, paths, args.device)))
+        return 0
+
+    paths = make_files(args.dir, args.gib, args.shards)
+    total = sum(os.path.getsize(p) for p in paths)
+    gib = total / 2**30
+    methods = args.methods.split(",")
+    import deepio
+    import deepio.safetensors as ds
+
+    h = ds._engine("cpu")
+    dropped = drop_caches()
+    print(
+        f"load_weights: {len(paths)} shards, {gib:.3f} GiB, {sum(len(ds.read_header(p).tensors) for p in paths)} "
+        f"tensors in {args.dir} ({deepio.info(args.dir)['direct_io'].get('filesystem', '?')}); device {args.device}; "
+        f"deepio engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
+        f"{h.queue_depth}, {h.intra_op_parallelism} workers, {ds._CHUNK_BYTES >> 20} MiB requests; "
+        f"page cache {'dropped before every run' if dropped else 'NOT dropped (not root): warm figures'}; "
+        f"{os.cpu_count()} CPUs; {args.pairs} interleaved runs of each"
+    )
+    env = dict(os.environ, LOAD_WEIGHTS_PATHS=json.dumps(paths))
+    runs: list[dict] = []
+    for i in range(args.pairs):
+        order = methods[i % len(methods) :] + methods[: i % len(methods)]
+        for m in order:
+            if dropped:
+                drop_caches()
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", m, "--device", args.device],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if out.returncode != 0:
+                print(out.stderr, file=sys.stderr)
+                return 1
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r["pair"] = i
+            runs.append(r)
+            print(
+                f"  run {i + 1} {m:13s} {gib / r['wall_s']:6.2f} GiB/s  CPU {r['cpu_s'] / gib:5.2f} s/GiB  "
+                f"peak RSS {r['peak_rss'] / 2**30:5.2f} GiB (before {r['rss_before'] / 2**30:4.2f})",
+                flush=True,
+            )
+    checks = {r["check"] for r in runs if r["method"] != "ceiling"}
+    if len(checks) != 1:
+        print(f"methods disagree on the data: checksums {checks}", file=sys.stderr)
+        return 1
+    medians = {}
+    ceiling = None
+    for m in methods:
+        rs = [r for r in runs if r["method"] == m]
+        wall = statistics.median(r["wall_s"] for r in rs)
+        medians[m] = {
+            "gib_s": gib / wall,
+            "cpu_s_per_gib": statistics.median(r["cpu_s"] for r in rs) / gib,
+            "peak_rss_gib": statistics.median(r["peak_rss"] for r in rs) / 2**30,
+            "extra_rss_gib": statistics.median(r["peak_rss"] - r["rss_before"] for r in rs) / 2**30,
+        }
+        if m == "ceiling":
+            ceiling = gib / wall
+    print(f"medians of {args.pairs} ({gib:.2f} GiB, device {args.device}):")
+    print(f"  {'method':13s} {'GiB/s':>7s} {'x ceiling':>9s} {'CPU s/GiB':>9s} {'peak RSS GiB':>12s} {'(+load)':>8s}")
+    for m, v in medians.items():
+        rel = f"{v['gib_s'] / ceiling:9.2f}" if ceiling else f"{'-':>9s}"
+        print(
+            f"  {m:13s} {v['gib_s']:7.2f} {rel} {v['cpu_s_per_gib']:9.2f} {v['peak_rss_gib']:12.2f} "
+            f"{v['extra_rss_gib']:8.2f}"
+        )
+    if "deepio" in medians and "st.load_file" in medians:
+        print(f"  deepio / st.load_file: {medians['deepio']['gib_s'] / medians['st.load_file']['gib_s']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gib": gib, "device": args.device, "runs": runs, "medians": medians}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
