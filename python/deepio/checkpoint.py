@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import io
+import mmap
 import os
 import pickle
 import threading
@@ -48,6 +49,7 @@ DEFAULT_WRITE_BUFFERS = 4
 DEFAULT_READ_BUFFER = 8 << 20
 DEFAULT_READ_BUFFERS = 4
 _SMALL_COPY = 64 << 10  # below this a slice assignment beats a GIL-releasing memcpy
+_PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
 
 _handle: Any | None = None
 _handle_lock = threading.Lock()
@@ -106,6 +108,42 @@ def _copy(dest: memoryview, src: memoryview) -> None:
         _deepio.memcpy(dest, src)  # GIL released
     else:
         dest[:] = src
+
+
+_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23  # Linux; POPULATE_WRITE since 5.14
+_HUGE = 2 << 20
+_madvise: Any = None
+
+
+def _prefault(dest: memoryview) -> None:
+    """Asks the kernel to back a large destination with huge pages and to fault it in with one
+    call, before the copies into it. torch.load reads each storage into freshly allocated
+    memory, and touching it page by page (a fault and a zeroed 4 KiB page at a time) cost more
+    than the disk on this VM (docs/checkpoints.md). Hints only: any failure is ignored."""
+    global _madvise
+    if _madvise is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    if not _madvise:
+        return
+    anchor = ctypes.c_char.from_buffer(dest)
+    try:
+        addr, n = ctypes.addressof(anchor), len(dest)
+    finally:
+        del anchor
+    lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
+    if hi > lo:
+        _madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    page = mmap.PAGESIZE
+    lo, hi = -(-addr // page) * page, (addr + n) // page * page
+    if hi > lo:
+        _madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # GIL released by ctypes
 
 
 def _is_device(b: Any) -> bool:
@@ -484,6 +522,9 @@ class Reader(io.RawIOBase):
         # record's header usually is), or one chunk after a small read that continues the last.
         sequential = first in (self._last_chunk, self._last_chunk + 1)
         ahead = last + 1 if (last > first or sequential) else last
+        if n >= _PREFAULT_MIN:
+            self._start_range(first, min(ahead, first + len(self._bufs) - 1))  # disk first
+            _prefault(dest[:n])
         done = 0
         while done < n:
             pos = self._pos + done

@@ -149,6 +149,32 @@ def test_reader_sequential_reads_and_readinto_torch(tmp_dir):
             f.fileno()
 
 
+def test_reader_large_reads_into_fresh_and_mapped_memory(tmp_dir):
+    """Large destinations get huge-page and prefault hints before the copies: contents must
+    be exact whatever the memory (fresh torch memory, NumPy, a shared file mapping)."""
+    import mmap
+
+    data = os.urandom(20 << 20)
+    p = tmp_dir / "big.bin"
+    p.write_bytes(data)
+    with deepio.Reader(p) as f:
+        t = torch.empty(len(data) - 3, dtype=torch.uint8)
+        f.seek(3)
+        assert f.readinto(memoryview(t.numpy())) == len(data) - 3
+        assert t.numpy().tobytes() == data[3:]
+        a = np.empty(len(data), np.uint8)
+        f.seek(0)
+        assert f.readinto(a) == len(data)
+        assert a.tobytes() == data
+        m = tmp_dir / "mapped.bin"
+        m.write_bytes(b"\0" * len(data))
+        with open(m, "r+b") as fm, mmap.mmap(fm.fileno(), len(data)) as mm:
+            f.seek(0)
+            assert f.readinto(mm) == len(data)
+            assert mm[:] == data
+        assert m.read_bytes() == data
+
+
 def test_other_serializers_through_writer_and_reader(tmp_dir):
     arr = np.random.default_rng(0).standard_normal((300, 700))
     p = tmp_dir / "a.npy"
