@@ -13,10 +13,11 @@ the implementation are used: fp32 elementwise additions, subtractions, multiplic
 flips in the order the C++ kernels use; exact fp64 squares; the sums of squares in the fixed order
 of docs/comm.md "Norms" (leaves of 64 rows of 8 summed row by row with elementwise additions, then a
 pairwise tree), never torch's own reductions, whose order is unspecified; the correctly rounded
-fp64 square root; integer packing. Caveat (as between the scalar and AVX2 C++ kernels): a NaN that
-an operation creates (inf - inf after an fp32 overflow) or that two NaN operands produce has a
-payload and sign bit that depend on the hardware (x86 and CUDA differ); results are NaN on both
-paths and the NaN's sign bit still reads as bit 1, so every other value stays identical.
+fp64 square root; integer packing. Sign flips are written as ``copysign(s, ±1)``
+(exact: every scale is >= +0). Caveat (as between the scalar and AVX2 C++ kernels): the sign bit
+and payload of a NaN result (a NaN input, or inf - inf after an fp32 overflow) depend on the
+hardware and on the instruction (x86 and CUDA differ); results are NaN on both paths and a NaN
+reads as sign bit 1, so every other value stays identical.
 
 The collectives are the caller's (see :class:`Transport`): an int64 MAX-allreduce of the size
 agreement message (on the host), an all-to-all and an all-gather of byte blocks.
@@ -51,6 +52,21 @@ def pack(bits: Any, out: Any) -> None:
     torch.sum(b, dim=1, dtype=torch.uint8, out=out)
 
 
+def signs(packed: Any) -> Any:
+    """+1.0 for every 1 bit and -1.0 for every 0 bit of ``packed`` ([..., B] uint8), as float32
+    [..., 8B]: one table lookup per byte (a 256 x 8 table)."""
+    import torch
+
+    key = ("signs", str(packed.device))
+    lut = _SHIFTS.get(key)
+    if lut is None:
+        bits = (torch.arange(256, dtype=torch.int32).unsqueeze(1) >> torch.arange(7, -1, -1)) & 1
+        lut = (bits * 2 - 1).to(torch.float32).to(packed.device)
+        _SHIFTS[key] = lut
+    flat = lut.index_select(0, packed.reshape(-1).to(torch.int32))
+    return flat.view(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
 def unpack(packed: Any) -> Any:
     """The bits of ``packed`` (any shape [..., B] uint8) as a bool tensor [..., 8B]."""
     p = packed.unsqueeze(-1) >> _shifts(packed.device)
@@ -67,14 +83,20 @@ def sum_squares(x: Any) -> Any:
         return torch.zeros((), dtype=torch.float64, device=x.device)
     leaf = 8 * LEAF_ROWS
     n_leaves = -(-n // leaf)
-    sq = torch.empty(n_leaves * leaf, dtype=torch.float64, device=x.device)
-    sq[n:].zero_()  # zero rows pad the last leaf
-    sq[:n].copy_(x)
-    sq.mul_(sq)  # exact: a float squared fits in a double
-    rows = sq.view(n_leaves, LEAF_ROWS, 8)
-    acc = rows[:, 0, :].clone()  # +0.0 + a == a
+    # Row r of every leaf side by side: rows[r] is [n_leaves, 8] and contiguous, so that the
+    # 63 additions below run over contiguous memory.
+    rows = torch.empty((LEAF_ROWS, n_leaves, 8), dtype=torch.float64, device=x.device)
+    full = n // leaf
+    if full:
+        rows[:, :full, :].copy_(x[: full * leaf].view(full, LEAF_ROWS, 8).transpose(0, 1))
+    if full < n_leaves:  # the last leaf, padded with zero rows
+        tail = torch.zeros(leaf, dtype=torch.float64, device=x.device)
+        tail[: n - full * leaf].copy_(x[full * leaf :])
+        rows[:, full, :].copy_(tail.view(LEAF_ROWS, 8))
+    rows.mul_(rows)  # exact: a float squared fits in a double
+    acc = rows[0].clone()  # +0.0 + a == a
     for r in range(1, LEAF_ROWS):  # each lane in increasing index, as the streaming kernels do
-        acc.add_(rows[:, r, :])
+        acc.add_(rows[r])
     while acc.shape[0] > 1:  # the perfect tree; an odd last node pairs with a zero leaf (exact)
         m = acc.shape[0]
         pairs = acc[0 : m - 1 : 2] + acc[1:m:2]
@@ -98,11 +120,12 @@ def _scales(blocks: Any) -> Any:
     return blocks[:, :4].reshape(-1).clone().view(torch.float32)
 
 
-def _residual(e: Any, neg: Any, s: Any) -> None:
-    """e <- e - (bit ? s : -s) where neg = (e < 0) (so NaN and -0.0 take +s)."""
+def _residual(e: Any, s: Any) -> None:
+    """e <- e - (bit(e) ? s : -s), bit(e) = !(e < 0). As copysign(s, e + 0.0): s >= +0 (a norm),
+    and e + 0.0 turns -0.0 into +0.0, so -0.0 takes +s; a NaN e stays NaN either way."""
     import torch
 
-    e.sub_(torch.where(neg, -s, s))
+    e.sub_(torch.copysign(s, e + 0.0))
 
 
 def worker_stage(inp: Any, we: Any, w: int, send: Any) -> Any:
@@ -124,7 +147,7 @@ def worker_stage(inp: Any, we: Any, w: int, send: Any) -> Any:
     blocks[:, 4:].copy_(packed.view(w, c // 8))
     s = scale_of(we)
     blocks[:, :4].copy_(s.reshape(1).view(torch.uint8).expand(w, 4))
-    _residual(we, neg, s)
+    _residual(we, s)
     return s
 
 
@@ -138,16 +161,16 @@ def server_stage(recv: Any, se: Any, w: int, own: Any) -> Any:
     blocks = recv.view(w, stride)
     scales = _scales(blocks)
     t = scales * torch.tensor(1.0 / w, dtype=torch.float32, device=se.device)  # s_j * fp32(1/W)
-    bits = unpack(blocks[:, 4:])  # [W, C]
-    acc = torch.where(bits[0], t[0], -t[0])
+    terms = torch.copysign(t.view(w, 1), signs(blocks[:, 4:]))  # bit ? t_j : -t_j, [W, C] (t_j >= +0)
+    acc = terms[0].clone()
     for j in range(1, w):
-        acc = acc + torch.where(bits[j], t[j], -t[j])
+        acc.add_(terms[j])
     torch.add(acc, se, out=se)  # c = sum + es
     neg = se < 0
     pack(~neg, own[4:])
     s = scale_of(se)
     own[:4].copy_(s.reshape(1).view(torch.uint8))
-    _residual(se, neg, s)
+    _residual(se, s)
     return s
 
 
@@ -160,8 +183,7 @@ def decode(gathered: Any, w: int, c: int, out: Any) -> None:
         return
     blocks = gathered.view(w, c // 8 + 4)
     scales = _scales(blocks).view(w, 1)
-    bits = unpack(blocks[:, 4:])
-    out.copy_(torch.where(bits, scales, -scales).view(-1)[:n0])
+    out.copy_(torch.copysign(scales, signs(blocks[:, 4:])).view(-1)[:n0])  # bit ? s_k : -s_k
 
 
 class Transport:
