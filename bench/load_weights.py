@@ -7,7 +7,7 @@ the page cache dropped before every run (root), interleaved, one fresh process p
 
   ceiling      the same bytes read whole and sequentially by deepio's engine into one big buffer
   deepio       deepio.safetensors.load_files(shards, device)
-  deepio.mmap  the same with the data in plain anonymous memory instead of page-locked memory
+  deepio.locked the same with the data in deepio's page-locked allocator instead of plain memory
   per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
   st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
   st.safe_open safe_open(shard).get_tensor(name) for each tensor
@@ -154,8 +154,8 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
         sd: dict = {}
     elif method == "deepio":
         sd = ds.load_files(paths, device=device)
-    elif method == "deepio.mmap":  # the same into plain anonymous memory instead of locked
-        ds._HOST_MEMORY = "mmap"
+    elif method == "deepio.locked":  # the same into deepio's page-locked allocator
+        ds._HOST_MEMORY = "locked"
         sd = ds.load_files(paths, device=device)
     elif method == "per_tensor":  # the layout not taken: one engine request per tensor
         sd = _per_tensor(ds, paths)

@@ -333,10 +333,11 @@ def _device(device: Any) -> Any:
     return torch.device(device)
 
 
-# Where a CPU load's data lands (docs/models.md, "Layout"): "locked" is deepio's page-locked
-# allocator (mlock, huge pages from 2 MiB; io_uring reads it through registered buffers; pageable
-# where RLIMIT_MEMLOCK refuses), "mmap" plain anonymous memory. bench/load_weights.py compares them.
-_HOST_MEMORY = "locked"
+# Where a CPU load's data lands (docs/models.md, "Layout"): "mmap" is plain anonymous memory
+# (page-aligned, faulted in by the reads themselves); "locked" deepio's page-locked allocator
+# (mlock, huge pages from 2 MiB, io_uring registered buffers), which cost more CPU per GiB in a
+# fresh process on the development VM. bench/load_weights.py compares them.
+_HOST_MEMORY = "mmap"
 
 
 def _host_buffer(nbytes: int) -> Any:
