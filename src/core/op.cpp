@@ -47,6 +47,7 @@ void OpState::finish() noexcept {
     // for a free descriptor (EMFILE back-pressure) finds one.
     owned_direct_.reset();
     owned_buffered_.reset();
+    shared_fds_.reset();
     failed = !error_.ok();
   }
   // Engine-owned objects are touched before done_ is published, so an engine that waits for

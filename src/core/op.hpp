@@ -93,6 +93,13 @@ class OpState {
   }
   void borrow_buffered_fd(int fd) noexcept { buffered_fd_ = fd; }
   void set_borrowed_source(int fd) noexcept { borrowed_source_ = fd; }
+  /// Descriptors owned by `owner` and shared with other ops (a batch's requests on one file):
+  /// kept open until this op finishes. -1 for one it does not provide.
+  void share_fds(std::shared_ptr<void> owner, int direct_fd, int buffered_fd) noexcept {
+    shared_fds_ = std::move(owner);
+    direct_fd_ = direct_fd;
+    buffered_fd_ = buffered_fd;
+  }
   [[nodiscard]] int direct_fd() const noexcept { return direct_fd_; }
   /// A descriptor without O_DIRECT, opened on first use (by path, or for a caller's O_DIRECT
   /// descriptor by reopening /proc/self/fd/N). Thread-safe.
@@ -141,6 +148,7 @@ class OpState {
 
   UniqueFd owned_direct_;
   UniqueFd owned_buffered_;
+  std::shared_ptr<void> shared_fds_;  // released (with the others) when the op finishes
   int direct_fd_ = -1;
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
   int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT

@@ -46,6 +46,13 @@ struct Engine::Opened {
   std::size_t offset_align = 1;
 };
 
+struct Engine::SharedFile {
+  UniqueFd main;      // O_DIRECT when opened.direct
+  UniqueFd buffered;  // without O_DIRECT, when main has it
+  Opened opened;
+  std::uint64_t size = 0;  // as the requests dispatched so far leave it
+};
+
 // Threads that open, size and plan the requests of batches, so that the submitting thread
 // returns at once. Jobs run in the order posted per thread; stop() runs every job already
 // posted before joining, so no request of a batch is ever dropped.
@@ -177,6 +184,26 @@ Status Engine::open_with_backpressure(const std::string& path, int flags, Unique
 }
 
 void Engine::open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out) {
+  UniqueFd fd = open_checked(write, path, size, out);
+  if (out->direct) {
+    op.set_direct_fd(std::move(fd));
+  } else {
+    op.set_buffered_fd(std::move(fd));
+  }
+}
+
+std::shared_ptr<Engine::SharedFile> Engine::open_shared(bool write, const std::string& path) {
+  auto f = std::make_shared<SharedFile>();
+  f->main = open_checked(write, path, &f->size, &f->opened);
+  if (f->opened.direct) {
+    // The unaligned heads and tails of the requests go through the page cache: one
+    // descriptor without O_DIRECT for all of them too.
+    throw_if_error(open_with_backpressure(path, write ? O_WRONLY : O_RDONLY, &f->buffered));
+  }
+  return f;
+}
+
+UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out) {
   const int base = write ? (O_WRONLY | O_CREAT) : O_RDONLY;
   UniqueFd fd;
   bool direct = options_.direct_io != DirectIo::Off;
@@ -209,10 +236,8 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
     // Without statx's answer, a page is a safe superset of any logical block size.
     out->mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
     out->offset_align = facts.from_statx ? facts.dio_offset_align : page_size();
-    op.set_direct_fd(std::move(fd));
-  } else {
-    op.set_buffered_fd(std::move(fd));
   }
+  return fd;
 }
 
 namespace {
@@ -294,11 +319,31 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
   for (std::size_t k = 0; k < runs; ++k) {
     const std::size_t begin = ops.size() * k / runs;
     const std::size_t end = ops.size() * (k + 1) / runs;
-    openers.post([this, batch, shared_ops, begin, end] {
-      for (std::size_t i = begin; i < end; ++i) start_batched((*shared_ops)[i], (*batch)[i]);
-    });
+    openers.post([this, batch, shared_ops, begin, end] { start_run(*batch, *shared_ops, begin, end); });
   }
   return ops;
+}
+
+void Engine::start_run(const std::vector<IoRequest>& batch, const std::vector<std::shared_ptr<OpState>>& ops,
+                       std::size_t begin, std::size_t end) noexcept {
+  // Consecutive requests on one path in one direction share one open of it (a file read or
+  // written at many offsets costs one open, not one per request).
+  const auto same_file = [](const IoRequest& a, const IoRequest& b) {
+    return !a.path.empty() && a.write == b.write && a.path == b.path;
+  };
+  std::shared_ptr<SharedFile> shared;
+  for (std::size_t i = begin; i < end; ++i) {
+    const IoRequest& r = batch[i];
+    if (shared && !(i > begin && same_file(batch[i - 1], r))) shared.reset();
+    if (!shared && i + 1 < end && same_file(r, batch[i + 1])) {
+      try {
+        shared = open_shared(r.write, r.path);
+      } catch (...) {
+        shared.reset();  // the request opens the file itself and reports why it cannot
+      }
+    }
+    start_batched(ops[i], r, shared);
+  }
 }
 
 Engine::Openers& Engine::start_openers() {
@@ -307,10 +352,11 @@ Engine::Openers& Engine::start_openers() {
   return *openers_;
 }
 
-void Engine::start_batched(const std::shared_ptr<OpState>& op, const IoRequest& r) noexcept {
+void Engine::start_batched(const std::shared_ptr<OpState>& op, const IoRequest& r,
+                           const std::shared_ptr<SharedFile>& shared) noexcept {
   Status failure;
   try {
-    start(op, r.buffer, r.path.empty() ? nullptr : &r.path, r.fd, /*tracked=*/true);
+    start(op, r.buffer, r.path.empty() ? nullptr : &r.path, r.fd, /*tracked=*/true, shared);
     return;
   } catch (const Error& e) {
     // As for a single submission, an open failure names the request that was attempted.
@@ -330,14 +376,20 @@ void Engine::start_batched(const std::shared_ptr<OpState>& op, const IoRequest& 
   op->complete_now();
 }
 
-void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked) {
+void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked,
+                   const std::shared_ptr<SharedFile>& shared) {
   const bool write = op->write();
   const std::uint64_t file_offset = op->offset();
   const std::size_t nbytes = op->nbytes();
   const std::string& name = op->path();
   Opened opened;
   std::uint64_t size = 0;
-  if (path != nullptr) {
+  if (path != nullptr && shared) {
+    opened = shared->opened;
+    size = shared->size;
+    op->share_fds(shared, opened.direct ? shared->main.get() : -1,
+                  opened.direct ? shared->buffered.get() : shared->main.get());
+  } else if (path != nullptr) {
     open_path(*op, write, *path, &size, &opened);
   } else {
     const int flags = ::fcntl(fd, F_GETFL);
@@ -368,6 +420,11 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
   Route route;
   if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
   dispatch(op, buf, nbytes, file_offset, opened, std::move(route), tracked);
+  // The next request on the shared descriptor sees the size this write leaves (only the
+  // opener thread that owns `shared` reads or writes it).
+  if (shared && write && size != std::numeric_limits<std::uint64_t>::max()) {
+    shared->size = std::max<std::uint64_t>(size, file_offset + nbytes);
+  }
 }
 
 void Engine::preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes) {

@@ -62,6 +62,8 @@ class Engine {
  private:
   struct Opened;
   class Openers;
+  /// A file opened once for consecutive requests of a batch on the same path and direction.
+  struct SharedFile;
   /// How an op on device memory goes: through the route's backend (direct) or staged; file
   /// is the route's registration, kept by every slice until the op's requests are done.
   struct Route {
@@ -76,9 +78,18 @@ class Engine {
                                   std::uint64_t file_offset, OpOptions op_options);
   /// Opens (or inspects) the file, checks the range and dispatches; `tracked`: the op already
   /// has its place in the submission order (a batch). Throws on failure, having queued nothing.
-  void start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked);
+  /// With `shared` (a path request of a batch), its descriptors are used instead of opening.
+  void start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked,
+             const std::shared_ptr<SharedFile>& shared = nullptr);
   /// start() on an opener thread: a failure becomes the op's own (it completes failed).
-  void start_batched(const std::shared_ptr<OpState>& op, const IoRequest& request) noexcept;
+  void start_batched(const std::shared_ptr<OpState>& op, const IoRequest& request,
+                     const std::shared_ptr<SharedFile>& shared) noexcept;
+  /// One opener's share of a batch, requests [begin, end), in order.
+  void start_run(const std::vector<IoRequest>& batch, const std::vector<std::shared_ptr<OpState>>& ops,
+                 std::size_t begin, std::size_t end) noexcept;
+  std::shared_ptr<SharedFile> open_shared(bool write, const std::string& path);
+  /// Opens `path` for the engine (O_DIRECT unless refused; see docs/engine.md) and sizes it.
+  UniqueFd open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out);
   Openers& start_openers();
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
                 const Opened& opened, Route route, bool tracked);

@@ -343,6 +343,80 @@ TEST_P(Conformance, BatchFailuresBelongToTheirRequest) {
   EXPECT_TRUE(h.submit_batch({}).empty());
 }
 
+// Consecutive requests on one path share one open of it: unaligned chunks (heads and tails
+// through the page cache), writes that extend the file as they go, a read past the end that
+// fails alone among good reads of the same file, and direction changes on the same path.
+TEST_P(Conformance, BatchOnOnePathAtManyOffsets) {
+  auto h_owner = make(opts({.block_size = 65536, .queue_depth = 16, .intra_op_parallelism = 2}));
+  Handle& h = *h_owner;
+  const std::string path = dir_.file("shared");
+  const auto big = pattern((5 << 20) + 12345, 61);
+  std::vector<IoRequest> writes;
+  for (std::size_t off = 0; off < big.size(); off += 100003) {
+    const std::size_t n = std::min<std::size_t>(100003, big.size() - off);
+    writes.push_back({.write = true,
+                      .buffer = const_cast<std::byte*>(big.data() + off),
+                      .nbytes = n,
+                      .path = path,
+                      .file_offset = off});
+  }
+  const std::size_t nwrites = writes.size();
+  EXPECT_EQ(h.submit_batch(std::move(writes)).size(), nwrites);
+  EXPECT_EQ(h.wait(), nwrites);
+  ASSERT_EQ(slurp(path), big);
+
+  std::vector<std::byte> back(big.size());
+  std::vector<std::byte> past(10);
+  std::vector<IoRequest> reads;
+  for (std::size_t off = 0; off < big.size(); off += 77777) {
+    const std::size_t n = std::min<std::size_t>(77777, big.size() - off);
+    reads.push_back({.buffer = back.data() + off, .nbytes = n, .path = path, .file_offset = off});
+    if (reads.size() == 5) {
+      reads.push_back({.buffer = past.data(), .nbytes = past.size(), .path = path, .file_offset = big.size() - 5});
+    }
+  }
+  std::vector<Future> f = h.submit_batch(std::move(reads));
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (i == 5) {
+      EXPECT_THROW(f[i].get(), Error) << "the read past the end fails alone";
+    } else {
+      EXPECT_NO_THROW(f[i].get()) << i;
+    }
+  }
+  EXPECT_EQ(back, big);
+
+  // Write, read, write again on one path in one batch: each direction change reopens.
+  const auto head = pattern(8192, 62);
+  std::vector<std::byte> got(8192);
+  std::vector<IoRequest> mixed;
+  mixed.push_back({.write = true, .buffer = const_cast<std::byte*>(head.data()), .nbytes = 4096, .path = path});
+  mixed.push_back({.write = true,
+                   .buffer = const_cast<std::byte*>(head.data() + 4096),
+                   .nbytes = 4096,
+                   .path = path,
+                   .file_offset = 4096});
+  mixed.push_back({.buffer = got.data(), .nbytes = 4096, .path = path, .file_offset = 1 << 20});
+  mixed.push_back({.buffer = got.data() + 4096, .nbytes = 4096, .path = path, .file_offset = (1 << 20) + 4096});
+  mixed.push_back({.write = true,
+                   .buffer = const_cast<std::byte*>(head.data()),
+                   .nbytes = 8192,
+                   .path = path,
+                   .file_offset = big.size()});
+  mixed.push_back({.write = true,
+                   .buffer = const_cast<std::byte*>(head.data()),
+                   .nbytes = 8192,
+                   .path = path,
+                   .file_offset = big.size() + 8192});
+  EXPECT_EQ(h.submit_batch(std::move(mixed)).size(), 6u);
+  EXPECT_EQ(h.wait(), 6u);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), big.begin() + (1 << 20)));
+  const auto file = slurp(path);
+  ASSERT_EQ(file.size(), big.size() + 16384);
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), file.begin()));
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), file.begin() + static_cast<std::ptrdiff_t>(big.size())));
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), file.begin() + static_cast<std::ptrdiff_t>(big.size() + 8192)));
+}
+
 // Destroying the handle right after a batch: every write of it still lands.
 TEST_P(Conformance, HandleDestroyedRightAfterABatchFinishesIt) {
   constexpr int kFiles = 64;
