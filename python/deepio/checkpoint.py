@@ -27,6 +27,7 @@ Neither object is thread-safe: use one from one thread at a time, as with ``open
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import io
@@ -214,6 +215,9 @@ class Writer(io.RawIOBase):
         self._limit = buffer_size  # its capacity: ends at a multiple of buffer_size
         self._error: BaseException | None = None
         self._durable = durable
+        # (nbytes, source) for save()'s storages: torch (skip_data) seeks over each record's
+        # bytes, and the seek writes the source there instead (see _save_filling).
+        self._fills: collections.deque[tuple[int, Any]] = collections.deque()
 
     # --------------------------------------------------------------------- io.RawIOBase
     def writable(self) -> bool:
@@ -284,6 +288,12 @@ class Writer(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check()
+        if whence == os.SEEK_CUR and self._fills and offset > 0:
+            nbytes, source = self._fills.popleft()
+            if nbytes != offset:
+                raise RuntimeError(f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes")
+            self.write(source)
+            return self.tell()
         if whence == os.SEEK_SET:
             target = offset
         elif whence == os.SEEK_CUR:
@@ -648,7 +658,11 @@ def save(
 
     torch's serializer pickles the object and hands each tensor storage's own memory to
     ``Writer.write()`` (no pickled copy); the Writer stages it in page-locked memory and writes
-    aligned direct I/O. CUDA storages are copied to host memory by torch first, one at a time.
+    aligned direct I/O. When ``obj`` holds CUDA storages, torch writes the file with every
+    storage's bytes left out (``torch.serialization.skip_data``) and the Writer puts each storage
+    in its place as torch passes it: CPU storages through the staging buffers, CUDA storages
+    through the engine's GPU path (pinned staging slots, device-to-host copies overlapped with
+    the disk), never a whole host copy. Those files carry no CRC-32 (as ``crc32=False``).
 
     ``crc32``: whether the zip records carry their CRC-32. ``None`` follows torch
     (``torch.serialization.get_crc32_options()``, True by default); ``False`` saves the CPU
@@ -660,7 +674,11 @@ def save(
     with replacing(final) as tmp:
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
-            _torch_save(obj, w, pickle_protocol, crc32)
+            storages = _storages(obj, pickle_protocol)
+            if _force_filling or any(st.device.type != "cpu" for st in storages):
+                _save_filling(obj, w, pickle_protocol, storages)
+            else:
+                _torch_save(obj, w, pickle_protocol, crc32)
             w.close()
         except BaseException as e:
             cause = w._error
@@ -670,6 +688,50 @@ def save(
                 # ("unexpected pos"): the Writer's error is the one to report.
                 raise cause from None
             raise
+
+
+_force_filling = False  # tests: take the CUDA route (skip_data + filling) for CPU objects too
+
+
+class _NullSink:
+    def write(self, b: Any) -> int:
+        return len(b)
+
+
+def _storages(obj: Any, pickle_protocol: int) -> list[Any]:
+    """The untyped storages torch.save will write, in its order ("data/0", "data/1", ...):
+    a dry pickling pass with torch's rule (TypedStorage or torch.is_storage, first seen first,
+    one key per StorageImpl). Cheap: the storages themselves are not pickled."""
+    import torch
+
+    order: list[Any] = []
+    seen: set[int] = set()
+
+    class Finder(pickle.Pickler):
+        def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, torch.storage.TypedStorage) or torch.is_storage(o):
+                st = o._untyped_storage if isinstance(o, torch.storage.TypedStorage) else o
+                if st._cdata not in seen:
+                    seen.add(st._cdata)
+                    order.append(st)
+                return ("storage", st._cdata)
+            return None
+
+    Finder(_NullSink(), protocol=pickle_protocol).dump(obj)
+    return order
+
+
+def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]) -> None:
+    import torch
+
+    for st in storages:
+        if st.nbytes():  # torch skips nothing for an empty record
+            t = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+            w._fills.append((st.nbytes(), t if t.device.type != "cpu" else memoryview(t.numpy())))
+    with torch.serialization.skip_data():
+        torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
+    if w._fills:
+        raise RuntimeError(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
 
 
 def _torch_save(obj: Any, w: Writer, pickle_protocol: int, crc32: bool | None) -> None:
