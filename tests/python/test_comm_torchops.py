@@ -328,8 +328,16 @@ def case_engines_agree(comm):
 
     w, me = comm.Get_size(), comm.Get_rank()
     for n0, n in (_sizes(w), (8 * w * 3, 8 * w * 3), (5, 8 * w)):
-        state = {e: (torch.zeros(n), torch.zeros(n // w)) for e in ("native", "torch", "fn")}
-        be = {"native": dcomm.MpiBackend(engine="native"), "torch": dcomm.MpiBackend(engine="torch")}
+        state = {e: (torch.zeros(n), torch.zeros(n // w)) for e in ("native", "torch", "staged", "fn")}
+        be = {
+            "native": dcomm.MpiBackend(engine="native"),
+            "torch": dcomm.MpiBackend(engine="torch"),
+            "staged": dcomm.MpiBackend(engine="torch"),
+        }
+        # The staging route of device tensors, run on CPU tensors: a transport that claims to take
+        # "cuda" memory makes the engine copy only the packed blocks into (here unpinned) host
+        # buffers, exchange those, and copy the received blocks back.
+        be["staged"]._transport.device_type = "cuda"
         for call in range(N_CALLS):
             x = _inputs(n0, me, call)
             outs = {e: be[e].compressed_allreduce(x.clone(), *state[e], me) for e in be}
@@ -338,10 +346,17 @@ def case_engines_agree(comm):
             padded[:n0] = y
             # compressed_allreduce (function form) on the torch engine, in place on a padded buffer
             outs["fn"] = dcomm.compressed_allreduce(padded, *state["fn"], engine="torch")[:n0]
-            for e in ("torch", "fn"):
+            for e in ("torch", "staged", "fn"):
                 assert _bits(outs[e]) == _bits(outs["native"]), f"output {e} n0={n0} call {call}"
                 for i in (0, 1):
                     assert _bits(state[e][i]) == _bits(state["native"][i]), f"residual {i} {e} n0={n0} call {call}"
+        # What was staged: the W packed blocks out, this rank's block out, W blocks back in each
+        # way; device->host bytes per call <= 1/16 of the fp32 buffer at realistic sizes.
+        stride = n // w // 8 + 4
+        staging = be["staged"]._transport._staging
+        assert staging["a2a"][0].numel() == w * stride and staging["ag"][0].numel() == w * stride
+        if n >= 8 * w * 700:
+            assert w * stride + stride <= 4 * n // 16, (w, n, stride)
         # every rank holds the same output
         allout = comm.allgather(_bits(outs["torch"]))
         assert all(o == allout[0] for o in allout)
