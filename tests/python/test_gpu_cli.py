@@ -220,7 +220,7 @@ def test_gpu_set_up_failure_drops_the_rows_or_fails_when_asked_for(fakes, tmp_pa
     doc = json.loads(r.stdout)
     assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is False
     assert "GPU set-up failed: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in doc["gpu"]["reason"]
-    assert len(doc["results"]) == 6
+    assert len(doc["results"]) == 9  # write, overwrite, read x deepio, naive, ceiling
     # With --gpu the GPU rows were asked for: the run fails (exit 1), saying why.
     r = run([*base, "--gpu"], **env)
     assert r.returncode == 1 and "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in r.stderr, (r.stdout, r.stderr)
