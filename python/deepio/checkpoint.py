@@ -727,7 +727,7 @@ def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]
     for st in storages:
         if st.nbytes():  # torch skips nothing for an empty record
             t = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
-            w._fills.append((st.nbytes(), t if t.device.type != "cpu" else memoryview(t.numpy())))
+            w._fills.append((st.nbytes(), t if t.device.type != "cpu" else t.numpy()))
     with torch.serialization.skip_data():
         torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
     if w._fills:
