@@ -12,6 +12,8 @@ kernels; CUDA-awareness detection; NcclBackend over torch.distributed.
    NcclBackend on gloo (both engines) equals the MPI path; size errors on the torch-ops path.
 3. NcclBackend in plain gloo ranks (subprocesses, no MPI at all) equals the MPI path's results
    for the same inputs, at 2 and 4 ranks.
+4. On a GPU only (skipped here): the simulated calls of (1) on CUDA tensors against the C++
+   bytes, and NcclBackend at one rank, CUDA tensors over NCCL against CPU tensors over gloo.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ needs_mpirun = pytest.mark.skipif(
 
 def _python():
     return [sys.executable, "-S"] if sys.flags.no_site else [sys.executable]
+
+
+def _cuda_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
 
 
 def _bits(t):
@@ -116,7 +127,7 @@ def _cxx_call(inputs, wes, ses):
 
 
 def _torch_call(inputs, wes, ses):
-    """The same call through deepio.comm._torchops on torch CPU tensors."""
+    """The same call through deepio.comm._torchops on torch tensors (of the inputs' device)."""
     import torch
 
     from deepio.comm import _torchops
@@ -125,20 +136,21 @@ def _torch_call(inputs, wes, ses):
     n = wes[0].numel()
     c = n // w
     stride = c // 8 + 4
+    dev = wes[0].device
     sends = []
     for r in range(w):
-        send = torch.empty(w * stride, dtype=torch.uint8)
+        send = torch.empty(w * stride, dtype=torch.uint8, device=dev)
         _torchops.worker_stage(inputs[r], wes[r], w, send)
         sends.append(send)
     owns = []
     for r in range(w):
         recv = torch.cat([sends[j][r * stride : (r + 1) * stride] for j in range(w)])
-        own = torch.empty(stride, dtype=torch.uint8)
+        own = torch.empty(stride, dtype=torch.uint8, device=dev)
         _torchops.server_stage(recv, ses[r], w, own)
         owns.append(own)
-    out = torch.empty(inputs[0].numel(), dtype=torch.float32)
+    out = torch.empty(inputs[0].numel(), dtype=torch.float32, device=dev)
     _torchops.decode(torch.cat(owns), w, c, out)
-    return out
+    return out.cpu()
 
 
 if given is not None:
@@ -154,6 +166,24 @@ if given is not None:
         seed=st.integers(0, 2**32 - 1),
     )
     def test_simulated_calls_equal_cxx(w, groups, short, calls, nasty, seed):
+        _simulated_calls(w, groups, short, calls, nasty, seed, "cpu")
+
+    @needs_comm
+    @pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    @settings(max_examples=40, deadline=None)
+    @given(
+        w=st.integers(1, 5),
+        groups=st.integers(1, 3000),
+        short=st.integers(0, 40),
+        calls=st.integers(1, 4),
+        nasty=st.booleans(),
+        seed=st.integers(0, 2**32 - 1),
+    )
+    def test_simulated_calls_on_gpu_equal_cxx(w, groups, short, calls, nasty, seed):
+        # The same on CUDA tensors: the GPU's fp32/fp64 arithmetic must give the C++ bytes.
+        _simulated_calls(w, groups, short, calls, nasty, seed, "cuda")
+
+    def _simulated_calls(w, groups, short, calls, nasty, seed, device):
         import numpy as np
         import torch
 
@@ -162,16 +192,16 @@ if given is not None:
         g = np.random.default_rng(seed)
         wes_c = [_values(g, n, nasty) for _ in range(w)]  # nonzero residuals from the start
         ses_c = [_values(g, n // w, nasty) for _ in range(w)]
-        wes_t = [torch.from_numpy(e.copy()) for e in wes_c]
-        ses_t = [torch.from_numpy(e.copy()) for e in ses_c]
+        wes_t = [torch.from_numpy(e.copy()).to(device) for e in wes_c]
+        ses_t = [torch.from_numpy(e.copy()).to(device) for e in ses_c]
         for call in range(calls):
             inputs = [_values(g, n0, nasty) for _ in range(w)]
             out_c = _cxx_call(inputs, wes_c, ses_c)
-            out_t = _torch_call([torch.from_numpy(x.copy()) for x in inputs], wes_t, ses_t)
+            out_t = _torch_call([torch.from_numpy(x.copy()).to(device) for x in inputs], wes_t, ses_t)
             assert _same(out_c.tobytes(), out_t), f"output differs at call {call}"
             for r in range(w):
-                assert _same(wes_c[r].tobytes(), wes_t[r]), f"worker_error of rank {r}, call {call}"
-                assert _same(ses_c[r].tobytes(), ses_t[r]), f"server_error of rank {r}, call {call}"
+                assert _same(wes_c[r].tobytes(), wes_t[r].cpu()), f"worker_error of rank {r}, call {call}"
+                assert _same(ses_c[r].tobytes(), ses_t[r].cpu()), f"server_error of rank {r}, call {call}"
 
     @needs_comm
     @settings(max_examples=60, deadline=None)
@@ -291,6 +321,34 @@ def test_nccl_backend_gloo_ranks_equal_mpi_path(np_, mpi_out, tmp_path):
             for engine in ("native", "torch"):
                 gloo_file = tmp_path / f"np{np_}_r{r}_{name}_{engine}.bin"
                 assert gloo_file.read_bytes() == mpi_file.read_bytes(), f"rank {r} {name} ({engine} engine)"
+
+
+@needs_comm
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_nccl_backend_one_rank_on_gpu(tmp_path):
+    # NCCL refuses two ranks on one GPU, so on a one-GPU machine NcclBackend runs at one rank:
+    # CUDA tensors through NCCL against CPU tensors through gloo (native engine), 4 calls.
+    code = f"""
+import torch, torch.distributed as dist
+import deepio.comm as dcomm
+dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+n0, n = 8 * 700 - 13, 8 * 700
+g = torch.Generator().manual_seed(3)
+be = dcomm.NcclBackend()
+dev = (torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda"))
+host = (torch.zeros(n), torch.zeros(n))
+for call in range(4):
+    x = torch.rand(n0, generator=g) - 0.5
+    a = be.compressed_allreduce(x.clone(), host[0], host[1], 0)
+    b = be.compressed_allreduce(x.cuda(), dev[0], dev[1], 0)
+    assert torch.equal(a.view(torch.int32), b.cpu().view(torch.int32)), call
+    assert torch.equal(host[0].view(torch.int32), dev[0].cpu().view(torch.int32)), call
+    assert torch.equal(host[1].view(torch.int32), dev[1].cpu().view(torch.int32)), call
+dist.destroy_process_group()
+print("ok")
+"""
+    p = subprocess.run([*_python(), "-c", code], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
 
 
 def _free_port():
