@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,15 @@ def nr_hugepages() -> str:
     return Path("/proc/sys/vm/nr_hugepages").read_text().strip()
 
 
+def assert_hugepages_back(before: str) -> None:
+    """The huge pages a run added to vm.nr_hugepages are gone. Polled for a while: another test
+    process (the C++ tools tests under `ctest -j`) may hold a loan of its own for a moment."""
+    deadline = time.monotonic() + 30
+    while nr_hugepages() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert nr_hugepages() == before
+
+
 def splits_a_1m_request(device: dict) -> bool:
     """The device takes fewer segments per request than a 1 MiB request has 4 KiB pages."""
     return 0 < device["max_segments"] < 2**20 // os.sysconf("SC_PAGESIZE")
@@ -213,7 +223,7 @@ def test_compare_json_schema(tmp_dir, fio):
     before = nr_hugepages()
     r = run(*args)
     assert r.returncode == 0, r.stderr
-    assert nr_hugepages() == before  # huge pages reserved for fio went back
+    assert_hugepages_back(before)  # huge pages reserved for fio went back
     j = json.loads(r.stdout)
     assert set(j) == COMPARE_KEYS
     assert j["schema"] == "deepio.bench.compare/2" and j["size_bytes"] == 4 * 2**20 and j["runs"] == 2
@@ -229,8 +239,8 @@ def test_compare_json_schema(tmp_dir, fio):
             assert c["buffers"] == "hugetlb" and "--mem=shmhuge" in c["fio_read_command"], c
         if c["buffers"] == "hugetlb":
             assert "--mem=shmhuge" in c["fio_write_command"] and "hugetlb pages" in c["buffers_detail"]
-    if fio and c["source"] == "raw":  # fio could not get segment-friendly buffers: it says why
-        assert "fio not used" in c["note"] or "fio skipped" in c["note"], c
+    if fio and c["source"] == "raw":  # no segment-friendly fio (or it failed mid-run): the note says why
+        assert any(w in c["note"] for w in ("fio not used", "fio skipped", "raw O_DIRECT loop instead")), c
     if not fio:
         assert c["source"] == "raw" and c["buffers"] in ("thp", "pages")
         assert c["buffers_detail"].startswith("deepio's buffers (") and "transparent huge pages" in c["buffers_detail"]
@@ -288,7 +298,7 @@ def test_figures_above_the_ceiling_are_flagged(tmp_dir, reserve):
     before = nr_hugepages()
     r = run(*args, "--json", env=env)
     assert r.returncode == 0, r.stderr
-    assert nr_hugepages() == before
+    assert_hugepages_back(before)
     j = json.loads(r.stdout)
     c = j["ceiling"]
     if c["source"] == "raw":
@@ -311,7 +321,7 @@ def test_figures_above_the_ceiling_are_flagged(tmp_dir, reserve):
             assert x["gib_per_sec"] > 1.0 / 1024  # the figure itself is kept
     text = run(*args, env=env)
     assert text.returncode == 0, text.stderr
-    assert nr_hugepages() == before
+    assert_hugepages_back(before)
     rows = TABLE_ROW.findall(text.stdout)
     assert {(op, pct) for op, engine, _, _, pct, _, _ in rows if not engine.startswith("fio")} == {
         (op, "above") for op in OPS}, text.stdout
