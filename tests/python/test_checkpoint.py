@@ -95,6 +95,42 @@ def test_writer_flush_makes_bytes_visible_and_seek_overwrites(tmp_dir):
         deepio.Writer(p, buffer_size=100)
 
 
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("write"), st.integers(0, 20000)),
+            st.tuples(st.just("seek"), st.integers(0, 40000), st.sampled_from([0, 1, 2])),
+            st.tuples(st.just("flush")),
+        ),
+        max_size=25,
+    ),
+    kw=st.sampled_from([SMALL, {"buffer_size": 4096, "buffers": 2}]),
+)
+def test_writer_matches_a_bytesio_model(tmp_dir, ops, kw):
+    """Any sequence of writes, seeks (from the start, current position or end) and flushes
+    gives the file io.BytesIO gives, and the same positions."""
+    model = io.BytesIO()
+    p = tmp_dir / "model.bin"
+    counter = 0
+    with deepio.Writer(p, **kw) as f:
+        for op in ops:
+            if op[0] == "write":
+                data = bytes((counter + i) % 251 for i in range(op[1]))
+                counter += 1
+                assert f.write(data) == model.write(data)
+            elif op[0] == "seek":
+                off = {0: op[1], 1: op[1] - 20000, 2: op[1] - 20000}[op[2]]
+                want = {0: off, 1: model.tell() + off, 2: len(model.getbuffer()) + off}[op[2]]
+                if want < 0:
+                    continue
+                assert f.seek(off, op[2]) == model.seek(off, op[2])
+            else:
+                f.flush()
+            assert f.tell() == model.tell()
+    assert p.read_bytes() == model.getvalue()
+
+
 def test_writer_truncates_existing_file(tmp_dir):
     p = tmp_dir / "old.bin"
     p.write_bytes(b"x" * 100000)
