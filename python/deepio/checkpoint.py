@@ -34,6 +34,7 @@ import io
 import mmap
 import os
 import pickle
+import sys
 import threading
 import zipfile
 from typing import IO, Any, Union, cast
@@ -96,6 +97,10 @@ class _Staging:
 
 
 def _byte_view(b: Any) -> memoryview:
+    from ._buffers import is_torch_tensor
+
+    if is_torch_tensor(b):  # torch tensors have no buffer protocol: their bytes, via NumPy
+        b = b.detach().contiguous().reshape(-1).view(sys.modules["torch"].uint8).numpy()
     mv = b if isinstance(b, memoryview) else memoryview(b)
     if mv.ndim == 1 and mv.format in ("B", "b", "c") and mv.contiguous:
         return mv if mv.format == "B" else mv.cast("B")

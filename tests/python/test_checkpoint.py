@@ -65,11 +65,16 @@ def test_writer_sequence_of_writes_is_the_concatenation(tmp_dir, kw):
 
 def test_writer_takes_strided_and_typed_buffers(tmp_dir):
     t = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    bf = torch.randn(3, 5).bfloat16()
     with deepio.Writer(tmp_dir / "t.bin") as f:
         f.write(t.numpy())  # 2-D float64: written as its bytes
         f.write(np.arange(10, dtype=np.int32)[::2])  # not contiguous: copied first
+        f.write(bf.t())  # torch tensors too (no buffer protocol), any dtype, any strides
+        f.write(torch.tensor(7, dtype=torch.int16))
     data = (tmp_dir / "t.bin").read_bytes()
-    assert data == t.numpy().tobytes() + np.arange(10, dtype=np.int32)[::2].tobytes()
+    want = t.numpy().tobytes() + np.arange(10, dtype=np.int32)[::2].tobytes()
+    want += bf.t().contiguous().view(torch.uint8).numpy().tobytes() + np.int16(7).tobytes()
+    assert data == want
 
 
 def test_writer_flush_makes_bytes_visible_and_seek_overwrites(tmp_dir):
