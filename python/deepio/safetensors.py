@@ -510,6 +510,8 @@ def _plan(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tup
     for k, v in tensors.items():
         if not isinstance(k, str):
             raise TypeError(f"tensor names must be str, not {type(k).__name__} ({k!r})")
+        if k == "__metadata__":
+            raise ValueError("'__metadata__' is reserved for the metadata: it cannot name a tensor")
         if not isinstance(v, torch.Tensor):
             raise ValueError(f"Key `{k}` is invalid, expected torch.Tensor but received {type(v)}")
         if v.layout != torch.strided:

@@ -206,6 +206,8 @@ def test_save_refuses_what_safetensors_refuses(tmp_dir):
             st.save_file(sd, str(p))
     with pytest.raises(TypeError):
         ds.save_file({"x": base}, p, metadata={"a": 1})
+    with pytest.raises(ValueError, match="reserved"):
+        ds.save_file({"__metadata__": base}, p)
     with pytest.raises(ValueError, match="0-d"):
         ds.save_file({"x": torch.zeros((), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}, p)
     assert not p.exists()
