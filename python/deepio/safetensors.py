@@ -487,7 +487,7 @@ def load(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
         if t.nbytes == 0:
             out[t.name] = torch.empty(shape, dtype=dtype)
             continue
-        src = torch.frombuffer(buf, dtype=torch.uint8, count=t.nbytes, offset=t.begin)  # type: ignore[arg-type]
+        src = torch.frombuffer(buf, dtype=torch.uint8, count=t.nbytes, offset=t.begin)
         dst = torch.empty(shape, dtype=dtype)
         _as_bytes(dst).copy_(src)
         out[t.name] = dst
@@ -708,7 +708,9 @@ def main(argv: list[str] | None = None) -> int:
             f"engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
             f"{h.queue_depth}, {h.intra_op_parallelism} workers, requests of {_CHUNK_BYTES >> 20} MiB; cache {cache}"
         )
-        loads, ceils, cpus = [], [], []
+        loads: list[float] = []
+        ceils: list[float] = []
+        cpus: list[float] = []
         count = 0
         for i in range(max(args.repeat, 1)):
             for what in ("load", "ceiling") if i % 2 == 0 else ("ceiling", "load"):
