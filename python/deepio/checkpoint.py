@@ -679,8 +679,9 @@ def save(
     with replacing(final) as tmp:
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
-            storages = _storages(obj, pickle_protocol)
-            if _force_filling or any(st.device.type != "cpu" for st in storages):
+            # CUDA storages can exist only once torch initialized CUDA: skip the dry pass else.
+            storages = _storages(obj, pickle_protocol) if _force_filling or _cuda_initialized() else []
+            if _force_filling or any(st.device.type == "cuda" for st in storages):
                 _save_filling(obj, w, pickle_protocol, storages)
             else:
                 _torch_save(obj, w, pickle_protocol, crc32)
@@ -696,6 +697,14 @@ def save(
 
 
 _force_filling = False  # tests: take the CUDA route (skip_data + filling) for CPU objects too
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return True  # cannot tell: look at the storages
 
 
 class _NullSink:
@@ -732,7 +741,9 @@ def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]
     for st in storages:
         if st.nbytes():  # torch skips nothing for an empty record
             t = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
-            w._fills.append((st.nbytes(), t if t.device.type != "cpu" else t.numpy()))
+            # CUDA memory through the engine's GPU path; CPU memory as it is; other devices
+            # (xpu, mps, ...) copied to the host first, as torch.save does.
+            w._fills.append((st.nbytes(), t if t.device.type == "cuda" else t.cpu().numpy()))
     with torch.serialization.skip_data():
         torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
     if w._fills:

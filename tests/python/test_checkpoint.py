@@ -361,6 +361,23 @@ def test_storage_filling_route_keeps_sharing_and_large_storages(tmp_dir):
         assert {i.CRC for i in z.infolist() if "/data/" in i.filename} == {0}
 
 
+class Counted:
+    calls = 0
+
+    def __reduce__(self):
+        Counted.calls += 1
+        return (int, (5,))
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="CUDA is initialized: the dry pass must run")
+def test_cpu_saves_pickle_once(tmp_dir):
+    """Without CUDA initialized no CUDA storage can exist: no dry pickling pass."""
+    Counted.calls = 0
+    deepio.save({"c": Counted(), "t": torch.ones(3)}, tmp_dir / "once.pt")
+    assert Counted.calls == 1
+    assert deepio.load(tmp_dir / "once.pt")["c"] == 5
+
+
 def test_shared_storages_stay_shared(tmp_dir):
     base = torch.arange(100, dtype=torch.float32)
     obj = {"all": base, "view": base[10:20], "t": base.view(10, 10).t(), "bf": torch.randn(5).bfloat16()}
