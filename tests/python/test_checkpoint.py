@@ -375,7 +375,7 @@ def test_cpu_saves_pickle_once(tmp_dir):
     Counted.calls = 0
     deepio.save({"c": Counted(), "t": torch.ones(3)}, tmp_dir / "once.pt")
     assert Counted.calls == 1
-    assert deepio.load(tmp_dir / "once.pt")["c"] == 5
+    assert deepio.load(tmp_dir / "once.pt", weights_only=False)["c"] == 5
 
 
 def test_shared_storages_stay_shared(tmp_dir):
