@@ -361,6 +361,13 @@ def test_storage_filling_route_keeps_sharing_and_large_storages(tmp_dir):
         assert {i.CRC for i in z.infolist() if "/data/" in i.filename} == {0}
 
 
+def test_loads_torch_legacy_format(tmp_dir):
+    sd = {"a": torch.randn(1000, 100), "b": [torch.arange(5)], "v": torch.ones(10)[2:]}
+    p = tmp_dir / "legacy.pt"
+    torch.save(sd, p, _use_new_zipfile_serialization=False)  # the pre-1.6 format: not a zip
+    assert_same(sd, deepio.load(p))
+
+
 class Counted:
     calls = 0
 
