@@ -547,6 +547,14 @@ def test_command_line(tmp_dir):
         timeout=60,
     )
     assert r.returncode != 0 and "nope.safetensors" in r.stderr and "Traceback" not in r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run(
+            [sys.executable, "-m", "deepio.safetensors", str(tmp_dir), "--device", "cuda", "--no-drop-caches"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 1 and "CUDA" in r.stderr and "Traceback" not in r.stderr
 
 
 # --------------------------------------------------------------------------------- GPU
