@@ -686,6 +686,7 @@ def save(
             else:
                 _torch_save(obj, w, pickle_protocol, crc32)
             w.close()
+            _keep_mode(final, tmp)
         except BaseException as e:
             cause = w._error
             w.discard()
@@ -694,6 +695,16 @@ def save(
                 # ("unexpected pos"): the Writer's error is the one to report.
                 raise cause from None
             raise
+
+
+def _keep_mode(final: str, tmp: str) -> None:
+    """The new file gets the permission bits of the file it replaces (torch.save, writing in
+    place, keeps them): a private checkpoint stays private."""
+    try:
+        mode = os.stat(final).st_mode & 0o7777
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, mode)
 
 
 _force_filling = False  # tests: take the CUDA route (skip_data + filling) for CPU objects too

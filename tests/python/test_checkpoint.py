@@ -503,6 +503,15 @@ class Explodes:
         raise RuntimeError("boom while pickling")
 
 
+def test_save_keeps_the_replaced_files_permissions(tmp_dir):
+    p = tmp_dir / "private.pt"
+    deepio.save({"v": torch.ones(1)}, p)
+    os.chmod(p, 0o600)
+    deepio.save({"v": torch.zeros(1)}, p)
+    assert os.stat(p).st_mode & 0o777 == 0o600
+    assert torch.equal(torch.load(p)["v"], torch.zeros(1))
+
+
 def test_exception_mid_save_keeps_the_old_file(tmp_dir):
     p = tmp_dir / "ckpt.pt"
     deepio.save({"v": torch.ones(10)}, p)
