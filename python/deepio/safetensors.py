@@ -375,10 +375,13 @@ def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
     # Checked before allocating: a clear reason where torch has no CUDA.
     if not torch.cuda.is_available():
         raise RuntimeError(f"device {str(dev)!r} requested but torch has no usable CUDA device")
+    gpu = _deepio.gpu_info()
+    if not gpu.get("cuda_found"):
+        raise RuntimeError(f"device {str(dev)!r}: deepio cannot use the CUDA driver: {gpu.get('cuda_reason')}")
     buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
     if nbytes:
         torch.cuda.current_stream(dev).synchronize()  # the allocation is usable by deepio's stream
-        kind = "gds" if _deepio.gpu_info().get("gds_mode") == "gds" else "cpu"
+        kind = "gds" if gpu.get("gds_mode") == "gds" else "cpu"
         _submit_read(_engine(kind), lambda a, n: buf[a : a + n], path, header.data_offset, nbytes, ops)
     return _Pending(header, buf, 0, dev)
 
