@@ -630,6 +630,10 @@ def save_file(
     name = os.fspath(filename)
     with replacing(name) as tmp:
         _write(tensors, metadata, tmp)
+        try:  # the permission bits of the file replaced stay (safetensors writes in place)
+            os.chmod(tmp, os.stat(name).st_mode & 0o7777)
+        except FileNotFoundError:
+            pass
 
 
 def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:

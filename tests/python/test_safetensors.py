@@ -517,6 +517,19 @@ def test_full_file_system_keeps_old_file(tmp_path_factory):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+def test_save_keeps_the_permission_bits_of_the_file_it_replaces(tmp_dir):
+    p = tmp_dir / "private.safetensors"
+    st.save_file({"a": torch.ones(1)}, str(p))
+    p.chmod(0o600)
+    ds.save_file({"b": torch.ones(2)}, p)
+    assert p.stat().st_mode & 0o7777 == 0o600
+    fresh = tmp_dir / "fresh.safetensors"
+    ds.save_file({"b": torch.ones(2)}, fresh)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o7777 == 0o666 & ~umask
+
+
 def test_save_is_renamed_into_place(tmp_dir):
     """The new file appears whole under its name (a new inode), never written in place."""
     p = tmp_dir / "r.safetensors"
