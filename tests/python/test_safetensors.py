@@ -442,6 +442,20 @@ def test_read_error_raises_and_returns_nothing(tmp_dir, fault):
     assert_same_dict(ds.load_file(p), sd)  # the module's engine keeps working
 
 
+def test_read_error_in_one_shard_fails_the_whole_load(tmp_dir, fault, monkeypatch):
+    """Many requests over three shards in flight at once; EIO in one of the second shard's:
+    OSError naming that shard after every request finished, no dict; the next load works."""
+    monkeypatch.setattr(ds, "_CHUNK_BYTES", 1000)  # 5 requests per shard
+    want = make_shards(tmp_dir)
+    fault("read", errno=errno.EIO, after=1, count=1, path_contains="model-00001-")
+    with pytest.raises(OSError) as ei:
+        ds.load_files(tmp_dir)
+    assert ei.value.errno == errno.EIO and "model-00001-" in ei.value.filename
+    _deepio._clear_fault()
+    assert ds._engine("cpu").pending() == 0
+    assert_same_dict(ds.load_files(tmp_dir), want)
+
+
 def test_file_shrinking_under_the_reader(tmp_dir, fault):
     """A short read (the file shrank between header and data) is finished or reported."""
     sd = {"a": rand_tensor((1 << 20,), torch.uint8, 1)}
