@@ -443,14 +443,15 @@ def test_read_error_raises_and_returns_nothing(tmp_dir, fault):
 
 
 def test_read_error_in_one_shard_fails_the_whole_load(tmp_dir, fault, monkeypatch):
-    """Many requests over three shards in flight at once; EIO in one of the second shard's:
-    OSError naming that shard after every request finished, no dict; the next load works."""
+    """Many requests over three shards in flight at once; EIO in one of them: OSError naming
+    its shard after every request finished, no dict; the next load works."""
     monkeypatch.setattr(ds, "_CHUNK_BYTES", 1000)  # 5 requests per shard
     want = make_shards(tmp_dir)
-    fault("read", errno=errno.EIO, after=1, count=1, path_contains="model-00001-")
+    fault("read", errno=errno.EIO, after=6, count=1)
     with pytest.raises(OSError) as ei:
         ds.load_files(tmp_dir)
-    assert ei.value.errno == errno.EIO and "model-00001-" in ei.value.filename
+    assert ei.value.errno == errno.EIO
+    assert ei.value.filename in {str(p) for p in tmp_dir.glob("*.safetensors")}
     _deepio._clear_fault()
     assert ds._engine("cpu").pending() == 0
     assert_same_dict(ds.load_files(tmp_dir), want)
