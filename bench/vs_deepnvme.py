@@ -12,6 +12,12 @@ bounce buffer of its own, and deepio's locked memory is not torch-pinned.
 Order alternates per pair; medians of the paired ratios (deepio time / DeepNVMe time
 inverted: > 1 means deepio is faster), GiB/s and CPU seconds per GiB of the process.
 
+With --many COUNTxKiB[,...] (e.g. 2048x256,8192x64) it also runs many-tensor cases: COUNT
+tensors of KiB each, one file each, every tensor submitted with async_pwrite/async_pread and
+one wait() (as DeepSpeed's swappers do), writes to fresh files through fsync of each file,
+reads after dropping their page cache; for deepio also through one async_pwrite_batch /
+async_pread_batch call ("deepio batch" column). Figures are tensors/s beside GiB/s.
+
 DeepSpeed's op is JIT-built on first use (ninja, a C++ compiler, libaio-dev): a minute or two.
 
     python3 bench/vs_deepnvme.py --folder /var/tmp/deepio-vs --mib 1024 --pairs 5
@@ -66,6 +72,8 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=1 << 20)
     ap.add_argument("--queue-depths", default="32,128")
     ap.add_argument("--parallelism", default="1,2")
+    ap.add_argument("--many", default="", help="many-tensor cases, e.g. 2048x256,8192x64 (COUNTxKiB)")
+    ap.add_argument("--skip-sequential", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -89,6 +97,10 @@ def main() -> None:
         f"{'case':30} {'DeepNVMe GiB/s':>15} {'deepio GiB/s':>13} {'deepio/DS':>10} "
         f"{'DS CPU s/GiB':>13} {'deepio CPU s/GiB':>17}   ratio range"
     )
+    if args.many:
+        many_cases(args, ds_op, dio_op, torch)
+    if args.skip_sequential:
+        return
     for qd in [int(x) for x in args.queue_depths.split(",")]:
         for par in [int(x) for x in args.parallelism.split(",")]:
             hs = {
@@ -123,6 +135,77 @@ def main() -> None:
             for k, h in hs.items():
                 h.free_cpu_locked_tensor(own[k])
     os.unlink(path)
+
+
+def many_cases(args, ds_op, dio_op, torch) -> None:
+    qd = int(args.queue_depths.split(",")[0])
+    par = int(args.parallelism.split(",")[0])
+    print(f"many tensors, one file each: block {args.block_size}, queue depth {qd}, parallelism {par}")
+    print(
+        f"{'case':22} {'DeepNVMe t/s':>13} {'deepio t/s':>11} {'batch t/s':>10} {'deepio/DS':>10} "
+        f"{'batch/DS':>9} {'CPU s/GiB DS':>13} {'deepio':>7} {'batch':>7}"
+    )
+    for spec in args.many.split(","):
+        count, kib = (int(x) for x in spec.lower().split("x"))
+        n = kib * 1024 // 4
+        hs = {
+            "DeepNVMe": ds_op.aio_handle(args.block_size, qd, False, True, par),
+            "deepio": dio_op.aio_handle(args.block_size, qd, False, True, par),
+        }
+        hs["batch"] = hs["deepio"]
+        example = torch.zeros(1, dtype=torch.float32)
+        bufs = {k: [h.new_cpu_locked_tensor(n, example) for _ in range(count)] for k, h in hs.items() if k != "batch"}
+        bufs["batch"] = bufs["deepio"]
+        for b in bufs["deepio"]:
+            b.uniform_()
+        folder = os.path.join(args.folder, f"many-{spec}")
+        os.makedirs(folder, exist_ok=True)
+        paths = [os.path.join(folder, f"t{i:05d}") for i in range(count)]
+        gib = count * n * 4 / GIB
+
+        def run(name: str, write: bool, hs=hs, bufs=bufs, paths=paths) -> tuple[float, float]:
+            h, bs = hs[name], bufs[name]
+            if write:
+                for p in paths:
+                    if os.path.exists(p):
+                        os.unlink(p)
+            else:
+                for p in paths:
+                    drop(p)
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            if name == "batch":
+                (h.async_pwrite_batch if write else h.async_pread_batch)(bs, paths)
+            else:
+                call = h.async_pwrite if write else h.async_pread
+                for b, p in zip(bs, paths):
+                    call(b, p)
+            h.wait()
+            if write:
+                for p in paths:
+                    fd = os.open(p, os.O_RDONLY)
+                    os.fsync(fd)
+                    os.close(fd)
+            return time.perf_counter() - t0, cpu_seconds() - c0
+
+        names = ["DeepNVMe", "deepio", "batch"]
+        for write in (True, False):
+            res: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
+            for i in range(args.pairs):
+                for name in names if i % 2 == 0 else names[::-1]:
+                    res[name].append(run(name, write))
+            t = {k: statistics.median(x for x, _ in v) for k, v in res.items()}
+            c = {k: statistics.median(y for _, y in v) / gib for k, v in res.items()}
+            r1 = statistics.median(d[0] / o[0] for d, o in zip(res["DeepNVMe"], res["deepio"]))
+            r2 = statistics.median(d[0] / o[0] for d, o in zip(res["DeepNVMe"], res["batch"]))
+            case = f"{'write' if write else 'read'} {count}x{kib}KiB"
+            print(
+                f"{case:22} {count / t['DeepNVMe']:13.0f} {count / t['deepio']:11.0f} {count / t['batch']:10.0f} "
+                f"{r1:10.2f} {r2:9.2f} {c['DeepNVMe']:13.3f} {c['deepio']:7.3f} {c['batch']:7.3f}",
+                flush=True,
+            )
+        for p in paths:
+            os.unlink(p)
+        os.rmdir(folder)
 
 
 if __name__ == "__main__":
