@@ -59,7 +59,12 @@ struct Engine::SharedFile {
 class Engine::Openers {
  public:
   explicit Openers(std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this] { run(); });
+    try {
+      for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {
+      stop();  // the threads already started end (nothing was posted yet); never terminate()
+      throw;
+    }
   }
   ~Openers() { stop(); }
   Openers(const Openers&) = delete;
@@ -293,6 +298,10 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
       throw Error(e.errnum(), where + e.message(), e.path(), e.offset(), e.nbytes());
     }
   }
+  if (requests.empty()) return {};
+  // The opener threads first: if they cannot be started, nothing is tracked and the throw
+  // leaves the handle as it was.
+  Openers& openers = start_openers();
   // 2. The ops, in the submission order as given (one lock for the whole batch).
   auto batch = std::make_shared<std::vector<IoRequest>>(std::move(requests));
   std::vector<std::shared_ptr<OpState>> ops;
@@ -309,17 +318,26 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
       unclaimed_.push_back(op);
     }
   }
-  if (ops.empty()) return ops;
   // 3. Opening and planning go to the openers, in contiguous runs (at least kMinRun requests
   // each, so a small batch stays on one thread and in order).
   constexpr std::size_t kMinRun = 16;
-  Openers& openers = start_openers();
   const std::size_t runs = std::clamp<std::size_t>(ops.size() / kMinRun, 1, openers.size());
   auto shared_ops = std::make_shared<std::vector<std::shared_ptr<OpState>>>(ops);
   for (std::size_t k = 0; k < runs; ++k) {
     const std::size_t begin = ops.size() * k / runs;
     const std::size_t end = ops.size() * (k + 1) / runs;
-    openers.post([this, batch, shared_ops, begin, end] { start_run(*batch, *shared_ops, begin, end); });
+    try {
+      openers.post([this, batch, shared_ops, begin, end] { start_run(*batch, *shared_ops, begin, end); });
+    } catch (const std::exception&) {
+      // Tracked already: a run that cannot be queued fails its requests (a later wait()
+      // reports them) rather than leaving them pending forever.
+      for (std::size_t i = begin; i < end; ++i) {
+        const auto& op = ops[i];
+        op->fail(Status::failure(ENOMEM, "out of memory while submitting", op->path(), op->offset(), op->nbytes()));
+        submitted_.fetch_add(1);
+        op->complete_now();
+      }
+    }
   }
   return ops;
 }
@@ -328,14 +346,19 @@ void Engine::start_run(const std::vector<IoRequest>& batch, const std::vector<st
                        std::size_t begin, std::size_t end) noexcept {
   // Consecutive requests on one path in one direction share one open of it (a file read or
   // written at many offsets costs one open, not one per request).
-  const auto same_file = [](const IoRequest& a, const IoRequest& b) {
+  // Not for device memory when a route (GDS) may serve it: the route registers the
+  // descriptor with cuFile per operation, and a descriptor registered twice is refused.
+  const auto same_file = [&](std::size_t a_index, std::size_t b_index) {
+    const IoRequest& a = batch[a_index];
+    const IoRequest& b = batch[b_index];
+    if (route_ && (ops[a_index]->on_device() || ops[b_index]->on_device())) return false;
     return !a.path.empty() && a.write == b.write && a.path == b.path;
   };
   std::shared_ptr<SharedFile> shared;
   for (std::size_t i = begin; i < end; ++i) {
     const IoRequest& r = batch[i];
-    if (shared && !(i > begin && same_file(batch[i - 1], r))) shared.reset();
-    if (!shared && i + 1 < end && same_file(r, batch[i + 1])) {
+    if (shared && !(i > begin && same_file(i - 1, i))) shared.reset();
+    if (!shared && i + 1 < end && same_file(i, i + 1)) {
       try {
         shared = open_shared(r.write, r.path);
       } catch (...) {
