@@ -142,6 +142,7 @@ void give_back_hugepages() noexcept {
   if (fd < 0) return;
   const ssize_t n = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
+  if (n <= 0 || buf[0] < '0' || buf[0] > '9') return;  // unreadable: never write a guess
   long now = 0;
   for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; ++i) now = now * 10 + (buf[i] - '0');
   long left = now > added ? now - added : 0;
@@ -176,7 +177,11 @@ void install_cleanup_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  // Every signal whose default ends the process, crashes (and abort(), std::terminate)
+  // included: a reservation of huge pages must never outlive the run.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL}) {
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 }  // namespace
 
