@@ -47,13 +47,19 @@ def _symbol(libs: list[ctypes.CDLL], name: str) -> Any:
     return None
 
 
-@functools.lru_cache(maxsize=1)
 def query() -> tuple[bool, str]:
     """(CUDA-aware, reason) for the MPI library in this process; the reason names the evidence."""
     from mpi4py import MPI
 
     if not MPI.Is_initialized():
-        return False, "MPI is not initialised"
+        return False, "MPI is not initialised"  # not cached: MPI may be initialised later
+    return _query_initialized()
+
+
+@functools.lru_cache(maxsize=1)
+def _query_initialized() -> tuple[bool, str]:
+    from mpi4py import MPI
+
     version = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
     libs = _loaded_mpi_libraries()
     fn = _symbol(libs, "MPIX_Query_cuda_support")

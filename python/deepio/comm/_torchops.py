@@ -248,7 +248,9 @@ def transport_buffer(transport: Transport, send: Any, nbytes: int) -> Any:
     host_send, host_recv = transport_staging(transport, "a2a", nbytes)
     host_send.copy_(send)
     transport.all_to_all(host_send, host_recv)
-    return host_recv.to(send.device, non_blocking=True)
+    # Blocking: the staging buffers are reused by the next call, which may run on another
+    # stream; a copy still queued would read them while the next exchange overwrites them.
+    return host_recv.to(send.device, non_blocking=False)
 
 
 def exchange_gather(transport: Transport, own: Any, nbytes: int) -> Any:
@@ -263,7 +265,7 @@ def exchange_gather(transport: Transport, own: Any, nbytes: int) -> Any:
     host_own = host_own[: own.numel()]
     host_own.copy_(own)
     transport.all_gather(host_own, host_gathered)
-    return host_gathered.to(own.device, non_blocking=True)
+    return host_gathered.to(own.device, non_blocking=False)  # reused buffers: see transport_buffer
 
 
 def transport_staging(transport: Any, key: str, nbytes: int) -> tuple[Any, Any]:
