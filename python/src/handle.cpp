@@ -367,6 +367,11 @@ std::vector<nb::handle> as_items(nb::handle seq, const char* what) {
 
 nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures) {
   auto h = engine();
+  // A tensor or array is itself a sequence (of rows or elements): only a list or tuple of
+  // buffers is one.
+  if (!PyList_Check(buffers.ptr()) && !PyTuple_Check(buffers.ptr())) {
+    throw nb::type_error(("buffers must be a list or tuple of buffers, not " + py_type_name(buffers)).c_str());
+  }
   // Copies of the sequences (new references) so their items stay alive whatever the caller
   // does to the originals from another thread.
   nb::object buffer_list = nb::steal(PySequence_List(buffers.ptr()));
@@ -404,7 +409,15 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
       throw InvalidArgument("offsets has " + std::to_string(offs_in.size()) + " items for " + std::to_string(n) +
                             " buffers");
     }
-    for (std::size_t i = 0; i < n; ++i) offs[i] = nb::cast<std::int64_t>(offs_in[i]);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!PyIndex_Check(offs_in[i].ptr()) || PyBool_Check(offs_in[i].ptr())) {
+        throw nb::type_error(
+            ("offsets[" + std::to_string(i) + "] must be an integer, not " + py_type_name(offs_in[i])).c_str());
+      }
+      const long long v = PyLong_AsLongLong(offs_in[i].ptr());
+      if (v == -1 && PyErr_Occurred()) throw nb::python_error();  // OverflowError names the value
+      offs[i] = static_cast<std::int64_t>(v);
+    }
   }
   const Target shared = one_file ? parse_target(files) : Target{};
   // Every buffer is imported before anything is submitted: a bad one refuses the batch.

@@ -92,6 +92,8 @@ def test_read_past_end_of_file_is_that_requests_failure(tmp_path):
         ([np.zeros(4, np.uint8)] * 2, ["a", 3.5], None, TypeError),
         (np.zeros((2, 4), np.uint8), "a", None, TypeError),  # an array is not a list of buffers
         ((b for b in [np.zeros(4, np.uint8)]), "a", None, TypeError),
+        ([np.zeros(4, np.uint8)] * 2, "a", [0, 4.5], TypeError),  # names offsets[1]
+        ([np.zeros(4, np.uint8)] * 2, "a", [0, True], TypeError),
     ],
 )
 def test_bad_arguments_refuse_the_whole_batch(tmp_path, buffers, files, offsets, exc):
@@ -101,6 +103,16 @@ def test_bad_arguments_refuse_the_whole_batch(tmp_path, buffers, files, offsets,
         h.async_pwrite_batch(buffers, files, offsets)
     assert h.pending() == 0
     assert not (tmp_path / "a").exists(), "nothing of a refused batch was written"
+
+
+def test_the_raw_binding_refuses_an_array_as_the_list_of_buffers_and_names_a_bad_offset(tmp_path):
+    raw = _deepio.Handle()
+    with pytest.raises(TypeError, match="list or tuple"):
+        raw.submit_batch(True, np.zeros(8, np.uint8), str(tmp_path / "a"))
+    with pytest.raises(TypeError, match=r"offsets\[1\]"):
+        raw.submit_batch(True, [np.zeros(4, np.uint8)] * 2, str(tmp_path / "a"), [0, "8"])
+    assert raw.pending() == 0 and not (tmp_path / "a").exists()
+    raw.close()
 
 
 def test_a_read_only_destination_refuses_the_batch(tmp_path):
