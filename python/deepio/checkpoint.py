@@ -34,6 +34,7 @@ import io
 import mmap
 import os
 import pickle
+import struct
 import sys
 import threading
 import zipfile
@@ -776,7 +777,20 @@ def _torch_save(obj: Any, w: Writer, pickle_protocol: int, crc32: bool | None) -
     w.flush()
 
 
-_LOAD_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, KeyError)
+# What torch.load raises on a corrupt or truncated file (random bytes give UnpicklingError,
+# IndexError "pop from empty list", UnicodeDecodeError, KeyError; a truncated zip EOFError or
+# RuntimeError; a corrupt length MemoryError/OverflowError).
+_LOAD_ERRORS = (
+    RuntimeError,
+    EOFError,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+    ValueError,
+    LookupError,
+    ArithmeticError,
+    MemoryError,
+    struct.error,
+)
 
 
 def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None = None, **kwargs: Any) -> Any:
