@@ -540,6 +540,17 @@ def case_torch_ops_errors(comm):
             raise AssertionError(f"accepted: {needle}")
         except TypeError as e:
             assert needle in str(e), e
+    # The function form checks the error buffers as the backend does (ours, not torch's error).
+    strided = torch.zeros(2 * n)[::2]
+    for args, exc, needle in (
+        ((torch.ones(n), strided, torch.zeros(n // w)), ValueError, "worker_error must be a 1-D contiguous"),
+        ((torch.ones(n), torch.zeros(n), torch.zeros(n // w, device="meta")), TypeError, "one device"),
+    ):
+        try:
+            dcomm.compressed_allreduce(*args, engine="torch")
+            raise AssertionError(f"accepted: {needle}")
+        except exc as e:
+            assert needle in str(e), e
     x = torch.ones(n)
     be.compressed_allreduce(x, torch.zeros(n), torch.zeros(n // w))  # still in step
     assert torch.equal(x, torch.ones(n))

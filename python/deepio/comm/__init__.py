@@ -168,16 +168,23 @@ def _as_torch(a: Any, name: str) -> Any:
     return a.detach()
 
 
-def _torch_ops_call(buffer_m: Any, worker_error: Any, server_error: Any, transport: Any, where: str) -> Any:
-    """DeepSpeed's return semantics around one torch-ops call (buffers on one device)."""
-    buf = _as_torch(buffer_m, "buffer_m")
+def _torch_error_buffers(buf: Any, worker_error: Any, server_error: Any, buf_name: str) -> tuple[Any, Any]:
+    """The error buffers as torch tensors, checked as the C++ path checks them (1-D,
+    contiguous, on the buffer's device) before any collective runs."""
     we = _as_torch(worker_error, "worker_error")
     se = _as_torch(server_error, "server_error")
     for t, name in ((we, "worker_error"), (se, "server_error")):
         if t.dim() != 1 or not t.is_contiguous():
             raise ValueError(f"{name} must be a 1-D contiguous float32 buffer")
         if t.device != buf.device:
-            raise TypeError(f"{name} is on {t.device} but buffer_m is on {buf.device}: all must be on one device")
+            raise TypeError(f"{name} is on {t.device} but {buf_name} is on {buf.device}: all must be on one device")
+    return we, se
+
+
+def _torch_ops_call(buffer_m: Any, worker_error: Any, server_error: Any, transport: Any, where: str) -> Any:
+    """DeepSpeed's return semantics around one torch-ops call (buffers on one device)."""
+    buf = _as_torch(buffer_m, "buffer_m")
+    we, se = _torch_error_buffers(buf, worker_error, server_error, "buffer_m")
     if buf.numel() == we.numel() and buf.is_contiguous():
         flat = buf.view(-1)
         _torchops.compressed_allreduce(flat, flat, we, se, transport, where)
@@ -269,8 +276,7 @@ def compressed_allreduce(
         if not buf.is_contiguous():
             raise ValueError("buffer must be contiguous (the result would otherwise land in a copy)")
         flat = buf.view(-1)
-        we = _as_torch(worker_error, "worker_error")
-        se = _as_torch(server_error, "server_error")
+        we, se = _torch_error_buffers(buf, worker_error, server_error, "buffer")
         transport = _MpiTransport(MPI.COMM_WORLD if comm is None else comm, direct=False)
         _torchops.compressed_allreduce(flat, flat, we, se, transport, "compressed_allreduce: ")
         return buffer
