@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import tempfile
@@ -27,27 +26,13 @@ import time
 import numpy as np
 
 import deepio
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from benchutil import cpu_seconds, drop_caches
 
 
 def timed(fn, *args):
-    c0, t0 = cpu(), time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     fn(*args)
-    return time.perf_counter() - t0, cpu() - c0
+    return time.perf_counter() - t0, cpu_seconds() - c0
 
 
 def small_reads(h, path, bufs, offsets, batch: bool) -> None:

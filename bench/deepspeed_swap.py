@@ -20,26 +20,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import time
+
+from benchutil import cpu_seconds, drop_file_cache
 
 GIB = 1 << 30
 
 
 def drop_cache(paths):
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def cpu_seconds():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+        drop_file_cache(p)
 
 
 def timed(fn):

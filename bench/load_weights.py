@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from benchutil import drop_caches
+
 HIDDEN, INTER, VOCAB = 4096, 11008, 32000
 
 
@@ -191,16 +193,6 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
 
 
 # --------------------------------------------------------------------------------- driver
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def main() -> int:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import sys
 import time
+
+from benchutil import cpu_seconds, drop_caches
 
 
 def state_dict(gib: float, dtype):  # type: ignore[no-untyped-def]
@@ -55,21 +56,6 @@ def state_dict(gib: float, dtype):  # type: ignore[no-untyped-def]
 
 def nbytes_of(sd) -> int:  # type: ignore[no-untyped-def]
     return sum(v.nbytes for v in sd.values() if hasattr(v, "nbytes"))
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def drop_caches() -> bool:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def fsync_path(path: str) -> None:

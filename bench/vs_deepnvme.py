@@ -28,29 +28,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import resource
 import statistics
 import time
+
+from benchutil import cpu_seconds, drop_file_cache
 
 GIB = 1 << 30
 
 
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def sample(handle, buf, path: str, write: bool) -> tuple[float, float]:
     if not write:
-        drop(path)
+        drop_file_cache(path)
     c0, t0 = cpu_seconds(), time.perf_counter()
     if write:
         handle.async_pwrite(buf, path)
@@ -171,7 +159,7 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
                         os.unlink(p)
             else:
                 for p in paths:
-                    drop(p)
+                    drop_file_cache(p)
             c0, t0 = cpu_seconds(), time.perf_counter()
             if name == "batch":
                 (h.async_pwrite_batch if write else h.async_pread_batch)(bs, paths)
