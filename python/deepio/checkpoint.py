@@ -177,7 +177,61 @@ def _with_name(e: OSError, name: str) -> OSError:
     return named
 
 
-class Writer(io.RawIOBase):
+class _EngineFile(io.RawIOBase):
+    """What Writer and Reader share: the io protocol answers, the O_DIRECT report, seek
+    targets, and closing when collected. ``_writes`` says which of the two it is."""
+
+    _writes = False
+    _file: Any
+    name: str
+
+    def readable(self) -> bool:
+        self._check()
+        return not self._writes
+
+    def writable(self) -> bool:
+        self._check()
+        return self._writes
+
+    def seekable(self) -> bool:
+        self._check()
+        return True
+
+    def fileno(self) -> int:
+        # Not offered: I/O on the descriptor directly would bypass the staged bytes.
+        what = "write to" if self._writes else "read from"
+        raise io.UnsupportedOperation(f"deepio.{type(self).__name__} has no file descriptor to {what}")
+
+    @property
+    def direct(self) -> bool:
+        """True when the file is open with O_DIRECT (full buffers or chunks bypass the page cache)."""
+        return bool(self._file is not None and self._file.direct)
+
+    def _seek_target(self, offset: int, whence: int, current: int, end: Any) -> int:
+        """The absolute position seek(offset, whence) names; `end()` gives the file's end."""
+        if whence == os.SEEK_SET:
+            target = offset
+        elif whence == os.SEEK_CUR:
+            target = current + offset
+        elif whence == os.SEEK_END:
+            target = end() + offset
+        else:
+            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+        if target < 0:  # as os.lseek and open() files say it
+            raise OSError(errno.EINVAL, f"Invalid argument: negative seek position {target}", self.name)
+        return target
+
+    def _check(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except BaseException:
+            pass
+
+
+class Writer(_EngineFile):
     """A binary file opened for writing whose bytes go through deepio's engine.
 
     ``Writer(path, *, buffer_size=16 MiB, buffers=4, handle=None, direct_io="auto",
@@ -225,28 +279,9 @@ class Writer(io.RawIOBase):
         # bytes, and the seek writes the source there instead (see _save_filling).
         self._fills: collections.deque[tuple[int, Any]] = collections.deque()
 
+    _writes = True
+
     # --------------------------------------------------------------------- io.RawIOBase
-    def writable(self) -> bool:
-        self._check()
-        return True
-
-    def readable(self) -> bool:
-        self._check()
-        return False
-
-    def seekable(self) -> bool:
-        self._check()
-        return True
-
-    def fileno(self) -> int:
-        # Not offered: writing to the descriptor directly would bypass the staged bytes.
-        raise io.UnsupportedOperation("deepio.Writer has no file descriptor to write to")
-
-    @property
-    def direct(self) -> bool:
-        """True when the file is open with O_DIRECT (full buffers bypass the page cache)."""
-        return bool(self._file is not None and self._file.direct)
-
     def tell(self) -> int:
         self._check()
         return self._base + self._pos
@@ -300,18 +335,7 @@ class Writer(io.RawIOBase):
                 raise RuntimeError(f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes")
             self.write(source)
             return self.tell()
-        if whence == os.SEEK_SET:
-            target = offset
-        elif whence == os.SEEK_CUR:
-            target = self._base + self._pos + offset
-        elif whence == os.SEEK_END:
-            self.flush()
-            assert self._file is not None
-            target = self._file.size() + offset
-        else:
-            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if target < 0:  # as os.lseek and open() files say it
-            raise OSError(errno.EINVAL, f"Invalid argument: negative seek position {target}", self.name)
+        target = self._seek_target(offset, whence, self._base + self._pos, self._end_after_flush)
         if self._base <= target <= self._base + self._fill:
             self._pos = target - self._base  # inside what is staged: nothing to write yet
         else:
@@ -367,13 +391,12 @@ class Writer(io.RawIOBase):
             except BaseException:
                 pass
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except BaseException:
-            pass
-
     # ------------------------------------------------------------------------ internals
+    def _end_after_flush(self) -> int:
+        self.flush()
+        assert self._file is not None
+        return int(self._file.size())
+
     def _check(self) -> None:
         if self._file is None:
             raise ValueError("I/O operation on a closed deepio.Writer")
@@ -446,7 +469,7 @@ class Writer(io.RawIOBase):
         return f"<deepio.Writer {self.name!r} {state}>"
 
 
-class Reader(io.RawIOBase):
+class Reader(_EngineFile):
     """A binary file opened for reading through deepio's engine, with read-ahead.
 
     ``Reader(path, *, buffer_size=8 MiB, buffers=4, handle=None, direct_io="auto")``:
@@ -484,42 +507,13 @@ class Reader(io.RawIOBase):
         self._pos = 0
         self._last_chunk = -2  # chunk the previous read ended in
 
-    def readable(self) -> bool:
-        self._check()
-        return True
-
-    def writable(self) -> bool:
-        self._check()
-        return False
-
-    def seekable(self) -> bool:
-        self._check()
-        return True
-
-    def fileno(self) -> int:
-        raise io.UnsupportedOperation("deepio.Reader has no file descriptor to read from")
-
-    @property
-    def direct(self) -> bool:
-        """True when the file is open with O_DIRECT (chunks bypass the page cache)."""
-        return bool(self._file is not None and self._file.direct)
-
     def tell(self) -> int:
         self._check()
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check()
-        if whence == os.SEEK_SET:
-            target = offset
-        elif whence == os.SEEK_CUR:
-            target = self._pos + offset
-        elif whence == os.SEEK_END:
-            target = self._end + offset
-        else:
-            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
-        if target < 0:  # as os.lseek and open() files say it
-            raise OSError(errno.EINVAL, f"Invalid argument: negative seek position {target}", self.name)
+        target = self._seek_target(offset, whence, self._pos, lambda: self._end)
         self._pos = target
         return target
 
@@ -585,12 +579,6 @@ class Reader(io.RawIOBase):
         self._bufs = []
         if f_ is not None:
             f_.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except BaseException:
-            pass
 
     def _check(self) -> None:
         if self._file is None:
