@@ -60,14 +60,15 @@ def _have(mod):
 _results = {}
 
 
-def _run_world(np_):
-    if np_ in _results:
-        return _results[np_]
+def run_world(script, np_, timeout, extra_env=None):
+    """Runs ``script --worker`` on ``np_`` MPI ranks; returns (each case's JSON result line by
+    case name, mpirun's exit code, stdout, stderr). Shared by the MPI test files."""
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), HERE, "--worker"]
+    env.update(extra_env or {})
+    cmd = [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), script, "--worker"]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         out, err, rc = p.stdout, p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -77,7 +78,12 @@ def _run_world(np_):
         if line.startswith("{"):
             d = json.loads(line)
             res[d["case"]] = d
-    _results[np_] = (res, rc, out, err)
+    return res, rc, out, err
+
+
+def _run_world(np_):
+    if np_ not in _results:
+        _results[np_] = run_world(HERE, np_, 240)
     return _results[np_]
 
 

@@ -259,25 +259,11 @@ _results: dict = {}
 
 
 def _run_world(np_, out_dir):
+    from test_comm_mpi import run_world
+
     key = (np_, str(out_dir))
-    if key in _results:
-        return _results[key]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
-    env["DEEPIO_TEST_OUT"] = str(out_dir)
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), HERE, "--worker"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err, rc = "timeout (hang?)", -1
-    res = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            res[d["case"]] = d
-    _results[key] = (res, rc, out, err)
+    if key not in _results:
+        _results[key] = run_world(HERE, np_, 300, {"DEEPIO_TEST_OUT": str(out_dir)})
     return _results[key]
 
 
