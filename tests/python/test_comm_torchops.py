@@ -29,15 +29,7 @@ import pytest
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
-
-
-def _have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:
-        return False
-
+from test_comm_mpi import _have, _python, run_world  # noqa: E402 - the folder is on sys.path now
 
 needs_comm = pytest.mark.skipif(
     not (_have("torch") and _have("deepio.comm")), reason="needs torch and deepio._comm (MPI build)"
@@ -45,10 +37,6 @@ needs_comm = pytest.mark.skipif(
 needs_mpirun = pytest.mark.skipif(
     shutil.which("mpirun") is None or not _have("mpi4py"), reason="needs mpirun and mpi4py"
 )
-
-
-def _python():
-    return [sys.executable, "-S"] if sys.flags.no_site else [sys.executable]
 
 
 def _cuda_available():
@@ -259,8 +247,6 @@ _results: dict = {}
 
 
 def _run_world(np_, out_dir):
-    from test_comm_mpi import run_world
-
     key = (np_, str(out_dir))
     if key not in _results:
         _results[key] = run_world(HERE, np_, 300, {"DEEPIO_TEST_OUT": str(out_dir)})
