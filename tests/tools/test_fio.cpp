@@ -3,9 +3,11 @@
 // huge pages (ceiling.hpp): the pool parser, the loan that reserves and gives back (as root),
 // fio on them, and an overwrite that stays in place.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -212,6 +214,39 @@ TEST(HugePages, ReservedForFioAndGivenBack) {
   // its own for a moment: wait for the pool to settle before comparing.
   for (int i = 0; i < 150 && nr_hugepages() != before; ++i) ::usleep(200 * 1000);
   EXPECT_EQ(nr_hugepages(), before);
+}
+
+// Two processes reserving and giving back at once (two `deepio bench` runs, or a run beside
+// this suite's other tests) must leave the pool where it was: each read-modify-write of
+// vm.nr_hugepages happens under deepio's pool lock, so no update is lost.
+TEST(HugePages, TwoProcessesReservingAtOnceLeaveThePoolWhereItWas) {
+  if (::access("/proc/sys/vm/nr_hugepages", W_OK) != 0) GTEST_SKIP() << "vm.nr_hugepages is not writable (not root)";
+  if (read_hugepage_pool().page_bytes == 0) GTEST_SKIP() << "no hugetlb in this kernel";
+  const std::string before = nr_hugepages();
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 2; ++k) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int reserved = 0;
+      for (int i = 0; i < 60; ++i) {
+        HugePageLoan l = HugePageLoan::obtain(read_hugepage_pool().available() + 1 + static_cast<unsigned>(i % 3),
+                                              true);
+        if (l.added() > 0) ++reserved;
+        l.give_back();
+      }
+      ::_exit(reserved > 0 ? 0 : 3);  // 3: never reserved, so the race was not exercised
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "a child never reserved a page";
+  }
+  for (int i = 0; i < 150 && nr_hugepages() != before; ++i) ::usleep(200 * 1000);
+  EXPECT_EQ(nr_hugepages(), before) << "an update of vm.nr_hugepages was lost";
 }
 
 // The "overwrite" row: fio writing a file that exists at full size writes it in place (same

@@ -122,20 +122,33 @@ HugePageLoan HugePageLoan::obtain(std::uint64_t pages, bool may_reserve) {
     l.what_ = short_of + ", and vm.nr_hugepages is not writable here (root reserves them)";
     return l;
   }
-  const std::uint64_t before = read_number(kNrHugepages);
-  const std::uint64_t want = pages - pool.available();
-  register_hugepages_added(0);  // install the clean-up before the pool changes
-  if (!write_number(kNrHugepages, before + want)) {
-    l.what_ = short_of + ", and writing vm.nr_hugepages failed";
-    return l;
+  std::uint64_t before = 0, after = 0, want = 0;
+  bool short_after_all = false;
+  {
+    // Under deepio's pool lock: the pool re-read and changed as one step (system.hpp).
+    const HugePagePoolLock lock;
+    const HugePagePool now = read_hugepage_pool();
+    if (now.available() >= pages) {  // another run gave pages back since the first look
+      l.ok_ = true;
+      l.what_ = std::to_string(pages) + " of the " + std::to_string(now.available()) + " free hugetlb pages of " + size;
+      return l;
+    }
+    before = read_number(kNrHugepages);
+    want = pages - now.available();
+    register_hugepages_added(0);  // install the clean-up before the pool changes
+    if (!write_number(kNrHugepages, before + want)) {
+      l.what_ = short_of + ", and writing vm.nr_hugepages failed";
+      return l;
+    }
+    after = read_number(kNrHugepages);
+    l.added_ = after > before ? after - before : 0;
+    register_hugepages_added(l.added_);
+    short_after_all = l.added_ < want || read_hugepage_pool().available() < pages;
   }
-  const std::uint64_t after = read_number(kNrHugepages);
-  l.added_ = after > before ? after - before : 0;
-  register_hugepages_added(l.added_);
-  if (l.added_ < want || read_hugepage_pool().available() < pages) {
+  if (short_after_all) {
     l.what_ = short_of + ", and the kernel found only " + std::to_string(l.added_) + " of " + std::to_string(want) +
               " more (memory too fragmented)";
-    l.give_back();
+    l.give_back();  // after the lock is released: give_back takes it again
     return l;
   }
   l.ok_ = true;

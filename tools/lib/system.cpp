@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -133,10 +134,38 @@ bool g_handlers_installed = false;
 volatile sig_atomic_t g_hugepages_added = 0;
 const char kNrHugepages[] = "/proc/sys/vm/nr_hugepages";
 
-void give_back_hugepages() noexcept {
-  const long added = g_hugepages_added;
-  if (added <= 0) return;
-  g_hugepages_added = 0;
+// Every deepio process changes vm.nr_hugepages under one flock, so that two runs reserving or
+// giving back at once cannot lose each other's update (read N, read N, write N+a, write N+b:
+// a pages lost, and the pool left b pages below where it started after both give back).
+// (access() is async-signal-safe; no function-local static, whose guard is not.)
+const char* hugepage_lock_path() noexcept {
+  return ::access("/run/lock", W_OK) == 0 ? "/run/lock/deepio-nr_hugepages.lock" : "/tmp/deepio-nr_hugepages.lock";
+}
+
+// Signal-safe (open, flock, nanosleep): blocks, or with `patient_ms` >= 0 tries for that long and
+// then goes on without the lock (a signal handler must not wait forever on a lock its own
+// process may hold). -1 when the file cannot be opened or the lock was not had.
+int lock_hugepage_pool_fd(int patient_ms) noexcept {
+  const int fd = ::open(hugepage_lock_path(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  if (patient_ms < 0) {
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno != EINTR) break;
+    }
+    return fd;
+  }
+  for (int waited = 0;; waited += 10) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    if (waited >= patient_ms) break;
+    const timespec ten_ms{0, 10 * 1000 * 1000};
+    ::nanosleep(&ten_ms, nullptr);
+  }
+  ::close(fd);
+  return -1;
+}
+
+// Subtracts `added` from vm.nr_hugepages (the caller holds the pool lock where it can).
+void give_back_locked(long added) noexcept {
   char buf[32] = {};
   int fd = ::open(kNrHugepages, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -158,10 +187,20 @@ void give_back_hugepages() noexcept {
   ::close(fd);
 }
 
+// `patient_ms` as lock_hugepage_pool_fd's: -1 (wait) from a HugePageLoan, 2 s on the ways out.
+void give_back_hugepages(int patient_ms) noexcept {
+  const long added = g_hugepages_added;
+  if (added <= 0) return;
+  g_hugepages_added = 0;
+  const int lock = lock_hugepage_pool_fd(patient_ms);
+  give_back_locked(added);
+  if (lock >= 0) ::close(lock);  // closing the last descriptor releases the flock
+}
+
 void remove_all() noexcept {
   for (int i = 0; i < g_temp_count; ++i) ::unlink(g_temp_files[i]);
   for (int i = 0; i < g_dir_count; ++i) ::rmdir(g_temp_dirs[i]);
-  give_back_hugepages();
+  give_back_hugepages(2000);
 }
 
 extern "C" void on_signal(int sig) {
@@ -209,7 +248,13 @@ void register_hugepages_added(std::uint64_t pages) {
   g_hugepages_added = static_cast<sig_atomic_t>(pages);
 }
 
-void give_back_hugepages_now() noexcept { give_back_hugepages(); }
+void give_back_hugepages_now() noexcept { give_back_hugepages(-1); }
+
+HugePagePoolLock::HugePagePoolLock() noexcept : fd_(lock_hugepage_pool_fd(-1)) {}
+
+HugePagePoolLock::~HugePagePoolLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 void remove_temp_dir() {
   remove_all();

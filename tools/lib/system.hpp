@@ -51,6 +51,22 @@ void remove_temp_dir();
 /// give_back_hugepages_now(), exit and SIGINT/SIGTERM/SIGHUP subtract them again (once).
 void register_hugepages_added(std::uint64_t pages);
 void give_back_hugepages_now() noexcept;
+/// deepio's lock on changes of vm.nr_hugepages, across processes, held for the object's life:
+/// an flock on /run/lock/deepio-nr_hugepages.lock (/tmp/... where /run/lock is not writable).
+/// HugePageLoan takes it around its read-modify-write of the pool and give_back_hugepages_now
+/// around its own, so two runs reserving at once cannot lose each other's update. Do not call
+/// give_back_hugepages_now() while holding one (it would wait for itself).
+class HugePagePoolLock {
+ public:
+  HugePagePoolLock() noexcept;  ///< waits for the lock; without it (file not creatable) it holds nothing
+  ~HugePagePoolLock();
+  HugePagePoolLock(const HugePagePoolLock&) = delete;
+  HugePagePoolLock& operator=(const HugePagePoolLock&) = delete;
+  [[nodiscard]] bool held() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
 
 /// Why `deepio tune --gpu` (and `--gds` when `gds`) cannot run here, as one line naming the
 /// flag and the cause (no usable CUDA driver, no cuFile); tune's GPU sweep is not written yet,
