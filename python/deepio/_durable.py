@@ -6,12 +6,19 @@ file there (through the engine or anything else). When the block ends without an
 the temporary file is flushed to stable storage (``fsync``), renamed over ``path`` and the
 folder is flushed too, so the new name survives a power cut. When the block raises, the
 temporary file is removed and ``path`` (old contents or absent) is untouched.
+
+A writer killed mid-save (SIGKILL, power cut) leaves its temporary file behind. The next save
+to the same ``path`` removes such leftovers when they were made on this host by a process that
+no longer exists; a leftover of a live process (a save still under way) or of another host (a
+shared file system) is never touched.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Union
@@ -52,6 +59,55 @@ def _create_fresh(tmp: str, final: str) -> None:
     os.close(fd)
 
 
+def _host_tag() -> str:
+    """8 hex digits naming this host in temporary names (a hash: host names can be long)."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _tmp_prefix(final: str) -> str:
+    return f".{os.path.basename(final)}.deepio-tmp-"
+
+
+def _tmp_name(final: str) -> str:
+    return f"{_tmp_prefix(final)}{_host_tag()}-{os.getpid()}-{threading.get_ident()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale_temporaries(final: str) -> list[str]:
+    """Removes the temporary files of earlier saves to ``final`` whose writer was killed: made on
+    this host (the name's host tag) by a process that no longer exists. Returns their names."""
+    folder = os.path.dirname(os.path.abspath(final))
+    prefix, host = _tmp_prefix(final), _host_tag()
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in entries:
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix) :].split("-")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue  # another host's, or not one of ours: never touched
+        if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            continue  # gone already (another saver cleaned it), or not ours to remove
+        removed.append(name)
+    return removed
+
+
 @contextmanager
 def replacing(path: PathArg) -> Iterator[str]:
     final = os.fspath(path)
@@ -60,10 +116,10 @@ def replacing(path: PathArg) -> Iterator[str]:
     folder = os.path.dirname(os.path.abspath(final))
     if os.path.isdir(final):
         raise IsADirectoryError(21, "Is a directory", final)
-    # Unique per process and thread; a leftover from a killed writer never collides with a
-    # live one and is recognisable by name.
-    name = f".{os.path.basename(final)}.deepio-tmp-{os.getpid()}-{threading.get_ident()}"
-    tmp = os.path.join(folder, name)
+    # Unique per host, process and thread; a leftover from a killed writer never collides with
+    # a live one, is recognisable by name, and is removed by the next save to the same path.
+    remove_stale_temporaries(final)
+    tmp = os.path.join(folder, _tmp_name(final))
     _create_fresh(tmp, final)
     try:
         yield tmp

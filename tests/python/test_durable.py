@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
 
-from deepio._durable import replacing
+from deepio._durable import _host_tag, remove_stale_temporaries, replacing
 
 
-def _leftover_name(final) -> str:
-    name = f".{os.path.basename(final)}.deepio-tmp-{os.getpid()}-{threading.get_ident()}"
+def _leftover_name(final, host=None, pid=None, tid=None) -> str:
+    host = _host_tag() if host is None else host
+    pid = os.getpid() if pid is None else pid
+    tid = threading.get_ident() if tid is None else tid
+    name = f".{os.path.basename(final)}.deepio-tmp-{host}-{pid}-{tid}"
     return os.path.join(os.path.dirname(final), name)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
 
 
 def test_a_killed_writers_leftover_never_leaks_its_tail_into_the_new_file(tmp_path):
@@ -71,3 +84,54 @@ def test_a_folder_as_the_path_is_refused_before_anything_is_created(tmp_path):
         with replacing(tmp_path / "d"):
             pass
     assert os.listdir(tmp_path) == ["d"]
+
+
+def test_the_next_save_removes_a_killed_writers_leftover_and_nothing_else(tmp_path):
+    final = str(tmp_path / "ckpt")
+    other = str(tmp_path / "other")
+    dead = _dead_pid()
+    stale = _leftover_name(final, pid=dead, tid=1)  # this host, writer gone: removed
+    live = _leftover_name(final, pid=os.getppid(), tid=2)  # a live process's save under way: kept
+    foreign = _leftover_name(final, host="0badc0de" if _host_tag() != "0badc0de" else "0badc0df", pid=dead, tid=3)
+    old_style = os.path.join(tmp_path, f".ckpt.deepio-tmp-{dead}-4")  # unknown host: kept
+    not_ours = _leftover_name(other, pid=dead, tid=5)  # another file's leftover: kept by this save
+    for p in (stale, live, foreign, old_style, not_ours):
+        with open(p, "wb") as f:
+            f.write(b"x" * 1000)
+    with replacing(final) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"new")
+    left = set(os.listdir(tmp_path))
+    assert os.path.basename(stale) not in left
+    assert {os.path.basename(p) for p in (live, foreign, old_style, not_ours)} <= left
+    assert "ckpt" in left and len(left) == 5
+    assert remove_stale_temporaries(other) == [os.path.basename(not_ours)]
+
+
+def test_a_writer_killed_mid_save_leaves_a_leftover_the_next_save_removes(tmp_path):
+    final = tmp_path / "ckpt"
+    final.write_bytes(b"old")
+    code = (
+        "import sys, time\n"
+        "from deepio._durable import replacing\n"
+        "with replacing(sys.argv[1]) as tmp:\n"
+        "    open(tmp, 'wb').write(b'half')\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(final)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    left = [n for n in os.listdir(tmp_path) if ".deepio-tmp-" in n]
+    assert len(left) == 1 and f"-{child.pid}-" in left[0], left
+    assert final.read_bytes() == b"old"
+    with replacing(final) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"new")
+    assert os.listdir(tmp_path) == ["ckpt"] and final.read_bytes() == b"new"
