@@ -85,6 +85,15 @@ struct OpOptions {
   /// Future::get() collects it. If every Future of it is dropped first, the next collect()
   /// after it is done collects it silently (the failure, if any, is then dropped).
   bool detached = false;
+  /// Writes only (a read with it is refused: deepio::InvalidArgument): the operation
+  /// completes only once its data is on stable storage. After every block of the write
+  /// completed, the engine calls fdatasync(2) on the file (the data, and the size and
+  /// allocation needed to read it back; not timestamps), on its own sync threads so that
+  /// many files' syncs run at once and the file system can commit them together; the
+  /// caller's thread never blocks for it. A sync failure (EIO, ENOSPC, ...) fails the
+  /// operation with that errno and the file's name; the write itself may then be partly on
+  /// disk. Not done when the write itself failed. HandleStats::synced counts the syncs.
+  bool fsync = false;
 };
 
 /// What collect() took over: the operations it collected, their failures, their keep-alives.
@@ -134,10 +143,11 @@ struct HandleStats {
   std::uint64_t preallocated = 0;
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
+  std::uint64_t synced = 0;           ///< writes with OpOptions::fsync whose fdatasync succeeded
 };
 
 /// One read or write of a batch (Handle::submit_batch). Exactly one of `path` (non-empty) and
-/// `fd` (>= 0) names the file.
+/// `fd` (>= 0) names the file. `op.fsync` makes a write durable before it completes.
 struct IoRequest {
   bool write = false;
   void* buffer = nullptr;  ///< read into, or written from (never written through for a write)
@@ -195,8 +205,9 @@ class DEEPIO_API Handle {
   /// one included (so >= 1 even when other threads wait at the same time). Throws as wait()
   /// does, the first failure in submission order.
   std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0);
+  /// fsync: as OpOptions::fsync (this write completes once its data is durable).
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                          std::uint64_t file_offset = 0);
+                          std::uint64_t file_offset = 0, bool fsync = false);
 
   /// Blocks until every operation submitted to this handle before the call has completed
   /// (detached ones excepted: they belong to their Future). Returns how many operations this

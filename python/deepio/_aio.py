@@ -182,11 +182,14 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
             self._validate(buffer, filename, file_offset)
         return 0
 
-    def write(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
+    def write(
+        self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0, *, fsync: bool = False
+    ) -> int:
         """Writes ``buffer`` at ``file_offset`` (creating the file, never truncating it);
-        returns 0. Blocks (GIL released); does not wait for other pending operations."""
+        returns 0. Blocks (GIL released); does not wait for other pending operations.
+        ``fsync=True``: returns once the data is on stable storage (fdatasync)."""
         _buffers.sync_producer_stream(buffer)
-        self._h.sync(True, buffer, filename, file_offset, False)
+        self._h.sync(True, buffer, filename, file_offset, False, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
         return 0
@@ -215,12 +218,16 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         validate: bool = False,
         async_op: bool | None = None,
         file_offset: int = 0,
+        *,
+        fsync: bool = False,
         **kwargs: Any,
     ) -> int:
-        """DeepNVMe's ``pwrite(buffer, filename, validate, async, file_offset=0)``."""
+        """DeepNVMe's ``pwrite(buffer, filename, validate, async, file_offset=0)``.
+        ``fsync=True`` (deepio extension): the write completes only once its data is on
+        stable storage (see async_pwrite)."""
         if _async_flag(async_op, kwargs, "pwrite"):
-            return self._async(True, buffer, filename, file_offset, validate)
-        return self._sync(True, buffer, filename, file_offset, validate)
+            return self._async(True, buffer, filename, file_offset, validate, fsync)
+        return self._sync(True, buffer, filename, file_offset, validate, fsync)
 
     def sync_pread(
         self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
@@ -229,10 +236,17 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return self._sync(False, buffer, _pick_file(filename, fd, "sync_pread"), file_offset, False)
 
     def sync_pwrite(
-        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
+        self,
+        buffer: Any,
+        filename: FileArg | None = None,
+        file_offset: int = 0,
+        *,
+        fd: int | None = None,
+        fsync: bool = False,
     ) -> int:
-        """Writes, then waits for every pending operation; returns how many completed (>= 1)."""
-        return self._sync(True, buffer, _pick_file(filename, fd, "sync_pwrite"), file_offset, False)
+        """Writes, then waits for every pending operation; returns how many completed (>= 1).
+        ``fsync=True``: this write is on stable storage when the call returns."""
+        return self._sync(True, buffer, _pick_file(filename, fd, "sync_pwrite"), file_offset, False, fsync)
 
     def async_pread(
         self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
@@ -243,11 +257,23 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return self._async(False, buffer, _pick_file(filename, fd, "async_pread"), file_offset, False)
 
     def async_pwrite(
-        self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
+        self,
+        buffer: Any,
+        filename: FileArg | None = None,
+        file_offset: int = 0,
+        *,
+        fd: int | None = None,
+        fsync: bool = False,
     ) -> int:
         """Queues a write of ``buffer`` at ``file_offset`` (creating, never truncating);
-        returns 0. ``filename`` may be an integer descriptor (or ``fd=``), never closed."""
-        return self._async(True, buffer, _pick_file(filename, fd, "async_pwrite"), file_offset, False)
+        returns 0. ``filename`` may be an integer descriptor (or ``fd=``), never closed.
+
+        ``fsync=True`` (deepio extension): once every block of the write is done, the engine
+        calls fdatasync on the file from its own sync threads (many files at once, so the file
+        system commits them together), and the operation counts as complete only after that:
+        when wait() returns, the data is on stable storage. A failed sync (EIO, ...) is that
+        operation's OSError from wait(), naming the file."""
+        return self._async(True, buffer, _pick_file(filename, fd, "async_pwrite"), file_offset, False, fsync)
 
     def async_pread_batch(
         self, buffers: Sequence[Any], files: FileArg | Sequence[FileArg], file_offsets: Sequence[int] | None = None
@@ -264,12 +290,19 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return cast(int, self._h.submit_batch(False, buffers, files, file_offsets))
 
     def async_pwrite_batch(
-        self, buffers: Sequence[Any], files: FileArg | Sequence[FileArg], file_offsets: Sequence[int] | None = None
+        self,
+        buffers: Sequence[Any],
+        files: FileArg | Sequence[FileArg],
+        file_offsets: Sequence[int] | None = None,
+        *,
+        fsync: bool = False,
     ) -> int:
         """Queues one write per buffer in a single call (creating files, never truncating);
-        returns how many were queued. Arguments and failures as for async_pread_batch."""
+        returns how many were queued. Arguments and failures as for async_pread_batch.
+        ``fsync=True``: each write completes once fdatasync made it durable (see async_pwrite)."""
         _sync_streams(buffers)
-        return cast(int, self._h.submit_batch(True, buffers, files, file_offsets))
+        fsync = _bool_arg("fsync", fsync)
+        return cast(int, self._h.submit_batch(True, buffers, files, file_offsets, False, fsync))
 
     def wait(self) -> int:
         """Blocks (GIL released, Ctrl-C honoured) until every queued operation completed;
@@ -358,16 +391,16 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         )
 
     # ---------------------------------------------------------------------------- helpers
-    def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+    def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any, fsync: Any = False) -> int:
         _buffers.sync_producer_stream(buffer)
-        n = self._h.sync(write, buffer, file, offset, True)
+        n = self._h.sync(write, buffer, file, offset, True, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, file, offset)
         return n
 
-    def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any) -> int:
+    def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any, fsync: Any = False) -> int:
         _buffers.sync_producer_stream(buffer)
-        self._h.submit(write, buffer, file, offset)
+        self._h.submit(write, buffer, file, offset, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._to_validate.append((buffer, file, offset))
         return 0
@@ -394,10 +427,16 @@ def _sync_streams(buffers: Sequence[Any]) -> None:
     # A tensor or array is itself a sequence (of rows): refuse it rather than write its rows.
     if not isinstance(buffers, (list, tuple)):
         raise TypeError(f"buffers must be a list or tuple of buffers, not {type(buffers).__qualname__}")
-    # Once per CUDA device of the batch (see _buffers.sync_producer_stream).
+    # Once per CUDA device of the batch (see _buffers.sync_producer_stream). Only torch
+    # tensors can be CUDA tensors here: without torch imported (or without a tensor in the
+    # batch) this costs one type test per buffer, not a function call.
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    tensor = torch.Tensor
     seen = set()
     for b in buffers:
-        if _buffers.is_torch_cuda(b) and b.device not in seen:
+        if isinstance(b, tensor) and b.is_cuda and b.device not in seen:
             seen.add(b.device)
             _buffers.sync_producer_stream(b)
 

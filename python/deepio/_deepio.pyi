@@ -61,19 +61,21 @@ class Handle:
 
     def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, backend: str = 'auto', direct_io: str = 'auto') -> None: ...
 
-    def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> None:
-        """Queues a read or write for wait(); raises on submission failures."""
-
-    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, drain: bool = True) -> int:
+    def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0, fsync: bool = False) -> None:
         """
-        Submits and waits (drain: also for everything queued for wait()); returns the count collected.
+        Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation completes once fdatasync made it durable.
+        """
+
+    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, drain: bool = True, fsync: bool = False) -> int:
+        """
+        Submits and waits (drain: also for everything queued for wait()); returns the count collected. fsync as for submit().
         """
 
     def submit_future(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> Op: ...
 
-    def submit_batch(self, write: bool, buffers: object, files: object, offsets: object | None = None, futures: bool = False) -> object:
+    def submit_batch(self, write: bool, buffers: object, files: object, offsets: object | None = None, futures: bool = False, fsync: bool = False) -> object:
         """
-        Submits many reads or writes in one call; files are opened off the calling thread. Returns the count (queued for wait()) or, with futures=True, a list of Op.
+        Submits many reads or writes in one call; files are opened off the calling thread. Returns the count (queued for wait()) or, with futures=True, a list of Op. fsync (writes): each completes once fdatasync made it durable.
         """
 
     def wait(self) -> int:

@@ -28,7 +28,7 @@ struct FaultRule {
   std::chrono::microseconds delay{0};
   std::uint64_t after = 0;
   std::uint64_t count = 1;
-  std::string path_contains;  // Open only; empty matches every path
+  std::string path_contains;  // Open and Sync only; empty matches every path
   std::atomic<std::uint64_t> seen{0};
   std::atomic<std::uint64_t> fired{0};
 };
@@ -37,7 +37,8 @@ std::shared_ptr<FaultRule> g_rule;  // GIL
 
 std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site) {
   if (site.point != rule.point) return std::nullopt;
-  if (site.point == detail::FaultPoint::Open && !rule.path_contains.empty() &&
+  if ((site.point == detail::FaultPoint::Open || site.point == detail::FaultPoint::Sync) &&
+      !rule.path_contains.empty() &&
       (site.path == nullptr || std::string(site.path).find(rule.path_contains) == std::string::npos)) {
     return std::nullopt;
   }
@@ -73,8 +74,10 @@ void init_fault(nb::module_& m) {
           rule->point = detail::FaultPoint::Read;
         } else if (point == "write") {
           rule->point = detail::FaultPoint::Write;
+        } else if (point == "sync") {
+          rule->point = detail::FaultPoint::Sync;  // the fdatasync of a write with fsync=True
         } else {
-          throw nb::value_error("point must be 'open', 'read' or 'write'");
+          throw nb::value_error("point must be 'open', 'read', 'write' or 'sync'");
         }
         if (err.has_value() && short_bytes.has_value()) throw nb::value_error("give errno= or short=, not both");
         if (!err && !short_bytes && delay <= 0) throw nb::value_error("give errno=, short= or delay=");

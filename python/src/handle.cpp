@@ -109,7 +109,7 @@ std::size_t finish(WaitResult& r) {
 // keep-alive; raises on submission errors (bad arguments, open failures, end of file).
 // *nbytes (if given) gets the request's size.
 Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool detached,
-                 std::size_t* nbytes = nullptr) {
+                 std::size_t* nbytes = nullptr, bool fsync = false) {
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
   const Target t = parse_target(file);
   // A negative offset arrives as a huge one, which the engine refuses naming the value.
@@ -117,6 +117,7 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
   OpOptions op;
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.detached = detached;
+  op.fsync = fsync;
   Future fut;
   std::optional<Error> err;
   {
@@ -189,9 +190,9 @@ std::shared_ptr<Handle> PyHandle::engine() const {
   return handle_;
 }
 
-void PyHandle::submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
+void PyHandle::submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync) {
   auto h = engine();
-  submit_op(*h, write, buffer, file, file_offset, /*detached=*/false);
+  submit_op(*h, write, buffer, file, file_offset, /*detached=*/false, nullptr, fsync);
 }
 
 std::size_t PyHandle::wait() {
@@ -202,9 +203,10 @@ std::size_t PyHandle::wait() {
   return finish(r);
 }
 
-std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain) {
+std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain,
+                           bool fsync) {
   auto h = engine();
-  const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true);
+  const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nullptr, fsync);
   CollectOptions options;
   options.through = drain ? h->mark() : 0;
   options.with = &own;
@@ -238,6 +240,7 @@ nb::dict PyHandle::stats() const {
   d["preallocated"] = s.preallocated;
   d["short_transfers"] = s.short_transfers;
   d["retries"] = s.retries;
+  d["synced"] = s.synced;
   return d;
 }
 
@@ -365,7 +368,8 @@ std::vector<nb::handle> as_items(nb::handle seq, const char* what) {
 }
 }  // namespace
 
-nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures) {
+nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures,
+                                  bool fsync) {
   auto h = engine();
   // A tensor or array is itself a sequence (of rows or elements): only a list or tuple of
   // buffers is one.
@@ -436,6 +440,7 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
     r.file_offset = static_cast<std::uint64_t>(offs[i]);  // a negative one is refused by the engine
     r.op.keep_alive = keep.back();
     r.op.detached = futures;
+    r.op.fsync = fsync;
   }
   std::vector<Future> futs;
   std::optional<Error> err;
@@ -476,16 +481,20 @@ void init_handle(nb::module_& m) {
            nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("backend") = "auto",
            nb::arg("direct_io") = "auto")
       .def("submit", &PyHandle::submit, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
-           nb::arg("file_offset") = 0, "Queues a read or write for wait(); raises on submission failures.")
+           nb::arg("file_offset") = 0, nb::arg("fsync") = false,
+           "Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation "
+           "completes once fdatasync made it durable.")
       .def("sync", &PyHandle::sync, nb::arg("write"), nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
-           nb::arg("drain") = true,
-           "Submits and waits (drain: also for everything queued for wait()); returns the count collected.")
+           nb::arg("drain") = true, nb::arg("fsync") = false,
+           "Submits and waits (drain: also for everything queued for wait()); returns the count collected. "
+           "fsync as for submit().")
       .def("submit_future", &PyHandle::submit_future, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offset") = 0)
       .def("submit_batch", &PyHandle::submit_batch, nb::arg("write"), nb::arg("buffers"), nb::arg("files"),
-           nb::arg("offsets").none() = nb::none(), nb::arg("futures") = false,
+           nb::arg("offsets").none() = nb::none(), nb::arg("futures") = false, nb::arg("fsync") = false,
            "Submits many reads or writes in one call; files are opened off the calling thread. "
-           "Returns the count (queued for wait()) or, with futures=True, a list of Op.")
+           "Returns the count (queued for wait()) or, with futures=True, a list of Op. "
+           "fsync (writes): each completes once fdatasync made it durable.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)

@@ -23,19 +23,22 @@ class PyHandle {
   /// The engine; ValueError once closed.
   std::shared_ptr<Handle> engine() const;
   /// Queues a read or write for wait().
-  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
+  /// fsync (writes): the operation completes once its data is durable (OpOptions::fsync).
+  void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync = false);
   /// DeepNVMe's wait(): every operation queued for wait() before this call. Returns the count.
   std::size_t wait();
   /// A synchronous operation: submit, then wait for it and (drain=true, DeepNVMe's sync
   /// semantics) for every operation already queued for wait(). Returns the count collected.
-  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain);
+  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain,
+                   bool fsync = false);
   std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
   /// Many reads or writes in one call (Handle::submit_batch): buffers imported with the GIL,
   /// one GIL release for the submission. `files`: one path/descriptor for all, or one per
   /// buffer; `offsets`: None (all 0) or one per buffer. futures: returns a list of Op (each
   /// collected by its own result()); otherwise the ops are queued for wait() and the count
   /// is returned.
-  nb::object submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures);
+  nb::object submit_batch(bool write, nb::handle buffers, nb::handle files, nb::handle offsets, bool futures,
+                          bool fsync = false);
   void close();
   bool closed() const { return !handle_; }
   std::size_t pending() const { return engine()->pending(); }

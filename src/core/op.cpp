@@ -1,7 +1,11 @@
 #include "core/op.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
+
+#include "platform/fault.hpp"
 #include "platform/sys.hpp"
 
 namespace deepio::detail {
@@ -33,10 +37,49 @@ void OpState::fail(Status status) {
 }
 
 void OpState::slice_done() noexcept {
-  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) slices_finished();
 }
 
-void OpState::complete_now() noexcept { finish(); }
+void OpState::complete_now() noexcept { slices_finished(); }
+
+void OpState::slices_finished() noexcept {
+  if (sync_ == nullptr || failed()) {
+    finish();
+    return;
+  }
+  // The op is still referenced by the engine's list of uncollected ops (it is not done, so
+  // nobody can have collected it), so shared_from_this() always finds an owner.
+  sync_->post(shared_from_this());
+}
+
+void OpState::run_sync() noexcept {
+  if (!failed()) {
+    int fd = -1;
+    {
+      std::lock_guard lock(mutex_);
+      // Any descriptor of the file will do: fdatasync covers the whole file, whichever
+      // descriptor (direct or not) its blocks went through.
+      fd = direct_fd_ >= 0 ? direct_fd_ : buffered_fd_ >= 0 ? buffered_fd_ : borrowed_source_;
+    }
+    int err = 0;
+    if (auto injected = consult_fault_hook({FaultPoint::Sync, path_.c_str(), fd, offset_, nbytes_, 0})) {
+      err = *injected < 0 ? static_cast<int>(-*injected) : 0;
+    } else {
+      int r;
+      do {
+        r = ::fdatasync(fd);
+      } while (r != 0 && errno == EINTR);
+      if (r != 0) err = errno;
+    }
+    if (err != 0) {
+      fail(Status::failure(err, "the write completed but may not be on stable storage: fdatasync failed on", path_,
+                           offset_, nbytes_));
+    } else if (counters_ != nullptr) {
+      counters_->synced.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  finish();
+}
 
 void OpState::finish() noexcept {
   bool failed;

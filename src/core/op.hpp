@@ -6,6 +6,11 @@
 // opened, marks the op done and wakes waiters. Failures are recorded with fail(): the first
 // one is kept, later ones are dropped, and workers skip the unsubmitted blocks of a failed op.
 //
+// Durable writes (OpOptions::fsync): an op given a SyncRunner does not finish when its last
+// slice is done; the runner takes it over and calls run_sync() on another thread, which
+// fdatasyncs the file (descriptors still open) and then finishes the op. A failed op skips
+// the sync and finishes at once.
+//
 // Collection: a done op is collected exactly once, by claim() (a Handle::collect/wait) or by
 // take_result() (Future::get), whichever comes first. Collection hands the caller's
 // keep-alive (an opaque owner of the buffer, e.g. a Python object) to the collecting thread,
@@ -51,6 +56,7 @@ struct Counters {
   std::atomic<std::uint64_t> preallocated{0};  ///< extending direct writes whose range was fallocate()d first
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
+  std::atomic<std::uint64_t> synced{0};  ///< ops whose fdatasync (OpOptions::fsync) succeeded
 };
 
 /// Something waiting for "any op finished" (the engine, for fd back-pressure and shutdown).
@@ -60,7 +66,22 @@ struct CompletionSignal {
   std::uint64_t finished = 0;  ///< guarded by mutex
 };
 
-class OpState {
+class OpState;
+
+/// Runs the durability step of ops with OpOptions::fsync off the worker threads (the engine's
+/// sync threads). post() takes the op over: it must call op->run_sync() exactly once.
+class SyncRunner {
+ public:
+  virtual ~SyncRunner() = default;
+  virtual void post(std::shared_ptr<OpState> op) noexcept = 0;
+
+ protected:
+  SyncRunner() = default;
+  SyncRunner(const SyncRunner&) = default;
+  SyncRunner& operator=(const SyncRunner&) = default;
+};
+
+class OpState : public std::enable_shared_from_this<OpState> {
  public:
   OpState(bool write, std::string path, std::uint64_t offset, std::size_t nbytes, Counters* counters,
           CompletionSignal* signal)
@@ -105,13 +126,23 @@ class OpState {
   /// descriptor by reopening /proc/self/fd/N). Thread-safe.
   Status buffered_fd(int* out);
 
+  /// The op is a durable write: when its slices are done, `runner` runs run_sync() before it
+  /// completes. Set before dispatch; the runner outlives the op's completion.
+  void set_sync(SyncRunner* runner) noexcept { sync_ = runner; }
+  [[nodiscard]] bool syncs() const noexcept { return sync_ != nullptr; }
+  /// On the runner's thread: fdatasync of the file unless the op failed (a failure of it
+  /// fails the op, naming the file), then completes the op.
+  void run_sync() noexcept;
+
   // --- progress ---
   void set_slices(int n) noexcept { remaining_.store(n, std::memory_order_relaxed); }
   void fail(Status status);
   [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
-  /// Called once per slice by the worker that ran it; the last call completes the op.
+  /// Called once per slice by the worker that ran it; the last call completes the op (or,
+  /// for a durable write, hands it to its SyncRunner).
   void slice_done() noexcept;
-  /// Completes an op that has no slices (nbytes == 0) or failed before any was queued.
+  /// Completes an op that has no slices (nbytes == 0; a durable one is synced first) or
+  /// failed before any was queued.
   void complete_now() noexcept;
 
   // --- collection bookkeeping (set before the op is published) ---
@@ -138,6 +169,8 @@ class OpState {
 
  private:
   void finish() noexcept;
+  /// All slices done: finish, or hand a durable write that has not failed to its runner.
+  void slices_finished() noexcept;
 
   const bool write_;
   const std::string path_;
@@ -154,6 +187,7 @@ class OpState {
   int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT
   int device_ = -1;
   bool on_device_ = false;
+  SyncRunner* sync_ = nullptr;
   LockedRegion region_;
 
   std::atomic<int> remaining_{0};

@@ -62,6 +62,8 @@ class Engine {
  private:
   struct Opened;
   class Openers;
+  /// Threads that fdatasync durable writes (OpOptions::fsync) once their blocks are done.
+  class Syncers;
   /// A file opened once for consecutive requests of a batch on the same path and direction.
   struct SharedFile;
   /// How an op on device memory goes: through the route's backend (direct) or staged; file
@@ -91,6 +93,8 @@ class Engine {
   /// Opens `path` for the engine (O_DIRECT unless refused; see docs/engine.md) and sizes it.
   UniqueFd open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out);
   Openers& start_openers();
+  /// The sync threads, started by the first durable write (throws if they cannot start).
+  SyncRunner& start_syncers();
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
                 const Opened& opened, Route route, bool tracked);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
@@ -111,6 +115,7 @@ class Engine {
 
   std::mutex openers_mutex_;
   std::unique_ptr<Openers> openers_;  // started by the first batch; guarded by openers_mutex_
+  std::unique_ptr<Syncers> syncers_;  // started by the first durable write; guarded by openers_mutex_
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<OpState>> unclaimed_;  // guarded by mutex_

@@ -78,8 +78,10 @@ std::size_t Handle::sync_pread(void* buffer, std::size_t nbytes, const std::stri
   return drain_with(*this, async_pread(buffer, nbytes, path, file_offset, detached()));
 }
 std::size_t Handle::sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
-                                std::uint64_t file_offset) {
-  return drain_with(*this, async_pwrite(buffer, nbytes, path, file_offset, detached()));
+                                std::uint64_t file_offset, bool fsync) {
+  OpOptions op = detached();
+  op.fsync = fsync;
+  return drain_with(*this, async_pwrite(buffer, nbytes, path, file_offset, std::move(op)));
 }
 
 std::size_t Handle::wait() { return engine_->wait(); }

@@ -7,7 +7,8 @@
 // count smaller than the real one to simulate a short transfer (which the engine must finish
 // by resubmitting the rest). Reap and Submit are asked before a worker collects completions
 // from (or hands requests to) its backend: a negative errno replaces the backend's answer
-// without calling it, which is how tests make a kernel queue fail. Hooks run on worker
+// without calling it, which is how tests make a kernel queue fail. Sync is asked before the
+// fdatasync of a durable write (path and fd set): a negative errno replaces its result. Hooks run on worker
 // threads and must be thread-safe.
 #pragma once
 
@@ -18,11 +19,11 @@
 
 namespace deepio::detail {
 
-enum class FaultPoint { Open, Read, Write, Reap, Submit };
+enum class FaultPoint { Open, Read, Write, Reap, Submit, Sync };
 
 struct FaultSite {
   FaultPoint point;
-  const char* path;  ///< for Open; nullptr otherwise
+  const char* path;  ///< for Open and Sync; nullptr otherwise
   int fd;            ///< for Read/Write
   std::uint64_t offset;
   std::size_t nbytes;   ///< requested

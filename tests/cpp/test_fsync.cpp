@@ -1,0 +1,225 @@
+// Durable writes (OpOptions::fsync): the sync really runs (HandleStats::synced, the Sync fault
+// point), after the write's blocks and before the op completes; a sync failure fails that
+// op alone, naming its file; reads refuse the option; option off changes nothing.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/support.hpp"
+#include "platform/fault.hpp"
+
+namespace deepio {
+namespace {
+
+using detail::FaultPoint;
+using detail::FaultSite;
+using test::pattern;
+using test::slurp;
+
+using Fsync = test::BackendTest;
+
+OpOptions durable() {
+  OpOptions o;
+  o.fsync = true;
+  return o;
+}
+
+struct HookGuard {
+  ~HookGuard() { detail::set_fault_hook({}); }
+};
+
+TEST_P(Fsync, BatchOfDurableWritesSyncsEachFileAndReadsBack) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 16, .intra_op_parallelism = 2}));
+  constexpr std::size_t kFiles = 64;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<IoRequest> reqs;
+  for (std::size_t i = 0; i < kFiles; ++i)
+    data.push_back(pattern(4096 * (1 + i % 5) + i, static_cast<std::uint32_t>(i)));
+  // The sync runs after the blocks: every Sync site sees the file already holding its bytes.
+  std::atomic<int> early{0};
+  HookGuard guard;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Sync) return std::nullopt;
+    if (slurp(s.path).size() != s.nbytes) ++early;
+    return std::nullopt;
+  });
+  for (std::size_t i = 0; i < kFiles; ++i) {
+    IoRequest r;
+    r.write = true;
+    r.buffer = data[i].data();
+    r.nbytes = data[i].size();
+    r.path = dir_.file("t" + std::to_string(i));
+    r.op = durable();
+    reqs.push_back(std::move(r));
+  }
+  auto futures = h.submit_batch(std::move(reqs));
+  EXPECT_EQ(h.wait(), kFiles);
+  EXPECT_EQ(early.load(), 0) << "no sync before the write's blocks were done";
+  EXPECT_EQ(h.stats().synced, kFiles);
+  for (std::size_t i = 0; i < kFiles; ++i) EXPECT_EQ(slurp(dir_.file("t" + std::to_string(i))), data[i]) << i;
+}
+
+TEST_P(Fsync, OptionOffNeverSyncs) {
+  Handle h(opts());
+  const auto data = pattern(1 << 20, 3);
+  std::atomic<int> syncs{0};
+  HookGuard guard;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Sync) ++syncs;
+    return std::nullopt;
+  });
+  h.async_pwrite(data.data(), data.size(), dir_.file("a"));
+  EXPECT_EQ(h.sync_pwrite(data.data(), data.size(), dir_.file("b")), 2u);
+  EXPECT_EQ(syncs.load(), 0);
+  EXPECT_EQ(h.stats().synced, 0u);
+  EXPECT_EQ(slurp(dir_.file("a")), data);
+}
+
+TEST_P(Fsync, SyncFailureFailsOnlyThatWriteNamingTheFile) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 8}));
+  HookGuard guard;
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Sync && std::string(s.path).ends_with("/t5")) return -EIO;
+    return std::nullopt;
+  });
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < 12; ++i) data.push_back(pattern(200000, static_cast<std::uint32_t>(i)));
+  std::vector<Future> fs;
+  for (int i = 0; i < 12; ++i) {
+    fs.push_back(h.async_pwrite(data[i].data(), data[i].size(), dir_.file("t" + std::to_string(i)), 0, durable()));
+  }
+  WaitResult r = h.collect();
+  EXPECT_EQ(r.count, 12u);
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0].errnum(), EIO);
+  EXPECT_EQ(r.errors[0].path(), dir_.file("t5"));
+  EXPECT_EQ(r.errors[0].nbytes(), 200000u);
+  EXPECT_NE(std::string(r.errors[0].what()).find("fdatasync"), std::string::npos) << r.errors[0].what();
+  EXPECT_EQ(h.stats().synced, 11u);
+  EXPECT_EQ(h.stats().ops_failed, 1u);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(slurp(dir_.file("t" + std::to_string(i))), data[i]) << "nothing else lost";
+  // The synchronous form throws it itself.
+  try {
+    h.sync_pwrite(data[5].data(), data[5].size(), dir_.file("t5"), 0, /*fsync=*/true);
+    FAIL() << "expected EIO";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), dir_.file("t5"));
+  }
+}
+
+TEST_P(Fsync, WriteThatFailedIsNotSyncedAndReportsItsOwnError) {
+  Handle h(opts());
+  std::atomic<int> syncs{0};
+  HookGuard guard;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Sync) ++syncs;
+    if (s.point == FaultPoint::Write && s.result > 0) return -ENOSPC;
+    return std::nullopt;
+  });
+  const auto data = pattern(1 << 20, 9);
+  h.async_pwrite(data.data(), data.size(), dir_.file("w"), 0, durable());
+  try {
+    h.wait();
+    FAIL() << "expected ENOSPC";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOSPC);
+  }
+  EXPECT_EQ(syncs.load(), 0);
+}
+
+TEST_P(Fsync, CompletesOnlyAfterTheSyncAndOnDescriptorsAndEmptyWrites) {
+  Handle h(opts());
+  std::atomic<bool> release{false};
+  std::atomic<int> syncs{0};
+  HookGuard guard;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Sync) return std::nullopt;
+    ++syncs;
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return std::nullopt;
+  });
+  const auto data = pattern(300000, 4);
+  const std::string path = dir_.file("fd");
+  test::put(path, {});
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  Future a = h.async_pwrite(data.data(), data.size(), fd, 4096, durable());
+  Future b = h.async_pwrite(data.data(), 0, dir_.file("empty"), 0, durable());
+  while (syncs.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(a.done()) << "a durable write is not complete before its sync returned";
+  EXPECT_FALSE(b.done());
+  release = true;
+  EXPECT_EQ(a.get(), data.size());
+  EXPECT_EQ(b.get(), 0u);
+  ::close(fd);
+  EXPECT_EQ(h.stats().synced, 2u);
+  const auto back = slurp(path);
+  ASSERT_EQ(back.size(), 4096 + data.size());
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 4096));
+}
+
+TEST_P(Fsync, ReadsRefuseTheOption) {
+  Handle h(opts());
+  const std::string path = dir_.file("r");
+  test::put(path, pattern(8192, 1));
+  std::vector<std::byte> buf(8192);
+  EXPECT_THROW(h.async_pread(buf.data(), buf.size(), path, 0, durable()), InvalidArgument);
+  IoRequest w{.write = true, .buffer = buf.data(), .nbytes = buf.size(), .path = path};
+  IoRequest r{.write = false, .buffer = buf.data(), .nbytes = buf.size(), .path = path, .op = durable()};
+  try {
+    h.submit_batch({w, r});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("request 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(h.pending(), 0u) << "nothing of a refused batch is submitted";
+}
+
+TEST_P(Fsync, ManyThreadsDurableWritesAndDestroyFinishesThem) {
+  constexpr int kThreads = 8, kPerThread = 24;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < kThreads * kPerThread; ++i)
+    data.push_back(pattern(70000 + 512 * i, static_cast<std::uint32_t>(i)));
+  {
+    Handle h(opts({.block_size = 65536, .queue_depth = 32, .intra_op_parallelism = 2}));
+    std::vector<std::thread> threads;
+    std::atomic<std::size_t> counted{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int k = 0; k < kPerThread; ++k) {
+          const int i = t * kPerThread + k;
+          const std::string p = dir_.file("m" + std::to_string(i));
+          if (k % 3 == 0) {
+            h.sync_pwrite(data[i].data(), data[i].size(), p, 0, true);
+          } else if (k % 3 == 1) {
+            h.async_pwrite(data[i].data(), data[i].size(), p, 0, durable());
+          } else {
+            IoRequest r{.write = true, .buffer = data[i].data(), .nbytes = data[i].size(), .path = p, .op = durable()};
+            h.submit_batch({r});
+          }
+        }
+        counted += h.collect().count;
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(h.stats().synced, static_cast<std::uint64_t>(kThreads * kPerThread));
+    // Durable writes still in flight when the handle goes: finished, synced, never dropped.
+    for (int i = 0; i < 16; ++i)
+      h.async_pwrite(data[i].data(), data[i].size(), dir_.file("d" + std::to_string(i)), 0, durable());
+  }
+  for (int i = 0; i < kThreads * kPerThread; ++i) EXPECT_EQ(slurp(dir_.file("m" + std::to_string(i))), data[i]) << i;
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(slurp(dir_.file("d" + std::to_string(i))), data[i]) << i;
+}
+
+DEEPIO_INSTANTIATE_FOR_BACKENDS(Fsync);
+
+}  // namespace
+}  // namespace deepio

@@ -1,0 +1,183 @@
+"""Durable writes: fsync=True on aio_handle's writes (async_pwrite, sync_pwrite, pwrite, write,
+async_pwrite_batch). The engine fdatasyncs each written file after its blocks and before the
+write counts as complete; that the sync really runs is seen through stats()["synced"] and the
+"sync" fault point (an injected EIO, a delayed sync); durability itself cannot be proven
+without a crash."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import deepio
+from deepio import _deepio
+
+
+def _data(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def _read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_batch_with_fsync_writes_and_syncs_every_file(tmp_dir):
+    h = deepio.aio_handle(block_size=1 << 16, queue_depth=32, intra_op_parallelism=2)
+    bufs = [_data(4096 * (1 + i % 7) + i, i) for i in range(200)]
+    paths = [tmp_dir / f"t{i:03d}" for i in range(200)]
+    assert h.async_pwrite_batch(bufs, paths, fsync=True) == 200
+    assert h.wait() == 200
+    assert h.stats()["synced"] == 200
+    for b, p in zip(bufs, paths):
+        assert _read(p) == b.tobytes()
+    # Read back through the engine too.
+    out = [np.empty_like(b) for b in bufs]
+    h.async_pread_batch(out, paths)
+    assert h.wait() == 200
+    assert all(np.array_equal(a, b) for a, b in zip(out, bufs))
+    h.close()
+
+
+def test_fsync_off_is_unchanged(tmp_dir, fault):
+    fault("sync", errno=errno.EIO, count=1 << 30)  # any sync would fail
+    h = deepio.aio_handle()
+    b = _data(300_000, 1)
+    h.async_pwrite(b, tmp_dir / "a")
+    h.async_pwrite_batch([b, b], [tmp_dir / "b", tmp_dir / "c"])
+    assert h.sync_pwrite(b, tmp_dir / "d") == 4
+    assert h.pwrite(b, tmp_dir / "e", False, False) == 1
+    assert h.write(b, tmp_dir / "f") == 0
+    assert h.stats()["synced"] == 0
+    assert _deepio._fault_hits() == 0
+    for name in "abcdef":
+        assert _read(tmp_dir / name) == b.tobytes()
+
+
+def test_every_write_method_takes_fsync(tmp_dir):
+    h = deepio.aio_handle()
+    b = _data(123_457, 2)
+    assert h.async_pwrite(b, tmp_dir / "a", fsync=True) == 0
+    assert h.wait() == 1
+    assert h.sync_pwrite(b, tmp_dir / "b", fsync=True) == 1
+    assert h.pwrite(b, tmp_dir / "c", False, True, fsync=True) == 0
+    assert h.wait() == 1
+    assert h.pwrite(b, tmp_dir / "d", False, False, 4096, fsync=True) == 1
+    assert h.write(b, tmp_dir / "e", fsync=True) == 0
+    fd = os.open(tmp_dir / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert h.sync_pwrite(b, fd=fd, fsync=True) == 1
+    finally:
+        os.close(fd)
+    assert h.stats()["synced"] == 6
+    for name in "abcef":
+        assert _read(tmp_dir / name) == b.tobytes()
+    assert _read(tmp_dir / "d")[4096:] == b.tobytes()
+    with pytest.raises(TypeError, match="fsync must be a bool"):
+        h.async_pwrite(b, tmp_dir / "g", fsync="yes")
+    with pytest.raises(TypeError, match="fsync"):
+        h.async_pwrite_batch([b], [tmp_dir / "g"], fsync=None)
+
+
+def test_injected_sync_eio_fails_only_that_write_naming_the_file(tmp_dir, fault):
+    fault("sync", errno=errno.EIO, path_contains="t07")
+    h = deepio.aio_handle(block_size=1 << 16, queue_depth=16)
+    bufs = [_data(200_000 + i, i) for i in range(16)]
+    paths = [tmp_dir / f"t{i:02d}" for i in range(16)]
+    h.async_pwrite_batch(bufs, paths, fsync=True)
+    with pytest.raises(OSError) as info:
+        h.wait()
+    e = info.value
+    assert e.errno == errno.EIO
+    assert e.filename == str(paths[7])
+    assert "fdatasync" in str(e)
+    assert e.nbytes == bufs[7].nbytes
+    assert e.other_errors == []
+    assert _deepio._fault_hits() == 1
+    assert h.stats()["synced"] == 15
+    assert h.pending() == 0
+    for b, p in zip(bufs, paths):  # nothing else lost; the failed one's bytes went out too
+        assert _read(p) == b.tobytes()
+    # The synchronous call raises it itself; the handle stays usable.
+    fault("sync", errno=errno.EIO)
+    with pytest.raises(OSError) as info:
+        h.sync_pwrite(bufs[0], paths[0], fsync=True)
+    assert info.value.errno == errno.EIO and info.value.filename == str(paths[0])
+    _deepio._clear_fault()
+    assert h.sync_pwrite(bufs[0], paths[0], fsync=True) == 1
+    h.close()
+
+
+def test_write_completes_only_after_its_sync(tmp_dir, fault):
+    fault("sync", delay=0.4)
+    h = deepio.aio_handle()
+    b = _data(1 << 20, 3)
+    t0 = time.perf_counter()
+    h.async_pwrite(b, tmp_dir / "slow", fsync=True)
+    assert h.pending() == 1
+    assert h.wait() == 1
+    assert time.perf_counter() - t0 >= 0.35, "wait() returned before the sync did"
+    assert _deepio._fault_hits() == 1
+    assert h.stats()["synced"] == 1
+
+
+def test_close_finishes_durable_writes_in_flight(tmp_dir, fault):
+    fault("sync", delay=0.2, count=8)
+    h = deepio.aio_handle()
+    bufs = [_data(70_000, i) for i in range(8)]
+    paths = [tmp_dir / f"c{i}" for i in range(8)]
+    h.async_pwrite_batch(bufs, paths, fsync=True)
+    h.close()
+    assert _deepio._fault_hits() == 8, "every sync ran before close() returned"
+    for b, p in zip(bufs, paths):
+        assert _read(p) == b.tobytes()
+
+
+def test_reads_refuse_fsync(tmp_dir, random_file):
+    h = deepio.aio_handle()
+    out = np.empty(4096, np.uint8)
+    with pytest.raises(deepio.InvalidArgumentError, match="fsync applies to writes only"):
+        h._h.submit(False, out, str(random_file), 0, True)
+    with pytest.raises(deepio.InvalidArgumentError, match="request 0 of the batch"):
+        h._h.submit_batch(False, [out], str(random_file), None, False, True)
+    assert h.pending() == 0
+
+
+def test_many_threads_durable_writes(tmp_dir):
+    h = deepio.aio_handle(block_size=1 << 16, queue_depth=32, intra_op_parallelism=2)
+    per, threads = 30, 6
+    bufs = {(t, k): _data(50_000 + 97 * k + t, 100 * t + k) for t in range(threads) for k in range(per)}
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            batch = []
+            for k in range(per):
+                p = tmp_dir / f"m{t}-{k}"
+                if k % 3 == 0:
+                    counts[t] += h.sync_pwrite(bufs[t, k], p, fsync=True)
+                elif k % 3 == 1:
+                    h.async_pwrite(bufs[t, k], p, fsync=True)
+                else:
+                    batch.append(k)
+            h.async_pwrite_batch([bufs[t, k] for k in batch], [tmp_dir / f"m{t}-{k}" for k in batch], fsync=True)
+            counts[t] += h.wait()
+        except BaseException as e:  # reported below, in the main thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    assert sum(counts) + h.wait() == per * threads
+    assert h.stats()["synced"] == per * threads
+    for (t, k), b in bufs.items():
+        assert _read(tmp_dir / f"m{t}-{k}") == b.tobytes()
