@@ -9,18 +9,18 @@ constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v 
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // Cuts [begin, end) into `parts` pieces at multiples of `unit` (relative to begin), as equal
-// as the unit allows. Returns parts + 1 boundaries (some pieces may be empty).
-std::vector<std::uint64_t> cut(std::uint64_t begin, std::uint64_t end, std::size_t parts, std::uint64_t unit) {
-  std::vector<std::uint64_t> b(parts + 1);
-  const std::uint64_t len = end - begin;
-  const std::uint64_t units = (len + unit - 1) / unit;
-  for (std::size_t i = 0; i <= parts; ++i) {
-    const std::uint64_t u = units * i / parts;
-    b[i] = std::min(end, begin + u * unit);
+// as the unit allows: piece i is [at(i), at(i + 1)) (some pieces may be empty). Computed on
+// demand, so planning a request allocates nothing but its slices.
+struct Cut {
+  std::uint64_t begin, end;
+  std::size_t parts;
+  std::uint64_t unit;
+  [[nodiscard]] std::uint64_t at(std::size_t i) const {
+    if (i >= parts) return end;
+    const std::uint64_t units = (end - begin + unit - 1) / unit;
+    return std::min(end, begin + units * i / parts * unit);
   }
-  b[parts] = end;
-  return b;
-}
+};
 }  // namespace
 
 std::vector<Slice> plan_request(const PlanInput& in) {
@@ -39,8 +39,8 @@ std::vector<Slice> plan_request(const PlanInput& in) {
 
   std::size_t block = std::max<std::size_t>(1, in.block_size);
   if (in.any_alignment) {
-    const auto b = cut(begin, end, workers, block);
-    for (std::size_t w = 0; w < workers; ++w) add(w, b[w], b[w + 1], SegmentMode::Direct, block);
+    const Cut b{begin, end, workers, block};
+    for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), SegmentMode::Direct, block);
     std::erase_if(slices, [](const Slice& s) { return s.segments.empty(); });
     return slices;
   }
@@ -68,12 +68,12 @@ std::vector<Slice> plan_request(const PlanInput& in) {
 
   if (!direct) {
     // Everything through the page cache, cut at page multiples across workers.
-    const auto b = cut(begin, end, workers, in.page);
-    for (std::size_t w = 0; w < workers; ++w) add(w, b[w], b[w + 1], SegmentMode::Buffered, block);
+    const Cut b{begin, end, workers, in.page};
+    for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), SegmentMode::Buffered, block);
   } else {
     add(0, begin, a0, SegmentMode::Buffered, block);
-    const auto b = cut(a0, a1, workers, unit);
-    for (std::size_t w = 0; w < workers; ++w) add(w, b[w], b[w + 1], body_mode, chunk);
+    const Cut b{a0, a1, workers, unit};
+    for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), body_mode, chunk);
     add(workers - 1, a1, end, SegmentMode::Buffered, block);
   }
 

@@ -30,6 +30,10 @@ struct Segment {
   std::size_t nbytes = 0;
   SegmentMode mode = SegmentMode::Buffered;
   std::size_t chunk = 0;  ///< largest request to cut from this segment
+  /// Set by the engine, not the planner: the file lives in memory (tmpfs), where io_uring
+  /// would hand every request to a kernel worker thread; the worker runs its requests with
+  /// pread/pwrite itself instead (same checks, same retries, same results).
+  bool in_memory = false;
 };
 
 struct Slice {

@@ -1,5 +1,7 @@
 #include "core/worker.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -35,7 +37,16 @@ struct Slot {
   int bounce = -1;            // bounce slot index, or -1
   int retries = 0;
   bool in_kernel = false;  // accepted by the backend, completion not yet reaped
+  bool in_memory = false;  // run here with pread/pwrite, not by the backend (Segment::in_memory)
 };
+
+// One request on a file in memory, run synchronously: the byte count or a negative errno,
+// as a backend's completion would carry it.
+std::int64_t run_in_memory(const Request& r) noexcept {
+  const ssize_t n = r.write ? ::pwrite(r.fd, r.buf, r.len, static_cast<off_t>(r.offset))
+                            : ::pread(r.fd, r.buf, r.len, static_cast<off_t>(r.offset));
+  return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
+}
 
 }  // namespace
 
@@ -182,6 +193,7 @@ struct Worker::Impl {
       s.req.len = static_cast<std::uint32_t>(len);
       s.req.offset = seg.file_offset + a.pos;
       s.req.write = op.write();
+      s.in_memory = seg.in_memory;
       const bool staged = seg.mode == SegmentMode::Bounce || op.device() >= 0;
       if (seg.mode == SegmentMode::Buffered) {
         int fd = -1;
@@ -255,6 +267,7 @@ struct Worker::Impl {
   }
 
   void submit_batch() {
+    run_in_memory_requests();
     std::size_t i = 0;
     while (i < batch.size()) {
       const std::size_t n = w.config_.single_submit ? 1 : batch.size() - i;
@@ -280,6 +293,33 @@ struct Worker::Impl {
     }
     batch.clear();
     batch_slots.clear();
+  }
+
+  // Requests on files in memory are run here, now; their results are handled like the
+  // backend's completions (retries, short transfers, failures), through `synthetic`. The
+  // rest stay in `batch`, in order, for the backend.
+  void run_in_memory_requests() {
+    if (!dead.ok()) return;  // a dead queue fails everything, as documented
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      if (!slots[batch_slots[k]].in_memory) {
+        batch[kept] = batch[k];
+        batch_slots[kept] = batch_slots[k];
+        ++kept;
+        continue;
+      }
+      const Request& r = batch[k];
+      std::int64_t res = 0;
+      if (auto injected = consult_fault_hook({FaultPoint::Submit, nullptr, r.fd, r.offset, r.len, 0});
+          injected && *injected <= 0) {
+        res = *injected < 0 ? *injected : -EIO;
+      } else {
+        res = run_in_memory(r);
+      }
+      synthetic.push_back({r.tag, res});
+    }
+    batch.resize(kept);
+    batch_slots.resize(kept);
   }
 
   void complete(const Completion& c) {
@@ -464,6 +504,19 @@ void Worker::enqueue(SliceTask task) {
     queue_.push_back(std::move(task));
   }
   cv_.notify_one();
+}
+
+void Worker::enqueue(std::vector<SliceTask>& tasks) {
+  if (tasks.empty()) return;
+  struct Wake {  // also when a push throws: the tasks queued before it must run
+    std::condition_variable& cv;
+    ~Wake() { cv.notify_one(); }
+  } wake{cv_};
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& t : tasks) queue_.push_back(std::move(t));
+  }
+  tasks.clear();
 }
 
 void Worker::stop() noexcept {

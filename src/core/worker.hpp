@@ -60,6 +60,10 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   void enqueue(SliceTask task);
+  /// Queues every task of `tasks` in order with one lock and one wake-up (a batch's many
+  /// small operations), leaving `tasks` empty. If queueing throws (out of memory), the
+  /// tasks not queued stay in `tasks` with their op; those queued have a null op.
+  void enqueue(std::vector<SliceTask>& tasks);
   /// Runs everything queued to completion, then ends the thread. Idempotent.
   void stop() noexcept;
 

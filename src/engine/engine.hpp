@@ -66,6 +66,8 @@ class Engine {
   class Syncers;
   /// A file opened once for consecutive requests of a batch on the same path and direction.
   struct SharedFile;
+  /// Slices of a batch's run not yet handed to the workers, one list per host worker.
+  struct PendingSlices;
   /// How an op on device memory goes: through the route's backend (direct) or staged; file
   /// is the route's registration, kept by every slice until the op's requests are done.
   struct Route {
@@ -81,11 +83,14 @@ class Engine {
   /// Opens (or inspects) the file, checks the range and dispatches; `tracked`: the op already
   /// has its place in the submission order (a batch). Throws on failure, having queued nothing.
   /// With `shared` (a path request of a batch), its descriptors are used instead of opening.
+  /// With `pending`, the slices for the host workers are collected there instead of queued.
   void start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked,
-             const std::shared_ptr<SharedFile>& shared = nullptr);
+             const std::shared_ptr<SharedFile>& shared = nullptr, PendingSlices* pending = nullptr);
   /// start() on an opener thread: a failure becomes the op's own (it completes failed).
   void start_batched(const std::shared_ptr<OpState>& op, const IoRequest& request,
-                     const std::shared_ptr<SharedFile>& shared) noexcept;
+                     const std::shared_ptr<SharedFile>& shared, PendingSlices* pending) noexcept;
+  /// Queues what `pending` holds to the workers (one lock and one wake-up per worker).
+  void flush(PendingSlices& pending) noexcept;
   /// One opener's share of a batch, requests [begin, end), in order.
   void start_run(const std::vector<IoRequest>& batch, const std::vector<std::shared_ptr<OpState>>& ops,
                  std::size_t begin, std::size_t end) noexcept;
@@ -96,7 +101,7 @@ class Engine {
   /// The sync threads, started by the first durable write (throws if they cannot start).
   SyncRunner& start_syncers();
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                const Opened& opened, Route route, bool tracked);
+                const Opened& opened, Route route, bool tracked, PendingSlices* pending = nullptr);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
   /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
   /// ops from the front on the way).
