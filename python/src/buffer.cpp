@@ -2,6 +2,7 @@
 // (bytearray, memoryview, mmap, array.array). Never a copy: an object that cannot be used as
 // it is gets an exception naming the problem, so a read can never land in a temporary.
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "common.hpp"
@@ -277,6 +278,22 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow
   buf.nbytes = a.nbytes();
   if (cuda) buf.device = require_device(buf.data, buf.nbytes, a.device_id(), role);
   return buf;
+}
+
+bool import_view(nb::handle obj, bool writable, std::deque<Py_buffer>* out) {
+  if (PyObject_CheckBuffer(obj.ptr()) == 0) return false;
+  Py_buffer& v = out->emplace_back();
+  if (PyObject_GetBuffer(obj.ptr(), &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+    out->pop_back();
+    PyErr_Clear();
+    return false;
+  }
+  if (v.format != nullptr && std::strchr(v.format, 'O') != nullptr) {  // Python objects: never bytes
+    PyBuffer_Release(&v);
+    out->pop_back();
+    return false;
+  }
+  return true;
 }
 
 Target parse_target(nb::handle obj) {

@@ -18,7 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "deepio/deepio.hpp"
 
@@ -48,6 +51,28 @@ struct Buffer {
 /// the driver does not know the address). Only for callers that hand the pointer to an engine
 /// that stages device memory (deepio::Handle, deepio::GdsHandle): never dereference it.
 Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer", bool allow_device = false);
+
+/// The buffers of a batch submitted without futures, one keep-alive shared by all its
+/// operations (the last one collected releases them all). `views`: contiguous buffer-protocol
+/// exports taken by import_view() (a deque, so an export never moves: some exporters point
+/// into their Py_buffer); `others`: what import_buffer() took. Destroy it with the GIL.
+struct BatchBuffers {
+  BatchBuffers() = default;
+  BatchBuffers(const BatchBuffers&) = delete;
+  BatchBuffers& operator=(const BatchBuffers&) = delete;
+  ~BatchBuffers() {
+    for (Py_buffer& v : views) PyBuffer_Release(&v);
+  }
+  std::deque<Py_buffer> views;
+  std::vector<std::shared_ptr<Buffer>> others;
+};
+
+/// A batch's cheap import: a C-contiguous buffer-protocol export of `obj` (NumPy arrays,
+/// memoryview, bytearray, mmap, ...; writable when `writable`), appended to `*out`. Returns
+/// false, with no error set and nothing appended, for anything else (torch tensors, DLPack-only
+/// objects, read-only or strided buffers, object dtypes): import_buffer() then decides, with
+/// its precise errors. Buffer-protocol memory is always host memory.
+bool import_view(nb::handle obj, bool writable, std::deque<Py_buffer>* out);
 
 /// Whether the CUDA driver is usable by deepio; `why` gets the reason when not.
 bool cuda_usable(std::string* why);

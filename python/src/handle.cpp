@@ -425,20 +425,47 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   }
   const Target shared = one_file ? parse_target(files) : Target{};
   // Every buffer is imported before anything is submitted: a bad one refuses the batch.
-  std::vector<std::shared_ptr<Buffer>> keep;  // this call's own references (see submit_op)
-  keep.reserve(n);
+  // Without futures the batch's buffers share one keep-alive (BatchBuffers: one allocation,
+  // contiguous buffer-protocol objects held by their Py_buffer alone), so the import costs a
+  // buffer export per request and nothing more; wait() collects the whole batch. With
+  // futures, each Op owns its buffer's reference, as a single submission's does.
+  std::shared_ptr<BatchBuffers> shared_keep;  // this call's own reference (see submit_op)
+  std::vector<std::shared_ptr<Buffer>> keep;  // with futures: this call's own references
+  if (futures) {
+    keep.reserve(n);
+  } else {
+    shared_keep = std::make_shared<BatchBuffers>();
+  }
+  std::vector<std::size_t> sizes(n);
   std::vector<IoRequest> reqs(n);
   for (std::size_t i = 0; i < n; ++i) {
-    keep.push_back(std::make_shared<Buffer>(import_buffer(bufs_in[i], !write, "buffer", /*allow_device=*/true)));
-    const Target t = one_file ? shared : parse_target(files_in[i]);
     IoRequest& r = reqs[i];
+    if (!futures && import_view(bufs_in[i], !write, &shared_keep->views)) {
+      r.buffer = shared_keep->views.back().buf;
+      r.nbytes = static_cast<std::size_t>(shared_keep->views.back().len);
+    } else {
+      auto b = std::make_shared<Buffer>(import_buffer(bufs_in[i], !write, "buffer", /*allow_device=*/true));
+      r.buffer = b->data;
+      r.nbytes = b->nbytes;
+      if (futures) {
+        r.op.keep_alive = b;
+        keep.push_back(std::move(b));
+      } else {
+        shared_keep->others.push_back(std::move(b));
+      }
+    }
+    if (!futures) r.op.keep_alive = shared_keep;
+    sizes[i] = r.nbytes;
+    if (one_file) {
+      r.path = shared.path;
+      r.fd = shared.fd;
+    } else {
+      const Target t = parse_target(files_in[i]);
+      r.path = t.path;
+      r.fd = t.fd;
+    }
     r.write = write;
-    r.buffer = keep.back()->data;
-    r.nbytes = keep.back()->nbytes;
-    r.path = t.path;
-    r.fd = t.fd;
     r.file_offset = static_cast<std::uint64_t>(offs[i]);  // a negative one is refused by the engine
-    r.op.keep_alive = keep.back();
     r.op.detached = futures;
     r.op.fsync = fsync;
   }
@@ -456,7 +483,7 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   if (!futures) return nb::int_(n);
   nb::list out;
   for (std::size_t i = 0; i < n; ++i) {
-    out.append(std::make_shared<Op>(std::move(futs[i]), write, static_cast<std::uint64_t>(offs[i]), keep[i]->nbytes));
+    out.append(std::make_shared<Op>(std::move(futs[i]), write, static_cast<std::uint64_t>(offs[i]), sizes[i]));
   }
   return out;
 }

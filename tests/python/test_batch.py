@@ -3,8 +3,11 @@ _deepio.Handle.submit_batch, against plain file reads and writes."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import shutil
+import sys
 import threading
 
 import numpy as np
@@ -180,3 +183,75 @@ def test_an_empty_batch_queues_nothing(tmp_path):
     assert h.async_pwrite_batch([], tmp_path / "e") == 0
     assert h.wait() == 0
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("where", ["disk", "tmpfs"])
+def test_thousands_of_4k_reads_at_random_offsets_land_byte_for_byte(tmp_path, where):
+    # The submission-bound case of bench/batch_submit.py: views of one locked array, a
+    # memoryview, a bytearray and torch tensors mixed in, one file read at a random
+    # permutation of 4 KiB offsets; a read past the end fails alone and wait() reports it.
+    if where == "tmpfs":
+        if not os.access("/dev/shm", os.W_OK):
+            pytest.skip("no /dev/shm")
+        folder = f"/dev/shm/deepio-pytest-{os.getpid()}"
+        os.makedirs(folder, exist_ok=True)
+    else:
+        folder = str(tmp_path)
+    path = os.path.join(folder, "small")
+    count, size = 8192, 4096
+    data = _data(count * size, 80)
+    try:
+        data.tofile(path)
+        h = deepio.aio_handle(block_size=1 << 20, queue_depth=128)
+        pool = h.new_cpu_locked_tensor(count * size, np.empty(0, np.uint8))
+        pool[:] = 0x5A
+        bufs: list = [pool[i * size : (i + 1) * size] for i in range(count)]
+        bufs[1] = memoryview(bufs[1])
+        extra_ba = bytearray(size)
+        extra_t = torch.zeros(size, dtype=torch.uint8)
+        bufs[2] = extra_ba
+        bufs[3] = extra_t
+        order = np.random.default_rng(81).permutation(count)
+        offsets = [int(o) * size for o in order]
+        past = np.zeros(size, np.uint8)
+        bufs.insert(5000, past)
+        offsets.insert(5000, count * size - 10)
+        assert h.async_pread_batch(bufs, path, offsets) == count + 1
+        with pytest.raises(OSError) as e:
+            h.wait()
+        assert e.value.errno == errno.ENODATA
+        assert h.pending() == 0
+        view = pool.reshape(count, size)
+        for i, o in enumerate(order):
+            want = data[o * size : (o + 1) * size]
+            got = {2: np.frombuffer(extra_ba, np.uint8), 3: extra_t.numpy()}.get(i, view[i])
+            assert np.array_equal(got, want), i
+        h.close()
+    finally:
+        if where == "tmpfs":
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_batch_buffers_are_held_until_wait_and_released_by_it(tmp_path):
+    # Without futures the batch's buffers share one keep-alive: each stays exported (a
+    # bytearray cannot be resized, an array keeps a reference) until wait() collects the
+    # batch, and nothing is held after it.
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 64)
+    arrays = [np.zeros(4096, np.uint8) for _ in range(3)]
+    ba = bytearray(4096)
+    before = [sys.getrefcount(a) for a in arrays]
+    h = deepio.aio_handle()
+    h.async_pread_batch([*arrays, ba], path, [0, 4096, 8192, 12288])
+    assert all(sys.getrefcount(a) > b for a, b in zip(arrays, before)), "held by the pending batch"
+    with pytest.raises(BufferError):
+        ba.extend(b"x")  # still exported to the batch
+    assert h.wait() == 4
+    assert [sys.getrefcount(a) for a in arrays] == before
+    ba.extend(b"x")  # released
+    assert bytes(ba[:4096]) == (bytes(range(256)) * 64)[12288:16384]
+    assert all(
+        np.array_equal(a, np.frombuffer(path.read_bytes()[i * 4096 : (i + 1) * 4096], np.uint8))
+        for i, a in enumerate(arrays)
+    )
+    h.close()
