@@ -14,9 +14,13 @@ inverted: > 1 means deepio is faster), GiB/s and CPU seconds per GiB of the proc
 
 With --many COUNTxKiB[,...] (e.g. 2048x256,8192x64) it also runs many-tensor cases: COUNT
 tensors of KiB each, one file each, every tensor submitted with async_pwrite/async_pread and
-one wait() (as DeepSpeed's swappers do), writes to fresh files through fsync of each file,
-reads after dropping their page cache; for deepio also through one async_pwrite_batch /
-async_pread_batch call ("deepio batch" column). Figures are tensors/s beside GiB/s.
+one wait() (as DeepSpeed's swappers do), reads after dropping their page cache; for deepio
+also through one async_pwrite_batch / async_pread_batch call ("batch" column). Writes go to
+fresh files and are measured three ways, all interleaved in the same rounds: "write" (until
+wait() returns, nothing synced: the engines alone), "write+fsync loop" (then os.fsync of each
+file from a Python loop, one after another, for every library) and "write durable" (DeepNVMe,
+which has no such option, with that loop; deepio with fsync=True, its engine syncing the files
+itself, many at once). Figures are tensors/s and CPU seconds per GiB of the process.
 
 DeepSpeed's op is JIT-built on first use (ninja, a C++ compiler, libaio-dev): a minute or two.
 
@@ -130,8 +134,8 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
     par = int(args.parallelism.split(",")[0])
     print(f"many tensors, one file each: block {args.block_size}, queue depth {qd}, parallelism {par}")
     print(
-        f"{'case':22} {'DeepNVMe t/s':>13} {'deepio t/s':>11} {'batch t/s':>10} {'deepio/DS':>10} "
-        f"{'batch/DS':>9} {'CPU s/GiB DS':>13} {'deepio':>7} {'batch':>7}"
+        f"{'case':36} {'DeepNVMe t/s':>13} {'deepio t/s':>11} {'batch t/s':>10} {'deepio/DS':>10} "
+        f"{'batch/DS':>9} {'CPU s/GiB DS':>13} {'deepio':>7} {'batch':>7}   ratio ranges"
     )
     for spec in args.many.split(","):
         count, kib = (int(x) for x in spec.lower().split("x"))
@@ -151,7 +155,9 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
         paths = [os.path.join(folder, f"t{i:05d}") for i in range(count)]
         gib = count * n * 4 / GIB
 
-        def run(name: str, write: bool, hs=hs, bufs=bufs, paths=paths) -> tuple[float, float]:
+        def run(name: str, write: bool, durable: str = "loop", hs=hs, bufs=bufs, paths=paths) -> tuple[float, float]:
+            # durable (writes): "none" (until wait()), "loop" (then os.fsync of each file from
+            # Python), "engine" (deepio's fsync=True: the engine syncs each file itself).
             h, bs = hs[name], bufs[name]
             if write:
                 for p in paths:
@@ -160,37 +166,51 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
             else:
                 for p in paths:
                     drop_file_cache(p)
+            kw = {"fsync": True} if write and durable == "engine" else {}
             c0, t0 = cpu_seconds(), time.perf_counter()
             if name == "batch":
-                (h.async_pwrite_batch if write else h.async_pread_batch)(bs, paths)
+                (h.async_pwrite_batch if write else h.async_pread_batch)(bs, paths, **kw)
             else:
                 call = h.async_pwrite if write else h.async_pread
                 for b, p in zip(bs, paths):
-                    call(b, p)
+                    call(b, p, **kw)
             h.wait()
-            if write:
+            if write and durable == "loop":
                 for p in paths:
                     fd = os.open(p, os.O_RDONLY)
                     os.fsync(fd)
                     os.close(fd)
             return time.perf_counter() - t0, cpu_seconds() - c0
 
-        names = ["DeepNVMe", "deepio", "batch"]
-        for write in (True, False):
-            res: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
-            for i in range(args.pairs):
-                for name in names if i % 2 == 0 else names[::-1]:
-                    res[name].append(run(name, write))
+        def row(case: str, res: dict, cols: tuple, count=count, gib=gib) -> None:
             t = {k: statistics.median(x for x, _ in v) for k, v in res.items()}
             c = {k: statistics.median(y for _, y in v) / gib for k, v in res.items()}
-            r1 = statistics.median(d[0] / o[0] for d, o in zip(res["DeepNVMe"], res["deepio"]))
-            r2 = statistics.median(d[0] / o[0] for d, o in zip(res["DeepNVMe"], res["batch"]))
-            case = f"{'write' if write else 'read'} {count}x{kib}KiB"
+            ds, d1, d2 = cols
+            r1 = [a[0] / b[0] for a, b in zip(res[ds], res[d1])]
+            r2 = [a[0] / b[0] for a, b in zip(res[ds], res[d2])]
             print(
-                f"{case:22} {count / t['DeepNVMe']:13.0f} {count / t['deepio']:11.0f} {count / t['batch']:10.0f} "
-                f"{r1:10.2f} {r2:9.2f} {c['DeepNVMe']:13.3f} {c['deepio']:7.3f} {c['batch']:7.3f}",
+                f"{case:36} {count / t[ds]:13.0f} {count / t[d1]:11.0f} {count / t[d2]:10.0f} "
+                f"{statistics.median(r1):10.2f} {statistics.median(r2):9.2f} {c[ds]:13.3f} {c[d1]:7.3f} {c[d2]:7.3f}"
+                f"   {min(r1):.2f}-{max(r1):.2f} {min(r2):.2f}-{max(r2):.2f}",
                 flush=True,
             )
+
+        names = ["DeepNVMe", "deepio", "batch"]
+        # Writes: every variant in each round, order reversed every other round.
+        variants = [(n, d) for d in ("none", "loop") for n in names] + [("deepio", "engine"), ("batch", "engine")]
+        wres: dict[tuple[str, str], list[tuple[float, float]]] = {v: [] for v in variants}
+        for i in range(args.pairs):
+            for v in variants if i % 2 == 0 else variants[::-1]:
+                wres[v].append(run(v[0], True, v[1]))
+        cs = f"{count}x{kib}KiB"
+        row(f"write {cs}", wres, (("DeepNVMe", "none"), ("deepio", "none"), ("batch", "none")))
+        row(f"write+fsync loop {cs}", wres, (("DeepNVMe", "loop"), ("deepio", "loop"), ("batch", "loop")))
+        row(f"write durable {cs}", wres, (("DeepNVMe", "loop"), ("deepio", "engine"), ("batch", "engine")))
+        rres: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
+        for i in range(args.pairs):
+            for name in names if i % 2 == 0 else names[::-1]:
+                rres[name].append(run(name, False))
+        row(f"read {cs}", rres, ("DeepNVMe", "deepio", "batch"))
         for p in paths:
             os.unlink(p)
         os.rmdir(folder)
