@@ -1,7 +1,8 @@
 // The engine's cost per request of a batch, without Python: --count reads (or writes) of
 // --size bytes at random aligned offsets of one file (--path, created and filled if missing
 // or too small), submitted with Handle::submit_batch ("batch") or one async_pread/async_pwrite
-// per request ("loop"), then one wait(). Rounds interleave the modes (batch, loop, loop,
+// per request ("loop"), then one wait() ("batch-sliced": submit_batch, then collect() with
+// 50 ms deadlines until complete, as the Python binding waits). Rounds interleave the modes (batch, loop, loop,
 // batch, ...); each prints a JSON line; the summary gives the medians (kops/s, CPU s/GiB of
 // the process, all threads). Reads are verified byte for byte after the last round.
 //
@@ -113,10 +114,11 @@ int main(int argc, char** argv) {
     if (r % 2 == 1) std::reverse(order.begin(), order.end());
     for (const auto& mode : order) {
       std::vector<deepio::IoRequest> reqs;
-      if (mode == "batch") reqs = proto;  // untimed copy: submit_batch consumes its argument
+      const bool sliced = mode == "batch-sliced";
+      if (mode == "batch" || sliced) reqs = proto;  // untimed copy: submit_batch consumes its argument
       const double c0 = cpu_seconds();
       const auto t0 = std::chrono::steady_clock::now();
-      if (mode == "batch") {
+      if (mode == "batch" || sliced) {
         h.submit_batch(std::move(reqs));
       } else if (mode == "loop") {
         for (std::size_t i = 0; i < count; ++i) {
@@ -130,7 +132,21 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "batch_bench: unknown mode %s\n", mode.c_str());
         return 2;
       }
-      const std::size_t n = h.wait();
+      std::size_t n = 0;
+      if (sliced) {
+        // As the Python binding waits: collect() with a deadline 50 ms ahead, until complete.
+        for (;;) {
+          deepio::CollectOptions co;
+          co.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+          const deepio::WaitResult w = h.collect(co);
+          if (w.complete) {
+            n = w.count;
+            break;
+          }
+        }
+      } else {
+        n = h.wait();
+      }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double c = cpu_seconds() - c0;
       if (n != count) {

@@ -676,6 +676,29 @@ std::uint64_t Engine::mark() const noexcept {
 }
 
 WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<OpState>& with) {
+  const auto selected = [&](const std::shared_ptr<OpState>& op) {
+    return op.get() == with.get() || !op->detached() || options.detached;
+  };
+  // 0. With a deadline (a binding waiting in slices), the newest selected op first: while it
+  // runs, this returns without a snapshot of every pending op (a batch of 65 536 requests
+  // was otherwise copied, and each op's lock taken, every slice while it ran).
+  if (options.deadline) {
+    std::shared_ptr<OpState> newest;
+    {
+      std::lock_guard lock(mutex_);
+      const std::uint64_t through = std::min(options.through, next_sequence_ - 1);
+      for (auto it = unclaimed_.rbegin(); it != unclaimed_.rend(); ++it) {
+        if ((*it)->sequence() > through || (*it)->claimed() || !selected(*it)) continue;
+        newest = *it;
+        break;
+      }
+    }
+    if (newest && !newest->wait_until(*options.deadline)) {
+      WaitResult result;
+      result.complete = false;  // nothing claimed: the ops stay pending for a later call
+      return result;
+    }
+  }
   // 1. The snapshot, in submission order: what this call waits for and collects.
   std::vector<std::shared_ptr<OpState>> ops;
   {
@@ -683,7 +706,7 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
     const std::uint64_t through = std::min(options.through, next_sequence_ - 1);
     for (const auto& op : unclaimed_) {
       if (op->sequence() > through || op->claimed()) continue;
-      if (op.get() == with.get() || !op->detached() || options.detached) ops.push_back(op);
+      if (selected(op)) ops.push_back(op);
     }
   }
   if (with && std::find(ops.begin(), ops.end(), with) == ops.end() && !with->claimed()) {
