@@ -5,8 +5,16 @@ vocab x hidden, per layer four hidden x hidden attention matrices, three hidden 
 matrices and two norms; tensors from 8 KiB to 250 MiB) split into shards, then measures, with
 the page cache dropped before every run (root), interleaved, one fresh process per run:
 
-  ceiling      the same bytes read whole and sequentially by deepio's engine into one big buffer
+  ceiling      the disk's ceiling: the same bytes read whole and sequentially by deepio's engine
+               into one big buffer that was faulted in before the clock started
+  ceiling.fresh the same into fresh anonymous memory that the reads fault in (disk + memory)
+  populate     no I/O: faulting in fresh anonymous memory of the same size (MADV_POPULATE_WRITE,
+               one thread): what provisioning the destination costs on this machine
   deepio       deepio.safetensors.load_files(shards, device)
+  deepio.mmap  load_files(..., backend="mmap"): the files mapped copy-on-write and read into the
+               page cache by helper threads (MADV_POPULATE_READ) before returning
+  deepio.popN  the same with N helper threads populating the memory ahead of the reads (deepio's
+               default: 1); deepio.pop0: none (the reads fault it in, as before)
   deepio.locked the same with the data in deepio's page-locked allocator instead of plain memory
   per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
   st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
@@ -16,7 +24,8 @@ safetensors maps the file and returns before reading it (pages arrive on first t
 method ends by touching each 4 KiB page of every tensor (for deepio a no-op pass over resident
 memory): the time is until the weights are in memory. Each run reports wall time, CPU seconds
 (user + system, all threads) per GiB and peak resident memory during the load (VmHWM reset
-before it). Medians over --pairs runs of each method.
+before it), and what the disk was asked for (/sys/block: MiB read, read requests, their mean
+size). Medians over --pairs runs of each method.
 
     python3 bench/load_weights.py                      # 2 GiB in 2 shards under /var/tmp
     python3 bench/load_weights.py --gib 4 --shards 4 --pairs 7 --json out.json
@@ -138,23 +147,48 @@ def _status(field: str) -> int:
     return 0
 
 
+def _disk_stat(path: str) -> tuple[int, int]:
+    """(read requests completed, sectors read) of the block device holding path."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            v = f.read().split()
+        return int(v[0]), int(v[2])
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
 def run_one(method: str, paths: list[str], device: str) -> dict:
     import torch  # noqa: F401 - imported before the clock starts, by every method
 
+    import deepio._populate as populate
     import deepio.safetensors as ds
 
     if method.startswith("st"):
         from safetensors import safe_open
         from safetensors.torch import load_file
+    mem = ds._ceiling_memory(paths) if method == "ceiling" else None  # faulted in before the clock
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5\n")  # resets VmHWM: the peak below is the load's
     rss0 = _status("VmRSS")
     r0 = resource.getrusage(resource.RUSAGE_SELF)
+    d0 = _disk_stat(paths[0])
     t0 = time.perf_counter()
+    sd: dict = {}
     if method == "ceiling":
+        ds._ceiling(paths, mem)
+    elif method == "ceiling.fresh":
         ds._ceiling(paths)
-        sd: dict = {}
+    elif method == "populate":
+        n = sum(os.path.getsize(p) for p in paths)
+        buf = ds._host_buffer(n)
+        populate.populate(populate.address(buf), n)
     elif method == "deepio":
+        sd = ds.load_files(paths, device=device)
+    elif method == "deepio.mmap":  # the page-cache backend
+        sd = ds.load_files(paths, device=device, backend="mmap")
+    elif method.startswith("deepio.pop"):  # deepio.popN: N helper threads populate (0: none)
+        ds._POPULATE_THREADS = int(method[len("deepio.pop") :])
         sd = ds.load_files(paths, device=device)
     elif method == "deepio.locked":  # the same into deepio's page-locked allocator
         ds._HOST_MEMORY = "locked"
@@ -179,6 +213,7 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
 
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    d1 = _disk_stat(paths[0])
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {
@@ -188,6 +223,8 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
         "peak_rss": _status("VmHWM"),
         "rss_before": rss0,
         "tensors": len(sd),
+        "disk_reads": d1[0] - d0[0],
+        "disk_mib": (d1[1] - d0[1]) * 512 / 2**20,
         "check": check,
     }
 
@@ -202,7 +239,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=2, help="number of shards (default 2)")
     ap.add_argument("--pairs", type=int, default=5, help="runs of each method, interleaved (default 5)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
-    ap.add_argument("--methods", default="ceiling,deepio,st.load_file,st.safe_open")
+    ap.add_argument("--methods", default="ceiling,populate,deepio,st.load_file,st.safe_open")
     ap.add_argument("--json", help="write every run and the medians here")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -251,10 +288,12 @@ def main() -> int:
             runs.append(r)
             print(
                 f"  run {i + 1} {m:13s} {gib / r['wall_s']:6.2f} GiB/s  CPU {r['cpu_s'] / gib:5.2f} s/GiB  "
-                f"peak RSS {r['peak_rss'] / 2**30:5.2f} GiB (before {r['rss_before'] / 2**30:4.2f})",
+                f"peak RSS {r['peak_rss'] / 2**30:5.2f} GiB (before {r['rss_before'] / 2**30:4.2f})  "
+                f"disk {r['disk_mib']:6.0f} MiB in {r['disk_reads']:6d} reads "
+                f"({r['disk_mib'] * 1024 / max(r['disk_reads'], 1):5.0f} KiB each)",
                 flush=True,
             )
-    checks = {r["check"] for r in runs if r["method"] != "ceiling"}
+    checks = {r["check"] for r in runs if r["tensors"]}
     if len(checks) != 1:
         print(f"methods disagree on the data: checksums {checks}", file=sys.stderr)
         return 1
@@ -268,19 +307,36 @@ def main() -> int:
             "cpu_s_per_gib": statistics.median(r["cpu_s"] for r in rs) / gib,
             "peak_rss_gib": statistics.median(r["peak_rss"] for r in rs) / 2**30,
             "extra_rss_gib": statistics.median(r["peak_rss"] - r["rss_before"] for r in rs) / 2**30,
+            "disk_request_kib": statistics.median(r["disk_mib"] * 1024 / max(r["disk_reads"], 1) for r in rs),
         }
         if m == "ceiling":
             ceiling = gib / wall
     print(f"medians of {args.pairs} ({gib:.2f} GiB, device {args.device}):")
-    print(f"  {'method':13s} {'GiB/s':>7s} {'x ceiling':>9s} {'CPU s/GiB':>9s} {'peak RSS GiB':>12s} {'(+load)':>8s}")
+    print(
+        f"  {'method':13s} {'GiB/s':>7s} {'x ceiling':>9s} {'CPU s/GiB':>9s} {'peak RSS GiB':>12s} {'(+load)':>8s} "
+        f"{'KiB/request':>11s}"
+    )
     for m, v in medians.items():
         rel = f"{v['gib_s'] / ceiling:9.2f}" if ceiling else f"{'-':>9s}"
         print(
             f"  {m:13s} {v['gib_s']:7.2f} {rel} {v['cpu_s_per_gib']:9.2f} {v['peak_rss_gib']:12.2f} "
-            f"{v['extra_rss_gib']:8.2f}"
+            f"{v['extra_rss_gib']:8.2f} {v['disk_request_kib']:11.0f}"
         )
-    if "deepio" in medians and "st.load_file" in medians:
-        print(f"  deepio / st.load_file: {medians['deepio']['gib_s'] / medians['st.load_file']['gib_s']:.2f}x")
+    # Within each round (the same minute of the shared machine): time ratios, median and range.
+    for a, b in (("deepio", "st.load_file"), ("deepio", "ceiling"), ("deepio", "deepio.pop0")):
+        if a in medians and b in medians:
+            ratios = sorted(
+                rb["wall_s"] / ra["wall_s"]
+                for i in range(args.pairs)
+                for ra in runs
+                if ra["pair"] == i and ra["method"] == a
+                for rb in runs
+                if rb["pair"] == i and rb["method"] == b
+            )
+            print(
+                f"  {a} / {b}: {medians[a]['gib_s'] / medians[b]['gib_s']:.2f}x by the medians; within rounds "
+                f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gib": gib, "device": args.device, "runs": runs, "medians": medians}, f, indent=1)

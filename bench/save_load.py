@@ -96,6 +96,13 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--dir", default="/var/tmp/deepio-bench")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
+    ap.add_argument("--loads-only", action="store_true", help="measure the loads only (the file saved once)")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="add deepio.load with each destination populated in one call before the copies instead of "
+        "ahead of them on a helper thread, and the same with the huge-page hint (deepio.load before 2026-11-23 17:00)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -172,6 +179,29 @@ def main() -> int:
         "deepio.load": lambda: deepio.load(p_tor, weights_only=True),
         "torch.load": lambda: torch.load(p_tor, weights_only=True),
     }
+
+    def variant(ahead: bool, huge: bool):  # type: ignore[no-untyped-def]
+        def run():  # type: ignore[no-untyped-def]
+            old = checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT
+            checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT = ahead, huge
+            try:
+                return deepio.load(p_tor, weights_only=True)
+            finally:
+                checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT = old
+
+        return run
+
+    if args.variants:
+        loads["deepio.load populate first"] = variant(False, False)
+        loads["deepio.load first + THP"] = variant(False, True)
+    if args.loads_only:
+        saves = {}
+        torch.save(sd, p_tor)
+        fsync_path(p_tor)
+        for p in (p_dio, p_raw, p_eng):
+            with open(p, "wb"):
+                pass
+        write_engine()
     res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in [*saves, *loads]}
     cold = True
     for i in range(args.pairs):
@@ -193,7 +223,7 @@ def main() -> int:
         )
 
     # Verify outside the timed region.
-    checks = [("deepio.save -> torch.load", lambda: torch.load(p_dio))]
+    checks = [("deepio.save -> torch.load", lambda: torch.load(p_dio))] if saves else []
     checks += [(k, f) for k, f in loads.items() if not k.startswith("engine")]
     for name, fn in checks:
         got = fn()
@@ -213,13 +243,19 @@ def main() -> int:
         summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "peak_rss_added_mib": peak, "runs": v}
         print(f"{name:26s} {rate:7.2f} {cpu:10.2f} {peak:14.0f}")
     r = {k: v["gib_per_s"] for k, v in summary.items()}
+    if saves:
+        print(
+            f"# deepio.save / torch.save+fsync = {r['deepio.save'] / r['torch.save+fsync']:.2f}x; "
+            f"/ torch.save (no fsync) = {r['deepio.save'] / r['torch.save (no fsync)']:.2f}x; "
+            f"deepio.save / engine write = {r['deepio.save'] / r['engine write (ceiling)']:.2f}x"
+        )
     print(
-        f"# deepio.save / torch.save+fsync = {r['deepio.save'] / r['torch.save+fsync']:.2f}x; "
-        f"/ torch.save (no fsync) = {r['deepio.save'] / r['torch.save (no fsync)']:.2f}x; "
-        f"deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x; "
-        f"deepio.save / engine write = {r['deepio.save'] / r['engine write (ceiling)']:.2f}x; "
+        f"# deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x; "
         f"deepio.load / engine read = {r['deepio.load'] / r['engine read (ceiling)']:.2f}x"
     )
+    for a, b in (("deepio.load", "torch.load"), ("deepio.load", "engine read (ceiling)")):
+        q = sorted(tb / ta for (ta, _, _), (tb, _, _) in zip(res[a], res[b]))
+        print(f"# {a} / {b} within pairs (time ratios): median {statistics.median(q):.2f}x, {q[0]:.2f}-{q[-1]:.2f}")
     if args.json:
         print(json.dumps({"gib": gib, "cold": cold, "results": summary}))
     for p in (p_dio, p_tor, p_raw, p_eng):

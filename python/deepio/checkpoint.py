@@ -31,7 +31,6 @@ import collections
 import ctypes
 import errno
 import io
-import mmap
 import os
 import pickle
 import struct
@@ -40,7 +39,7 @@ import threading
 import zipfile
 from typing import IO, Any, Union, cast
 
-from . import _deepio
+from . import _deepio, _populate
 from ._durable import replacing
 from ._file import File, Future
 
@@ -117,40 +116,31 @@ def _copy(dest: memoryview, src: memoryview) -> None:
         dest[:] = src
 
 
-_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23  # Linux; POPULATE_WRITE since 5.14
+_MADV_HUGEPAGE = 14
 _HUGE = 2 << 20
-_madvise: Any = None
+_HUGEPAGE_HINT = False  # MADV_HUGEPAGE on large destinations (where THP is in madvise mode)
+_POPULATE_PIECE = 8 << 20  # destinations are faulted in ahead of the copies in pieces of this
+_POPULATE_AHEAD = True  # False: one MADV_POPULATE_WRITE of the whole destination before copying
 
 
-def _prefault(dest: memoryview) -> None:
-    """Asks the kernel to back a large destination with huge pages and to fault it in with one
-    call, before the copies into it. torch.load reads each storage into freshly allocated
-    memory, and touching it page by page (a fault and a zeroed 4 KiB page at a time) cost more
-    than the disk on this VM (docs/checkpoints.md). Hints only: any failure is ignored."""
-    global _madvise
-    if _madvise is None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.madvise
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            fn.restype = ctypes.c_int
-            _madvise = fn
-        except (OSError, AttributeError):
-            _madvise = False
-    if not _madvise:
-        return
-    anchor = ctypes.c_char.from_buffer(dest)
-    try:
-        addr, n = ctypes.addressof(anchor), len(dest)
-    finally:
-        del anchor
-    lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
-    if hi > lo:
-        _madvise(lo, hi - lo, _MADV_HUGEPAGE)
-    page = mmap.PAGESIZE
-    lo, hi = -(-addr // page) * page, (addr + n) // page * page
-    if hi > lo:
-        _madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # GIL released by ctypes
+def _prefault(dest: memoryview) -> _populate.Ahead | None:
+    """Starts faulting in a large destination on a helper thread (``_populate.Ahead``:
+    MADV_POPULATE_WRITE piece by piece, ahead of the copies into it), after asking for huge
+    pages. torch.load reads every storage into freshly allocated memory, and faulting that in
+    a 4 KiB page at a time inside the copies cost more than the disk on this VM
+    (docs/checkpoints.md); on the helper the faults run beside the copies and the disk. Hints
+    only: None (nothing to wait for) where the kernel has no MADV_POPULATE_WRITE."""
+    if not _populate.available():
+        return None
+    addr, n = _populate.address(dest), len(dest)
+    if _HUGEPAGE_HINT:
+        lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
+        if hi > lo:
+            _populate.advise(lo, hi - lo, _MADV_HUGEPAGE)
+    if not _POPULATE_AHEAD:
+        _populate.populate(addr, n)
+        return None
+    return _populate.Ahead([(addr, n)], _POPULATE_PIECE, 1)
 
 
 def _is_device(b: Any) -> bool:
@@ -532,20 +522,27 @@ class Reader(_EngineFile):
         # record's header usually is), or one chunk after a small read that continues the last.
         sequential = first in (self._last_chunk, self._last_chunk + 1)
         ahead = last + 1 if (last > first or sequential) else last
+        pop: _populate.Ahead | None = None
         if n >= _PREFAULT_MIN:
             self._start_range(first, min(ahead, first + len(self._bufs) - 1))  # disk first
-            _prefault(dest[:n])
-        done = 0
-        while done < n:
-            pos = self._pos + done
-            k = pos // self._size
-            self._start_range(k, min(ahead, k + len(self._bufs) - 1))
-            i = self._chunk.index(k)
-            view = self._ready(i)
-            start = pos - k * self._size
-            m = min(n - done, len(view) - start)
-            _copy(dest[done : done + m], view[start : start + m])
-            done += m
+            pop = _prefault(dest[:n])
+        try:
+            done = 0
+            while done < n:
+                pos = self._pos + done
+                k = pos // self._size
+                self._start_range(k, min(ahead, k + len(self._bufs) - 1))
+                i = self._chunk.index(k)
+                view = self._ready(i)
+                start = pos - k * self._size
+                m = min(n - done, len(view) - start)
+                if pop is not None:  # the pages copied into next are populated first
+                    pop.wait_through(done + m)
+                _copy(dest[done : done + m], view[start : start + m])
+                done += m
+        finally:
+            if pop is not None:
+                pop.close()
         self._last_chunk = last
         self._pos += n
         return n

@@ -34,6 +34,7 @@ a save that fails or is killed leaves the old file untouched.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
@@ -43,7 +44,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
-from . import _deepio
+from . import _deepio, _populate
 from ._durable import replacing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -355,8 +356,40 @@ def _host_buffer(nbytes: int) -> Any:
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
-    """Allocates the destination of one file's data section and queues its reads."""
+# With _POPULATE_THREADS > 0, fresh anonymous memory is populated ahead of the reads on that
+# many helper threads, in pieces of _PIECE_BYTES, each piece read once populated. Off (0) by
+# default: on the development VM the engine's two workers, faulting the pages in as they submit
+# the reads, were faster (docs/benchmarks.md, "Loads to CPU: what bounds them").
+_POPULATE_THREADS = 0
+_PIECE_BYTES = 16 << 20
+
+
+def _read_host(reads: list[tuple[Any, str, int, int]], ops: list[Any]) -> None:
+    """Queues the CPU reads: (destination memoryview, path, file offset, nbytes) each. With
+    _POPULATE_THREADS, plain anonymous memory is faulted in by ``_populate.Ahead`` on helper
+    threads, piece by piece, and each piece's read is submitted once its memory is populated;
+    otherwise every read is submitted at once and the engine faults the pages in."""
+    if not reads:
+        return
+    h = _engine("cpu")
+    if _HOST_MEMORY != "mmap" or _POPULATE_THREADS <= 0 or not _populate.available():
+        for view, path, offset, n in reads:
+            _submit_read(h, lambda a, k, view=view: view[a : a + k], path, offset, n, ops)
+        return
+    ahead = _populate.Ahead([(_populate.address(v), n) for v, _, _, n in reads], _PIECE_BYTES, _POPULATE_THREADS)
+    try:
+        for i, (r, at, n) in enumerate(ahead.pieces):
+            ahead.wait(i)
+            view, path, offset, _ = reads[r]
+            _submit_read(h, lambda a, k, view=view, at=at: view[at + a : at + a + k], path, offset + at, n, ops)
+    finally:
+        ahead.close()
+
+
+def _start(header: Header, dev: Any, ops: list[Any], host_reads: list[tuple[Any, str, int, int]]) -> _Pending:
+    """Allocates the destination of one file's data section and queues its reads (CUDA) or
+    adds them to ``host_reads`` as (memoryview, path, file offset, nbytes) (CPU: submitted by
+    _read_host as its memory is populated)."""
     torch = _torch()
     path = header.path
     nbytes = header.data_bytes
@@ -367,8 +400,7 @@ def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
         buf = _host_buffer(header.file_size - lo)
         base = header.data_offset - lo
         if buf is not None and nbytes:
-            view = memoryview(buf)
-            _submit_read(_engine("cpu"), lambda a, n: view[a : a + n], path, lo, header.file_size - lo, ops)
+            host_reads.append((memoryview(buf), path, lo, header.file_size - lo))
         return _Pending(header, buf, base, dev)
     if dev.type != "cuda":
         raise ValueError(f"device must be 'cpu' or a CUDA device, not {str(dev)!r}")
@@ -425,17 +457,89 @@ def _check_names(headers: Iterable[Header]) -> None:
                 raise ValueError(f"tensor {t.name!r} is in both {other} and {h.path}")
 
 
-def _load_headers(headers: list[Header], device: Any) -> dict[str, Any]:
+# CPU loads (docs/models.md, "Reading"): "direct" reads with the engine into ordinary
+# anonymous memory; "mmap" maps each file copy-on-write and faults the mapping in from the page
+# cache on helper threads (tensors tied to the file, as safetensors' own).
+_BACKENDS = ("direct", "mmap")
+DEFAULT_BACKEND = "direct"
+_MMAP_THREADS = 2
+_MMAP_PIECE = 64 << 20
+
+
+def _map_files(headers: list[Header]) -> list[_Pending]:
+    """The "mmap" backend: each file mapped whole, copy-on-write (MAP_PRIVATE, writable: a
+    tensor written to gets private pages, the file never changes), and every page of the data
+    sections read and mapped before returning, by MADV_POPULATE_READ on _MMAP_THREADS helper
+    threads in _MMAP_PIECE pieces, so the page cache's readahead streams run in parallel."""
+    pending: list[_Pending] = []
+    ranges: list[tuple[int, int]] = []
+    for h in headers:
+        m = None
+        if h.data_bytes:
+            with open(h.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < h.file_size:
+                    raise OSError(
+                        errno.EIO, f"the file shrank to under {h.file_size} bytes while it was loaded", h.path
+                    )
+                m = mmap.mmap(f.fileno(), h.file_size, access=mmap.ACCESS_COPY)
+            lo = h.data_offset // _PAGE * _PAGE
+            ranges.append((_populate.address(m) + lo, h.file_size - lo))
+        pending.append(_Pending(h, m, h.data_offset, _torch().device("cpu")))
+    with_data = [p for p in pending if p.buffer is not None]
+    ahead = _populate.Ahead(ranges, _MMAP_PIECE, _MMAP_THREADS, _populate.MADV_POPULATE_READ)
+    try:
+        for i in range(len(ahead.pieces)):
+            ahead.wait(i)
+    finally:
+        ahead.close()
+    failed = {}
+    for r, err in ahead.errors:
+        failed.setdefault(r, err)
+    for r, p in enumerate(with_data):
+        err = failed.get(r, 0) if _populate.available() else errno.EINVAL
+        if err == errno.EINVAL:  # no MADV_POPULATE_READ here: touch every page instead
+            try:
+                view = memoryview(p.buffer)
+                bytes(view[p.base // _PAGE * _PAGE :: _PAGE])
+                view.release()
+            except ValueError:
+                pass
+        elif err:
+            raise OSError(
+                err,
+                f"cannot read the data section ({os.strerror(err)}: an I/O error, or the file shrank)",
+                p.header.path,
+            )
+    return pending
+
+
+def _backend(backend: str | None) -> str:
+    if backend is None:
+        return DEFAULT_BACKEND
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, _BACKENDS))}, not {backend!r}")
+    return backend
+
+
+def _load_headers(headers: list[Header], device: Any, backend: str = "direct") -> dict[str, Any]:
     dev = _device(device)
+    backend = _backend(backend)
     for h in headers:  # every dtype must exist in this torch before anything is read
         for t in h.tensors:
             _torch_dtype(h, t)
             _torch_shape(h, t)
+    if dev.type == "cpu" and backend == "mmap":
+        out_m: dict[str, Any] = {}
+        for p in _map_files(headers):
+            _finish(p, out_m)
+        return out_m
     ops: list[Any] = []
     pending: list[_Pending] = []
+    host_reads: list[tuple[Any, str, int, int]] = []
     try:
         for h in headers:
-            pending.append(_start(h, dev, ops))
+            pending.append(_start(h, dev, ops, host_reads))
+        _read_host(host_reads, ops)
     finally:
         _run(ops)  # also when a later file failed to start: nothing is left in flight
     out: dict[str, Any] = {}
@@ -444,15 +548,23 @@ def _load_headers(headers: list[Header], device: Any) -> dict[str, Any]:
     return out
 
 
-def load_file(filename: PathArg, device: str | int | Any = "cpu") -> dict[str, torch.Tensor]:
+def load_file(
+    filename: PathArg, device: str | int | Any = "cpu", *, backend: str | None = None
+) -> dict[str, torch.Tensor]:
     """Loads a safetensors file: ``{name: tensor}`` on ``device`` ("cpu", "cuda", "cuda:N", an
     int or a torch.device), equal to ``safetensors.torch.load_file(filename, device)``.
+
+    ``backend`` (CPU loads): "direct" reads with the engine into ordinary memory; "mmap" maps
+    the file copy-on-write and reads it into the page cache on helper threads before returning
+    (tensors backed by the file, as safetensors' are: truncating the file under them is a
+    SIGBUS). None: ``DEFAULT_BACKEND``. See docs/models.md for which is faster where.
 
     Raises FileNotFoundError/PermissionError/OSError for I/O, ValueError (naming the file and
     the tensor) for a corrupt or truncated file or a dtype this torch lacks, RuntimeError for
     a CUDA device where torch has none. CPU tensors have storages of their own over one shared
     buffer per file (freed when the last of them goes); CUDA tensors share one storage."""
-    return _load_headers([read_header(filename)], device)
+    backend = _backend(backend)
+    return _load_headers([read_header(filename)], device, backend)
 
 
 def _shard_paths(paths: PathArg | Iterable[PathArg]) -> list[str]:
@@ -467,14 +579,17 @@ def _shard_paths(paths: PathArg | Iterable[PathArg]) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-def load_files(paths: PathArg | Iterable[PathArg], device: str | int | Any = "cpu") -> dict[str, torch.Tensor]:
+def load_files(
+    paths: PathArg | Iterable[PathArg], device: str | int | Any = "cpu", *, backend: str | None = None
+) -> dict[str, torch.Tensor]:
     """Loads several files (a list of paths, or a folder: every ``*.safetensors`` in it) into
     one dict. All headers are read and checked first (a tensor name in two files is a
     ValueError naming both), then every file's reads are in flight at once on the engine.
     Errors as for ``load_file``."""
+    backend = _backend(backend)
     headers = [read_header(p) for p in _shard_paths(paths)]
     _check_names(headers)
-    return _load_headers(headers, device)
+    return _load_headers(headers, device, backend)
 
 
 def load(data: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
@@ -670,11 +785,25 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _ceiling(paths: list[str]) -> None:
+def _ceiling_memory(paths: list[str]) -> Any:
+    """The destination of ``_ceiling``: one page-aligned buffer for all ``paths`` (each file
+    at a page boundary), already faulted in (populated before any clock starts), so that the
+    ceiling is the disk's and not the cost of fresh memory. None when the files are empty."""
+    buf = _host_buffer(sum(-(-os.path.getsize(p) // _PAGE) * _PAGE for p in paths))
+    if buf is not None and _populate.populate(_populate.address(buf), len(buf)) != 0:
+        view = memoryview(buf)  # no MADV_POPULATE_WRITE: touch every page instead
+        view[::_PAGE] = bytes(len(range(0, len(view), _PAGE)))
+        view.release()
+    return buf
+
+
+def _ceiling(paths: list[str], buf: Any = None) -> None:
     """The disk ceiling: every file read whole, sequentially, by the same engine into one big
-    page-aligned buffer (no parsing, no tensors)."""
+    page-aligned buffer (no parsing, no tensors). ``buf``: from ``_ceiling_memory`` (the disk
+    alone); None reads into fresh memory that the reads fault in (the disk and the memory)."""
     sizes = [os.path.getsize(p) for p in paths]
-    buf = _host_buffer(sum(-(-n // _PAGE) * _PAGE for n in sizes))
+    if buf is None:
+        buf = _host_buffer(sum(-(-n // _PAGE) * _PAGE for n in sizes))
     if buf is None:
         return
     view = memoryview(buf)
@@ -724,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
             for what in ("load", "ceiling") if i % 2 == 0 else ("ceiling", "load"):
                 if drop:
                     _drop_caches()
+                mem = _ceiling_memory(paths) if what == "ceiling" else None
                 c0, t0 = _cpu_seconds(), time.perf_counter()
                 if what == "load":
                     sd = load_files(paths, device=args.device)
@@ -732,7 +862,8 @@ def main(argv: list[str] | None = None) -> int:
                         _torch().cuda.synchronize()
                     del sd
                 else:
-                    _ceiling(paths)
+                    _ceiling(paths, mem)
+                    del mem
                 dt, dc = time.perf_counter() - t0, _cpu_seconds() - c0
                 (loads if what == "load" else ceils).append(dt)
                 if what == "load":

@@ -682,3 +682,34 @@ def test_writer_takes_device_memory_through_the_engine(tmp_dir, tmp_path_factory
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(("ahead", "huge"), [(True, False), (False, False), (True, True)])
+def test_load_populating_destinations(tmp_dir, monkeypatch, ahead, huge):
+    """deepio.load faults large destinations in ahead of the copies (a helper thread, pieces
+    of 3 pages + 1 byte from destinations of 2 pages on; through a Reader with 2-page chunks
+    too: many chunks per piece), or in one call first, with or without the huge-page hint:
+    the same tensors as torch.load every way; a truncated file still fails naming the file."""
+    from deepio import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_PREFAULT_MIN", 2 * 4096)
+    monkeypatch.setattr(checkpoint, "_POPULATE_PIECE", 3 * 4096 + 1)
+    monkeypatch.setattr(checkpoint, "_POPULATE_AHEAD", ahead)
+    monkeypatch.setattr(checkpoint, "_HUGEPAGE_HINT", huge)
+    g = torch.Generator().manual_seed(3)
+    sd = {
+        "big": torch.randn(3 << 18, generator=g),  # 3 MiB
+        "odd": torch.randint(0, 255, ((1 << 20) + 3,), dtype=torch.uint8, generator=g),
+        "small": torch.arange(7, dtype=torch.int16),
+        "view": torch.randn(64, 129, generator=g).t()[3:],
+    }
+    p = tmp_dir / "pop.pt"
+    torch.save(sd, p)
+    assert_same(torch.load(p), deepio.load(p))
+    with checkpoint.Reader(p, buffer_size=2 * 4096) as f:
+        assert_same(torch.load(p), torch.load(f))
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(Exception) as ei:
+        deepio.load(p)
+    assert str(p) in str(ei.value)

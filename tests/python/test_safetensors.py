@@ -670,3 +670,134 @@ def test_load_to_gpu(tmp_dir):
         assert_same_dict(got, want)
     ds.save_file(got, tmp_dir / "back.safetensors")  # CUDA tensors saved through the engine
     assert (tmp_dir / "back.safetensors").read_bytes() == p.read_bytes()
+
+
+# ------------------------------------------- the page-cache backend and populating ahead
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sd=state_dicts)
+def test_mmap_backend_equals_safetensors(sd, tmp_dir):
+    p = tmp_dir / "m.safetensors"
+    st.save_file(sd, str(p))
+    assert_same_dict(ds.load_file(p, backend="mmap"), sd)
+    assert_same_dict(ds.load_files([p], backend="mmap"), sd)
+
+
+def test_mmap_backend_many_pieces_threads_and_shards(tmp_dir, monkeypatch):
+    """Pieces of 3 pages + 5 bytes (edges not page-aligned) on 3 threads over 3 shards."""
+    monkeypatch.setattr(ds, "_MMAP_PIECE", 3 * 4096 + 5)
+    monkeypatch.setattr(ds, "_MMAP_THREADS", 3)
+    want = make_shards(tmp_dir)
+    big = {"big": rand_tensor(((3 << 20) + 7,), torch.uint8, 5), "f": rand_tensor((999,), torch.float64, 6)}
+    st.save_file(big, str(tmp_dir / "z-big.safetensors"))
+    want.update(big)
+    assert_same_dict(ds.load_files(tmp_dir, backend="mmap"), want)
+
+
+def test_mmap_backend_tensors_are_private_copies_on_write(tmp_dir):
+    """Each tensor its own storage of exactly its bytes (safetensors.save_file accepts them);
+    writing to a tensor changes neither the file nor a second load; the tensors outlive the
+    dict and the file's name."""
+    sd = {"a": rand_tensor((1 << 18,), torch.float32, 1), "b": rand_tensor((3, 3), torch.float16, 2)}
+    p = tmp_dir / "cow.safetensors"
+    st.save_file(sd, str(p))
+    before = p.read_bytes()
+    got = ds.load_file(p, backend="mmap")
+    for v in got.values():
+        assert v.untyped_storage().nbytes() == v.numel() * v.element_size()
+    a = got.pop("a")
+    del got
+    a += 1
+    assert p.read_bytes() == before
+    assert_same_dict(ds.load_file(p, backend="mmap"), sd)
+    os.unlink(p)  # the mapping keeps the data: a replaced or removed file is no problem
+    assert same(a, sd["a"] + 1)
+    st.save_file({"a": a}, str(tmp_dir / "again.safetensors"))
+
+
+def test_mmap_backend_errors(tmp_dir):
+    """A file that shrank after its header was read: OSError naming it, no dict. An unknown
+    backend: ValueError. Empty files and empty tensors map nothing."""
+    sd = {"a": rand_tensor((1 << 16,), torch.uint8, 1)}
+    p = tmp_dir / "s.safetensors"
+    st.save_file(sd, str(p))
+    h = ds.read_header(p)
+    os.truncate(p, h.file_size - 100)
+    with pytest.raises(OSError) as ei:
+        ds._load_headers([h], "cpu", "mmap")
+    assert ei.value.errno == errno.EIO and ei.value.filename == str(p)
+    with pytest.raises(ValueError, match="backend"):
+        ds.load_file(p, backend="pread")
+    e = tmp_dir / "e.safetensors"
+    st.save_file({"e": torch.zeros(0, 4)}, str(e))
+    assert_same_dict(ds.load_file(e, backend="mmap"), {"e": torch.zeros(0, 4)})
+
+
+def test_populate_read_reports_a_page_past_the_end_of_the_file(tmp_dir):
+    """MADV_POPULATE_READ of a mapping whose file shrank: EFAULT, collected by Ahead (the mmap
+    backend raises it as OSError); the pages still in the file are populated."""
+    import mmap as _mmap
+
+    from deepio import _populate
+
+    if not _populate.available():
+        pytest.skip("no MADV_POPULATE_* in this kernel")
+    p = tmp_dir / "f.bin"
+    p.write_bytes(os.urandom(64 << 10))
+    with open(p, "rb") as f:
+        m = _mmap.mmap(f.fileno(), 64 << 10, access=_mmap.ACCESS_COPY)
+    os.truncate(p, 16 << 10)
+    addr = _populate.address(m)
+    assert _populate.populate(addr, 16 << 10, _populate.MADV_POPULATE_READ) == 0
+    assert _populate.populate(addr, 64 << 10, _populate.MADV_POPULATE_READ) == errno.EFAULT
+    a = _populate.Ahead([(addr, 64 << 10)], 16 << 10, 2, _populate.MADV_POPULATE_READ)
+    for i in range(len(a.pieces)):
+        a.wait(i)
+    a.close()
+    assert sorted(a.errors) == [(0, errno.EFAULT)] * 3
+
+
+def test_populate_ahead_keeps_contents_and_covers_every_byte():
+    """Populating memory already written changes nothing; pieces tile the ranges in order."""
+    import mmap as _mmap
+
+    from deepio import _populate
+
+    m = _mmap.mmap(-1, 10 << 20)
+    pattern = os.urandom(4096)
+    for at in range(0, 10 << 20, 1 << 20):
+        m[at : at + 4096] = pattern
+    a = _populate.Ahead([(_populate.address(m), 10 << 20), (_populate.address(m) + 5, 12345)], 3 << 20, 2)
+    a.wait_through(10 << 20)
+    for i in range(len(a.pieces)):
+        a.wait(i)
+    a.close()
+    assert a.errors == []
+    assert [(r, at) for r, at, _ in a.pieces] == [(0, 0), (0, 3 << 20), (0, 6 << 20), (0, 9 << 20), (1, 0)]
+    assert sum(n for r, _, n in a.pieces if r == 0) == 10 << 20
+    assert all(m[at : at + 4096] == pattern for at in range(0, 10 << 20, 1 << 20))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_direct_backend_populating_ahead(threads, tmp_dir, monkeypatch, fault):
+    """The direct backend with helper threads populating pieces of 2 pages + 3 bytes ahead of
+    the reads (many requests): same tensors; an EIO still fails the whole load with nothing
+    left in flight, and the next load works."""
+    monkeypatch.setattr(ds, "_POPULATE_THREADS", threads)
+    monkeypatch.setattr(ds, "_PIECE_BYTES", 2 * 4096 + 3)
+    monkeypatch.setattr(ds, "_CHUNK_BYTES", 5000)
+    want = make_shards(tmp_dir)
+    big = {"big": rand_tensor(((1 << 20) + 7,), torch.uint8, 5)}
+    st.save_file(big, str(tmp_dir / "z-big.safetensors"))
+    want.update(big)
+    assert_same_dict(ds.load_files(tmp_dir), want)
+    fault("read", errno=errno.EIO, after=20, count=1)
+    with pytest.raises(OSError) as ei:
+        ds.load_files(tmp_dir)
+    assert ei.value.errno == errno.EIO
+    _deepio._clear_fault()
+    assert ds._engine("cpu").pending() == 0
+    assert_same_dict(ds.load_files(tmp_dir), want)
