@@ -239,6 +239,20 @@ Engine::~Engine() {
   if (syncers_) syncers_->stop();
 }
 
+bool Engine::in_memory(int fd, std::uint64_t dev) {
+  if (kind_ != BackendKind::IoUring) return false;
+  {
+    std::lock_guard lock(memory_devices_mutex_);
+    for (const auto& [d, m] : memory_devices_) {
+      if (d == dev) return m;
+    }
+  }
+  const bool m = memory_file_system(fd);
+  std::lock_guard lock(memory_devices_mutex_);
+  if (memory_devices_.size() < 64) memory_devices_.emplace_back(dev, m);
+  return m;
+}
+
 Status Engine::open_with_backpressure(const std::string& path, int flags, UniqueFd* fd) {
   for (;;) {
     Status s = open_file(path, flags, 0666, fd);
@@ -289,7 +303,7 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
   FileFacts facts;
   throw_if_error(file_facts(fd.get(), path, &facts));
   *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
-  out->in_memory = kind_ == BackendKind::IoUring && memory_file_system(fd.get());
+  out->in_memory = in_memory(fd.get(), facts.dev);
   if (direct && facts.from_statx && facts.dio_offset_align == 0) {
     // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
     if (options_.direct_io == DirectIo::On) {
@@ -539,7 +553,7 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
     FileFacts facts;
     throw_if_error(file_facts(fd, name, &facts));
     size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
-    opened.in_memory = kind_ == BackendKind::IoUring && memory_file_system(fd);
+    opened.in_memory = in_memory(fd, facts.dev);
     op->set_borrowed_source(fd);
     opened.direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
     if (opened.direct) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device_route.hpp"
@@ -103,6 +104,9 @@ class Engine {
   void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
                 const Opened& opened, Route route, bool tracked, PendingSlices* pending = nullptr);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
+  /// Whether io_uring workers should run this file's requests themselves (tmpfs/ramfs; see
+  /// Segment::in_memory): fstatfs once per device (it costs ~1 us on ext4), then cached.
+  bool in_memory(int fd, std::uint64_t dev);
   /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
   /// ops from the front on the way).
   void track(const std::shared_ptr<OpState>& op);
@@ -117,6 +121,9 @@ class Engine {
   std::shared_ptr<DeviceRoute> route_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> route_workers_;  // the route's backends, if it has any
+
+  std::mutex memory_devices_mutex_;
+  std::vector<std::pair<std::uint64_t, bool>> memory_devices_;  // guarded by memory_devices_mutex_
 
   std::mutex openers_mutex_;
   std::unique_ptr<Openers> openers_;  // started by the first batch; guarded by openers_mutex_

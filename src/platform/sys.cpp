@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,6 +104,7 @@ Status file_facts(int fd, const std::string& path, FileFacts* out) {
   mode_t mode = 0;
   if (r == 0) {
     out->size = stx.stx_size;
+    out->dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
     mode = stx.stx_mode;
     if ((stx.stx_mask & STATX_DIOALIGN) != 0U) {
       out->from_statx = true;
@@ -114,6 +116,7 @@ Status file_facts(int fd, const std::string& path, FileFacts* out) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return Status::failure(errno, "cannot stat", path);
     out->size = static_cast<std::uint64_t>(st.st_size);
+    out->dev = static_cast<std::uint64_t>(st.st_dev);
     mode = st.st_mode;
   }
   out->regular = S_ISREG(mode);

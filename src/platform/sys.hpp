@@ -30,6 +30,7 @@ struct FileFacts {
   bool from_statx = false;
   bool regular = false;
   bool block_device = false;  ///< size is the device's size (BLKGETSIZE64)
+  std::uint64_t dev = 0;      ///< the device holding the file (st_dev, as makedev() makes it)
   /// Whether `size` bounds what can be read (a regular file or a block device).
   [[nodiscard]] bool sized() const noexcept { return regular || block_device; }
 };
