@@ -253,7 +253,14 @@ def main() -> int:
         f"# deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x; "
         f"deepio.load / engine read = {r['deepio.load'] / r['engine read (ceiling)']:.2f}x"
     )
-    for a, b in (("deepio.load", "torch.load"), ("deepio.load", "engine read (ceiling)")):
+    for a, b in (
+        ("deepio.load", "torch.load"),
+        ("deepio.load", "engine read (ceiling)"),
+        ("deepio.load", "deepio.load populate first"),
+        ("deepio.load", "deepio.load first + THP"),
+    ):
+        if not res.get(b):
+            continue
         q = sorted(tb / ta for (ta, _, _), (tb, _, _) in zip(res[a], res[b]))
         print(f"# {a} / {b} within pairs (time ratios): median {statistics.median(q):.2f}x, {q[0]:.2f}-{q[-1]:.2f}")
     if args.json:

@@ -780,8 +780,9 @@ _LOAD_ERRORS = (
 
 def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None = None, **kwargs: Any) -> Any:
     """Loads a file written by ``torch.save`` or ``deepio.save``, as ``torch.load(path,
-    map_location, weights_only=...)`` does, reading through the engine (each storage in one
-    large request straight into its tensor's memory).
+    map_location, weights_only=...)`` does, reading through the engine (a ``Reader``: aligned
+    direct-I/O chunks read ahead into page-locked buffers and copied into each storage's
+    memory, which a helper thread faults in ahead of the copies).
 
     ``weights_only=None`` leaves the choice to torch, exactly as ``torch.load`` does (torch
     2.6 and later: ``True`` unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says otherwise), so

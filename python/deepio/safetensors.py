@@ -492,7 +492,7 @@ def _map_files(headers: list[Header]) -> list[_Pending]:
             ahead.wait(i)
     finally:
         ahead.close()
-    failed = {}
+    failed: dict[int, int] = {}
     for r, err in ahead.errors:
         failed.setdefault(r, err)
     for r, p in enumerate(with_data):
