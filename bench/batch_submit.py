@@ -8,7 +8,8 @@ batch = one async_pread_batch/async_pwrite_batch then wait()):
                 (page cache and dentries dropped before the reads: cold opens)
 
 Pairs are interleaved (loop, batch, batch, loop, ...), medians of --pairs; every row prints
-ops/s, GiB/s and CPU seconds per GiB of the process (user + system, all threads).
+ops/s, GiB/s and CPU seconds per GiB of the process (user + system, all threads); for the
+small reads, also the time spent in the submitting call(s) per request, before wait().
 
 Usage: python3 bench/batch_submit.py [--dir DIR] [--pairs 5] [--small 4096] [--count 65536]
                                      [--files 4096] [--file-size 65536]
@@ -31,17 +32,21 @@ from benchutil import cpu_seconds, drop_caches
 
 def timed(fn, *args):
     c0, t0 = cpu_seconds(), time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0, cpu_seconds() - c0
+    call = fn(*args)
+    return time.perf_counter() - t0, cpu_seconds() - c0, call
 
 
-def small_reads(h, path, bufs, offsets, batch: bool) -> None:
+def small_reads(h, path, bufs, offsets, batch: bool) -> float:
+    # Returns the seconds spent in the submitting call(s), before wait().
+    t0 = time.perf_counter()
     if batch:
         h.async_pread_batch(bufs, path, offsets)
     else:
         for b, o in zip(bufs, offsets):
             h.async_pread(b, path, o)
+    call = time.perf_counter() - t0
     h.wait()
+    return call
 
 
 def many(h, write: bool, bufs, paths, batch: bool) -> None:
@@ -82,24 +87,27 @@ def main() -> None:
         fbufs = [np.random.default_rng(10 + i).integers(0, 256, a.file_size, dtype=np.uint8) for i in range(a.files)]
         paths = [os.path.join(root, f"f{i:06d}") for i in range(a.files)]
         rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
+        calls: dict[str, list[float]] = {}
 
-        def record(case: str, mode: str, s: float, c: float) -> None:
+        def record(case: str, mode: str, s: float, c: float, call: float | None = None) -> None:
             rows.setdefault(case, {}).setdefault(mode, []).append((s, c))
+            if call is not None:
+                calls.setdefault(mode, []).append(call)
 
         for pair in range(a.pairs):
             order = [False, True] if pair % 2 == 0 else [True, False]
             for batch in order:
                 mode = "batch" if batch else "loop"
                 drop_caches()
-                s, c = timed(small_reads, h, path, bufs, offsets, batch)
-                record(f"{a.count} reads of {a.small} B, one file", mode, s, c)
+                s, c, call = timed(small_reads, h, path, bufs, offsets, batch)
+                record(f"{a.count} reads of {a.small} B, one file", mode, s, c, call)
                 for p in paths:
                     if os.path.exists(p):
                         os.unlink(p)
-                s, c = timed(many, h, True, fbufs, paths, batch)
+                s, c, _ = timed(many, h, True, fbufs, paths, batch)
                 record(f"{a.files} new files of {a.file_size} B: write", mode, s, c)
                 drop_caches()
-                s, c = timed(many, h, False, fbufs, paths, batch)
+                s, c, _ = timed(many, h, False, fbufs, paths, batch)
                 record(f"{a.files} files of {a.file_size} B: read (cold)", mode, s, c)
         sizes = {
             f"{a.count} reads of {a.small} B, one file": (a.count, total),
@@ -118,6 +126,9 @@ def main() -> None:
                     ratios = [lp[0] / bt[0] for lp, bt in zip(modes["loop"], modes["batch"])]
                     extra = f"   {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
                 print(f"{case:44} {mode:6} {ops / s / 1e3:8.1f} {gib / s:7.3f} {c / gib:10.3f}{extra}")
+        for mode in ("loop", "batch"):
+            per = statistics.median(calls[mode]) / a.count * 1e6
+            print(f"{a.count} reads of {a.small} B: {mode} submitting call(s) {per:.2f} us per request (median)")
     finally:
         h.close()
         shutil.rmtree(root, ignore_errors=True)
