@@ -87,7 +87,7 @@ def remove_stale_temporaries(final: str) -> list[str]:
     this host (the name's host tag) by a process that no longer exists. Returns their names."""
     folder = os.path.dirname(os.path.abspath(final))
     prefix, host = _tmp_prefix(final), _host_tag()
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(folder)
     except OSError:
