@@ -13,6 +13,8 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -192,6 +194,20 @@ def as_bytes(buf) -> bytes:
     if np is not None and isinstance(buf, np.ndarray):
         return buf.tobytes()
     return bytes(buf)
+
+
+# ---------------------------------------------------------------------------------- processes
+
+
+@contextmanager
+def sigkilled_on_exit(child) -> Iterator:
+    """Yields the subprocess.Popen `child`; on leaving the block, however it is left, the
+    child gets SIGKILL (a crash mid-work, for the tests that kill a writer) and is reaped."""
+    try:
+        yield child
+    finally:
+        child.kill()  # SIGKILL; nothing when it has already exited
+        child.wait(30)
 
 
 def pytest_report_header(config):

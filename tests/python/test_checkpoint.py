@@ -8,7 +8,6 @@ import errno
 import io
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import deepio
+from conftest import sigkilled_on_exit
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -475,7 +475,7 @@ def test_killed_writer_leaves_the_old_file_intact(tmp_dir):
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    try:
+    with sigkilled_on_exit(child):
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until the temporary file is well under way
@@ -485,12 +485,6 @@ def test_killed_writer_leaves_the_old_file_intact(tmp_dir):
             time.sleep(0.01)
         else:
             pytest.fail("the writer never got going")
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert p.read_bytes() == good  # the final name still holds the old file
     assert torch.equal(torch.load(p)["old"], old["old"])
     left = _leftovers(tmp_dir)  # the killed writer's temporary file, recognisable by name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import threading
 
 import pytest
 
+from conftest import sigkilled_on_exit
 from deepio._durable import _host_tag, remove_stale_temporaries, replacing
 
 
@@ -120,14 +120,8 @@ def test_a_writer_killed_mid_save_leaves_a_leftover_the_next_save_removes(tmp_pa
         "    time.sleep(60)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(final)], stdout=subprocess.PIPE, text=True)
-    try:
+    with sigkilled_on_exit(child):
         assert child.stdout.readline().strip() == "writing"
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     left = [n for n in os.listdir(tmp_path) if ".deepio-tmp-" in n]
     assert len(left) == 1 and f"-{child.pid}-" in left[0], left
     assert final.read_bytes() == b"old"
