@@ -522,8 +522,9 @@ def _backend(backend: str | None) -> str:
 
 
 def _load_headers(headers: list[Header], device: Any, backend: str = "direct") -> dict[str, Any]:
+    """``backend`` as checked by ``_backend`` (load_file/load_files check it before any file is
+    opened)."""
     dev = _device(device)
-    backend = _backend(backend)
     for h in headers:  # every dtype must exist in this torch before anything is read
         for t in h.tensors:
             _torch_dtype(h, t)
@@ -785,11 +786,14 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _ceiling_memory(paths: list[str]) -> Any:
+def _ceiling_memory(paths: list[str], populated: bool = True) -> Any:
     """The destination of ``_ceiling``: one page-aligned buffer for all ``paths`` (each file
-    at a page boundary), already faulted in (populated before any clock starts), so that the
-    ceiling is the disk's and not the cost of fresh memory. None when the files are empty."""
+    at a page boundary), by default already faulted in (populated before any clock starts), so
+    that the ceiling is the disk's and not the cost of fresh memory. None when the files are
+    empty."""
     buf = _host_buffer(sum(-(-os.path.getsize(p) // _PAGE) * _PAGE for p in paths))
+    if not populated:
+        return buf
     if buf is not None and _populate.populate(_populate.address(buf), len(buf)) != 0:
         view = memoryview(buf)  # no MADV_POPULATE_WRITE: touch every page instead
         view[::_PAGE] = bytes(len(range(0, len(view), _PAGE)))
@@ -803,7 +807,7 @@ def _ceiling(paths: list[str], buf: Any = None) -> None:
     alone); None reads into fresh memory that the reads fault in (the disk and the memory)."""
     sizes = [os.path.getsize(p) for p in paths]
     if buf is None:
-        buf = _host_buffer(sum(-(-n // _PAGE) * _PAGE for n in sizes))
+        buf = _ceiling_memory(paths, populated=False)
     if buf is None:
         return
     view = memoryview(buf)
