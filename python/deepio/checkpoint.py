@@ -28,6 +28,7 @@ Neither object is thread-safe: use one from one thread at a time, as with ``open
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import errno
 import io
@@ -36,6 +37,7 @@ import pickle
 import struct
 import sys
 import threading
+import warnings
 import zipfile
 from typing import IO, Any, Union, cast
 
@@ -654,6 +656,9 @@ def save(
     in its place as torch passes it: CPU storages through the staging buffers, CUDA storages
     through the engine's GPU path (pinned staging slots, device-to-host copies overlapped with
     the disk), never a whole host copy. Those files carry no CRC-32 (as ``crc32=False``).
+    torch refuses some tensors under skip_data (quantized, nested, xla/maia/mtia): an object
+    holding one is saved on the plain route (torch copies CUDA storages to the host, as
+    ``torch.save`` does), and a refusal met only mid-save starts the file again on that route.
 
     ``crc32``: whether the zip records carry their CRC-32. ``None`` follows torch
     (``torch.serialization.get_crc32_options()``, True by default); ``False`` saves the CPU
@@ -666,10 +671,21 @@ def save(
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
             # CUDA storages can exist only once torch initialized CUDA: skip the dry pass else.
-            storages = _storages(obj, pickle_protocol) if _force_filling or _cuda_initialized() else []
-            if _force_filling or any(st.device.type == "cuda" for st in storages):
-                _save_filling(obj, w, pickle_protocol, storages)
-            else:
+            # None: the object holds a tensor torch refuses to write under skip_data.
+            found = _storages(obj, pickle_protocol) if _force_filling or _cuda_initialized() else ([], False)
+            filled = False
+            if found is not None and (_force_filling or any(st.device.type == "cuda" for st in found[0])):
+                try:
+                    _save_filling(obj, w, pickle_protocol, *found)
+                    filled = True
+                except RuntimeError as e:
+                    if "skip_data" not in str(e):
+                        raise
+                    # A refusal the dry pass did not foresee (a newer torch): start again on the
+                    # plain route, in a fresh Writer on the same, truncated temporary file.
+                    w.discard()
+                    w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)
+            if not filled:
                 _torch_save(obj, w, pickle_protocol, crc32)
             w.close()
             _keep_mode(final, tmp)
@@ -709,17 +725,44 @@ class _NullSink:
         return len(b)
 
 
-def _storages(obj: Any, pickle_protocol: int) -> list[Any]:
+class _Refused(Exception):
+    """The dry pass met a tensor torch does not write under skip_data."""
+
+
+def _refused_under_skip_data(t: Any) -> bool:
+    """Whether torch.save refuses tensor ``t`` under ``skip_data`` (torch/_tensor.py,
+    ``_reduce_ex_internal``): quantized and nested tensors, and xla/maia/mtia (and storage-less
+    privateuse1) tensors, which torch saves through a host copy made while pickling."""
+    import torch
+
+    dev = t.device.type
+    if dev in ("xla", "maia", "mtia") or t.is_quantized or t.is_nested:
+        return True
+    has_storage = getattr(torch._C, "_has_storage", None)
+    return bool(has_storage is not None and dev == torch._C._get_privateuse1_backend_name() and not has_storage(t))
+
+
+def _storages(obj: Any, pickle_protocol: int) -> tuple[list[Any], bool] | None:
     """The untyped storages torch.save will write, in its order ("data/0", "data/1", ...):
     a dry pickling pass with torch's rule (TypedStorage or torch.is_storage, first seen first,
-    one key per StorageImpl). Cheap: the storages themselves are not pickled."""
+    one key per StorageImpl), and whether a meta tensor was seen. Cheap: the storages
+    themselves are not pickled. None when the object holds a tensor torch refuses to write
+    under skip_data (the pass stops there: an xla tensor is never copied to the host for
+    nothing)."""
     import torch
 
     order: list[Any] = []
     seen: set[int] = set()
 
     class Finder(pickle.Pickler):
+        meta = False
+
         def persistent_id(self, o: Any) -> Any:
+            if isinstance(o, torch.Tensor):
+                if _refused_under_skip_data(o):
+                    raise _Refused
+                if o.device.type == "meta":
+                    self.meta = True
             if isinstance(o, torch.storage.TypedStorage) or torch.is_storage(o):
                 st = o._untyped_storage if isinstance(o, torch.storage.TypedStorage) else o
                 if st._cdata not in seen:
@@ -728,11 +771,15 @@ def _storages(obj: Any, pickle_protocol: int) -> list[Any]:
                 return ("storage", st._cdata)
             return None
 
-    Finder(_NullSink(), protocol=pickle_protocol).dump(obj)
-    return order
+    finder = Finder(_NullSink(), protocol=pickle_protocol)
+    try:
+        finder.dump(obj)
+    except _Refused:
+        return None
+    return order, finder.meta
 
 
-def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]) -> None:
+def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any], meta: bool) -> None:
     import torch
 
     for st in storages:
@@ -741,8 +788,12 @@ def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]
             # CUDA memory through the engine's GPU path; CPU memory as it is; other devices
             # (xpu, mps, ...) copied to the host first, as torch.save does.
             w._fills.append((st.nbytes(), t if t.device.type == "cuda" else t.cpu().numpy()))
-    with torch.serialization.skip_data():
-        torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
+    with warnings.catch_warnings() if meta else contextlib.nullcontext():
+        if meta:  # torch warns that a meta tensor under skip_data is a no-op; it is saved as
+            # torch.save saves it (no data), so the warning would only puzzle the caller
+            warnings.filterwarnings("ignore", message="Serializing tensors on the meta device under skip_data")
+        with torch.serialization.skip_data():
+            torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
     if w._fills:
         raise RuntimeError(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
 
