@@ -30,6 +30,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,14 @@ struct IoRequest {
   OpOptions op{};
 };
 
+/// One piece of a ranged read or write (Handle::async_pread_ranges): `nbytes` bytes at
+/// `file_offset` of the file, into or from `buffer_offset` of the operation's buffer.
+struct IoRange {
+  std::uint64_t file_offset = 0;
+  std::size_t buffer_offset = 0;
+  std::size_t nbytes = 0;
+};
+
 class DEEPIO_API Handle {
  public:
   /// Starts the workers. Throws deepio::InvalidArgument (EINVAL) for a block_size,
@@ -199,6 +208,37 @@ class DEEPIO_API Handle {
   /// or a read past its end is not thrown here: it is that request's failure, reported by its
   /// Future and by the wait()/collect() that collects it. Returns one Future per request.
   std::vector<Future> submit_batch(std::vector<IoRequest> requests);
+
+  /// One operation over many ranges of one file: reads each range's bytes of the file into
+  /// `buffer` (buffer_bytes long) at its buffer offset — a gather of rows, pages or records,
+  /// at a fraction of the cost of one operation per range (one Future, one file open, one
+  /// completion; the ranges' requests go to the workers as one slice each and fill their
+  /// queues as a large request does). Ranges may come in any order and may have any size,
+  /// offset and alignment (unaligned parts go through the page cache as for any request);
+  /// empty ranges are skipped. Throws at submission, having queued nothing:
+  /// deepio::InvalidArgument naming the range's index for a range outside the buffer, a file
+  /// offset above 2^63 - 1 or a null buffer with bytes to move, and for two ranges whose
+  /// buffer bytes overlap (they would be read into twice); EOVERFLOW for a range whose end
+  /// overflows a file offset; as async_pread when the file cannot be opened, and ENODATA naming
+  /// the range when one lies past the end of the file. The operation fails as a whole: its
+  /// Future and wait() report the first failure (errno, the file, the failing request's
+  /// offset), and the buffer's contents are then unspecified. Future::get() returns the sum of
+  /// the ranges' sizes. Device (GPU) memory is staged through host memory, never GPUDirect
+  /// Storage.
+  Future async_pread_ranges(void* buffer, std::size_t buffer_bytes, const std::string& path,
+                            std::span<const IoRange> ranges, OpOptions op = {});
+  /// The write form: each range's bytes of `buffer` go to its place in the file (created if
+  /// needed, never truncated). Refused as above, and for two ranges whose *file* bytes overlap
+  /// (which would win would be unspecified); buffer bytes may be shared. With OpOptions::fsync
+  /// the file is synced once, after every range is written. The range is not allocated ahead
+  /// (fallocate) as a large single write's is.
+  Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, const std::string& path,
+                             std::span<const IoRange> ranges, OpOptions op = {});
+  /// As above on a descriptor the caller owns and keeps open until the operation completes.
+  Future async_pread_ranges(void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
+                            OpOptions op = {});
+  Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
+                             OpOptions op = {});
 
   /// Submits, then waits for this operation and every operation submitted before it that
   /// is not detached (DeepNVMe semantics). Returns the number of operations collected, this

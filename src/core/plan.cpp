@@ -21,28 +21,18 @@ struct Cut {
     return std::min(end, begin + units * i / parts * unit);
   }
 };
-}  // namespace
 
-std::vector<Slice> plan_request(const PlanInput& in) {
-  std::vector<Slice> slices;
-  if (in.nbytes == 0) return slices;
-  const std::size_t workers = std::max<std::size_t>(1, in.workers);
-  slices.resize(workers);
-  for (std::size_t w = 0; w < workers; ++w) slices[w].worker = w;
-
+// Plans one request [in.file_offset, + in.nbytes) at in.buf over `workers` workers, calling
+// add(worker, from, to, mode, chunk) for each segment in worker order (some may be empty).
+template <class Add>
+void plan_into(const PlanInput& in, std::size_t workers, Add&& add) {
   const std::uint64_t begin = in.file_offset;
   const std::uint64_t end = in.file_offset + in.nbytes;
-  auto buf_at = [&](std::uint64_t file_pos) { return in.buf + (file_pos - begin); };
-  auto add = [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
-    if (from < to) slices[w].segments.push_back({from, buf_at(from), to - from, mode, chunk});
-  };
-
   std::size_t block = std::max<std::size_t>(1, in.block_size);
   if (in.any_alignment) {
     const Cut b{begin, end, workers, block};
     for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), SegmentMode::Direct, block);
-    std::erase_if(slices, [](const Slice& s) { return s.segments.empty(); });
-    return slices;
+    return;
   }
   if (in.staged) block = std::min(block, std::max<std::size_t>(1, in.bounce_bytes));
   const std::uint64_t unit = std::max<std::uint64_t>(std::max<std::size_t>(1, in.offset_align), in.page);
@@ -53,7 +43,7 @@ std::vector<Slice> plan_request(const PlanInput& in) {
   std::size_t chunk = block;
   if (direct) {
     chunk = static_cast<std::size_t>(std::max<std::uint64_t>(unit, round_down(block, unit)));
-    const auto addr = reinterpret_cast<std::uintptr_t>(buf_at(a0));
+    const auto addr = reinterpret_cast<std::uintptr_t>(in.buf + (a0 - begin));
     if (in.staged || addr % std::max<std::size_t>(1, in.mem_align) != 0) {
       // The caller's buffer cannot take O_DIRECT: bounce through aligned slots, if a slot
       // can hold at least one unit; otherwise the page cache is the only way.
@@ -76,7 +66,62 @@ std::vector<Slice> plan_request(const PlanInput& in) {
     for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), body_mode, chunk);
     add(workers - 1, a1, end, SegmentMode::Buffered, block);
   }
+}
 
+// Appends [from, to) of the request `in` to `slice`, if not empty.
+void append(Slice& slice, const PlanInput& in, std::uint64_t from, std::uint64_t to, SegmentMode mode,
+            std::size_t chunk) {
+  if (from < to) slice.segments.push_back({from, in.buf + (from - in.file_offset), to - from, mode, chunk});
+}
+
+std::vector<Slice> worker_slices(std::size_t workers) {
+  std::vector<Slice> slices(workers);
+  for (std::size_t w = 0; w < workers; ++w) slices[w].worker = w;
+  return slices;
+}
+}  // namespace
+
+std::vector<Slice> plan_request(const PlanInput& in) {
+  if (in.nbytes == 0) return {};
+  const std::size_t workers = std::max<std::size_t>(1, in.workers);
+  std::vector<Slice> slices = worker_slices(workers);
+  plan_into(in, workers, [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
+    append(slices[w], in, from, to, mode, chunk);
+  });
+  std::erase_if(slices, [](const Slice& s) { return s.segments.empty(); });
+  return slices;
+}
+
+std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ranges) {
+  const std::size_t workers = std::max<std::size_t>(1, in.workers);
+  std::vector<Slice> slices = worker_slices(workers);
+  std::uint64_t total = 0;
+  for (const IoRange& r : ranges) total += r.nbytes;
+  if (total == 0) return {};
+  // Large ranges are cut across every worker, as a single request is; the others go whole to
+  // the worker whose share of the total their place in the order falls in.
+  const std::uint64_t split_above = 2 * static_cast<std::uint64_t>(std::max<std::size_t>(1, in.block_size));
+  const std::uint64_t share = (total + workers - 1) / workers;  // bytes per worker
+  std::uint64_t before = 0;                                     // bytes of the ranges before this one
+  for (const IoRange& r : ranges) {
+    if (r.nbytes == 0) continue;
+    PlanInput one = in;
+    one.buf = in.buf + r.buffer_offset;
+    one.nbytes = r.nbytes;
+    one.file_offset = r.file_offset;
+    if (workers > 1 && r.nbytes > split_above) {
+      plan_into(one, workers,
+                [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
+                  append(slices[w], one, from, to, mode, chunk);
+                });
+    } else {
+      const std::size_t w = std::min<std::uint64_t>(workers - 1, before / share);
+      plan_into(one, 1, [&](std::size_t, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
+        append(slices[w], one, from, to, mode, chunk);
+      });
+    }
+    before += r.nbytes;
+  }
   std::erase_if(slices, [](const Slice& s) { return s.segments.empty(); });
   return slices;
 }

@@ -13,12 +13,16 @@
 // divided at page multiples. For memory the kernel cannot address (GPU), every segment is
 // staged through bounce slots, so chunks never exceed a slot. A backend that takes any
 // alignment (GPUDirect Storage) gets the whole request as Direct segments cut at block_size
-// multiples. Pure function: no I/O, unit-tested directly.
+// multiples. Many ranges of one file can be planned as one operation (plan_ranges). Pure
+// functions: no I/O, unit-tested directly.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "deepio/handle.hpp"
 
 namespace deepio::detail {
 
@@ -63,5 +67,14 @@ struct PlanInput {
 
 /// Slices in worker order; workers with nothing to do get no slice. Empty for nbytes == 0.
 std::vector<Slice> plan_request(const PlanInput& in);
+
+/// One operation over many ranges of one file (Handle::async_pread_ranges): each range is
+/// planned as a request of its own (in.buf is the start of the buffer, the ranges' buffer
+/// offsets count from it; in.nbytes and in.file_offset are ignored), and all their segments go
+/// into one slice per worker, in the ranges' order. A range larger than two blocks is cut
+/// across every worker as a single request is; a smaller one goes whole to the worker whose
+/// share of the total bytes its place in the order falls in (consecutive ranges to the same
+/// worker; many small ranges end up evenly spread). Empty when no range has bytes.
+std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ranges);
 
 }  // namespace deepio::detail

@@ -346,7 +346,7 @@ bool request_valid(const void* buf, std::size_t nbytes, std::uint64_t file_offse
 }  // namespace
 
 std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbytes, std::string name,
-                                        std::uint64_t file_offset, OpOptions op_options) {
+                                        std::uint64_t file_offset, OpOptions op_options, std::size_t extent) {
   auto op = std::make_shared<OpState>(write, std::move(name), file_offset, nbytes, &counters_, &signal_);
   // The caller holds its own reference across the submission, so dropping the op on a throw
   // never releases the keep-alive here.
@@ -359,7 +359,7 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
   if (nbytes > 0) op->set_device(device_.classify(buf));
   op->set_on_device(op->device() >= 0);
   // Only io_uring registers buffers; the lookup is skipped for the others.
-  if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, nbytes));
+  if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, extent));
   return op;
 }
 
@@ -367,8 +367,91 @@ std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbyte
                                         std::uint64_t file_offset, OpOptions op_options) {
   std::string name = file_name(path, fd);
   check_request(buf, nbytes, name, file_offset);
-  auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options));
+  auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options), nbytes);
   start(op, buf, path, fd, /*tracked=*/false);
+  return op;
+}
+
+namespace {
+// The checks of a ranged operation (Handle::async_pread_ranges): returns the sum of the
+// ranges' sizes. Costs no allocation when the ranges come sorted by the bytes that must not
+// overlap (the buffer's for a read, the file's for a write) and one sort when they do not.
+std::uint64_t check_ranges(bool write, const void* buf, std::size_t buffer_bytes, const std::string& name,
+                           std::span<const IoRange> ranges) {
+  const auto where = [](std::size_t i) { return "range " + std::to_string(i) + ": "; };
+  std::uint64_t total = 0;
+  bool sorted = true;
+  std::uint64_t last_end = 0;  // end of the previous non-empty range, in the checked space
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const IoRange& r = ranges[i];
+    if (r.buffer_offset > buffer_bytes || r.nbytes > buffer_bytes - r.buffer_offset) {
+      throw InvalidArgument(where(i) + "buffer bytes [" + as_written(r.buffer_offset) + ", +" + as_written(r.nbytes) +
+                                ") lie outside the buffer of " + std::to_string(buffer_bytes) + " bytes",
+                            name, r.file_offset, r.nbytes);
+    }
+    if (buf == nullptr && r.nbytes > 0) throw InvalidArgument(where(i) + "null buffer", name, r.file_offset, r.nbytes);
+    if (r.file_offset > kMaxCount) {
+      throw InvalidArgument(where(i) + "file_offset must be non-negative, got " + as_written(r.file_offset), name);
+    }
+    if (r.file_offset > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - r.nbytes) {
+      throw_error(EOVERFLOW, where(i) + "file_offset + nbytes overflows a file offset", name, r.file_offset, r.nbytes);
+    }
+    if (r.nbytes > kMaxCount - total) {
+      throw_error(EOVERFLOW, where(i) + "the ranges' sizes add up to more than 2^63 - 1 bytes", name);
+    }
+    total += r.nbytes;
+    if (r.nbytes == 0) continue;
+    const std::uint64_t start = write ? r.file_offset : r.buffer_offset;
+    if (start < last_end) sorted = false;
+    last_end = start + r.nbytes;
+  }
+  if (sorted) return total;
+  struct Span {
+    std::uint64_t start, end;
+    std::size_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const IoRange& r = ranges[i];
+    const std::uint64_t start = write ? r.file_offset : r.buffer_offset;
+    if (r.nbytes > 0) spans.push_back({start, start + r.nbytes, i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (std::size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].start >= spans[k - 1].end) continue;
+    const std::size_t a = std::min(spans[k - 1].index, spans[k].index);
+    const std::size_t b = std::max(spans[k - 1].index, spans[k].index);
+    throw InvalidArgument("ranges " + std::to_string(a) + " and " + std::to_string(b) +
+                              (write ? " overlap in the file (which write lands last would be unspecified)"
+                                     : " overlap in the buffer (a read would fill the same bytes twice)"),
+                          name);
+  }
+  return total;
+}
+}  // namespace
+
+std::shared_ptr<OpState> Engine::submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
+                                               int fd, std::span<const IoRange> ranges, OpOptions op_options) {
+  std::string name = file_name(path, fd);
+  const std::uint64_t total = check_ranges(write, buf, buffer_bytes, name, ranges);
+  const std::uint64_t first = ranges.empty() ? 0 : ranges.front().file_offset;
+  auto op = new_op(write, buf, total, std::move(name), first, std::move(op_options), buffer_bytes);
+  Opened opened;
+  std::uint64_t size = 0;
+  open_op(*op, path, fd, nullptr, &opened, &size);
+  if (!write) {
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      const IoRange& r = ranges[i];
+      if (r.nbytes == 0 || r.file_offset + r.nbytes <= size) continue;
+      throw_error(ENODATA,
+                  "range " + std::to_string(i) + " reads past end of file: the file holds " + std::to_string(size) +
+                      " bytes, the range ends at " + std::to_string(r.file_offset + r.nbytes),
+                  op->path(), r.file_offset, r.nbytes);
+    }
+  }
+  // Device memory is staged (no route: a route binds one contiguous range of the buffer).
+  queue(op, plan_ranges(plan_input(*op, buf, opened, Route{}), ranges), opened, Route{}, /*tracked=*/false);
   return op;
 }
 
@@ -402,7 +485,7 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
   ops.reserve(batch->size());
   for (IoRequest& r : *batch) {
     ops.push_back(new_op(r.write, r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd),
-                         r.file_offset, std::move(r.op)));
+                         r.file_offset, std::move(r.op), r.nbytes));
   }
   {
     std::lock_guard lock(mutex_);
@@ -532,6 +615,36 @@ void Engine::start_batched(const std::shared_ptr<OpState>& op, const IoRequest& 
   op->complete_now();
 }
 
+void Engine::open_op(OpState& op, const std::string* path, int fd, const std::shared_ptr<SharedFile>& shared,
+                     Opened* opened, std::uint64_t* size) {
+  const bool write = op.write();
+  const std::string& name = op.path();
+  if (path != nullptr && shared) {
+    *opened = shared->opened;
+    *size = shared->size;
+    op.share_fds(shared, opened->direct ? shared->main.get() : -1,
+                 opened->direct ? shared->buffered.get() : shared->main.get());
+  } else if (path != nullptr) {
+    open_path(op, write, *path, size, opened);
+  } else {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) throw_error(errno, "bad file descriptor", name);
+    FileFacts facts;
+    throw_if_error(file_facts(fd, name, &facts));
+    *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
+    opened->in_memory = in_memory(fd, facts.dev);
+    op.set_borrowed_source(fd);
+    opened->direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
+    if (opened->direct) {
+      opened->mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
+      opened->offset_align = facts.from_statx && facts.dio_offset_align != 0 ? facts.dio_offset_align : page_size();
+      op.borrow_direct_fd(fd);
+    } else if ((flags & O_DIRECT) == 0) {
+      op.borrow_buffered_fd(fd);
+    }  // else: direct_io=off on an O_DIRECT descriptor; a buffered one is reopened on use
+  }
+}
+
 void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::string* path, int fd, bool tracked,
                    const std::shared_ptr<SharedFile>& shared, PendingSlices* pending) {
   const bool write = op->write();
@@ -540,30 +653,7 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
   const std::string& name = op->path();
   Opened opened;
   std::uint64_t size = 0;
-  if (path != nullptr && shared) {
-    opened = shared->opened;
-    size = shared->size;
-    op->share_fds(shared, opened.direct ? shared->main.get() : -1,
-                  opened.direct ? shared->buffered.get() : shared->main.get());
-  } else if (path != nullptr) {
-    open_path(*op, write, *path, &size, &opened);
-  } else {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0) throw_error(errno, "bad file descriptor", name);
-    FileFacts facts;
-    throw_if_error(file_facts(fd, name, &facts));
-    size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
-    opened.in_memory = in_memory(fd, facts.dev);
-    op->set_borrowed_source(fd);
-    opened.direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
-    if (opened.direct) {
-      opened.mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
-      opened.offset_align = facts.from_statx && facts.dio_offset_align != 0 ? facts.dio_offset_align : page_size();
-      op->borrow_direct_fd(fd);
-    } else if ((flags & O_DIRECT) == 0) {
-      op->borrow_buffered_fd(fd);
-    }  // else: direct_io=off on an O_DIRECT descriptor; a buffered one is reopened on use
-  }
+  open_op(*op, path, fd, shared, &opened, &size);
   if (!write && file_offset + nbytes > size) {
     throw_error(ENODATA,
                 "read past end of file: the file holds " + std::to_string(size) + " bytes, the read ends at " +
@@ -576,7 +666,8 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
   }
   Route route;
   if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
-  dispatch(op, buf, nbytes, file_offset, opened, std::move(route), tracked, pending);
+  PlanInput in = plan_input(*op, buf, opened, route);
+  queue(op, plan_request(in), opened, std::move(route), tracked, pending);
   // The next request on the shared descriptor sees the size this write leaves (only the
   // opener thread that owns `shared` reads or writes it).
   if (shared && write && size != std::numeric_limits<std::uint64_t>::max()) {
@@ -618,23 +709,25 @@ Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
   return route;
 }
 
-void Engine::dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                      const Opened& opened, Route route, bool tracked, PendingSlices* pending) {
+PlanInput Engine::plan_input(const OpState& op, void* buf, const Opened& opened, const Route& route) const {
   PlanInput in;
   in.buf = static_cast<std::byte*>(buf);
-  in.nbytes = nbytes;
-  in.file_offset = file_offset;
+  in.nbytes = op.nbytes();
+  in.file_offset = op.offset();
   in.direct = opened.direct;
   in.mem_align = opened.mem_align;
   in.offset_align = opened.offset_align;
   in.page = page_size();
   in.block_size = std::min(options_.block_size, kMaxBlock);
-  in.workers = workers_.size();
+  in.workers = route.direct ? route_workers_.size() : workers_.size();
   in.bounce_bytes = bounce_slot_bytes_;
-  in.staged = op->device() >= 0;
+  in.staged = op.device() >= 0;
   in.any_alignment = route.direct;
-  if (route.direct) in.workers = route_workers_.size();
-  std::vector<Slice> slices = plan_request(in);
+  return in;
+}
+
+void Engine::queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices, const Opened& opened, Route route,
+                   bool tracked, PendingSlices* pending) {
   if (opened.in_memory && !route.direct && op->device() < 0) {
     for (Slice& s : slices) {
       for (Segment& g : s.segments) g.in_memory = true;

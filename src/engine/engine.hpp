@@ -16,12 +16,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/device_route.hpp"
 #include "core/op.hpp"
+#include "core/plan.hpp"
 #include "core/worker.hpp"
 #include "engine/device.hpp"
 #include "deepio/handle.hpp"
@@ -49,6 +51,9 @@ class Engine {
   /// Handle::submit_batch: checks every request, tracks them all in order, and hands the
   /// opening and planning to the opener threads.
   std::vector<std::shared_ptr<OpState>> submit_batch(std::vector<IoRequest> requests);
+  /// Handle::async_pread_ranges / async_pwrite_ranges: one op over many ranges of one file.
+  std::shared_ptr<OpState> submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
+                                         int fd, std::span<const IoRange> ranges, OpOptions op_options);
   /// Handle::collect; `with` is the state of CollectOptions::with (or null).
   WaitResult collect(const CollectOptions& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
@@ -79,8 +84,9 @@ class Engine {
   void start_route_workers(const WorkerConfig& wc);
   void open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out);
   void preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes);
+  /// `extent`: the bytes of `buf` the op may touch (nbytes, or a ranged op's whole buffer).
   std::shared_ptr<OpState> new_op(bool write, void* buf, std::size_t nbytes, std::string name,
-                                  std::uint64_t file_offset, OpOptions op_options);
+                                  std::uint64_t file_offset, OpOptions op_options, std::size_t extent);
   /// Opens (or inspects) the file, checks the range and dispatches; `tracked`: the op already
   /// has its place in the submission order (a batch). Throws on failure, having queued nothing.
   /// With `shared` (a path request of a batch), its descriptors are used instead of opening.
@@ -101,8 +107,18 @@ class Engine {
   Openers& start_openers();
   /// The sync threads, started by the first durable write (throws if they cannot start).
   SyncRunner& start_syncers();
-  void dispatch(const std::shared_ptr<OpState>& op, void* buf, std::size_t nbytes, std::uint64_t file_offset,
-                const Opened& opened, Route route, bool tracked, PendingSlices* pending = nullptr);
+  /// Opens the op's file (through `shared` when given) or inspects its descriptor `fd`: the
+  /// descriptors go to the op; *opened and *size say what direct I/O needs and the file's size
+  /// (max() when it has none). Throws on failure.
+  void open_op(OpState& op, const std::string* path, int fd, const std::shared_ptr<SharedFile>& shared, Opened* opened,
+               std::uint64_t* size);
+  /// What the planner needs for the op (its whole range; a ranged op overrides nothing).
+  [[nodiscard]] PlanInput plan_input(const OpState& op, void* buf, const Opened& opened, const Route& route) const;
+  /// Hands the op's planned slices to the workers (or to `pending`) and tracks the op unless
+  /// `tracked`. Opens the buffered descriptor first if a slice needs it (throwing, with nothing
+  /// queued, if it cannot).
+  void queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices, const Opened& opened, Route route,
+             bool tracked, PendingSlices* pending = nullptr);
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
   /// Whether io_uring workers should run this file's requests themselves (tmpfs/ramfs; see
   /// Segment::in_memory): fstatfs once per device (it costs ~1 us on ext4), then cached.

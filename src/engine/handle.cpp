@@ -47,6 +47,25 @@ Future Handle::async_pwrite(const void* buffer, std::size_t nbytes, int fd, std:
   return Future(engine_->submit(true, const_cast<void*>(buffer), nbytes, nullptr, fd, file_offset, std::move(op)));
 }
 
+Future Handle::async_pread_ranges(void* buffer, std::size_t buffer_bytes, const std::string& path,
+                                  std::span<const IoRange> ranges, OpOptions op) {
+  return Future(engine_->submit_ranges(false, buffer, buffer_bytes, &path, -1, ranges, std::move(op)));
+}
+Future Handle::async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, const std::string& path,
+                                   std::span<const IoRange> ranges, OpOptions op) {
+  return Future(
+      engine_->submit_ranges(true, const_cast<void*>(buffer), buffer_bytes, &path, -1, ranges, std::move(op)));
+}
+Future Handle::async_pread_ranges(void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
+                                  OpOptions op) {
+  return Future(engine_->submit_ranges(false, buffer, buffer_bytes, nullptr, fd, ranges, std::move(op)));
+}
+Future Handle::async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, int fd,
+                                   std::span<const IoRange> ranges, OpOptions op) {
+  return Future(
+      engine_->submit_ranges(true, const_cast<void*>(buffer), buffer_bytes, nullptr, fd, ranges, std::move(op)));
+}
+
 std::vector<Future> Handle::submit_batch(std::vector<IoRequest> requests) {
   std::vector<Future> futures;
   futures.reserve(requests.size());

@@ -171,5 +171,44 @@ TEST(Plan, SmallRequestsUseOneWorker) {
   EXPECT_EQ(slices[0].segments[0].mode, SegmentMode::Buffered);
 }
 
+TEST(PlanRanges, SmallRangesGoWholeToWorkersInEqualSharesAndLargeOnesAreCut) {
+  alignas(4096) static std::byte arena[16 << 20];
+  // 2 workers, 1 MiB blocks: 64 ranges of 4 KiB (two halves of 128 KiB), one empty range, then
+  // one 8 MiB range (more than two blocks: cut across both workers).
+  std::vector<IoRange> ranges;
+  for (std::size_t i = 0; i < 64; ++i) ranges.push_back({(63 - i) * 4096, i * 4096, 4096});
+  ranges.push_back({1 << 30, 0, 0});
+  ranges.push_back({std::uint64_t{1} << 24, 1 << 20, 8 << 20});
+  PlanInput in{arena, 0, 0, true, 512, 512, 4096, 1 << 20, 2, 1 << 20};
+  const auto slices = plan_ranges(in, ranges);
+  ASSERT_EQ(slices.size(), 2u);
+  std::uint64_t bytes[2] = {0, 0};
+  std::size_t small_on[2] = {0, 0};
+  for (const Slice& s : slices) {
+    for (const Segment& g : s.segments) {
+      EXPECT_EQ(g.mode, SegmentMode::Direct);
+      bytes[s.worker] += g.nbytes;
+      if (g.nbytes == 4096) {
+        ++small_on[s.worker];
+        // each small range keeps its own buffer place: file slot (63 - i) <-> buffer slot i
+        EXPECT_EQ(static_cast<std::size_t>(g.buf - arena) / 4096, 63 - g.file_offset / 4096);
+      }
+    }
+  }
+  EXPECT_EQ(bytes[0] + bytes[1], 64u * 4096 + (8 << 20));
+  EXPECT_EQ(small_on[0], 64u) << "the small ranges come first in the order: all in worker 0's share";
+  EXPECT_EQ(bytes[1], 4u << 20) << "the large range is cut in two halves";
+  // Without the large range, the small ones split half and half, each worker's in order.
+  ranges.resize(64);
+  const auto halves = plan_ranges(in, ranges);
+  ASSERT_EQ(halves.size(), 2u);
+  EXPECT_EQ(halves[0].segments.size(), 32u);
+  EXPECT_EQ(halves[1].segments.size(), 32u);
+  EXPECT_EQ(halves[1].segments.front().file_offset, 31u * 4096);
+  // Nothing to move: no slices.
+  EXPECT_TRUE(plan_ranges(in, std::vector<IoRange>{{0, 0, 0}}).empty());
+  EXPECT_TRUE(plan_ranges(in, {}).empty());
+}
+
 }  // namespace
 }  // namespace deepio::detail
