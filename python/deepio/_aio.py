@@ -304,6 +304,73 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         fsync = _bool_arg("fsync", fsync)
         return cast(int, self._h.submit_batch(True, buffers, files, file_offsets, False, fsync))
 
+    def async_pread_ranges(
+        self,
+        buffer: Any,
+        filename: FileArg | None,
+        file_offsets: Any,
+        sizes: Any,
+        buffer_offsets: Any = None,
+        *,
+        fd: int | None = None,
+    ) -> int:
+        """Queues ONE read of many ranges of one file (deepio extension): range ``i`` is
+        ``sizes[i]`` bytes at ``file_offsets[i]`` of the file, read into ``buffer`` at
+        ``buffer_offsets[i]`` (default: the ranges packed one after another from the start of
+        the buffer). A gather of rows, pages or records in one call: one operation for wait()
+        (one completion, one file open, the ranges' requests filling the queue as one large
+        read's do), where a batch costs one operation per buffer. Returns the bytes it moves.
+
+        ``file_offsets``, ``sizes`` and ``buffer_offsets`` are 1-D integer arrays (NumPy,
+        torch CPU tensors, ``array.array``) or lists of integers; ``sizes`` may be one integer
+        for every range. Ranges may come in any order, any size and alignment. Refused at the
+        call, with nothing queued (deepio.InvalidArgumentError naming the range): a range
+        outside the buffer, a negative offset or size, two ranges whose buffer bytes overlap;
+        a range past the end of the file raises EndOfFileError naming it. The operation fails
+        as a whole (wait() raises the first failure; the buffer's contents are then
+        unspecified). GPU buffers are staged through host memory (never GPUDirect Storage)."""
+        return self._ranges(
+            False, buffer, _pick_file(filename, fd, "async_pread_ranges"), file_offsets, sizes, buffer_offsets, False
+        )
+
+    def async_pwrite_ranges(
+        self,
+        buffer: Any,
+        filename: FileArg | None,
+        file_offsets: Any,
+        sizes: Any,
+        buffer_offsets: Any = None,
+        *,
+        fd: int | None = None,
+        fsync: bool = False,
+    ) -> int:
+        """Queues ONE write of many ranges to one file (deepio extension; created if needed,
+        never truncated): range ``i`` writes ``sizes[i]`` bytes of ``buffer`` from
+        ``buffer_offsets[i]`` (default: packed) to ``file_offsets[i]``. Arguments and failures
+        as for async_pread_ranges, except that it is the ranges' *file* bytes that must not
+        overlap (buffer bytes may be written to several places). ``fsync=True``: the file is
+        synced once, after every range is written, before wait() counts it complete."""
+        return self._ranges(
+            True, buffer, _pick_file(filename, fd, "async_pwrite_ranges"), file_offsets, sizes, buffer_offsets, fsync
+        )
+
+    def _ranges(
+        self, write: bool, buffer: Any, file: FileArg, file_offsets: Any, sizes: Any, buffer_offsets: Any, fsync: Any
+    ) -> int:
+        _buffers.sync_producer_stream(buffer)
+        return cast(
+            int,
+            self._h.submit_ranges(
+                write,
+                buffer,
+                file,
+                _index_array(file_offsets),
+                sizes if isinstance(sizes, int) and not isinstance(sizes, bool) else _index_array(sizes),
+                None if buffer_offsets is None else _index_array(buffer_offsets),
+                _bool_arg("fsync", fsync),
+            ),
+        )
+
     def wait(self) -> int:
         """Blocks (GIL released, Ctrl-C honoured) until every queued operation completed;
         returns how many (0 if none). If any failed, raises the first failure's OSError once
@@ -421,6 +488,17 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 name,
             )
             raise err
+
+
+def _index_array(values: Any) -> Any:
+    """A torch CPU tensor of integers as a NumPy view (the binding reads buffer-protocol
+    arrays without a Python call per item); anything else as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise TypeError(f"offsets and sizes must be host integers, not a tensor on {values.device}")
+        return values.detach().numpy()
+    return values
 
 
 def _sync_streams(buffers: Sequence[Any]) -> None:

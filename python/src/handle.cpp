@@ -28,8 +28,11 @@
 // close() from one thread never pulls it away from a call running in another; every
 // WaitResult and Buffer is created and destroyed with the GIL held (see common.hpp).
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -488,6 +491,176 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   return out;
 }
 
+namespace {
+// A 1-D integer array (buffer protocol: NumPy, array.array, memoryview) or a sequence of
+// Python integers, as 64-bit values (negative ones as Python wrote them). TypeError for
+// anything else, bools included; ValueError for an array that is not 1-D.
+std::vector<std::int64_t> int_values(nb::handle obj, const char* name) {
+  std::vector<std::int64_t> out;
+  if (PyObject_CheckBuffer(obj.ptr()) != 0 && !PyBytes_Check(obj.ptr()) && !PyByteArray_Check(obj.ptr())) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw nb::python_error();
+    struct Release {
+      Py_buffer* v;
+      ~Release() { PyBuffer_Release(v); }
+    } release{&view};
+    std::string fmt = view.format != nullptr ? view.format : "B";
+    if (!fmt.empty() &&
+        (fmt[0] == '@' || fmt[0] == '=' || (fmt[0] == '<' && std::endian::native == std::endian::little))) {
+      fmt.erase(0, 1);
+    }
+    const bool is_signed = fmt == "b" || fmt == "h" || fmt == "i" || fmt == "l" || fmt == "q" || fmt == "n";
+    const bool is_unsigned = fmt == "B" || fmt == "H" || fmt == "I" || fmt == "L" || fmt == "Q" || fmt == "N";
+    if (!is_signed && !is_unsigned) {
+      throw nb::type_error((std::string(name) + " must hold integers, not array items of format '" +
+                            (view.format != nullptr ? view.format : "B") + "'")
+                               .c_str());
+    }
+    if (view.ndim != 1) {
+      throw InvalidArgument(std::string(name) + " must be one-dimensional, not " + std::to_string(view.ndim) +
+                            "-dimensional");
+    }
+    const auto n = static_cast<std::size_t>(view.shape[0]);
+    const Py_ssize_t stride = view.strides != nullptr ? view.strides[0] : view.itemsize;
+    out.resize(n);
+    const auto* base = static_cast<const char*>(view.buf);
+    for (std::size_t i = 0; i < n; ++i) {
+      const char* at = base + static_cast<Py_ssize_t>(i) * stride;
+      std::int64_t v = 0;
+      switch (view.itemsize) {
+        case 1:
+          v = is_signed ? *reinterpret_cast<const std::int8_t*>(at) : *reinterpret_cast<const std::uint8_t*>(at);
+          break;
+        case 2: {
+          std::int16_t x;
+          std::memcpy(&x, at, 2);
+          v = is_signed ? x : static_cast<std::uint16_t>(x);
+          break;
+        }
+        case 4: {
+          std::int32_t x;
+          std::memcpy(&x, at, 4);
+          v = is_signed ? x : static_cast<std::uint32_t>(x);
+          break;
+        }
+        case 8: {
+          std::memcpy(&v, at, 8);
+          if (is_unsigned && v < 0) {
+            throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] is above 2^63 - 1");
+          }
+          break;
+        }
+        default:
+          throw nb::type_error((std::string(name) + " items of " + std::to_string(view.itemsize) +
+                                " bytes are not integers deepio reads")
+                                   .c_str());
+      }
+      out[i] = v;
+    }
+    return out;
+  }
+  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) {
+    throw nb::type_error(
+        (std::string(name) + " must be a sequence of integers or a 1-D integer array, not " + py_type_name(obj))
+            .c_str());
+  }
+  nb::object fast = nb::steal(PySequence_Fast(obj.ptr(), name));
+  if (!fast.is_valid()) throw nb::python_error();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  out.resize(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyIndex_Check(items[i]) || PyBool_Check(items[i])) {
+      throw nb::type_error(
+          (std::string(name) + "[" + std::to_string(i) + "] must be an integer, not " + py_type_name(items[i]))
+              .c_str());
+    }
+    const long long v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();  // OverflowError names the value
+    out[static_cast<std::size_t>(i)] = v;
+  }
+  return out;
+}
+}  // namespace
+
+std::uint64_t PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets,
+                                      nb::handle sizes, nb::handle buffer_offsets, bool fsync) {
+  auto h = engine();
+  auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
+  const Target t = parse_target(file);
+  const std::vector<std::int64_t> offs = int_values(file_offsets, "file_offsets");
+  const std::size_t n = offs.size();
+  std::vector<IoRange> ranges(n);
+  if (PyLong_Check(sizes.ptr()) && !PyBool_Check(sizes.ptr())) {
+    const long long v = PyLong_AsLongLong(sizes.ptr());
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (v < 0) throw InvalidArgument("sizes must be non-negative, got " + std::to_string(v));
+    for (auto& r : ranges) r.nbytes = static_cast<std::size_t>(v);
+  } else {
+    const std::vector<std::int64_t> sz = int_values(sizes, "sizes");
+    if (sz.size() != n) {
+      throw InvalidArgument("sizes has " + std::to_string(sz.size()) + " items for " + std::to_string(n) +
+                            " file_offsets");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (sz[i] < 0) {
+        throw InvalidArgument("sizes[" + std::to_string(i) + "] must be non-negative, got " + std::to_string(sz[i]));
+      }
+      ranges[i].nbytes = static_cast<std::size_t>(sz[i]);
+    }
+  }
+  if (buffer_offsets.is_none()) {
+    // Packed: each range right after the previous one. A total beyond the buffer is refused
+    // by the engine, naming the first range that does not fit.
+    std::size_t at = 0;
+    for (auto& r : ranges) {
+      r.buffer_offset = at;
+      at = r.nbytes > std::numeric_limits<std::size_t>::max() - at ? std::numeric_limits<std::size_t>::max()
+                                                                   : at + r.nbytes;
+    }
+  } else {
+    const std::vector<std::int64_t> bo = int_values(buffer_offsets, "buffer_offsets");
+    if (bo.size() != n) {
+      throw InvalidArgument("buffer_offsets has " + std::to_string(bo.size()) + " items for " + std::to_string(n) +
+                            " file_offsets");
+    }
+    // A negative one arrives as a huge one, which the engine refuses naming the value.
+    for (std::size_t i = 0; i < n; ++i) ranges[i].buffer_offset = static_cast<std::size_t>(bo[i]);
+  }
+  // A negative file offset arrives as a huge one, which the engine refuses naming the value.
+  for (std::size_t i = 0; i < n; ++i) ranges[i].file_offset = static_cast<std::uint64_t>(offs[i]);
+  OpOptions op;
+  op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
+  op.fsync = fsync;
+  Future fut;
+  std::optional<Error> err;
+  {
+    nb::gil_scoped_release release;
+    void* p = buf->data;
+    const std::size_t nb = buf->nbytes;
+    try {
+      if (t.fd >= 0) {
+        fut = write ? h->async_pwrite_ranges(p, nb, t.fd, ranges, std::move(op))
+                    : h->async_pread_ranges(p, nb, t.fd, ranges, std::move(op));
+      } else {
+        fut = write ? h->async_pwrite_ranges(p, nb, t.path, ranges, std::move(op))
+                    : h->async_pread_ranges(p, nb, t.path, ranges, std::move(op));
+      }
+    } catch (const Error& e) {
+      // Open failures carry no request: say which way the file was opened.
+      if (!e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0) {
+        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path());
+      } else {
+        err.emplace(e);
+      }
+    }
+  }
+  if (err) raise_error(*err);
+  std::uint64_t total = 0;
+  for (const auto& r : ranges) total += r.nbytes;
+  return total;
+}
+
 void init_handle(nb::module_& m) {
   nb::class_<Op>(m, "Op", "One operation submitted through deepio.File; wrapped by deepio.Future.")
       .def("done", &Op::done, "True once the operation finished (successfully or not). Never blocks.")
@@ -522,6 +695,11 @@ void init_handle(nb::module_& m) {
            "Submits many reads or writes in one call; files are opened off the calling thread. "
            "Returns the count (queued for wait()) or, with futures=True, a list of Op. "
            "fsync (writes): each completes once fdatasync made it durable.")
+      .def("submit_ranges", &PyHandle::submit_ranges, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
+           nb::arg("file_offsets"), nb::arg("sizes"), nb::arg("buffer_offsets").none() = nb::none(),
+           nb::arg("fsync") = false,
+           "Queues one operation over many ranges of one file for wait(); returns the bytes it moves. "
+           "buffer_offsets None: the ranges packed one after another in the buffer.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)
