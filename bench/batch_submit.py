@@ -2,17 +2,18 @@
 """Batched submission against a Python loop of single submissions, same handle and buffers.
 
 Cases (each: loop = one aio_handle.async_pread/async_pwrite per request then wait();
-batch = one async_pread_batch/async_pwrite_batch then wait()):
+batch = one async_pread_batch/async_pwrite_batch then wait(); ranges = one
+async_pread_ranges over all the requests, small reads only):
   small-reads   N reads of --small bytes at offsets of one file (page cache dropped first)
   many-files    --files files of --file-size bytes: write them, then read them back
                 (page cache and dentries dropped before the reads: cold opens)
 
-Pairs are interleaved (loop, batch, batch, loop, ...), medians of --pairs; every row prints
+Pairs are interleaved (loop, batch, ranges, then the order rotated), medians of --pairs; every row prints
 ops/s, GiB/s and CPU seconds per GiB of the process (user + system, all threads); for the
 small reads, also the time spent in the submitting call(s) per request, before wait().
 
 Usage: python3 bench/batch_submit.py [--dir DIR] [--pairs 5] [--small 4096] [--count 65536]
-                                     [--files 4096] [--file-size 65536]
+                                     [--files 4096] [--file-size 65536] [--threads 1] [--small-only]
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ def timed(fn, *args):
     return time.perf_counter() - t0, cpu_seconds() - c0, call
 
 
-def small_reads(h, path, bufs, offsets, batch: bool) -> float:
+def small_reads(h, path, bufs, offsets, mode: str, pool, offset_array, size: int) -> float:
     # Returns the seconds spent in the submitting call(s), before wait().
     t0 = time.perf_counter()
-    if batch:
+    if mode == "batch":
         h.async_pread_batch(bufs, path, offsets)
+    elif mode == "ranges":
+        h.async_pread_ranges(pool, path, offset_array, size)
     else:
         for b, o in zip(bufs, offsets):
             h.async_pread(b, path, o)
@@ -69,6 +72,7 @@ def main() -> None:
     ap.add_argument("--file-size", type=int, default=65536)
     ap.add_argument("--queue-depth", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="intra_op_parallelism")
+    ap.add_argument("--small-only", action="store_true", help="only the small-reads case")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="deepio-batch-", dir=a.dir)
     cold = drop_caches()
@@ -83,6 +87,7 @@ def main() -> None:
         pool = h.new_cpu_locked_tensor(total, np.empty(0, np.uint8))
         bufs = [pool[i * a.small : (i + 1) * a.small] for i in range(a.count)]
         offsets = [int(i) * a.small for i in np.random.default_rng(2).permutation(a.count)]
+        offset_array = np.array(offsets, dtype=np.int64)
         # many-files
         fbufs = [np.random.default_rng(10 + i).integers(0, 256, a.file_size, dtype=np.uint8) for i in range(a.files)]
         paths = [os.path.join(root, f"f{i:06d}") for i in range(a.files)]
@@ -94,13 +99,15 @@ def main() -> None:
             if call is not None:
                 calls.setdefault(mode, []).append(call)
 
+        all_modes = ["loop", "batch", "ranges"]
         for pair in range(a.pairs):
-            order = [False, True] if pair % 2 == 0 else [True, False]
-            for batch in order:
-                mode = "batch" if batch else "loop"
+            order = all_modes[pair % 3 :] + all_modes[: pair % 3]
+            for mode in order:
                 drop_caches()
-                s, c, call = timed(small_reads, h, path, bufs, offsets, batch)
+                s, c, call = timed(small_reads, h, path, bufs, offsets, mode, pool, offset_array, a.small)
                 record(f"{a.count} reads of {a.small} B, one file", mode, s, c, call)
+            for mode in [m for m in order if m != "ranges" and not a.small_only]:
+                batch = mode == "batch"
                 for p in paths:
                     if os.path.exists(p):
                         os.unlink(p)
@@ -109,24 +116,24 @@ def main() -> None:
                 drop_caches()
                 s, c, _ = timed(many, h, False, fbufs, paths, batch)
                 record(f"{a.files} files of {a.file_size} B: read (cold)", mode, s, c)
-        sizes = {
+        sizes = {  # (operations, bytes) per case
             f"{a.count} reads of {a.small} B, one file": (a.count, total),
             f"{a.files} new files of {a.file_size} B: write": (a.files, a.files * a.file_size),
             f"{a.files} files of {a.file_size} B: read (cold)": (a.files, a.files * a.file_size),
         }
-        print(f"{'case':44} {'mode':6} {'kops/s':>8} {'GiB/s':>7} {'CPU s/GiB':>10}   batch/loop (pairs)")
+        print(f"{'case':44} {'mode':6} {'kops/s':>8} {'GiB/s':>7} {'CPU s/GiB':>10}   speed-up over loop (pairs)")
         for case, modes in rows.items():
             ops, nbytes = sizes[case]
             gib = nbytes / (1 << 30)
-            for mode in ("loop", "batch"):
+            for mode in [m for m in all_modes if m in modes]:
                 s = statistics.median(x[0] for x in modes[mode])
                 c = statistics.median(x[1] for x in modes[mode])
                 extra = ""
-                if mode == "batch":
-                    ratios = [lp[0] / bt[0] for lp, bt in zip(modes["loop"], modes["batch"])]
+                if mode != "loop":
+                    ratios = [lp[0] / bt[0] for lp, bt in zip(modes["loop"], modes[mode])]
                     extra = f"   {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
                 print(f"{case:44} {mode:6} {ops / s / 1e3:8.1f} {gib / s:7.3f} {c / gib:10.3f}{extra}")
-        for mode in ("loop", "batch"):
+        for mode in all_modes:
             per = statistics.median(calls[mode]) / a.count * 1e6
             print(f"{a.count} reads of {a.small} B: {mode} submitting call(s) {per:.2f} us per request (median)")
     finally:
