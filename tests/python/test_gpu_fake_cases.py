@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import random
 
 import pytest
 
@@ -415,6 +416,46 @@ def test_gds_mixed_device_and_cpu_ops_in_one_wait(dev, tmp):
     assert h.pending() == 2
     assert h.wait() == 2
     assert d.read() == data and bytes(c) == data
+
+
+@needs_fake
+@pytest.mark.parametrize("kind", ["aio", "gds"])
+def test_durable_writes_of_device_buffers_sync_once_each(dev, tmp, kind):
+    # fsync=True on the staged path (aio_handle) and on the cuFile route (gds_handle): the
+    # write completes after its fdatasync, counted in stats()["synced"].
+    data = rand((1 << 20) + 333)
+    src = dev(len(data), data)
+    h = deepio.aio_handle(block_size=65536) if kind == "aio" else deepio.gds_handle(block_size=65536)
+    assert h.sync_pwrite(src, str(tmp / "a"), fsync=True) == 1
+    h.async_pwrite(src, str(tmp / "b"), fsync=True)
+    h.async_pwrite_batch([src.view(0, 1000), src.view(1000, 5000)], [str(tmp / "c"), str(tmp / "d")], fsync=True)
+    assert h.wait() == 3
+    assert h.stats()["synced"] == 4
+    assert (tmp / "a").read_bytes() == data and (tmp / "b").read_bytes() == data
+    assert (tmp / "c").read_bytes() == data[:1000] and (tmp / "d").read_bytes() == data[1000:6000]
+
+
+@needs_fake
+@pytest.mark.parametrize("kind", ["aio", "gds"])
+def test_ranges_into_and_from_device_buffers_are_staged(dev, tmp, kind):
+    page = 4096
+    n = 300
+    data = rand(n * page + 5)
+    (tmp / "f").write_bytes(data)
+    order = list(range(n))
+    random.Random(1).shuffle(order)
+    h = deepio.aio_handle(block_size=65536, intra_op_parallelism=2) if kind == "aio" else deepio.gds_handle()
+    dst = dev(n * page)
+    assert h.async_pread_ranges(dst, str(tmp / "f"), [i * page + 5 for i in order], page) == n * page
+    assert h.wait() == 1
+    got = dst.read()
+    assert all(got[k * page : (k + 1) * page] == data[i * page + 5 : (i + 1) * page + 5] for k, i in enumerate(order))
+    # Scattered back to a new file from device memory, in the file's original order.
+    h.async_pwrite_ranges(dst, str(tmp / "g"), [i * page for i in order], page, fsync=True)
+    assert h.wait() == 1
+    assert (tmp / "g").read_bytes() == data[5 : n * page + 5]
+    if kind == "gds":
+        assert h.stats()["gds"]["bytes_cufile"] == 0, "ranges are staged, never cuFile"
 
 
 @needs_cufile
