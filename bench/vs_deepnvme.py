@@ -22,9 +22,22 @@ file from a Python loop, one after another, for every library) and "write durabl
 which has no such option, with that loop; deepio with fsync=True, its engine syncing the files
 itself, many at once). Figures are tensors/s and CPU seconds per GiB of the process.
 
+What a "fresh file" is (--fresh): "new" (default) gives every write sample names never used
+before in the run and frees the previous sample's blocks by truncating its files to 0 bytes
+(outside the timing); no file is deleted until the end of the run. "recreate" (the earlier
+behaviour) deletes the same names before every write sample. On ext4 without a journal (this
+development VM's root file system) the inode allocator skips every inode freed in the last
+60 s (360 s while its inode-table block is dirty), one by one, on every create: after a
+mass delete each new file costs up to ~1 ms of kernel CPU, whatever library writes it, so
+"recreate" measures that more than the engines. The run prints the cost of creating empty
+files in the folder before and after the writes ("inode probe"): tens of microseconds when
+clean, hundreds or more when recently deleted inodes are in the way (then wait ~6 minutes
+after the last mass delete on the file system, e.g. a previous "recreate" run).
+
 DeepSpeed's op is JIT-built on first use (ninja, a C++ compiler, libaio-dev): a minute or two.
 
     python3 bench/vs_deepnvme.py --folder /var/tmp/deepio-vs --mib 1024 --pairs 5
+    python3 bench/vs_deepnvme.py --folder /var/tmp/deepio-vs --many 2048x256 --skip-sequential --pairs 5
 """
 
 from __future__ import annotations
@@ -32,7 +45,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import statistics
+import sys
 import time
 
 from benchutil import cpu_seconds, drop_file_cache
@@ -66,6 +81,13 @@ def main() -> None:
     ap.add_argument("--parallelism", default="1,2")
     ap.add_argument("--many", default="", help="many-tensor cases, e.g. 2048x256,8192x64 (COUNTxKiB)")
     ap.add_argument("--skip-sequential", action="store_true")
+    ap.add_argument(
+        "--fresh",
+        choices=("new", "recreate"),
+        default="new",
+        help="many-tensor writes: new names every sample, nothing deleted until the end (new), "
+        "or the same names deleted before every sample (recreate: measures ext4's recently-deleted scan)",
+    )
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -90,7 +112,13 @@ def main() -> None:
         f"{'DS CPU s/GiB':>13} {'deepio CPU s/GiB':>17}   ratio range"
     )
     if args.many:
-        many_cases(args, ds_op, dio_op, torch)
+        # A kill (or Ctrl-C of a background run, where SIGINT is ignored) still removes the files.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        leftovers: list[str] = []
+        try:
+            many_cases(args, ds_op, dio_op, torch, leftovers)
+        finally:
+            remove_all(leftovers)
     if args.skip_sequential:
         return
     for qd in [int(x) for x in args.queue_depths.split(",")]:
@@ -129,10 +157,42 @@ def main() -> None:
     os.unlink(path)
 
 
-def many_cases(args, ds_op, dio_op, torch) -> None:
+def inode_probe(folder: str, tag: str, leftovers: list[str], count: int = 64) -> float:
+    """Microseconds per create of `count` empty files in `folder` (kept until the end of the
+    run, so the probe frees no inode): what the file system charges for a new inode there."""
+    paths = [os.path.join(folder, f"probe-{tag}-{i:03d}") for i in range(count)]
+    t0 = time.perf_counter()
+    for p in paths:
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+    t = time.perf_counter() - t0
+    leftovers.extend(paths)
+    return t / count * 1e6
+
+
+def remove_all(paths: list[str]) -> None:
+    folders = {os.path.dirname(p) for p in paths}
+    for p in paths:
+        if os.path.exists(p):
+            os.unlink(p)
+    for f in folders:
+        if os.path.isdir(f) and not os.listdir(f):
+            os.rmdir(f)
+
+
+def many_cases(args, ds_op, dio_op, torch, leftovers: list[str]) -> None:
     qd = int(args.queue_depths.split(",")[0])
     par = int(args.parallelism.split(",")[0])
     print(f"many tensors, one file each: block {args.block_size}, queue depth {qd}, parallelism {par}")
+    if args.fresh == "new":
+        print(
+            "fresh files (--fresh new): new names every write sample, the previous sample's files "
+            "truncated to 0 bytes before it (untimed), nothing deleted until the end of the run"
+        )
+    else:
+        print(
+            "fresh files (--fresh recreate): the same names deleted before every write sample "
+            "(on ext4 without a journal each create then scans past the recently deleted inodes)"
+        )
     print(
         f"{'case':36} {'DeepNVMe t/s':>13} {'deepio t/s':>11} {'batch t/s':>10} {'deepio/DS':>10} "
         f"{'batch/DS':>9} {'CPU s/GiB DS':>13} {'deepio':>7} {'batch':>7}   ratio ranges"
@@ -152,18 +212,37 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
             b.uniform_()
         folder = os.path.join(args.folder, f"many-{spec}")
         os.makedirs(folder, exist_ok=True)
-        paths = [os.path.join(folder, f"t{i:05d}") for i in range(count)]
         gib = count * n * 4 / GIB
+        written: list[list[str]] = []  # the paths of every write sample so far, in order
 
-        def run(name: str, write: bool, durable: str = "loop", hs=hs, bufs=bufs, paths=paths) -> tuple[float, float]:
+        def names(count=count, folder=folder, written=written) -> list[str]:
+            # The paths the next write sample writes, with the previous sample's blocks freed.
+            if args.fresh == "recreate":
+                paths = [os.path.join(folder, f"t{i:05d}") for i in range(count)]
+                for p in paths:
+                    if os.path.exists(p):
+                        os.unlink(p)
+                if not written:
+                    leftovers.extend(paths)
+            else:
+                if written:
+                    for p in written[-1]:
+                        os.truncate(p, 0)
+                paths = [os.path.join(folder, f"s{len(written):03d}-t{i:05d}") for i in range(count)]
+                leftovers.extend(paths)
+            written.append(paths)
+            return paths
+
+        def run(
+            name: str, write: bool, durable: str = "loop", hs=hs, bufs=bufs, written=written
+        ) -> tuple[float, float]:
             # durable (writes): "none" (until wait()), "loop" (then os.fsync of each file from
             # Python), "engine" (deepio's fsync=True: the engine syncs each file itself).
             h, bs = hs[name], bufs[name]
             if write:
-                for p in paths:
-                    if os.path.exists(p):
-                        os.unlink(p)
+                paths = names()
             else:
+                paths = written[-1]
                 for p in paths:
                     drop_file_cache(p)
             kw = {"fsync": True} if write and durable == "engine" else {}
@@ -195,25 +274,33 @@ def many_cases(args, ds_op, dio_op, torch) -> None:
                 flush=True,
             )
 
-        names = ["DeepNVMe", "deepio", "batch"]
+        names_ = ["DeepNVMe", "deepio", "batch"]
+        probe0 = inode_probe(folder, "before", leftovers)
         # Writes: every variant in each round, order reversed every other round.
-        variants = [(n, d) for d in ("none", "loop") for n in names] + [("deepio", "engine"), ("batch", "engine")]
+        variants = [(k, d) for d in ("none", "loop") for k in names_] + [("deepio", "engine"), ("batch", "engine")]
         wres: dict[tuple[str, str], list[tuple[float, float]]] = {v: [] for v in variants}
         for i in range(args.pairs):
             for v in variants if i % 2 == 0 else variants[::-1]:
                 wres[v].append(run(v[0], True, v[1]))
+        probe1 = inode_probe(folder, "after", leftovers)
+        print(
+            f"inode probe {spec} ({args.fresh}): {probe0:.0f} us per empty-file create before the writes, "
+            f"{probe1:.0f} after",
+            flush=True,
+        )
         cs = f"{count}x{kib}KiB"
         row(f"write {cs}", wres, (("DeepNVMe", "none"), ("deepio", "none"), ("batch", "none")))
         row(f"write+fsync loop {cs}", wres, (("DeepNVMe", "loop"), ("deepio", "loop"), ("batch", "loop")))
         row(f"write durable {cs}", wres, (("DeepNVMe", "loop"), ("deepio", "engine"), ("batch", "engine")))
-        rres: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
+        rres: dict[str, list[tuple[float, float]]] = {k: [] for k in names_}
         for i in range(args.pairs):
-            for name in names if i % 2 == 0 else names[::-1]:
+            for name in names_ if i % 2 == 0 else names_[::-1]:
                 rres[name].append(run(name, False))
         row(f"read {cs}", rres, ("DeepNVMe", "deepio", "batch"))
-        for p in paths:
-            os.unlink(p)
-        os.rmdir(folder)
+        for k, h in hs.items():
+            if k != "batch":
+                for b in bufs[k]:
+                    h.free_cpu_locked_tensor(b)
 
 
 if __name__ == "__main__":
