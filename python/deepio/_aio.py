@@ -365,7 +365,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 buffer,
                 file,
                 _index_array(file_offsets),
-                sizes if isinstance(sizes, int) and not isinstance(sizes, bool) else _index_array(sizes),
+                _size_arg(sizes),
                 None if buffer_offsets is None else _index_array(buffer_offsets),
                 _bool_arg("fsync", fsync),
             ),
@@ -488,6 +488,19 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 name,
             )
             raise err
+
+
+def _size_arg(sizes: Any) -> Any:
+    """One size for every range as an int (Python, NumPy or torch scalar); anything else
+    as an array for the binding to read."""
+    if isinstance(sizes, int) and not isinstance(sizes, bool):
+        return sizes
+    if getattr(sizes, "ndim", None) == 0 and getattr(sizes, "dtype", None) is not None:
+        try:
+            return operator.index(sizes)
+        except TypeError:
+            pass  # not an integer: the binding names the item type
+    return _index_array(sizes)
 
 
 def _index_array(values: Any) -> Any:

@@ -50,6 +50,13 @@ def test_gather_of_pages_in_random_order_equals_fancy_indexing(where, dtype):
     assert h.async_pread_ranges(out, path, (pages * PAGE).astype(dtype), PAGE) == n * PAGE
     assert h.wait() == 1  # one operation, whatever the range count
     assert np.array_equal(out.reshape(n, PAGE), data.reshape(n, PAGE)[pages])
+    # One size as a NumPy scalar, the offsets as a strided view: the same bytes.
+    out2 = np.zeros_like(out)
+    both = np.stack([pages * PAGE, pages], axis=1).astype(dtype)
+    assert not both[:, 0].flags.c_contiguous  # a column: a view with a stride
+    h.async_pread_ranges(out2, path, both[:, 0], np.int64(PAGE))
+    h.wait()
+    assert np.array_equal(out2, out)
     h.close()
 
 
@@ -143,6 +150,8 @@ def test_refused_ranges_name_the_range_and_queue_nothing(tmp_dir):
         (([0, PAGE, 2 * PAGE], PAGE, [0, 2 * PAGE, 100]), deepio.InvalidArgumentError, "ranges 0 and 2 overlap"),
         (([-PAGE], PAGE), deepio.InvalidArgumentError, "file_offset must be non-negative, got -4096"),
         (([0], [-1]), deepio.InvalidArgumentError, r"sizes\[0\] must be non-negative"),
+        (([0], np.int32(-1)), deepio.InvalidArgumentError, "sizes must be non-negative, got -1"),
+        (([0], np.float32(1)), TypeError, "integers"),
         (([0, 1], [1]), deepio.InvalidArgumentError, "sizes has 1 items for 2 file_offsets"),
         (([0], 1, [0, 1]), deepio.InvalidArgumentError, "buffer_offsets has 2 items"),
         (([0], 1, [-1]), deepio.InvalidArgumentError, "buffer bytes"),
