@@ -230,8 +230,9 @@ class DEEPIO_API Handle {
   /// The write form: each range's bytes of `buffer` go to its place in the file (created if
   /// needed, never truncated). Refused as above, and for two ranges whose *file* bytes overlap
   /// (which would win would be unspecified); buffer bytes may be shared. With OpOptions::fsync
-  /// the file is synced once, after every range is written. The range is not allocated ahead
-  /// (fallocate) as a large single write's is.
+  /// the file is synced once, after every range is written. Ranges that tile one span of the
+  /// file without a gap and extend it are allocated first (fallocate), as a large single
+  /// write is; ranges with gaps are not (the holes stay holes).
   Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, const std::string& path,
                              std::span<const IoRange> ranges, OpOptions op = {});
   /// As above on a descriptor the caller owns and keeps open until the operation completes.

@@ -450,6 +450,20 @@ std::shared_ptr<OpState> Engine::submit_ranges(bool write, void* buf, std::size_
                   op->path(), r.file_offset, r.nbytes);
     }
   }
+  if (write && opened.direct && op->direct_fd() >= 0 && total > options_.block_size &&
+      size != std::numeric_limits<std::uint64_t>::max()) {
+    // Ranges that tile one span of the file exactly (they cannot overlap, so: no gap) and
+    // extend the file are allocated first, as a large single write is (see preallocate):
+    // nothing is allocated that the operation does not write.
+    std::uint64_t lo = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t hi = 0;
+    for (const IoRange& r : ranges) {
+      if (r.nbytes == 0) continue;
+      lo = std::min(lo, r.file_offset);
+      hi = std::max<std::uint64_t>(hi, r.file_offset + r.nbytes);
+    }
+    if (hi - lo == total && hi > size) preallocate(op->direct_fd(), lo, static_cast<std::size_t>(total));
+  }
   // Device memory is staged (no route: a route binds one contiguous range of the buffer).
   queue(op, plan_ranges(plan_input(*op, buf, opened, Route{}), ranges), opened, Route{}, /*tracked=*/false);
   return op;

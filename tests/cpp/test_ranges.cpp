@@ -160,6 +160,31 @@ TEST_P(Ranges, ScatterWriteMatchesPwriteAndADurableOneSyncsOnce) {
   EXPECT_EQ(slurp(dir_.file("w")), expect);
 }
 
+TEST_P(Ranges, WriteTilingASpanIsPreallocatedAndOneWithGapsIsNot) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 16, .intra_op_parallelism = 2}));
+  const auto src = pattern(64 * 65536, 13);
+  // 64 ranges of 64 KiB at a random permutation of the span [4096, 4096 + 4 MiB): no gap.
+  auto ranges = shuffled(64, 65536, 14);
+  for (IoRange& r : ranges) r.file_offset += 4096;
+  EXPECT_EQ(h.async_pwrite_ranges(src.data(), src.size(), dir_.file("tiled"), ranges).get(), src.size());
+  EXPECT_EQ(h.stats().preallocated, 1u);
+  auto tiled = slurp(dir_.file("tiled"));
+  ASSERT_EQ(tiled.size(), 4096 + src.size());
+  for (const IoRange& r : ranges) {
+    EXPECT_TRUE(std::equal(src.begin() + static_cast<std::ptrdiff_t>(r.buffer_offset),
+                           src.begin() + static_cast<std::ptrdiff_t>(r.buffer_offset + r.nbytes),
+                           tiled.begin() + static_cast<std::ptrdiff_t>(r.file_offset)));
+  }
+  // One page left out of the span: a hole that must stay a hole, so nothing is allocated.
+  ranges.pop_back();
+  EXPECT_EQ(h.async_pwrite_ranges(src.data(), src.size(), dir_.file("gappy"), ranges).get(), 63u * 65536);
+  EXPECT_EQ(h.stats().preallocated, 1u);
+  // Rewriting the tiled span inside the file extends nothing: not allocated again.
+  EXPECT_EQ(h.async_pwrite_ranges(src.data(), src.size(), dir_.file("tiled"), shuffled(64, 65536, 15)).get(),
+            src.size());
+  EXPECT_EQ(h.stats().preallocated, 1u);
+}
+
 TEST_P(Ranges, BadRangesAreRefusedNamingTheRangeAndQueueNothing) {
   put(dir_.file("f"), pattern(1 << 16, 6));
   Handle h(opts());

@@ -856,6 +856,7 @@ def test_load_populating_destinations(tmp_dir, monkeypatch, ahead, huge):
     the same tensors as torch.load every way; a truncated file still fails naming the file."""
     from deepio import checkpoint
 
+    monkeypatch.setattr(checkpoint, "_WHOLE_FILE", False)  # the Reader's route
     monkeypatch.setattr(checkpoint, "_PREFAULT_MIN", 2 * 4096)
     monkeypatch.setattr(checkpoint, "_POPULATE_PIECE", 3 * 4096 + 1)
     monkeypatch.setattr(checkpoint, "_POPULATE_AHEAD", ahead)
@@ -877,3 +878,140 @@ def test_load_populating_destinations(tmp_dir, monkeypatch, ahead, huge):
     with pytest.raises(Exception) as ei:
         deepio.load(p)
     assert str(p) in str(ei.value)
+
+
+# --------------------------------------------------------- deepio.load: the whole-file route
+
+
+def _data_offsets(path) -> dict[str, int]:
+    """File offset of each zip record's data (local header + name + extra), by the zipfile module."""
+    import struct as _struct
+    import zipfile
+
+    out = {}
+    with open(path, "rb") as f, zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            f.seek(info.header_offset)
+            head = f.read(30)
+            name_len, extra_len = _struct.unpack("<HH", head[26:30])
+            out[info.filename] = info.header_offset + 30 + name_len + extra_len
+    return out
+
+
+def _mapped(lo: int, nbytes: int) -> bool:
+    """Whether [lo, lo + nbytes) of this process's address space lies inside one mapping."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if start <= lo and lo + nbytes <= end:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu", torch.device("cpu")])
+def test_load_makes_every_storage_a_view_of_one_buffer_with_the_file(tmp_dir, monkeypatch, map_location):
+    """On a machine without an accelerator (or with map_location "cpu") deepio.load reads the
+    whole file into one page-aligned buffer and every storage is the view of its record's
+    bytes there: storage address minus the buffer's start = the record's offset in the file.
+    The views keep the buffer alive; it is unmapped when the last tensor goes."""
+    import gc
+
+    from deepio import checkpoint
+
+    if map_location is None and not checkpoint._to_host(None):
+        pytest.skip("an accelerator is available: map_location=None takes the Reader's route")
+    g = torch.Generator().manual_seed(11)
+    sd = {f"w{i}": torch.randn(1000 * i + 7, generator=g) for i in range(1, 9)}
+    sd["big"] = torch.randn(3 << 20, generator=g)  # 12 MiB: several read requests of 4 MiB
+    sd["view"] = sd["big"][100:200]
+    sd["empty"] = torch.zeros(0)
+    p = tmp_dir / "whole.pt"
+    torch.save(sd, p)
+    size = p.stat().st_size
+    monkeypatch.setattr(checkpoint, "_WHOLE_CHUNK", 4 << 20)
+    got = deepio.load(p, map_location=map_location)
+    assert_same(sd, got)
+    data = sorted(off for name, off in _data_offsets(p).items() if "/data/" in name and name in _with_bytes(p))
+    ptrs = sorted({t.untyped_storage().data_ptr() for t in got.values() if t.untyped_storage().nbytes()})
+    base = ptrs[0] - data[0]
+    assert base % 4096 == 0  # page-aligned: the file's bytes read with direct I/O
+    assert [ptr - base for ptr in ptrs] == data  # each storage is its record's bytes, 1:1
+    assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
+    keep = got["w3"]
+    want = keep.clone()
+    del got
+    gc.collect()
+    assert _mapped(base, size)  # one small view keeps the whole buffer
+    junk = [torch.randn(1 << 18) for _ in range(8)]
+    assert torch.equal(keep, want)
+    del junk, keep
+    gc.collect()
+    assert not _mapped(base, size)  # the last view gone: unmapped
+
+
+def _with_bytes(path) -> set[str]:
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return {i.filename for i in z.infolist() if i.file_size}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(obj=containers())
+def test_reader_route_round_trips(tmp_dir, obj):
+    """The Reader's route (files deepio.load does not read whole: map_location callables,
+    accelerators, legacy files) gives torch.load's result too."""
+    from deepio import checkpoint
+
+    p = tmp_dir / "r.pt"
+    torch.save(obj, p)
+    checkpoint._WHOLE_FILE = False
+    try:
+        got = deepio.load(p)
+    finally:
+        checkpoint._WHOLE_FILE = True
+    assert_same(obj, got)
+    assert_same(obj, deepio.load(p, map_location=lambda storage, loc: storage))  # callable: the Reader
+
+
+def test_load_routes_torch_load_handles_itself(tmp_dir, monkeypatch):
+    """Files and options the whole-file route leaves to torch.load's own logic load as
+    torch.load loads them: TorchScript archives (handed to torch.jit.load, weights_only=False
+    needed), the legacy format, pickle_load_args, and the weights_only environment variables."""
+    m = torch.jit.script(torch.nn.Linear(3, 2))
+    p = tmp_dir / "script.pt"
+    torch.jit.save(m, p)
+    with pytest.raises(Exception) as want:
+        torch.load(p)
+    with pytest.raises(type(want.value)):
+        deepio.load(p)
+    with pytest.warns(UserWarning, match="TorchScript"):
+        got = deepio.load(p, weights_only=False)
+    assert torch.equal(got.weight, m.weight)
+
+    c = tmp_dir / "custom.pt"
+    torch.save({"c": Custom(4), "t": torch.ones(3)}, c)
+    assert deepio.load(c, weights_only=False, encoding="latin1")["c"] == Custom(4)
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")  # beats weights_only=False
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(c, weights_only=False)
+    with pytest.raises(pickle.UnpicklingError):
+        deepio.load(c, weights_only=False)
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # beats the default, with a warning
+    with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        assert deepio.load(c)["c"] == Custom(4)
+
+
+def test_load_read_error_names_the_file(tmp_dir, fault):
+    """An I/O error in the whole-file read is the OSError with the file's name (every read
+    waited for first); a short read falls back to the Reader's route, which reads it again."""
+    sd = {f"t{i}": torch.randn(1 << 20) for i in range(6)}  # 24 MiB: several requests
+    p = tmp_dir / "eio.pt"
+    torch.save(sd, p)
+    fault("read", errno=errno.EIO, after=5)
+    with pytest.raises(OSError) as ei:
+        deepio.load(p)
+    assert ei.value.errno == errno.EIO and ei.value.filename == str(p)
+    fault("read", short=100, after=3)
+    assert_same(sd, deepio.load(p))
