@@ -306,13 +306,13 @@ def _run(ops: list[Any]) -> None:
 
 def _submit_read(h: Any, cut: Any, path: str, offset: int, nbytes: int, ops: list[Any]) -> None:
     """Queues reads of [offset, offset + nbytes) of ``path`` into the destination in requests
-    of up to _CHUNK_BYTES; ``cut(at, n)`` returns the destination's bytes [at, at + n) (a
-    memoryview slice, a CUDA tensor slice, any buffer the engine takes)."""
-    at = 0
-    while at < nbytes:
-        n = min(_CHUNK_BYTES, nbytes - at)
-        ops.append(h.submit_future(False, cut(at, n), path, offset + at))
-        at += n
+    of up to _CHUNK_BYTES, as one batch (one call, the file opened once off this thread);
+    ``cut(at, n)`` returns the destination's bytes [at, at + n) (a memoryview slice, a CUDA
+    tensor slice, any buffer the engine takes)."""
+    starts = range(0, nbytes, _CHUNK_BYTES)
+    if starts:
+        views = [cut(at, min(_CHUNK_BYTES, nbytes - at)) for at in starts]
+        ops.extend(h.submit_batch(False, views, path, [offset + at for at in starts], True))
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -726,13 +726,11 @@ def _runs(head: bytes, plan: list[tuple[Any, int]]) -> list[tuple[int, Any]]:
 
 def _write(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None, path: str) -> None:
     head, plan = _plan(tensors, metadata)
-    h = _engine("cpu")
-    ops: list[Any] = []
-    try:
-        for offset, src in _runs(head, plan):
-            ops.append(h.submit_future(True, src, path, offset))
-    finally:
-        _run(ops)
+    runs = _runs(head, plan)
+    # One batch: one call, the file opened once off this thread; _run waits for every write
+    # and raises the first failure (an open failure included).
+    if runs:
+        _run(_engine("cpu").submit_batch(True, [src for _, src in runs], path, [offset for offset, _ in runs], True))
 
 
 def save_file(
