@@ -10,7 +10,8 @@ tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, int
          file and folder (the same durability) | torch.save without fsync (what most code does)
   ceiling: the engine writing (fsync'ed) and reading one page-locked buffer of the same size
   load:  deepio.load | torch.load of the same torch.save file, page cache dropped before each
-         (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm)
+         (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm);
+         --variants adds deepio.load's other routes (see --help)
 
 Printed: medians of GiB/s, CPU s/GiB (user + system of the whole process, engine threads
 included, from getrusage) and the peak resident memory each call added (VmHWM after a reset,
@@ -100,8 +101,10 @@ def main() -> int:
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="add deepio.load with each destination populated in one call before the copies instead of "
-        "ahead of them on a helper thread, and the same with the huge-page hint (deepio.load before 2026-11-23 17:00)",
+        help="add deepio.load through the Reader (each storage read into memory torch allocates: deepio.load "
+        "before 2026-11-23 19:45), the whole-file read without its populating helper thread and without huge "
+        "pages, and the Reader with each destination populated in one call before the copies instead of ahead "
+        "of them on a helper thread",
     )
     args = ap.parse_args()
 
@@ -130,7 +133,9 @@ def main() -> int:
         f"engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
         f"{h.queue_depth}, {h.intra_op_parallelism} workers; Writer buffers {checkpoint.DEFAULT_WRITE_BUFFERS} x "
         f"{checkpoint.DEFAULT_WRITE_BUFFER >> 20} MiB, Reader chunks {checkpoint.DEFAULT_READ_BUFFERS} x "
-        f"{checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; "
+        f"{checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; deepio.load whole-file route {checkpoint._WHOLE_FILE} "
+        f"({checkpoint._WHOLE_CHUNK >> 20} MiB requests, {checkpoint._WHOLE_POPULATE_THREADS} populating thread, "
+        f"huge pages {checkpoint._WHOLE_HUGEPAGES}); "
         f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
@@ -180,20 +185,26 @@ def main() -> int:
         "torch.load": lambda: torch.load(p_tor, weights_only=True),
     }
 
-    def variant(ahead: bool, huge: bool):  # type: ignore[no-untyped-def]
+    def variant(**settings):  # type: ignore[no-untyped-def]
+        """deepio.load with checkpoint's module settings changed for the call."""
+
         def run():  # type: ignore[no-untyped-def]
-            old = checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT
-            checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT = ahead, huge
+            old = {k: getattr(checkpoint, k) for k in settings}
+            for k, v in settings.items():
+                setattr(checkpoint, k, v)
             try:
                 return deepio.load(p_tor, weights_only=True)
             finally:
-                checkpoint._POPULATE_AHEAD, checkpoint._HUGEPAGE_HINT = old
+                for k, v in old.items():
+                    setattr(checkpoint, k, v)
 
         return run
 
     if args.variants:
-        loads["deepio.load populate first"] = variant(False, False)
-        loads["deepio.load first + THP"] = variant(False, True)
+        loads["deepio.load Reader"] = variant(_WHOLE_FILE=False)
+        loads["deepio.load whole, no helper"] = variant(_WHOLE_POPULATE_THREADS=0)
+        loads["deepio.load whole, 4 KiB pages"] = variant(_WHOLE_HUGEPAGES=False)
+        loads["deepio.load Reader pop. first"] = variant(_WHOLE_FILE=False, _POPULATE_AHEAD=False)
     if args.loads_only:
         saves = {}
         torch.save(sd, p_tor)
@@ -235,13 +246,13 @@ def main() -> int:
     print(f"# verified; page cache {'dropped before each load' if cold else 'NOT dropped (not root): warm loads'}")
 
     summary = {}
-    print(f"{'method':26s} {'GiB/s':>7s} {'CPU s/GiB':>10s} {'peak +RSS MiB':>14s}   (medians of {args.pairs})")
+    print(f"{'method':30s} {'GiB/s':>7s} {'CPU s/GiB':>10s} {'peak +RSS MiB':>14s}   (medians of {args.pairs})")
     for name, v in res.items():
         rate = statistics.median(gib / w for w, _, _ in v)
         cpu = statistics.median(c / gib for _, c, _ in v)
         peak = statistics.median(p for _, _, p in v)
         summary[name] = {"gib_per_s": rate, "cpu_s_per_gib": cpu, "peak_rss_added_mib": peak, "runs": v}
-        print(f"{name:26s} {rate:7.2f} {cpu:10.2f} {peak:14.0f}")
+        print(f"{name:30s} {rate:7.2f} {cpu:10.2f} {peak:14.0f}")
     r = {k: v["gib_per_s"] for k, v in summary.items()}
     if saves:
         print(
@@ -256,8 +267,11 @@ def main() -> int:
     for a, b in (
         ("deepio.load", "torch.load"),
         ("deepio.load", "engine read (ceiling)"),
-        ("deepio.load", "deepio.load populate first"),
-        ("deepio.load", "deepio.load first + THP"),
+        ("deepio.load", "deepio.load Reader"),
+        ("deepio.load", "deepio.load whole, no helper"),
+        ("deepio.load", "deepio.load whole, 4 KiB pages"),
+        ("deepio.load Reader", "deepio.load Reader pop. first"),
+        ("deepio.load Reader", "torch.load"),
     ):
         if not res.get(b):
             continue

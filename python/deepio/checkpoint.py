@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import errno
 import io
+import mmap
 import os
 import pickle
 import struct
@@ -831,9 +832,17 @@ _LOAD_ERRORS = (
 
 def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None = None, **kwargs: Any) -> Any:
     """Loads a file written by ``torch.save`` or ``deepio.save``, as ``torch.load(path,
-    map_location, weights_only=...)`` does, reading through the engine (a ``Reader``: aligned
-    direct-I/O chunks read ahead into page-locked buffers and copied into each storage's
-    memory, which a helper thread faults in ahead of the copies).
+    map_location, weights_only=...)`` does, reading through the engine.
+
+    Where every storage stays in host memory (``map_location="cpu"``, or None on a machine
+    without an accelerator) and the file is torch's zip format, the whole file is read into
+    one buffer (transparent huge pages, faulted in on a helper thread ahead of large direct
+    reads, all in flight) and every storage is a view of its bytes there, as with
+    ``torch.load(mmap=True)`` but read now: no copy, no second allocation. The buffer is freed
+    when the last tensor of the result goes (one kept tensor keeps all of it). Otherwise
+    (other map_locations, the legacy format, TorchScript, pickle keywords) through a
+    ``Reader``: aligned direct-I/O chunks read ahead into page-locked buffers and copied into
+    each storage's memory, which a helper thread faults in ahead of the copies.
 
     ``weights_only=None`` leaves the choice to torch, exactly as ``torch.load`` does (torch
     2.6 and later: ``True`` unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` says otherwise), so
@@ -847,6 +856,10 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
     p = _fspath(path, "load")
     if kwargs.get("mmap"):
         return torch.load(p, map_location=map_location, weights_only=weights_only, **kwargs)
+    if _WHOLE_FILE and not kwargs and _to_host(map_location):
+        taken = _load_whole(p, map_location, weights_only)
+        if taken is not None:
+            return taken[0]
     with Reader(p) as f:
         try:
             return torch.load(cast(IO[bytes], f), map_location=map_location, weights_only=weights_only, **kwargs)
@@ -866,3 +879,175 @@ def _naming(e: BaseException, path: str) -> BaseException:
         if isinstance(named, BaseException):
             return named
     return RuntimeError(msg)
+
+
+# ------------------------------------------------------------- load: the whole file at once
+
+#: deepio.load reads a zip checkpoint whole into one page-aligned buffer and makes every
+#: storage a view of it (False: through a Reader into memory torch allocates per storage).
+_WHOLE_FILE = True
+_WHOLE_CHUNK = 16 << 20  # engine request size of the whole-file read
+_WHOLE_POPULATE_THREADS = 1  # helper threads faulting the buffer in ahead of the reads (0: none)
+# Transparent huge pages for the buffer: direct reads into 4 KiB pages ran at 1.2-1.8 GiB/s on
+# the development VM, into 2 MiB pages (or page-locked memory) at 2.9-3.2 (docs/checkpoints.md).
+_WHOLE_HUGEPAGES = True
+
+
+def _to_host(map_location: Any) -> bool:
+    """Whether every storage of the load stays in host memory, so that views of one host buffer
+    are the result: map_location "cpu", or None where no accelerator could be the saved
+    location (a file saved from CUDA would otherwise hold the whole host buffer until every
+    storage is on the device)."""
+    torch = sys.modules["torch"]
+    if map_location is None:
+        try:
+            acc = getattr(torch, "accelerator", None)
+            if acc is not None and hasattr(acc, "is_available"):
+                return not acc.is_available()
+            return not torch.cuda.is_available()
+        except Exception:
+            return False
+    if isinstance(map_location, str):
+        return map_location == "cpu"
+    return isinstance(map_location, torch.device) and map_location.type == "cpu" and map_location.index is None
+
+
+def _weights_only_as_torch_load(weights_only: bool | None) -> bool | None:
+    """The weights_only torch.load decides on; None where deepio leaves it to torch.load (an
+    unknown torch, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD overriding a default: torch warns, both
+    force variables set: torch raises)."""
+    ser = sys.modules["torch"].serialization
+    not_set = weights_only is None
+    if not_set:
+        default = getattr(ser, "_default_to_weights_only", None)
+        if default is None:
+            return None
+        weights_only = bool(default(None))
+    yes = ("1", "y", "yes", "true")
+    force = os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in yes
+    force_no = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in yes
+    if force and force_no:
+        return None
+    if force:
+        return True
+    if force_no and not_set:
+        return None
+    return bool(weights_only)
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only file over a memoryview, for torch's zip reader (the archive's directory
+    and its small records; the storages are never read through it)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(len(dest), len(self._view) - self._pos))
+        dest[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+def _read_whole(p: str) -> tuple[mmap.mmap, int, int] | None:
+    """The whole file in fresh page-aligned anonymous memory (the buffer, the offset of the
+    file's first byte in it, the file's size), read through the engine in _WHOLE_CHUNK requests, all in
+    flight (direct I/O: file offsets and addresses share their alignment), each submitted once
+    a helper thread has faulted its memory in. With _WHOLE_HUGEPAGES the file starts on a
+    2 MiB boundary of a buffer 2 MiB larger, asked for transparent huge pages. None for a file
+    too short to be a zip checkpoint."""
+    if os.path.isdir(p):  # O_RDONLY opens a folder; reading it would say EISDIR late
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", p)
+    with File(p, "r", handle=_checkpoint_handle(None)) as f:
+        size = f.size()
+        if size < 4:
+            return None
+        huge = _WHOLE_HUGEPAGES and size >= _HUGE
+        buf = mmap.mmap(-1, size + (_HUGE if huge else 0), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        addr = _populate.address(buf)
+        off = -addr % _HUGE if huge else 0
+        if huge:
+            _populate.advise(addr + off, size // _HUGE * _HUGE, _MADV_HUGEPAGE)
+        view = memoryview(buf)[off : off + size]
+        futs: list[tuple[Future, int]] = []
+        ahead = None
+        if _WHOLE_POPULATE_THREADS > 0 and _populate.available():
+            ahead = _populate.Ahead([(addr + off, size)], _WHOLE_CHUNK, _WHOLE_POPULATE_THREADS)
+        first: BaseException | None = None
+        try:
+            for at in range(0, size, _WHOLE_CHUNK):
+                n = min(_WHOLE_CHUNK, size - at)
+                if ahead is not None:
+                    ahead.wait_through(at + n)
+                futs.append((f.pread(view[at : at + n], at), n))
+        except BaseException as e:  # Ctrl-C: no read may outlive the buffer
+            first = e
+        finally:
+            if ahead is not None:
+                ahead.close()
+        short = False
+        for fut, n in futs:
+            try:
+                short = short or fut.result() != n
+            except BaseException as e:
+                first = first or (_with_name(e, p) if isinstance(e, OSError) else e)
+        del view, futs
+        if first is not None or short:
+            try:
+                buf.close()
+            except BufferError:  # a view still exported: freed with its last reference
+                pass
+        if first is not None:
+            raise first
+        # short: the file shrank under us, and the Reader's route says what is wrong
+        return None if short else (buf, off, size)
+
+
+def _load_whole(p: str, map_location: Any, weights_only: bool | None) -> tuple[Any] | None:
+    """torch.load's zip route with every storage a view of one buffer holding the whole file
+    (torch's own ``overall_storage``, which torch.load(mmap=True) gives a mapping of the
+    file). None where the Reader's route should load the file instead: not a zip (torch's
+    legacy format), a TorchScript archive, a torch without these internals, or any failure to
+    load (the Reader's route then raises torch.load's own exception, named)."""
+    import torch
+
+    ser = torch.serialization
+    load_zip = getattr(ser, "_load", None)
+    unpickler = getattr(ser, "_weights_only_unpickler", None)
+    wo = _weights_only_as_torch_load(weights_only)
+    if load_zip is None or unpickler is None or wo is None:
+        return None
+    read = _read_whole(p)
+    if read is None:
+        return None
+    buf, off, size = read
+    try:
+        view = memoryview(buf)[off : off + size]
+        if bytes(view[:4]) != b"PK\x03\x04":
+            return None
+        zf = torch._C.PyTorchFileReader(cast(IO[bytes], _MemoryFile(view)))
+        if "constants.pkl" in zf.get_all_records():
+            return None  # TorchScript: torch.load hands it to torch.jit.load
+        # A storage of the file's bytes; it (and every view of it) keeps buf alive.
+        storage = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=off).untyped_storage()
+        return (load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8"),)
+    except Exception:
+        return None

@@ -899,20 +899,24 @@ def _data_offsets(path) -> dict[str, int]:
 
 
 def _mapped(lo: int, nbytes: int) -> bool:
-    """Whether [lo, lo + nbytes) of this process's address space lies inside one mapping."""
+    """Whether all of [lo, lo + nbytes) of this process's address space is mapped (by one
+    mapping or adjacent ones: a huge-page hint splits a mapping)."""
     with open("/proc/self/maps") as f:
-        for line in f:
-            start, end = (int(x, 16) for x in line.split()[0].split("-"))
-            if start <= lo and lo + nbytes <= end:
-                return True
-    return False
+        ranges = sorted(tuple(int(x, 16) for x in line.split()[0].split("-")) for line in f)
+    at = lo
+    for start, end in ranges:
+        if start <= at < end:
+            at = end
+    return at >= lo + nbytes
 
 
-@pytest.mark.parametrize("map_location", [None, "cpu", torch.device("cpu")])
-def test_load_makes_every_storage_a_view_of_one_buffer_with_the_file(tmp_dir, monkeypatch, map_location):
+@pytest.mark.parametrize(
+    ("map_location", "huge"), [(None, True), ("cpu", True), (torch.device("cpu"), False), (None, False)]
+)
+def test_load_makes_every_storage_a_view_of_one_buffer_with_the_file(tmp_dir, monkeypatch, map_location, huge):
     """On a machine without an accelerator (or with map_location "cpu") deepio.load reads the
-    whole file into one page-aligned buffer and every storage is the view of its record's
-    bytes there: storage address minus the buffer's start = the record's offset in the file.
+    whole file into one page-aligned buffer (2 MiB-aligned, for huge pages) and every storage
+    is the view of its record's bytes there: storage address minus the buffer's start = the record's offset in the file.
     The views keep the buffer alive; it is unmapped when the last tensor goes."""
     import gc
 
@@ -929,12 +933,13 @@ def test_load_makes_every_storage_a_view_of_one_buffer_with_the_file(tmp_dir, mo
     torch.save(sd, p)
     size = p.stat().st_size
     monkeypatch.setattr(checkpoint, "_WHOLE_CHUNK", 4 << 20)
+    monkeypatch.setattr(checkpoint, "_WHOLE_HUGEPAGES", huge)
     got = deepio.load(p, map_location=map_location)
     assert_same(sd, got)
     data = sorted(off for name, off in _data_offsets(p).items() if "/data/" in name and name in _with_bytes(p))
     ptrs = sorted({t.untyped_storage().data_ptr() for t in got.values() if t.untyped_storage().nbytes()})
     base = ptrs[0] - data[0]
-    assert base % 4096 == 0  # page-aligned: the file's bytes read with direct I/O
+    assert base % ((2 << 20) if huge else 4096) == 0  # aligned: the file's bytes read with direct I/O
     assert [ptr - base for ptr in ptrs] == data  # each storage is its record's bytes, 1:1
     assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
     keep = got["w3"]
