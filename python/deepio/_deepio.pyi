@@ -78,9 +78,9 @@ class Handle:
         Submits many reads or writes in one call; files are opened off the calling thread. Returns the count (queued for wait()) or, with futures=True, a list of Op. fsync (writes): each completes once fdatasync made it durable.
         """
 
-    def submit_ranges(self, write: bool, buffer: object, file: object, file_offsets: object, sizes: object, buffer_offsets: object | None = None, fsync: bool = False) -> int:
+    def submit_ranges(self, write: bool, buffer: object, file: object, file_offsets: object, sizes: object, buffer_offsets: object | None = None, fsync: bool = False, future: bool = False) -> object:
         """
-        Queues one operation over many ranges of one file for wait(); returns the bytes it moves. buffer_offsets None: the ranges packed one after another in the buffer.
+        Queues one operation over many ranges of one file for wait(); returns the bytes it moves (future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after another in the buffer.
         """
 
     def wait(self) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Generator
 from typing import Any, Union
 
 from . import _deepio
+from ._aio import _index_array, _size_arg
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -102,7 +103,8 @@ class File:
     run the I/O (default: a shared process-wide handle). ``direct_io``: "auto" opens with
     O_DIRECT where the file system accepts it, "off" never, "on" requires it.
 
-    ``pread(buffer, offset=0)`` / ``pwrite(buffer, offset=0)`` return a Future.
+    ``pread(buffer, offset=0)`` / ``pwrite(buffer, offset=0)`` return a Future;
+    ``pread_ranges``/``pwrite_ranges`` one Future for many ranges of the file.
     ``close()`` waits for the file's operations still running (their outcomes stay in their
     futures), then closes the descriptor. Usable as a context manager.
     """
@@ -150,6 +152,28 @@ class File:
     def pwrite(self, buffer: Any, offset: int = 0) -> Future:
         """Starts writing ``buffer`` at ``offset`` (extends the file as needed)."""
         return self._submit(True, buffer, offset)
+
+    def pread_ranges(self, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any = None) -> Future:
+        """Starts ONE read of many ranges of the file into ``buffer``: ``sizes[i]`` bytes at
+        ``file_offsets[i]`` into ``buffer_offsets[i]`` (default: packed one after another).
+        Arguments, checks and failures as for ``aio_handle.async_pread_ranges``; the Future's
+        result is the sum of the sizes."""
+        return self._submit_ranges(False, buffer, file_offsets, sizes, buffer_offsets)
+
+    def pwrite_ranges(self, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any = None) -> Future:
+        """Starts ONE write of many ranges of ``buffer`` to the file (``aio_handle.async_pwrite_ranges``)."""
+        return self._submit_ranges(True, buffer, file_offsets, sizes, buffer_offsets)
+
+    def _submit_ranges(self, write: bool, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any) -> Future:
+        if self._fd < 0:
+            raise ValueError("I/O operation on a closed file")
+        offsets = _index_array(file_offsets)
+        at = None if buffer_offsets is None else _index_array(buffer_offsets)
+        op = self._h.submit_ranges(write, buffer, self._fd, offsets, _size_arg(sizes), at, False, True)
+        with self._lock:
+            self._ops = [o for o in self._ops if not o.done()]
+            self._ops.append(op)
+        return Future(op)
 
     def read_into(self, buffer: Any, offset: int = 0) -> int:
         """Reads synchronously; returns the number of bytes read."""

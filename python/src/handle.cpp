@@ -583,8 +583,8 @@ std::vector<std::int64_t> int_values(nb::handle obj, const char* name) {
 }
 }  // namespace
 
-std::uint64_t PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets,
-                                      nb::handle sizes, nb::handle buffer_offsets, bool fsync) {
+nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets,
+                                   nb::handle sizes, nb::handle buffer_offsets, bool fsync, bool future) {
   auto h = engine();
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
   const Target t = parse_target(file);
@@ -632,6 +632,7 @@ std::uint64_t PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle 
   OpOptions op;
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.fsync = fsync;
+  op.detached = future;
   Future fut;
   std::optional<Error> err;
   {
@@ -658,7 +659,9 @@ std::uint64_t PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle 
   if (err) raise_error(*err);
   std::uint64_t total = 0;
   for (const auto& r : ranges) total += r.nbytes;
-  return total;
+  if (!future) return nb::int_(total);
+  return nb::cast(std::make_shared<Op>(std::move(fut), write, n > 0 ? ranges.front().file_offset : 0,
+                                       static_cast<std::size_t>(total)));
 }
 
 void init_handle(nb::module_& m) {
@@ -697,9 +700,10 @@ void init_handle(nb::module_& m) {
            "fsync (writes): each completes once fdatasync made it durable.")
       .def("submit_ranges", &PyHandle::submit_ranges, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offsets"), nb::arg("sizes"), nb::arg("buffer_offsets").none() = nb::none(),
-           nb::arg("fsync") = false,
-           "Queues one operation over many ranges of one file for wait(); returns the bytes it moves. "
-           "buffer_offsets None: the ranges packed one after another in the buffer.")
+           nb::arg("fsync") = false, nb::arg("future") = false,
+           "Queues one operation over many ranges of one file for wait(); returns the bytes it moves "
+           "(future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after "
+           "another in the buffer.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)

@@ -41,10 +41,11 @@ class PyHandle {
                           bool fsync = false);
   /// One operation over many ranges of one file (Handle::async_pread_ranges): `file_offsets`,
   /// `sizes` (or one int for all) and `buffer_offsets` (None: packed one after another) are
-  /// sequences of integers or 1-D integer arrays (buffer protocol). Queued for wait();
-  /// returns the number of bytes it moves.
-  std::uint64_t submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets, nb::handle sizes,
-                              nb::handle buffer_offsets, bool fsync = false);
+  /// sequences of integers or 1-D integer arrays (buffer protocol). Queued for wait(), returning
+  /// the number of bytes it moves; with future=True, detached and returned as an Op (collected
+  /// by its own result(), as submit_future's).
+  nb::object submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets, nb::handle sizes,
+                           nb::handle buffer_offsets, bool fsync = false, bool future = false);
   void close();
   bool closed() const { return !handle_; }
   std::size_t pending() const { return engine()->pending(); }

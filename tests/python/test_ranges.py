@@ -239,3 +239,23 @@ def test_many_threads_each_gathering_at_once(tmp_dir):
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_file_pread_ranges_and_pwrite_ranges_return_futures(tmp_dir):
+    data = _data(32 * PAGE, 14)
+    data.tofile(tmp_dir / "f")
+    pages = np.random.default_rng(15).permutation(32)
+    out = np.empty(32 * PAGE, dtype=np.uint8)
+    with deepio.File(tmp_dir / "f", "r") as f:
+        fut = f.pread_ranges(out, pages * PAGE, PAGE)
+        assert fut.result(timeout=60) == 32 * PAGE
+        with pytest.raises(deepio.InvalidArgumentError, match="ranges 0 and 1 overlap in the buffer"):
+            f.pread_ranges(out, [0, PAGE], PAGE, buffer_offsets=[0, 10])
+        with pytest.raises(deepio.EndOfFileError, match="range 0"):
+            f.pread_ranges(out, [32 * PAGE], 1)
+    assert np.array_equal(out.reshape(32, PAGE), data.reshape(32, PAGE)[pages])
+    with deepio.File(tmp_dir / "g", "w") as g:
+        assert g.pwrite_ranges(out, pages * PAGE, PAGE).result(timeout=60) == 32 * PAGE
+    assert np.array_equal(np.fromfile(tmp_dir / "g", dtype=np.uint8), data)
+    with pytest.raises(ValueError, match="closed file"):
+        g.pread_ranges(out, [0], 1)
