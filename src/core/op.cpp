@@ -52,33 +52,41 @@ void OpState::slices_finished() noexcept {
   sync_->post(shared_from_this());
 }
 
-void OpState::run_sync() noexcept {
-  if (!failed()) {
-    int fd = -1;
-    {
-      std::lock_guard lock(mutex_);
-      // Any descriptor of the file will do: fdatasync covers the whole file, whichever
-      // descriptor (direct or not) its blocks went through.
-      fd = direct_fd_ >= 0 ? direct_fd_ : buffered_fd_ >= 0 ? buffered_fd_ : borrowed_source_;
-    }
-    int err = 0;
-    if (auto injected = consult_fault_hook({FaultPoint::Sync, path_.c_str(), fd, offset_, nbytes_, 0})) {
-      err = *injected < 0 ? static_cast<int>(-*injected) : 0;
-    } else {
-      int r;
-      do {
-        r = ::fdatasync(fd);
-      } while (r != 0 && errno == EINTR);
-      if (r != 0) err = errno;
-    }
-    if (err != 0) {
-      fail(Status::failure(err, "the write completed but may not be on stable storage: fdatasync failed on", path_,
-                           offset_, nbytes_));
-    } else if (counters_ != nullptr) {
-      counters_->synced.fetch_add(1, std::memory_order_relaxed);
-    }
+int OpState::sync_fd() const noexcept {
+  std::lock_guard lock(mutex_);
+  // Any descriptor of the file will do: fdatasync covers the whole file, whichever
+  // descriptor (direct or not) its blocks went through.
+  return direct_fd_ >= 0 ? direct_fd_ : buffered_fd_ >= 0 ? buffered_fd_ : borrowed_source_;
+}
+
+int OpState::sync_file() const noexcept {
+  const int fd = sync_fd();
+  if (auto injected = consult_fault_hook({FaultPoint::Sync, path_.c_str(), fd, offset_, nbytes_, 0})) {
+    return *injected < 0 ? static_cast<int>(-*injected) : 0;
+  }
+  int r;
+  do {
+    r = ::fdatasync(fd);
+  } while (r != 0 && errno == EINTR);
+  return r != 0 ? errno : 0;
+}
+
+void OpState::finish_sync(int err) noexcept {
+  if (err != 0) {
+    fail(Status::failure(err, "the write completed but may not be on stable storage: fdatasync failed on", path_,
+                         offset_, nbytes_));
+  } else if (counters_ != nullptr) {
+    counters_->synced.fetch_add(1, std::memory_order_relaxed);
   }
   finish();
+}
+
+void OpState::run_sync() noexcept {
+  if (failed()) {
+    finish();
+    return;
+  }
+  finish_sync(sync_file());
 }
 
 void OpState::finish() noexcept {

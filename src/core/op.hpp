@@ -7,9 +7,10 @@
 // one is kept, later ones are dropped, and workers skip the unsubmitted blocks of a failed op.
 //
 // Durable writes (OpOptions::fsync): an op given a SyncRunner does not finish when its last
-// slice is done; the runner takes it over and calls run_sync() on another thread, which
-// fdatasyncs the file (descriptors still open) and then finishes the op. A failed op skips
-// the sync and finishes at once.
+// slice is done; the runner takes it over and, on another thread, fdatasyncs the file
+// (descriptors still open) and then finishes the op: run_sync(), or sync_file() once for
+// several ops of one file and finish_sync() for each. A failed op skips the sync and
+// finishes at once.
 //
 // Collection: a done op is collected exactly once, by claim() (a Handle::collect/wait) or by
 // take_result() (Future::get), whichever comes first. Collection hands the caller's
@@ -69,7 +70,9 @@ struct CompletionSignal {
 class OpState;
 
 /// Runs the durability step of ops with OpOptions::fsync off the worker threads (the engine's
-/// sync threads). post() takes the op over: it must call op->run_sync() exactly once.
+/// sync threads). post() takes the op over: it must complete it exactly once, by run_sync() or
+/// by finish_sync() with the result of a sync_file() (of this op or of another op of the same
+/// file) that started after post() was called.
 class SyncRunner {
  public:
   virtual ~SyncRunner() = default;
@@ -131,8 +134,17 @@ class OpState : public std::enable_shared_from_this<OpState> {
   void set_sync(SyncRunner* runner) noexcept { sync_ = runner; }
   [[nodiscard]] bool syncs() const noexcept { return sync_ != nullptr; }
   /// On the runner's thread: fdatasync of the file unless the op failed (a failure of it
-  /// fails the op, naming the file), then completes the op.
+  /// fails the op, naming the file), then completes the op. The same as finish_sync(sync_file())
+  /// for an op that has not failed.
   void run_sync() noexcept;
+  /// The descriptor a sync of the op's file goes through (-1 if it has none).
+  [[nodiscard]] int sync_fd() const noexcept;
+  /// fdatasync of the op's file (the Sync fault point first): 0 or the errno. Does not
+  /// complete the op; one call may stand for several ops of one file (a runner's group).
+  [[nodiscard]] int sync_file() const noexcept;
+  /// Completes an op whose blocks are done and whose file a sync_file() that started after
+  /// them returned `err` for: fails it with err (naming its file) or counts it synced.
+  void finish_sync(int err) noexcept;
 
   // --- progress ---
   void set_slices(int n) noexcept { remaining_.store(n, std::memory_order_relaxed); }

@@ -166,6 +166,57 @@ TEST_P(Fsync, CompletesOnlyAfterTheSyncAndOnDescriptorsAndEmptyWrites) {
   EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 4096));
 }
 
+TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) {
+  Handle h(opts({.block_size = 65536, .queue_depth = 16, .intra_op_parallelism = 2}));
+  constexpr int kOps = 64;
+  const auto data = pattern(kOps * 65536, 21);
+  const std::string path = dir_.file("one");
+  // The first sync of the file is held 100 ms: every write that completes meanwhile waits for
+  // it and is covered by the next one, started after their blocks were done.
+  std::atomic<int> syncs{0};
+  std::atomic<int> fail_from{1 << 30};  // the syncs from this one on fail with EIO
+  HookGuard guard;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Sync) return std::nullopt;
+    const int n = ++syncs;
+    if (n == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (n >= fail_from.load()) return -EIO;
+    return std::nullopt;
+  });
+  const auto submit_all = [&] {
+    std::vector<IoRequest> reqs;
+    for (int i = 0; i < kOps; ++i) {
+      reqs.push_back(IoRequest{.write = true,
+                               .buffer = const_cast<std::byte*>(data.data()) + i * 65536,
+                               .nbytes = 65536,
+                               .path = path,
+                               .file_offset = static_cast<std::uint64_t>(i) * 65536,
+                               .op = durable()});
+    }
+    return h.submit_batch(std::move(reqs));
+  };
+  submit_all();
+  EXPECT_EQ(h.wait(), static_cast<std::size_t>(kOps));
+  EXPECT_EQ(h.stats().synced, static_cast<std::uint64_t>(kOps)) << "every write counts as synced";
+  EXPECT_GE(syncs.load(), 2);
+  EXPECT_LE(syncs.load(), kOps / 4) << "writes of one file share their syncs";
+  EXPECT_EQ(slurp(path), data);
+  // Again, with every sync after the first failing: each write of a failed round fails with
+  // EIO naming the file; those of the first round succeed; none is lost or counted twice.
+  syncs = 0;
+  fail_from = 2;
+  auto futures = submit_all();
+  const WaitResult r = h.collect();
+  EXPECT_EQ(r.count, static_cast<std::size_t>(kOps));
+  for (const Error& e : r.errors) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), path);
+    EXPECT_NE(std::string(e.what()).find("fdatasync"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(r.errors.size(), 1u);
+  EXPECT_EQ(h.stats().synced, static_cast<std::uint64_t>(2 * kOps - r.errors.size()));
+}
+
 TEST_P(Fsync, ReadsRefuseTheOption) {
   Handle h(opts());
   const std::string path = dir_.file("r");
