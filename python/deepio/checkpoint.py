@@ -888,8 +888,9 @@ def _naming(e: BaseException, path: str) -> BaseException:
 _WHOLE_FILE = True
 _WHOLE_CHUNK = 16 << 20  # engine request size of the whole-file read
 _WHOLE_POPULATE_THREADS = 1  # helper threads faulting the buffer in ahead of the reads (0: none)
-# Transparent huge pages for the buffer: direct reads into 4 KiB pages ran at 1.2-1.8 GiB/s on
-# the development VM, into 2 MiB pages (or page-locked memory) at 2.9-3.2 (docs/checkpoints.md).
+# Transparent huge pages for the buffer: on the development VM a load on them cost 0.16-0.20
+# CPU s/GiB against 0.50-0.57 on 4 KiB pages (faulting fresh memory in is paid per page) and ran
+# about 2x as fast (docs/benchmarks.md, "deepio.load reads the whole file into huge pages").
 _WHOLE_HUGEPAGES = True
 
 
