@@ -1049,6 +1049,40 @@ def _load_whole(p: str, map_location: Any, weights_only: bool | None) -> tuple[A
             return None  # TorchScript: torch.load hands it to torch.jit.load
         # A storage of the file's bytes; it (and every view of it) keeps buf alive.
         storage = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=off).untyped_storage()
-        return (load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8"),)
+        result = load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8")
     except Exception:
         return None
+    _release_outside_storages(_populate.address(buf) + off, view)
+    return (result,)
+
+
+_MADV_DONTNEED = 4
+_RELEASE_MIN = 2 << 20  # gaps between storage records from this size are given back
+
+
+def _release_outside_storages(addr: int, view: memoryview) -> None:
+    """Gives the buffer's pages that hold no storage bytes back to the kernel (MADV_DONTNEED:
+    the pickle, zip headers and directory, records torch copied out), where a gap is at least
+    _RELEASE_MIN: the views keep the buffer alive, and a checkpoint with a large pickled object
+    would otherwise keep that object's bytes too. Storage records are the archive's ``/data/``
+    entries; torch read every other record into memory of its own. A hint: on any doubt
+    (a directory zipfile cannot read), nothing is released."""
+    if len(view) < 2 * _RELEASE_MIN:
+        return
+    keep: list[tuple[int, int]] = []
+    try:
+        with zipfile.ZipFile(cast(IO[bytes], _MemoryFile(view))) as z:
+            for info in z.infolist():
+                if "/data/" in info.filename and info.file_size:
+                    head = bytes(view[info.header_offset : info.header_offset + 30])
+                    name_len, extra_len = struct.unpack("<HH", head[26:30])
+                    start = info.header_offset + 30 + name_len + extra_len
+                    keep.append((start, start + info.file_size))
+    except Exception:
+        return
+    at = 0
+    for start, end in [*sorted(keep), (len(view), len(view))]:
+        lo, hi = -(-(addr + at) // 4096) * 4096, (addr + start) // 4096 * 4096
+        if hi - lo >= _RELEASE_MIN:
+            _populate.advise(lo, hi - lo, _MADV_DONTNEED)
+        at = max(at, end)

@@ -1020,3 +1020,25 @@ def test_load_read_error_names_the_file(tmp_dir, fault):
     assert ei.value.errno == errno.EIO and ei.value.filename == str(p)
     fault("read", short=100, after=3)
     assert_same(sd, deepio.load(p))
+
+
+def test_load_gives_back_the_pickles_pages(tmp_dir):
+    """The views keep the whole-file buffer alive, but not the bytes no storage uses: a 24 MiB
+    pickled object's pages are given back once the load returns (they read as zeros), while
+    the storages on either side keep their bytes."""
+    import ctypes
+
+    g = torch.Generator().manual_seed(2)
+    blob = os.urandom(24 << 20)
+    sd = {"a": torch.randn(1 << 20, generator=g), "blob": blob, "b": torch.randn(3 << 18, generator=g)}
+    p = tmp_dir / "blob.pt"
+    torch.save(sd, p)
+    got = deepio.load(p, weights_only=False)
+    assert got["blob"] == blob and torch.equal(got["a"], sd["a"]) and torch.equal(got["b"], sd["b"])
+    offsets = _data_offsets(p)
+    pkl = next(off for name, off in offsets.items() if name.endswith("/data.pkl"))
+    first = min(off for name, off in offsets.items() if "/data/" in name and name in _with_bytes(p))
+    base = min(t.untyped_storage().data_ptr() for t in (got["a"], got["b"])) - first
+    inside = -(-(base + pkl) // 4096) * 4096 + (1 << 20)  # well inside the pickle's record
+    assert ctypes.string_at(inside, 4096) == bytes(4096)  # given back: zero-filled on demand
+    assert blob.find(ctypes.string_at(inside, 64)) < 0
