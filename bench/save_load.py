@@ -304,7 +304,7 @@ def main() -> int:
         ("deepio.load Reader", "torch.load"),
         ("engine read, huge pages", "engine read, 4 KiB pages"),
     ):
-        if not res.get(b):
+        if not res.get(a) or not res.get(b):
             continue
         q = sorted(tb / ta for (ta, _, _), (tb, _, _) in zip(res[a], res[b]))
         print(f"# {a} / {b} within pairs (time ratios): median {statistics.median(q):.2f}x, {q[0]:.2f}-{q[-1]:.2f}")
