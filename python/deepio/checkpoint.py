@@ -119,8 +119,6 @@ def _copy(dest: memoryview, src: memoryview) -> None:
         dest[:] = src
 
 
-_MADV_HUGEPAGE = 14
-_HUGE = 2 << 20
 _HUGEPAGE_HINT = False  # MADV_HUGEPAGE on large destinations (where THP is in madvise mode)
 _POPULATE_PIECE = 8 << 20  # destinations are faulted in ahead of the copies in pieces of this
 _POPULATE_AHEAD = True  # False: one MADV_POPULATE_WRITE of the whole destination before copying
@@ -137,9 +135,9 @@ def _prefault(dest: memoryview) -> _populate.Ahead | None:
         return None
     addr, n = _populate.address(dest), len(dest)
     if _HUGEPAGE_HINT:
-        lo, hi = -(-addr // _HUGE) * _HUGE, (addr + n) // _HUGE * _HUGE
+        lo, hi = -(-addr // _populate.HUGE) * _populate.HUGE, (addr + n) // _populate.HUGE * _populate.HUGE
         if hi > lo:
-            _populate.advise(lo, hi - lo, _MADV_HUGEPAGE)
+            _populate.advise(lo, hi - lo, _populate.MADV_HUGEPAGE)
     if not _POPULATE_AHEAD:
         _populate.populate(addr, n)
         return None
@@ -981,12 +979,8 @@ def _read_whole(p: str) -> tuple[mmap.mmap, int, int] | None:
         size = f.size()
         if size < 4:
             return None
-        huge = _WHOLE_HUGEPAGES and size >= _HUGE
-        buf = mmap.mmap(-1, size + (_HUGE if huge else 0), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf, off = _populate.anonymous(size, _WHOLE_HUGEPAGES)
         addr = _populate.address(buf)
-        off = -addr % _HUGE if huge else 0
-        if huge:
-            _populate.advise(addr + off, size // _HUGE * _HUGE, _MADV_HUGEPAGE)
         view = memoryview(buf)[off : off + size]
         futs: list[tuple[Future, int]] = []
         ahead = None
