@@ -15,7 +15,6 @@ the page cache dropped before every run (root), interleaved, one fresh process p
                page cache by helper threads (MADV_POPULATE_READ) before returning
   deepio.popN  the same with N helper threads populating the memory ahead of the reads (deepio's
                default: 1); deepio.pop0: none (the reads fault it in, as before)
-  deepio.4k    the same into memory not advised for transparent huge pages (4 KiB pages)
   deepio.locked the same with the data in deepio's page-locked allocator instead of plain memory
   per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
   st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
@@ -191,9 +190,6 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
     elif method.startswith("deepio.pop"):  # deepio.popN: N helper threads populate (0: none)
         ds._POPULATE_THREADS = int(method[len("deepio.pop") :])
         sd = ds.load_files(paths, device=device)
-    elif method == "deepio.4k":  # the same into memory not advised for huge pages (before)
-        ds._HOST_HUGEPAGES = False
-        sd = ds.load_files(paths, device=device)
     elif method == "deepio.locked":  # the same into deepio's page-locked allocator
         ds._HOST_MEMORY = "locked"
         sd = ds.load_files(paths, device=device)
@@ -327,7 +323,7 @@ def main() -> int:
             f"{v['extra_rss_gib']:8.2f} {v['disk_request_kib']:11.0f}"
         )
     # Within each round (the same minute of the shared machine): time ratios, median and range.
-    for a, b in (("deepio", "st.load_file"), ("deepio", "ceiling"), ("deepio", "deepio.pop0"), ("deepio", "deepio.4k")):
+    for a, b in (("deepio", "st.load_file"), ("deepio", "ceiling"), ("deepio", "deepio.pop0")):
         if a in medians and b in medians:
             ratios = sorted(
                 rb["wall_s"] / ra["wall_s"]

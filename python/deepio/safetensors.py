@@ -341,12 +341,6 @@ def _device(device: Any) -> Any:
 _HOST_MEMORY = "mmap"
 
 
-# "mmap" memory of 2 MiB and more is asked for transparent huge pages (_populate.anonymous):
-# faulting fresh memory in is most of a CPU load's cost on the development VM, and it is paid
-# per page (docs/benchmarks.md).
-_HOST_HUGEPAGES = True
-
-
 def _host_buffer(nbytes: int) -> Any:
     """Page-aligned memory for ``nbytes`` (None for 0) that supports the buffer protocol."""
     if nbytes == 0:
@@ -359,8 +353,7 @@ def _host_buffer(nbytes: int) -> Any:
         else:
             array, _owner = _deepio.alloc_locked(nbytes, "numpy")  # the array keeps it alive
             return array
-    buf, off = _populate.anonymous(nbytes, _HOST_HUGEPAGES)
-    return memoryview(buf)[off : off + nbytes] if off else buf
+    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 # With _POPULATE_THREADS > 0, fresh anonymous memory is populated ahead of the reads on that

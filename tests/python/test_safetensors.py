@@ -169,38 +169,6 @@ def test_views_own_storages_and_keep_the_buffer_alive(tmp_dir):
     st.save_file({"a": a}, str(tmp_dir / "again.safetensors"))  # safetensors accepts our tensors
 
 
-def _vm_flags(addr: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds ``addr`` (/proc/self/smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= addr < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {addr:#x}")
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps")
-def test_cpu_loads_land_in_memory_advised_for_huge_pages(tmp_dir, monkeypatch):
-    sd = {"big": rand_tensor((3 << 20,), torch.uint8, 1), "small": rand_tensor((7,), torch.float32, 2)}
-    p = tmp_dir / "h.safetensors"
-    st.save_file(sd, str(p))
-    got = ds.load_file(p)
-    assert same(got["big"], sd["big"]) and same(got["small"], sd["small"])
-    assert "hg" in _vm_flags(got["big"].data_ptr())  # MADV_HUGEPAGE
-    # Addresses share the file offsets' alignment (what lets the body go direct, unbounced).
-    h = ds.read_header(p)
-    for t in h.tensors:
-        assert got[t.name].data_ptr() % 4096 == (h.data_offset + t.begin) % 4096
-    monkeypatch.setattr(ds, "_HOST_HUGEPAGES", False)
-    plain = ds.load_file(p)
-    assert same(plain["big"], sd["big"])
-    assert "hg" not in _vm_flags(plain["big"].data_ptr())
-
-
 def test_misaligned_tensors_from_other_writers_are_copied(tmp_dir):
     """A writer that does not pad the header to 8 bytes: tensors land on odd addresses and
     are copied into tensors of their own; values still right."""
