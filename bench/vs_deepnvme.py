@@ -30,9 +30,10 @@ development VM's root file system) the inode allocator skips every inode freed i
 60 s (360 s while its inode-table block is dirty), one by one, on every create: after a
 mass delete each new file costs up to ~1 ms of kernel CPU, whatever library writes it, so
 "recreate" measures that more than the engines. The run prints the cost of creating empty
-files in the folder before and after the writes ("inode probe"): tens of microseconds when
-clean, hundreds or more when recently deleted inodes are in the way (then wait ~6 minutes
-after the last mass delete on the file system, e.g. a previous "recreate" run).
+files in the folder before and after the writes ("inode probe"): 15-35 us on this VM when
+clean, more when recently deleted inodes are in the way (a hint only: the scan costs a write
+sample far more). Start a "new" run at least 2 minutes after the last mass delete on the file
+system (e.g. a previous "recreate" run).
 
 DeepSpeed's op is JIT-built on first use (ninja, a C++ compiler, libaio-dev): a minute or two.
 
