@@ -108,6 +108,41 @@ std::size_t finish(WaitResult& r) {
   throw nb::python_error();
 }
 
+// The request an open failure is named with (an error that names none: the file could not be
+// opened, so no request had started).
+struct Request {
+  std::uint64_t offset;
+  std::size_t nbytes;
+};
+
+// Calls `submit` (returning a Future) with the GIL released (open() and fstat() may block on
+// slow storage) and raises the deepio::Error it throws once the GIL is back. An open failure
+// gets "for reading"/"for writing", and with `request` its offset and size; without `request`
+// the wording is added only when `name_way`.
+template <class Submit>
+Future submit_released(bool write, std::optional<Request> request, Submit&& submit, bool name_way = false) {
+  Future fut;
+  std::optional<Error> err;
+  {
+    nb::gil_scoped_release release;
+    try {
+      fut = submit();
+    } catch (const Error& e) {
+      const bool open_failure = !e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0;
+      if (open_failure && request) {
+        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path(), request->offset,
+                    request->nbytes);
+      } else if (open_failure && name_way) {
+        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path());
+      } else {
+        err.emplace(e);
+      }
+    }
+  }
+  if (err) raise_error(*err);
+  return fut;
+}
+
 // Imports the buffer, opens the file and queues the operation with the buffer as its
 // keep-alive; raises on submission errors (bad arguments, open failures, end of file).
 // *nbytes (if given) gets the request's size.
@@ -121,30 +156,16 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.detached = detached;
   op.fsync = fsync;
-  Future fut;
-  std::optional<Error> err;
-  {
-    nb::gil_scoped_release release;  // open() and fstat() may block on slow storage
-    void* p = buf->data;
-    const std::size_t n = buf->nbytes;
-    try {
-      if (t.fd >= 0) {
-        fut = write ? h.async_pwrite(p, n, t.fd, offset, std::move(op))
-                    : h.async_pread(p, n, t.fd, offset, std::move(op));
-      } else {
-        fut = write ? h.async_pwrite(p, n, t.path, offset, std::move(op))
-                    : h.async_pread(p, n, t.path, offset, std::move(op));
-      }
-    } catch (const Error& e) {
-      // Open failures carry no request: name the one that was attempted.
-      if (!e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0 && n != 0) {
-        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path(), offset, n);
-      } else {
-        err.emplace(e);
-      }
+  void* p = buf->data;
+  const std::size_t n = buf->nbytes;
+  Future fut = submit_released(write, n != 0 ? std::optional<Request>(Request{offset, n}) : std::nullopt, [&] {
+    if (t.fd >= 0) {
+      return write ? h.async_pwrite(p, n, t.fd, offset, std::move(op))
+                   : h.async_pread(p, n, t.fd, offset, std::move(op));
     }
-  }
-  if (err) raise_error(*err);
+    return write ? h.async_pwrite(p, n, t.path, offset, std::move(op))
+                 : h.async_pread(p, n, t.path, offset, std::move(op));
+  });
   if (nbytes != nullptr) *nbytes = buf->nbytes;
   return fut;
 }
@@ -633,30 +654,19 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.fsync = fsync;
   op.detached = future;
-  Future fut;
-  std::optional<Error> err;
-  {
-    nb::gil_scoped_release release;
-    void* p = buf->data;
-    const std::size_t nb = buf->nbytes;
-    try {
-      if (t.fd >= 0) {
-        fut = write ? h->async_pwrite_ranges(p, nb, t.fd, ranges, std::move(op))
-                    : h->async_pread_ranges(p, nb, t.fd, ranges, std::move(op));
-      } else {
-        fut = write ? h->async_pwrite_ranges(p, nb, t.path, ranges, std::move(op))
-                    : h->async_pread_ranges(p, nb, t.path, ranges, std::move(op));
-      }
-    } catch (const Error& e) {
-      // Open failures carry no request: say which way the file was opened.
-      if (!e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0) {
-        err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path());
-      } else {
-        err.emplace(e);
-      }
-    }
-  }
-  if (err) raise_error(*err);
+  void* p = buf->data;
+  const std::size_t nb = buf->nbytes;
+  Future fut = submit_released(
+      write, std::nullopt,
+      [&] {
+        if (t.fd >= 0) {
+          return write ? h->async_pwrite_ranges(p, nb, t.fd, ranges, std::move(op))
+                       : h->async_pread_ranges(p, nb, t.fd, ranges, std::move(op));
+        }
+        return write ? h->async_pwrite_ranges(p, nb, t.path, ranges, std::move(op))
+                     : h->async_pread_ranges(p, nb, t.path, ranges, std::move(op));
+      },
+      /*name_way=*/true);
   std::uint64_t total = 0;
   for (const auto& r : ranges) total += r.nbytes;
   if (!future) return nb::int_(total);
