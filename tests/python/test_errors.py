@@ -88,7 +88,7 @@ def test_missing_file(method, tmp_dir):
         getattr(h, method)(np.empty(100, np.uint8), str(missing))
     assert ei.value.errno == errno.ENOENT
     assert ei.value.filename == str(missing)
-    assert "100 bytes" in str(ei.value)
+    assert "100 bytes" in str(ei.value) and "for reading" in str(ei.value)
     assert h.pending() == 0
 
 
