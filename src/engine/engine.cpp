@@ -408,6 +408,17 @@ bool request_valid(const void* buf, std::size_t nbytes, std::uint64_t file_offse
   return (buf != nullptr || nbytes == 0) && file_offset <= kMaxCount &&
          file_offset <= static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - nbytes;
 }
+
+// check_request() with `where` ("request 3 of the batch: ", "range 5: ") before its message.
+void check_request_at(const std::string& where, const void* buf, std::size_t nbytes, const std::string& name,
+                      std::uint64_t file_offset) {
+  try {
+    check_request(buf, nbytes, name, file_offset);
+  } catch (const Error& e) {
+    if (e.invalid_argument()) throw InvalidArgument(where + e.message(), e.path(), e.offset(), e.nbytes());
+    throw Error(e.errnum(), where + e.message(), e.path(), e.offset(), e.nbytes());
+  }
+}
 }  // namespace
 
 std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbytes, std::string name,
@@ -454,13 +465,7 @@ std::uint64_t check_ranges(bool write, const void* buf, std::size_t buffer_bytes
                                 ") lie outside the buffer of " + std::to_string(buffer_bytes) + " bytes",
                             name, r.file_offset, r.nbytes);
     }
-    if (buf == nullptr && r.nbytes > 0) throw InvalidArgument(where(i) + "null buffer", name, r.file_offset, r.nbytes);
-    if (r.file_offset > kMaxCount) {
-      throw InvalidArgument(where(i) + "file_offset must be non-negative, got " + as_written(r.file_offset), name);
-    }
-    if (r.file_offset > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max()) - r.nbytes) {
-      throw_error(EOVERFLOW, where(i) + "file_offset + nbytes overflows a file offset", name, r.file_offset, r.nbytes);
-    }
+    if (!request_valid(buf, r.nbytes, r.file_offset)) check_request_at(where(i), buf, r.nbytes, name, r.file_offset);
     if (r.nbytes > kMaxCount - total) {
       throw_error(EOVERFLOW, where(i) + "the ranges' sizes add up to more than 2^63 - 1 bytes", name);
     }
@@ -547,12 +552,7 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
       throw InvalidArgument(where + "exactly one of path and fd must name the file");
     }
     if (r.op.fsync && !r.write) throw InvalidArgument(where + "fsync applies to writes only");
-    try {
-      check_request(r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd), r.file_offset);
-    } catch (const Error& e) {
-      if (e.invalid_argument()) throw InvalidArgument(where + e.message(), e.path(), e.offset(), e.nbytes());
-      throw Error(e.errnum(), where + e.message(), e.path(), e.offset(), e.nbytes());
-    }
+    check_request_at(where, r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd), r.file_offset);
   }
   if (requests.empty()) return {};
   // The opener threads first: if they cannot be started, nothing is tracked and the throw
