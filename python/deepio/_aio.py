@@ -364,9 +364,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 write,
                 buffer,
                 file,
-                _index_array(file_offsets),
-                _size_arg(sizes),
-                None if buffer_offsets is None else _index_array(buffer_offsets),
+                *_range_args(file_offsets, sizes, buffer_offsets),
                 _bool_arg("fsync", fsync),
             ),
         )
@@ -488,6 +486,15 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
                 name,
             )
             raise err
+
+
+def _range_args(file_offsets: Any, sizes: Any, buffer_offsets: Any) -> tuple[Any, Any, Any]:
+    """The ranges' arguments as the binding's submit_ranges reads them."""
+    return (
+        _index_array(file_offsets),
+        _size_arg(sizes),
+        None if buffer_offsets is None else _index_array(buffer_offsets),
+    )
 
 
 def _size_arg(sizes: Any) -> Any:

@@ -9,7 +9,7 @@ from collections.abc import Generator
 from typing import Any, Union
 
 from . import _deepio
-from ._aio import _index_array, _size_arg
+from ._aio import _range_args
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -139,7 +139,10 @@ class File:
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
-        op = self._h.submit_future(write, buffer, self._fd, offset)
+        return self._track(self._h.submit_future(write, buffer, self._fd, offset))
+
+    def _track(self, op: Any) -> Future:
+        # Kept until done, so close() can wait for it; finished ones are dropped on the way.
         with self._lock:
             self._ops = [o for o in self._ops if not o.done()]
             self._ops.append(op)
@@ -167,13 +170,8 @@ class File:
     def _submit_ranges(self, write: bool, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any) -> Future:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
-        offsets = _index_array(file_offsets)
-        at = None if buffer_offsets is None else _index_array(buffer_offsets)
-        op = self._h.submit_ranges(write, buffer, self._fd, offsets, _size_arg(sizes), at, False, True)
-        with self._lock:
-            self._ops = [o for o in self._ops if not o.done()]
-            self._ops.append(op)
-        return Future(op)
+        args = _range_args(file_offsets, sizes, buffer_offsets)
+        return self._track(self._h.submit_ranges(write, buffer, self._fd, *args, False, True))
 
     def read_into(self, buffer: Any, offset: int = 0) -> int:
         """Reads synchronously; returns the number of bytes read."""
