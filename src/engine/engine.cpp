@@ -155,11 +155,13 @@ class Engine::Openers {
 // kSyncThreads threads, then completed. Many files at once on purpose: a journaling file
 // system (ext4, xfs) commits the metadata of every file whose sync is waiting in one journal
 // transaction and one cache flush, so N concurrent syncs of fresh files cost a few commits
-// instead of N. Ops of ONE file are grouped instead (group commit): while a sync of a file
-// runs, the ops of that file that finish meanwhile wait, and one more sync, started after all
-// of their blocks were done, covers them all; a batch of 1024 durable writes to one file then
-// costs a handful of fdatasync calls, not 1024. The threads sleep in the kernel almost all
-// the time (no CPU cost to speak of).
+// instead of N. (Without a journal, as on ext4 made with -O ^has_journal, each sync writes its
+// file's inode and directory blocks itself and only the parallelism is gained.) Ops of ONE
+// file are grouped instead (group commit): while a sync of a file runs, the ops of that file
+// that finish meanwhile wait, and one more sync, started after all of their blocks were done,
+// covers them all; a batch of 1024 durable writes to one file then costs a handful of
+// fdatasync calls, not 1024. The threads sleep in the kernel almost all the time (no CPU cost
+// to speak of).
 class Engine::Syncers final : public SyncRunner {
  public:
   explicit Syncers(std::size_t n) : pool_(n) {}
