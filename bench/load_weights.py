@@ -22,7 +22,8 @@ the page cache dropped before every run (root), interleaved, one fresh process p
 
 safetensors maps the file and returns before reading it (pages arrive on first touch), so every
 method ends by touching each 4 KiB page of every tensor (for deepio a no-op pass over resident
-memory): the time is until the weights are in memory. Each run reports wall time, CPU seconds
+memory): the time is until the weights are in memory, and each run prints how much of it
+that touch took (where safetensors' deferred reads land). Each run reports wall time, CPU seconds
 (user + system, all threads) per GiB and peak resident memory during the load (VmHWM reset
 before it), and what the disk was asked for (/sys/block: MiB read, read requests, their mean
 size). Medians over --pairs runs of each method.
@@ -207,6 +208,7 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
                     sd[k] = f.get_tensor(k)
     else:
         raise SystemExit(f"unknown method {method}")
+    loaded = time.perf_counter() - t0
     check = _touch(sd)
     if device != "cpu":
         import torch
@@ -219,6 +221,7 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
     return {
         "method": method,
         "wall_s": wall,
+        "load_s": loaded,
         "cpu_s": cpu,
         "peak_rss": _status("VmHWM"),
         "rss_before": rss0,
@@ -287,7 +290,8 @@ def main() -> int:
             r["pair"] = i
             runs.append(r)
             print(
-                f"  run {i + 1} {m:13s} {gib / r['wall_s']:6.2f} GiB/s  CPU {r['cpu_s'] / gib:5.2f} s/GiB  "
+                f"  run {i + 1} {m:13s} {gib / r['wall_s']:6.2f} GiB/s (touch {r['wall_s'] - r['load_s']:5.2f} s)  "
+                f"CPU {r['cpu_s'] / gib:5.2f} s/GiB  "
                 f"peak RSS {r['peak_rss'] / 2**30:5.2f} GiB (before {r['rss_before'] / 2**30:4.2f})  "
                 f"disk {r['disk_mib']:6.0f} MiB in {r['disk_reads']:6d} reads "
                 f"({r['disk_mib'] * 1024 / max(r['disk_reads'], 1):5.0f} KiB each)",
