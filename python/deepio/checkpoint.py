@@ -40,6 +40,9 @@ import sys
 import threading
 import warnings
 import zipfile
+import zlib
+from concurrent.futures import Future as _CrcFuture
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Union, cast
 
 from . import _deepio, _populate
@@ -269,6 +272,10 @@ class Writer(_EngineFile):
         # (nbytes, source) for save()'s storages: torch (skip_data) seeks over each record's
         # bytes, and the seek writes the source there instead (see _save_filling).
         self._fills: collections.deque[tuple[int, Any]] = collections.deque()
+        # save()'s CRC-32s of host storages placed by _fills, computed on a helper thread while
+        # the bytes are written: {file offset of the record's data: (nbytes, future CRC)}.
+        self._crc_pool: ThreadPoolExecutor | None = None
+        self._crcs: dict[int, tuple[int, _CrcFuture[int]]] = {}
 
     _writes = True
 
@@ -323,7 +330,12 @@ class Writer(_EngineFile):
         if whence == os.SEEK_CUR and self._fills and offset > 0:
             nbytes, source = self._fills.popleft()
             if nbytes != offset:
-                raise RuntimeError(f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes")
+                self._error = _FillMismatch(
+                    f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes"
+                )
+                raise self._error
+            if self._crc_pool is not None and not _is_device(source):
+                self._crcs[self.tell()] = (nbytes, self._crc_pool.submit(zlib.crc32, source))
             self.write(source)
             return self.tell()
         target = self._seek_target(offset, whence, self._base + self._pos, self._end_after_flush)
@@ -654,7 +666,8 @@ def save(
     storage's bytes left out (``torch.serialization.skip_data``) and the Writer puts each storage
     in its place as torch passes it: CPU storages through the staging buffers, CUDA storages
     through the engine's GPU path (pinned staging slots, device-to-host copies overlapped with
-    the disk), never a whole host copy. Those files carry no CRC-32 (as ``crc32=False``).
+    the disk), never a whole host copy; records of CUDA storages carry no CRC-32 (as
+    ``crc32=False``).
     torch refuses some tensors under skip_data (quantized, nested, xla/maia/mtia): an object
     holding one is saved on the plain route (torch copies CUDA storages to the host, as
     ``torch.save`` does), and a refusal met only mid-save starts the file again on that route.
@@ -662,31 +675,42 @@ def save(
     ``crc32``: whether the zip records carry their CRC-32. ``None`` follows torch
     (``torch.serialization.get_crc32_options()``, True by default); ``False`` saves the CPU
     time of computing it (most of a save's CPU): ``torch.load`` does not check it, but zip
-    tools reading the file will report bad CRCs.
+    tools reading the file will report bad CRCs. A save wanting CRC-32s whose dicts, lists and
+    tuples hold 8 MiB of CPU tensors or more takes the filling route too, with each storage's
+    CRC-32 computed on a helper thread while it is written and put into the zip afterwards
+    (torch computes its CRCs on the saving thread, which bounds a save on a fast device).
     """
 
     final = _fspath(path, "save")
     with replacing(final) as tmp:
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
-            # CUDA storages can exist only once torch initialized CUDA: skip the dry pass else.
-            # None: the object holds a tensor torch refuses to write under skip_data.
-            found = _storages(obj, pickle_protocol) if _force_filling or _cuda_initialized() else ([], False)
-            filled = False
-            if found is not None and (_force_filling or any(st.device.type == "cuda" for st in found[0])):
+            crc_filling = _crc_wanted(crc32) and _large_host_tensors(obj, _CRC_FILL_MIN)
+            # The dry pass finds the storages; None: the object holds a tensor torch refuses to
+            # write under skip_data. CUDA storages can exist only once torch initialized CUDA, and
+            # host storages matter only for a large save wanting CRC-32s: no dry pass else (the
+            # object is pickled once).
+            look = _force_filling or crc_filling or _cuda_initialized()
+            found = _storages(obj, pickle_protocol) if look else ([], False)
+            crcs: dict[int, tuple[int, int]] | None = None
+            if found is not None and _takes_filling_route(found[0], crc_filling):
                 try:
-                    _save_filling(obj, w, pickle_protocol, *found)
-                    filled = True
+                    crcs = _save_filling(obj, w, pickle_protocol, *found, crc=_crc_wanted(crc32))
                 except RuntimeError as e:
-                    if "skip_data" not in str(e):
+                    # torch's writer reports a failed seek() as its own error ("unexpected pos")
+                    mismatch = isinstance(e, _FillMismatch) or isinstance(w._error, _FillMismatch)
+                    if not mismatch and "skip_data" not in str(e):
                         raise
-                    # A refusal the dry pass did not foresee (a newer torch): start again on the
-                    # plain route, in a fresh Writer on the same, truncated temporary file.
+                    # A refusal the dry pass did not foresee (a newer torch), or an object whose
+                    # pickling gave other storages the second time: start again on the plain
+                    # route, in a fresh Writer on the same, truncated temporary file.
                     w.discard()
                     w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)
-            if not filled:
+            if crcs is None:
                 _torch_save(obj, w, pickle_protocol, crc32)
             w.close()
+            if crcs:
+                _patch_crcs(tmp, crcs)
             _keep_mode(final, tmp)
         except BaseException as e:
             cause = w._error
@@ -708,7 +732,69 @@ def _keep_mode(final: str, tmp: str) -> None:
     os.chmod(tmp, mode)
 
 
-_force_filling = False  # tests: take the CUDA route (skip_data + filling) for CPU objects too
+_force_filling = False  # tests: take the filling route (skip_data + filling) for any object
+
+#: Saves whose host storages hold at least this many bytes, where CRC-32s are wanted, take the
+#: filling route too: torch writes the file with the storages' bytes and their CRC-32s left
+#: out, the Writer places each storage, zlib computes its CRC-32 on a helper thread while it is
+#: written, and _patch_crcs puts the CRCs into the zip. torch computes its CRC-32 on the saving
+#: thread before handing a record over: on a device faster than this VM's disk that halved
+#: deepio.save's speed (docs/benchmarks.md). Below this size the plain route is cheaper.
+_CRC_FILL_MIN = 8 << 20
+
+
+def _crc_threads() -> int:
+    """Threads computing CRC-32s, one storage each: one on two cores (the saving thread and the
+    engine need the other), up to four where there are cores to spare."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def _crc_wanted(crc32: bool | None) -> bool:
+    if crc32 is not None:
+        return bool(crc32)
+    get = getattr(sys.modules["torch"].serialization, "get_crc32_options", None)
+    return True if get is None else bool(get())
+
+
+def _large_host_tensors(obj: Any, at_least: int) -> bool:
+    """Whether the containers of ``obj`` (dicts, lists, tuples, four levels deep: a state dict,
+    an optimizer's, a training checkpoint of both) hold CPU tensors whose storages add up to
+    ``at_least`` bytes. A cheap look, without pickling, that decides whether a save is worth a
+    dry pickling pass; objects that hide their tensors (a pickled module) are not looked into."""
+    torch = sys.modules["torch"]
+    seen: set[int] = set()
+    total, todo, budget = 0, [(obj, 0)], 100_000
+    while todo and budget > 0:
+        o, depth = todo.pop()
+        budget -= 1
+        if isinstance(o, torch.Tensor):
+            if o.device.type != "cpu" or o.is_sparse or o.is_quantized or o.is_nested:
+                continue
+            try:
+                st = o.untyped_storage()
+                key, n = st.data_ptr(), st.nbytes()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if key not in seen:
+                seen.add(key)
+                total += n
+                if total >= at_least:
+                    return True
+        elif depth < 4 and isinstance(o, dict):
+            todo.extend((v, depth + 1) for v in o.values())
+        elif depth < 4 and isinstance(o, (list, tuple)):
+            todo.extend((v, depth + 1) for v in o)
+    return False
+
+
+def _takes_filling_route(storages: list[Any], crc_filling: bool) -> bool:
+    if _force_filling or any(st.device.type == "cuda" for st in storages):
+        return True
+    return crc_filling and sum(st.nbytes() for st in storages if st.device.type == "cpu") >= _CRC_FILL_MIN
+
+
+class _FillMismatch(RuntimeError):
+    """torch's second pickling pass asked for storages other than the dry pass found."""
 
 
 def _cuda_initialized() -> bool:
@@ -778,7 +864,12 @@ def _storages(obj: Any, pickle_protocol: int) -> tuple[list[Any], bool] | None:
     return order, finder.meta
 
 
-def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any], meta: bool) -> None:
+def _save_filling(
+    obj: Any, w: Writer, pickle_protocol: int, storages: list[Any], meta: bool, crc: bool = False
+) -> dict[int, tuple[int, int]]:
+    """torch.save under skip_data into ``w``, which puts each storage in its record. With
+    ``crc``, the CRC-32 of every host storage is computed on a helper thread as it is placed;
+    returns {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs."""
     import torch
 
     for st in storages:
@@ -791,10 +882,68 @@ def _save_filling(obj: Any, w: Writer, pickle_protocol: int, storages: list[Any]
         if meta:  # torch warns that a meta tensor under skip_data is a no-op; it is saved as
             # torch.save saves it (no data), so the warning would only puzzle the caller
             warnings.filterwarnings("ignore", message="Serializing tensors on the meta device under skip_data")
-        with torch.serialization.skip_data():
-            torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
+        pool = ThreadPoolExecutor(_crc_threads(), thread_name_prefix="deepio-crc") if crc else None
+        w._crc_pool = pool
+        try:
+            with torch.serialization.skip_data():
+                torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
+        finally:
+            w._crc_pool = None
+            if pool is not None:
+                pool.shutdown(wait=True)  # no CRC still reading a storage after this
     if w._fills:
-        raise RuntimeError(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
+        raise _FillMismatch(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
+    crcs = {at: (n, f.result()) for at, (n, f) in w._crcs.items()}
+    w._crcs = {}
+    return crcs
+
+
+def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
+    """Writes the CRC-32s of the records whose data starts at a key of ``crcs`` ({offset:
+    (nbytes, CRC-32)}) into the zip torch wrote under skip_data, where they are 0: the record's
+    data descriptor (its local header, without one) and its central directory entry. A record
+    of another size or with a CRC set is left alone. Should the archive not look as torch
+    writes it, the file keeps CRC 0 for those records (as crc32=False gives; torch.load does
+    not check them) and a warning says so."""
+    patches: list[tuple[int, int]] = []
+    with open(path, "r+b") as f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                infos, entry_at = z.infolist(), z.start_dir
+            for info in infos:
+                name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+                entry, entry_at = entry_at, entry_at + 46 + len(name) + len(info.extra) + len(info.comment)
+                f.seek(info.header_offset)
+                head = f.read(30)
+                if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                    raise zipfile.BadZipFile(f"no local header at {info.header_offset}")
+                name_len, extra_len = struct.unpack("<HH", head[26:30])
+                start = info.header_offset + 30 + name_len + extra_len
+                want = crcs.get(start)
+                if want is None or want[0] != info.file_size or info.CRC != 0:
+                    continue
+                if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+                    continue
+                f.seek(entry)
+                if f.read(4) != b"PK\x01\x02":
+                    raise zipfile.BadZipFile(f"no central directory entry at {entry}")
+                at = info.header_offset + 14  # the local header's CRC field
+                if info.flag_bits & 0x08:  # a data descriptor follows the data
+                    f.seek(start + info.file_size)
+                    at = start + info.file_size + (4 if f.read(4) == b"PK\x07\x08" else 0)
+                patches += [(at, want[1]), (entry + 16, want[1])]
+        except (zipfile.BadZipFile, struct.error, ValueError) as e:
+            warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
+            return
+        for at, crc in patches:
+            f.seek(at)
+            f.write(struct.pack("<I", crc))
+    if len(patches) != 2 * len(crcs):
+        warnings.warn(
+            f"deepio.save: {path}: {len(crcs) - len(patches) // 2} of {len(crcs)} records left without CRC-32",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _torch_save(obj: Any, w: Writer, pickle_protocol: int, crc32: bool | None) -> None:

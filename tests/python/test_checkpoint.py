@@ -358,8 +358,10 @@ def test_storage_filling_route_keeps_sharing_and_large_storages(tmp_dir):
     got = torch.load(p)
     assert torch.equal(got["all"], base) and torch.equal(got["view"], base[5:100])
     assert got["view"].untyped_storage().data_ptr() == got["all"].untyped_storage().data_ptr()
-    with zipfile.ZipFile(p) as z:  # no CRC on this route, as with crc32=False
-        assert {i.CRC for i in z.infolist() if "/data/" in i.filename} == {0}
+    with zipfile.ZipFile(p) as z:  # host storages' CRC-32s computed beside the writes
+        assert z.testzip() is None
+        crcs = {i.filename: i.CRC for i in z.infolist() if "/data/" in i.filename}
+    assert sorted(crcs.values()) == sorted([0, zlib.crc32(raw(base)), zlib.crc32(raw(obj["other"][0]))])
 
 
 def _quantized():
@@ -583,6 +585,95 @@ def test_large_state_dict_and_map_location(tmp_dir):
     fresh = torch.nn.Linear(30, 20)
     fresh.load_state_dict(deepio.load(p))
     assert torch.equal(fresh.weight, nn.weight)
+
+
+@pytest.mark.parametrize("crc32", [None, True, False])
+def test_large_saves_compute_their_crcs_beside_the_writes(tmp_dir, monkeypatch, crc32):
+    """Host storages of a save from _CRC_FILL_MIN bytes take the filling route when CRC-32s are
+    wanted: torch writes the zip without their bytes and CRCs, zlib computes each CRC on a
+    helper thread while the Writer places the storage, and the CRCs are written into the data
+    descriptors and the central directory afterwards. The file must be what zip tools accept
+    (every CRC checked) and load in torch exactly; crc32=False keeps the plain route."""
+    import zipfile
+
+    from deepio import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    patched = []
+    real_patch = checkpoint._patch_crcs
+    monkeypatch.setattr(
+        checkpoint, "_patch_crcs", lambda path, crcs: (patched.append(len(crcs)), real_patch(path, crcs))
+    )
+    base = torch.randn(3 << 18)  # 3 MiB across 1 MiB staging buffers
+    sd = {
+        "w": torch.randn(700, 1001),
+        "half": torch.randn(333, 77).half(),
+        "view": base[7:5000],
+        "base": base,
+        "empty": torch.zeros(0),
+        "int": torch.arange(13, dtype=torch.int16),
+        "n": [1, "x"],
+    }
+    p = tmp_dir / "big.pt"
+    deepio.save(sd, p, crc32=crc32, buffer_size=1 << 20)
+    for got in (torch.load(p), deepio.load(p)):
+        assert_same(sd, got)
+    with zipfile.ZipFile(p) as z:
+        data = {i.filename: i.CRC for i in z.infolist() if "/data/" in i.filename and i.file_size}
+        if crc32 is False:
+            assert set(data.values()) == {0} and patched == []
+            return
+        assert z.testzip() is None
+    want = sorted(zlib.crc32(raw(t)) for t in (sd["w"], sd["half"], base, sd["int"]))
+    assert sorted(data.values()) == want
+    assert patched == [4]  # the four non-empty host storages went by the filling route
+    out = subprocess.run(["unzip", "-tq", str(p)], capture_output=True, text=True, check=False)
+    if out.returncode != 127 and "not found" not in out.stderr:
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_crc_patching_leaves_a_file_it_cannot_read_alone(tmp_dir):
+    """A file that is not the zip torch writes keeps its bytes; a warning names it."""
+    from deepio import checkpoint
+
+    p = tmp_dir / "not-a-zip.pt"
+    p.write_bytes(b"PK\x03\x04 but nothing after it" * 10)
+    before = p.read_bytes()
+    with pytest.warns(RuntimeWarning, match="left without CRC-32"):
+        checkpoint._patch_crcs(str(p), {30: (4, 1234)})
+    assert p.read_bytes() == before
+
+
+def _pickled_twice_differently():
+    """An object whose pickling gives a tensor of another size each time: the dry pass and
+    torch's pass disagree."""
+
+    class Growing:
+        calls = 0
+
+        def __reduce__(self):
+            Growing.calls += 1
+            return (torch.clone, (torch.full((Growing.calls * 300_000,), float(Growing.calls)),))
+
+    return Growing
+
+
+def test_a_save_whose_second_pickling_differs_starts_again_on_the_plain_route(tmp_dir, monkeypatch):
+    """The filling route places the storages the dry pass found; when torch's own pass asks for
+    another size, the save starts again on the plain route (a fresh temporary file) instead of
+    failing, and the file holds what that pass pickled."""
+    from deepio import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    growing = _pickled_twice_differently()
+    sd = {"w": torch.randn(1 << 19), "g": growing()}
+    p = tmp_dir / "g.pt"
+    deepio.save(sd, p, buffer_size=1 << 20)
+    assert growing.calls == 3  # the dry pass, the filling attempt, the plain route
+    got = torch.load(p, weights_only=False)
+    assert torch.equal(got["w"], sd["w"])
+    assert torch.equal(got["g"], torch.full((900_000,), 3.0))
+    assert _leftovers(tmp_dir) == []
 
 
 @pytest.mark.parametrize("crc32", [None, True, False])
