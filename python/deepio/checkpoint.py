@@ -788,6 +788,8 @@ def _large_host_tensors(obj: Any, at_least: int) -> bool:
 
 
 def _takes_filling_route(storages: list[Any], crc_filling: bool) -> bool:
+    if not hasattr(sys.modules["torch"].serialization, "skip_data"):
+        return False  # torch before 2.5: the plain route (CUDA storages copied to the host)
     if _force_filling or any(st.device.type == "cuda" for st in storages):
         return True
     return crc_filling and sum(st.nbytes() for st in storages if st.device.type == "cpu") >= _CRC_FILL_MIN

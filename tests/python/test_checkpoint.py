@@ -632,6 +632,23 @@ def test_large_saves_compute_their_crcs_beside_the_writes(tmp_dir, monkeypatch, 
         assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_a_torch_without_skip_data_saves_on_the_plain_route(tmp_dir, monkeypatch):
+    """torch before 2.5 has no skip_data: large saves take the plain route (torch's CRCs)."""
+    import zipfile
+
+    from deepio import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(checkpoint, "_patch_crcs", lambda path, crcs: pytest.fail("filling route taken"))
+    monkeypatch.delattr(torch.serialization, "skip_data")
+    sd = {"w": torch.randn(1 << 19), "b": torch.arange(3)}
+    p = tmp_dir / "old-torch.pt"
+    deepio.save(sd, p)
+    assert_same(sd, torch.load(p))
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+
+
 def test_crc_patching_leaves_a_file_it_cannot_read_alone(tmp_dir):
     """A file that is not the zip torch writes keeps its bytes; a warning names it."""
     from deepio import checkpoint
