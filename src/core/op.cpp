@@ -71,6 +71,19 @@ int OpState::sync_file() const noexcept {
   return r != 0 ? errno : 0;
 }
 
+int OpState::unseen_error() const noexcept {
+  const int fd = sync_fd();
+  int r;
+  do {
+    // Waits for writeback still in flight (none, after the other descriptor's fdatasync) and
+    // returns the writeback errors this descriptor has not reported yet.
+    r = ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_AFTER);
+  } while (r != 0 && errno == EINTR);
+  if (r == 0) return 0;
+  if (errno == EINVAL || errno == ENOSYS || errno == ESPIPE) return sync_file();  // cannot ask: sync it
+  return errno;
+}
+
 void OpState::finish_sync(int err) noexcept {
   if (err != 0) {
     fail(Status::failure(err, "the write completed but may not be on stable storage: fdatasync failed on", path_,

@@ -142,6 +142,11 @@ class OpState : public std::enable_shared_from_this<OpState> {
   /// fdatasync of the op's file (the Sync fault point first): 0 or the errno. Does not
   /// complete the op; one call may stand for several ops of one file (a runner's group).
   [[nodiscard]] int sync_file() const noexcept;
+  /// After a sync_file() of ANOTHER op of the same file through another descriptor: the
+  /// writeback errors this op's descriptor has not reported yet (Linux reports each to every
+  /// open file description once), without writing anything back: 0 or the errno
+  /// (sync_file_range with SYNC_FILE_RANGE_WAIT_AFTER; a file system refusing it is synced).
+  [[nodiscard]] int unseen_error() const noexcept;
   /// Completes an op whose blocks are done and whose file a sync_file() that started after
   /// them returned `err` for: fails it with err (naming its file) or counts it synced.
   void finish_sync(int err) noexcept;

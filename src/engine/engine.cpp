@@ -227,7 +227,34 @@ class Engine::Syncers final : public SyncRunner {
         round.swap(it->second.waiting);
       }
       const int err = round.front()->sync_file();
-      for (const auto& op : round) op->finish_sync(err);
+      finish_round(round, err);
+    }
+  }
+
+  // One fdatasync wrote the file back for every op of the round, but Linux reports a writeback
+  // error once to each open file description, and only to those opened before it (errseq): a
+  // descriptor opened after an error someone has already seen syncs "successfully" while an
+  // older descriptor's pages were lost. So each other descriptor of the round is asked for the
+  // errors it has not seen (OpState::unseen_error: no writeback, no cache flush), once, and
+  // every op of that descriptor gets the answer.
+  static void finish_round(const std::vector<std::shared_ptr<OpState>>& round, int err) noexcept {
+    const int first_fd = round.front()->sync_fd();
+    std::vector<std::pair<int, int>> asked;  // (descriptor, its unseen error)
+    try {
+      asked.reserve(round.size());
+    } catch (...) {
+      for (const auto& op : round) op->finish_sync(err != 0 ? err : op->sync_file());  // no memory: sync each
+      return;
+    }
+    for (const auto& op : round) {
+      int e = err;
+      const int fd = op->sync_fd();
+      if (e == 0 && fd >= 0 && fd != first_fd) {
+        auto it = std::find_if(asked.begin(), asked.end(), [fd](const auto& a) { return a.first == fd; });
+        if (it == asked.end()) it = asked.insert(asked.end(), {fd, op->unseen_error()});
+        e = it->second;
+      }
+      op->finish_sync(e);
     }
   }
 

@@ -181,3 +181,107 @@ def test_many_threads_durable_writes(tmp_dir):
     assert h.stats()["synced"] == per * threads
     for (t, k), b in bufs.items():
         assert _read(tmp_dir / f"m{t}-{k}") == b.tobytes()
+
+
+# ------------------------------------------------- a real writeback error, seen by one descriptor
+
+
+def _run(*cmd: str) -> None:
+    import subprocess
+
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def full_backed_ext4():
+    """ext4 without a journal on a loop device whose image lives on a 48 MiB tmpfs: once that
+    tmpfs is full, writing back any block the image has not stored yet fails (ENOSPC), a real
+    writeback error. Root, losetup and mkfs.ext4 only; yields (the mount point, the tmpfs)."""
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("losetup") or not shutil.which("mkfs.ext4"):
+        pytest.skip("needs root, losetup and mkfs.ext4")
+    top = tempfile.mkdtemp(prefix="deepio-errseq-")
+    back, ext = os.path.join(top, "back"), os.path.join(top, "ext")
+    os.mkdir(back)
+    os.mkdir(ext)
+    loop = None
+    mounted: list[str] = []
+    try:
+        _run("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", back)
+        mounted.append(back)
+        image = os.path.join(back, "disk.img")
+        with open(image, "wb") as f:
+            f.truncate(256 << 20)  # sparse: its blocks take tmpfs pages only once written
+        import subprocess
+
+        loop = subprocess.run(["losetup", "-f", "--show", image], check=True, capture_output=True, text=True).stdout
+        loop = loop.strip()
+        _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "lazy_itable_init=0,nodiscard", loop)
+        _run("mount", "-o", "errors=continue", loop, ext)
+        mounted.append(ext)
+    except Exception as e:  # no loop devices in this container, no tmpfs mounts, ...
+        for m in reversed(mounted):
+            _run("umount", m)
+        if loop:
+            _run("losetup", "-d", loop)
+        shutil.rmtree(top, ignore_errors=True)
+        pytest.skip(f"cannot set up the loop device: {e}")
+    try:
+        yield ext, back
+    finally:
+        _run("umount", ext)
+        _run("losetup", "-d", loop)
+        _run("umount", back)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_writeback_error_reaches_a_grouped_write_whose_round_synced_another_descriptor(full_backed_ext4, fault):
+    """Linux reports a writeback error once to each open descriptor, and only to those opened
+    before it. Durable writes of one file are synced in rounds through ONE descriptor: when
+    that descriptor was opened after an error someone already saw, its fdatasync succeeds,
+    and a write of the same round whose pages were lost must still fail (its own descriptor
+    is asked for the errors it has not seen), never complete as durable.
+
+    C: a buffered ranged write whose second block is held 2 s; meanwhile the image's tmpfs is
+    filled and a plain fdatasync sees C's first page fail to write back (ENOSPC). G: a durable
+    write whose sync is held 3 s, so that F (opened after the error) and C fall into the next
+    round of this file, F first."""
+    ext, back = full_backed_ext4
+    x = os.path.join(ext, "x.bin")
+    with open(x, "wb") as f:
+        f.write(b"\1" * (1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    h = deepio.aio_handle(block_size=4096, intra_op_parallelism=4, direct_io="off")
+    c_data = b"C" * 8192
+    fault("write", delay=2.0, after=1, count=1)
+    c = h._h.submit_ranges(True, c_data, x, [8 << 20, (8 << 20) + 4096], 4096, None, True, True)
+    time.sleep(0.5)
+    with open(os.path.join(back, "filler"), "wb", buffering=0) as filler:
+        with pytest.raises(OSError) as full:
+            while True:
+                filler.write(b"\0" * (1 << 20))
+        assert full.value.errno == errno.ENOSPC
+    seen = os.open(x, os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as lost:
+            os.fdatasync(seen)  # C's first page cannot be written back: the error is now seen
+        assert lost.value.errno in (errno.ENOSPC, errno.EIO)
+    finally:
+        os.close(seen)
+    fault("sync", delay=3.0, count=1)
+    g = h._h.submit_batch(True, [b"G" * 4096], x, [0], True, True)[0]
+    time.sleep(0.3)
+    f_op = h._h.submit_batch(True, [b"F" * 4096], x, [4096], True, True)[0]
+    assert g.result(None) == 4096
+    with pytest.raises(OSError) as failed:
+        c.result(None)
+    assert failed.value.errno in (errno.ENOSPC, errno.EIO)
+    assert "may not be on stable storage" in str(failed.value)
+    try:
+        f_op.result(None)
+    except OSError:
+        pass  # F's own page may or may not have been written back: not what this test is about
+    os.unlink(os.path.join(back, "filler"))
