@@ -1172,7 +1172,9 @@ def _load_whole(p: str, map_location: Any, weights_only: bool | None) -> tuple[A
     (torch's own ``overall_storage``, which torch.load(mmap=True) gives a mapping of the
     file). None where the Reader's route should load the file instead: not a zip (torch's
     legacy format), a TorchScript archive, a torch without these internals, or any failure to
-    load (the Reader's route then raises torch.load's own exception, named)."""
+    load before unpickling starts, and a weights-only load that fails (the Reader's route then
+    raises torch.load's own exception, named); a failure while unpickling with
+    weights_only=False is raised (named) without loading again: the file's code ran once."""
     import torch
 
     ser = torch.serialization
@@ -1194,9 +1196,24 @@ def _load_whole(p: str, map_location: Any, weights_only: bool | None) -> tuple[A
             return None  # TorchScript: torch.load hands it to torch.jit.load
         # A storage of the file's bytes; it (and every view of it) keeps buf alive.
         storage = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=off).untyped_storage()
-        result = load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8")
     except Exception:
         return None
+    try:
+        result = load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8")
+    except TypeError as e:
+        if "overall_storage" in str(e):
+            return None  # a torch whose loader has no such parameter
+        raise
+    except Exception as e:
+        if wo:
+            # The weights-only unpickler runs no code of the file's: the Reader's route loads
+            # it again for torch.load's own message (how to allow the globals it refused).
+            return None
+        # Unpickling ran the file's code (weights_only=False): never a second time, as
+        # torch.load raises; named as the Reader's route names it.
+        if isinstance(e, OSError) or not isinstance(e, _LOAD_ERRORS):
+            raise
+        raise _naming(e, p) from e
     _release_outside_storages(_populate.address(buf) + off, view)
     return (result,)
 

@@ -729,6 +729,38 @@ def test_weights_only_follows_torch_load(tmp_dir):
     assert deepio.load(p, mmap=True, weights_only=False)["c"] == Custom(3)
 
 
+_effects: list[int] = []
+
+
+def _effect(v):
+    _effects.append(v)
+    return v
+
+
+class SideEffect:
+    def __reduce__(self):
+        return (_effect, (1,))
+
+
+class FailsToLoad:
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+def test_a_failing_load_runs_the_files_code_once(tmp_dir):
+    """With weights_only=False unpickling runs the file's code: a load that fails while
+    unpickling raises (named) after running it once, as torch.load does, and does not read
+    and unpickle the file a second time by another route."""
+    p = tmp_dir / "fails.pt"
+    torch.save({"w": torch.randn(1000), "side": SideEffect(), "boom": FailsToLoad()}, p)
+    for loader in (torch.load, deepio.load):
+        _effects.clear()
+        with pytest.raises(ValueError) as ei:
+            loader(p, map_location="cpu", weights_only=False)
+        assert _effects == [1], loader
+    assert str(p) in str(ei.value)  # deepio names the file
+
+
 # ---------------------------------------------------------------------------- durability
 
 
