@@ -502,7 +502,10 @@ def _size_arg(sizes: Any) -> Any:
     as an array for the binding to read."""
     if isinstance(sizes, int) and not isinstance(sizes, bool):
         return sizes
-    if getattr(sizes, "ndim", None) == 0 and getattr(sizes, "dtype", None) is not None:
+    dtype = getattr(sizes, "dtype", None)
+    if getattr(sizes, "ndim", None) == 0 and dtype is not None:
+        if "bool" in str(dtype):  # True is not a size (the binding refuses bools everywhere)
+            raise TypeError(f"sizes must be an integer or integers, not a {dtype} scalar")
         try:
             return operator.index(sizes)
         except TypeError:

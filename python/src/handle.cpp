@@ -513,6 +513,17 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
 }
 
 namespace {
+// A Python integer as int64; one beyond int64 is refused naming it `what` (as an unsigned
+// array item above 2^63 - 1 is), not with a bare OverflowError.
+std::int64_t int_item(PyObject* o, const std::string& what) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow > 0) throw InvalidArgument(what + " is above 2^63 - 1");
+  if (overflow < 0) throw InvalidArgument(what + " must be non-negative");
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
 // A 1-D integer array (buffer protocol: NumPy, array.array, memoryview) or a sequence of
 // Python integers, as 64-bit values (negative ones as Python wrote them). TypeError for
 // anything else, bools included; ValueError for an array that is not 1-D.
@@ -596,9 +607,7 @@ std::vector<std::int64_t> int_values(nb::handle obj, const char* name) {
           (std::string(name) + "[" + std::to_string(i) + "] must be an integer, not " + py_type_name(items[i]))
               .c_str());
     }
-    const long long v = PyLong_AsLongLong(items[i]);
-    if (v == -1 && PyErr_Occurred()) throw nb::python_error();  // OverflowError names the value
-    out[static_cast<std::size_t>(i)] = v;
+    out[static_cast<std::size_t>(i)] = int_item(items[i], std::string(name) + "[" + std::to_string(i) + "]");
   }
   return out;
 }
@@ -613,8 +622,7 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
   const std::size_t n = offs.size();
   std::vector<IoRange> ranges(n);
   if (PyLong_Check(sizes.ptr()) && !PyBool_Check(sizes.ptr())) {
-    const long long v = PyLong_AsLongLong(sizes.ptr());
-    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    const std::int64_t v = int_item(sizes.ptr(), "sizes");
     if (v < 0) throw InvalidArgument("sizes must be non-negative, got " + std::to_string(v));
     for (auto& r : ranges) r.nbytes = static_cast<std::size_t>(v);
   } else {

@@ -496,7 +496,8 @@ std::uint64_t check_ranges(bool write, const void* buf, std::size_t buffer_bytes
     }
     if (!request_valid(buf, r.nbytes, r.file_offset)) check_request_at(where(i), buf, r.nbytes, name, r.file_offset);
     if (r.nbytes > kMaxCount - total) {
-      throw_error(EOVERFLOW, where(i) + "the ranges' sizes add up to more than 2^63 - 1 bytes", name);
+      throw_error(EOVERFLOW, where(i) + "the ranges' sizes add up to more than 2^63 - 1 bytes", name, r.file_offset,
+                  r.nbytes);
     }
     total += r.nbytes;
     if (r.nbytes == 0) continue;

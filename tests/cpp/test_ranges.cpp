@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -212,6 +213,18 @@ TEST_P(Ranges, BadRangesAreRefusedNamingTheRangeAndQueueNothing) {
   refused(true, {{0, 0, 100}, {4096, 0, 100}, {50, 200, 10}}, dir_.file("new"), "ranges 0 and 2 overlap in the file");
   refused(false, {{0, 0, 4096}, {65536 - 10, 4096, 11}}, f, "range 1 reads past end of file", /*invalid=*/false);
   refused(false, {{(std::uint64_t{1} << 63) - 2, 0, 4}}, f, "overflows", /*invalid=*/false);
+  try {  // sizes adding up past 2^63 - 1 (a buffer size taken on trust): EOVERFLOW, naming the
+         // range with its offset and size (the binding tells an open failure by their absence)
+    const std::size_t q = std::size_t{1} << 62;
+    h.async_pread_ranges(buf.data(), std::numeric_limits<std::size_t>::max(), f,
+                         std::vector<IoRange>{{0, 0, q}, {512, q, q}});
+    ADD_FAILURE() << "sizes beyond 2^63 - 1 were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EOVERFLOW);
+    EXPECT_NE(std::string(e.what()).find("range 1: the ranges' sizes add up"), std::string::npos) << e.what();
+    EXPECT_EQ(e.offset(), 512u);
+    EXPECT_EQ(e.nbytes(), std::size_t{1} << 62);
+  }
   EXPECT_FALSE(std::filesystem::exists(dir_.file("new"))) << "a refused write creates nothing";
   EXPECT_EQ(h.pending(), 0u);
   EXPECT_EQ(h.wait(), 0u);

@@ -161,7 +161,16 @@ def test_refused_ranges_name_the_range_and_queue_nothing(tmp_dir):
         (([True], 1), TypeError, r"file_offsets\[0\] must be an integer"),
         (("0", 1), TypeError, "file_offsets must be a sequence"),
         (([0, 15 * PAGE + 1], PAGE), deepio.EndOfFileError, "range 1 reads past end of file"),
+        # Python integers beyond 64 bits: named, as an unsigned array item above 2^63 - 1 is
+        (([0, 2**63], 1), deepio.InvalidArgumentError, r"file_offsets\[1\] is above 2\^63 - 1"),
+        (([0], [2**64]), deepio.InvalidArgumentError, r"sizes\[0\] is above 2\^63 - 1"),
+        (([0], 2**63), deepio.InvalidArgumentError, r"sizes is above 2\^63 - 1"),
+        (([-(2**64)], 1), deepio.InvalidArgumentError, r"file_offsets\[0\] must be non-negative"),
+        ((np.array([2**63], dtype=np.uint64), 1), deepio.InvalidArgumentError, r"file_offsets\[0\] is above"),
+        (([0], np.True_), TypeError, "integers"),
     ]
+    if torch is not None:  # a 0-d bool tensor is not a size either
+        cases.append((([0], torch.tensor(True)), TypeError, "integer"))
     for args, exc, text in cases:
         with pytest.raises(exc, match=text):
             h.async_pread_ranges(out, path, *args)
