@@ -685,7 +685,8 @@ def save(
     with replacing(final) as tmp:
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
-            crc_filling = _crc_wanted(crc32) and _large_host_tensors(obj, _CRC_FILL_MIN)
+            want_crc = _crc_wanted(crc32)
+            crc_filling = want_crc and _large_host_tensors(obj, _CRC_FILL_MIN)
             # The dry pass finds the storages; None: the object holds a tensor torch refuses to
             # write under skip_data. CUDA storages can exist only once torch initialized CUDA, and
             # host storages matter only for a large save wanting CRC-32s: no dry pass else (the
@@ -695,7 +696,7 @@ def save(
             crcs: dict[int, tuple[int, int]] | None = None
             if found is not None and _takes_filling_route(found[0], crc_filling):
                 try:
-                    crcs = _save_filling(obj, w, pickle_protocol, *found, crc=_crc_wanted(crc32))
+                    crcs = _save_filling(obj, w, pickle_protocol, *found, crc=want_crc)
                 except RuntimeError as e:
                     # torch's writer reports a failed seek() as its own error ("unexpected pos")
                     mismatch = isinstance(e, _FillMismatch) or isinstance(w._error, _FillMismatch)
@@ -900,6 +901,16 @@ def _save_filling(
     return crcs
 
 
+def _data_start(header_offset: int, head: bytes) -> int:
+    """Where a zip record's data starts, from the 30 bytes of its local header (at
+    ``header_offset``): the header's own name and extra field lengths, which may differ from
+    the central directory's."""
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header at {header_offset}")
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    return header_offset + 30 + name_len + extra_len
+
+
 def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
     """Writes the CRC-32s of the records whose data starts at a key of ``crcs`` ({offset:
     (nbytes, CRC-32)}) into the zip torch wrote under skip_data, where they are 0: the record's
@@ -916,11 +927,7 @@ def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
                 name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
                 entry, entry_at = entry_at, entry_at + 46 + len(name) + len(info.extra) + len(info.comment)
                 f.seek(info.header_offset)
-                head = f.read(30)
-                if len(head) < 30 or head[:4] != b"PK\x03\x04":
-                    raise zipfile.BadZipFile(f"no local header at {info.header_offset}")
-                name_len, extra_len = struct.unpack("<HH", head[26:30])
-                start = info.header_offset + 30 + name_len + extra_len
+                start = _data_start(info.header_offset, f.read(30))
                 want = crcs.get(start)
                 if want is None or want[0] != info.file_size or info.CRC != 0:
                     continue
@@ -1236,9 +1243,7 @@ def _release_outside_storages(addr: int, view: memoryview) -> None:
         with zipfile.ZipFile(cast(IO[bytes], _MemoryFile(view))) as z:
             for info in z.infolist():
                 if "/data/" in info.filename and info.file_size:
-                    head = bytes(view[info.header_offset : info.header_offset + 30])
-                    name_len, extra_len = struct.unpack("<HH", head[26:30])
-                    start = info.header_offset + 30 + name_len + extra_len
+                    start = _data_start(info.header_offset, bytes(view[info.header_offset : info.header_offset + 30]))
                     keep.append((start, start + info.file_size))
     except Exception:
         return
