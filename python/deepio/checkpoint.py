@@ -39,6 +39,7 @@ import struct
 import sys
 import threading
 import warnings
+import weakref
 import zipfile
 import zlib
 from concurrent.futures import Future as _CrcFuture
@@ -994,8 +995,8 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
     without an accelerator) and the file is torch's zip format, the whole file is read into
     one buffer (transparent huge pages, faulted in on a helper thread ahead of large direct
     reads, all in flight) and every storage is a view of its bytes there, as with
-    ``torch.load(mmap=True)`` but read now: no copy, no second allocation. The buffer is freed
-    when the last tensor of the result goes (one kept tensor keeps all of it). Otherwise
+    ``torch.load(mmap=True)`` but read now: no copy, no second allocation. A storage that
+    is freed gives its pages back at once; the buffer's mapping goes with the last. Otherwise
     (other map_locations, the legacy format, TorchScript, pickle keywords) through a
     ``Reader``: aligned direct-I/O chunks read ahead into page-locked buffers and copied into
     each storage's memory, which a helper thread faults in ahead of the copies.
@@ -1201,12 +1202,11 @@ def _load_whole(p: str, map_location: Any, weights_only: bool | None) -> tuple[A
         zf = torch._C.PyTorchFileReader(cast(IO[bytes], _MemoryFile(view)))
         if "constants.pkl" in zf.get_all_records():
             return None  # TorchScript: torch.load hands it to torch.jit.load
-        # A storage of the file's bytes; it (and every view of it) keeps buf alive.
-        storage = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=off).untyped_storage()
+        storages = _RecordStorages(buf, off)
     except Exception:
         return None
     try:
-        result = load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storage, encoding="utf-8")
+        result = load_zip(zf, map_location, unpickler if wo else pickle, overall_storage=storages, encoding="utf-8")
     except TypeError as e:
         if "overall_storage" in str(e):
             return None  # a torch whose loader has no such parameter
@@ -1229,11 +1229,43 @@ _MADV_DONTNEED = 4
 _RELEASE_MIN = 2 << 20  # gaps between storage records from this size are given back
 
 
+class _RecordStorages:
+    """What torch's zip loader takes as ``overall_storage`` (it only slices it: one slice per
+    storage record): each slice is a storage of its own over the record's bytes in the buffer
+    (``torch.frombuffer`` of a ctypes view, which keeps the buffer mapped), and when that storage
+    is freed the whole pages inside its record go back to the kernel (MADV_DONTNEED). So a
+    storage the caller drops (a model's weights once ``load_state_dict`` copied them) stops
+    holding memory while other storages of the same load live on; the mapping itself goes
+    with the last of them."""
+
+    def __init__(self, buf: mmap.mmap, off: int) -> None:
+        self._buf, self._off = buf, off
+        self._addr = _populate.address(buf) + off
+
+    def __getitem__(self, s: slice) -> Any:
+        torch = sys.modules["torch"]
+        start, stop = int(s.start), int(s.stop)
+        if stop <= start:
+            return torch.UntypedStorage(0)
+        piece = (ctypes.c_char * (stop - start)).from_buffer(self._buf, self._off + start)
+        # Not at exit: an atexit handler of the caller's may still read the tensor then.
+        weakref.finalize(piece, _give_back, self._addr + start, stop - start).atexit = False
+        return torch.frombuffer(piece, dtype=torch.uint8).untyped_storage()
+
+
+def _give_back(addr: int, nbytes: int) -> None:
+    """MADV_DONTNEED on the whole pages of [addr, addr + nbytes) (a hint: never raises)."""
+    lo, hi = -(-addr // mmap.PAGESIZE) * mmap.PAGESIZE, (addr + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        _populate.advise(lo, hi - lo, _MADV_DONTNEED)
+
+
 def _release_outside_storages(addr: int, view: memoryview) -> None:
     """Gives the buffer's pages that hold no storage bytes back to the kernel (MADV_DONTNEED:
     the pickle, zip headers and directory, records torch copied out), where a gap is at least
-    _RELEASE_MIN: the views keep the buffer alive, and a checkpoint with a large pickled object
-    would otherwise keep that object's bytes too. Storage records are the archive's ``/data/``
+    _RELEASE_MIN: the buffer stays mapped while any storage lives (each gives back only its own
+    record's pages when it goes), and a checkpoint with a large pickled object would otherwise
+    keep that object's bytes too. Storage records are the archive's ``/data/``
     entries; torch read every other record into memory of its own. A hint: on any doubt
     (a directory zipfile cannot read), nothing is released."""
     if len(view) < 2 * _RELEASE_MIN:

@@ -729,6 +729,54 @@ def test_weights_only_follows_torch_load(tmp_dir):
     assert deepio.load(p, mmap=True, weights_only=False)["c"] == Custom(3)
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_a_loaded_storage_gives_its_memory_back_when_it_goes(tmp_dir):
+    """deepio.load reads the whole file into one buffer and makes each storage a view of its
+    record there; a storage the caller drops (a model's weights once load_state_dict copied
+    them, while the optimizer keeps its own tensors) gives its pages back at once instead of
+    living as long as the last tensor of the load."""
+    import gc
+
+    sd = {"big": torch.randn(16 << 20), "keep": torch.randn(1 << 18)}
+    sd["view"] = sd["big"][10:20]
+    p = tmp_dir / "parts.pt"
+    deepio.save(sd, p)
+    got = deepio.load(p, map_location="cpu")
+    assert_same(sd, got)
+    assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
+    loaded = _rss_mib()
+    del got["big"]
+    gc.collect()
+    assert _rss_mib() > loaded - 16  # the view still holds the storage
+    del got["view"]
+    gc.collect()
+    assert _rss_mib() < loaded - 48  # 64 MiB given back while "keep" lives on
+    assert torch.equal(got["keep"], sd["keep"])
+    got["keep"].add_(1)  # still its own, writable memory
+    assert torch.equal(got["keep"], sd["keep"] + 1)
+
+
+def test_loaded_tensors_keep_their_bytes_for_atexit_handlers(tmp_dir):
+    """Giving a dropped storage's pages back must not run at interpreter exit, before an atexit
+    handler of the caller's that still reads the tensors (registered first of all: atexit runs
+    the last registered first)."""
+    p = tmp_dir / "exit.pt"
+    r = _child(f"""
+        import atexit
+        atexit.register(lambda: print("equal" if torch.equal(got["w"], sd["w"]) else "changed"))
+        import torch, deepio
+        sd = {{"w": torch.arange(1 << 20, dtype=torch.float32)}}
+        deepio.save(sd, {str(p)!r})
+        got = deepio.load({str(p)!r}, map_location="cpu")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "equal"
+
+
 _effects: list[int] = []
 
 
