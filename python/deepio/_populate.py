@@ -57,6 +57,11 @@ def address(buf: Any) -> int:
         del anchor
 
 
+def whole_pages(addr: int, nbytes: int) -> tuple[int, int]:
+    """[lo, hi): the whole pages inside [addr, addr + nbytes) (hi <= lo: none)."""
+    return -(-addr // _PAGE) * _PAGE, (addr + nbytes) // _PAGE * _PAGE
+
+
 def populate(addr: int, nbytes: int, advice: int = MADV_POPULATE_WRITE) -> int:
     """Faults in the whole pages of [addr, addr + nbytes): for writing (MADV_POPULATE_WRITE,
     anonymous memory) or reading (MADV_POPULATE_READ, a file mapping: the file's pages are
@@ -65,7 +70,7 @@ def populate(addr: int, nbytes: int, advice: int = MADV_POPULATE_WRITE) -> int:
     where a file's page could not be read (an I/O error, or the file shrank)."""
     global _supported
     fn = _fn()
-    lo, hi = -(-addr // _PAGE) * _PAGE, (addr + nbytes) // _PAGE * _PAGE
+    lo, hi = whole_pages(addr, nbytes)
     if hi <= lo:
         return 0
     if not fn or not _supported:

@@ -1255,7 +1255,7 @@ class _RecordStorages:
 
 def _give_back(addr: int, nbytes: int) -> None:
     """MADV_DONTNEED on the whole pages of [addr, addr + nbytes) (a hint: never raises)."""
-    lo, hi = -(-addr // mmap.PAGESIZE) * mmap.PAGESIZE, (addr + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    lo, hi = _populate.whole_pages(addr, nbytes)
     if hi > lo:
         _populate.advise(lo, hi - lo, _MADV_DONTNEED)
 
@@ -1281,7 +1281,7 @@ def _release_outside_storages(addr: int, view: memoryview) -> None:
         return
     at = 0
     for start, end in [*sorted(keep), (len(view), len(view))]:
-        lo, hi = -(-(addr + at) // 4096) * 4096, (addr + start) // 4096 * 4096
+        lo, hi = _populate.whole_pages(addr + at, start - at)
         if hi - lo >= _RELEASE_MIN:
             _populate.advise(lo, hi - lo, _MADV_DONTNEED)
         at = max(at, end)
