@@ -57,9 +57,10 @@ def address(buf: Any) -> int:
         del anchor
 
 
-def whole_pages(addr: int, nbytes: int) -> tuple[int, int]:
-    """[lo, hi): the whole pages inside [addr, addr + nbytes) (hi <= lo: none)."""
-    return -(-addr // _PAGE) * _PAGE, (addr + nbytes) // _PAGE * _PAGE
+def whole_pages(addr: int, nbytes: int, page: int = _PAGE) -> tuple[int, int]:
+    """[lo, hi): the whole pages of ``page`` bytes (the base page; HUGE for huge pages) inside
+    [addr, addr + nbytes) (hi <= lo: none)."""
+    return -(-addr // page) * page, (addr + nbytes) // page * page
 
 
 def populate(addr: int, nbytes: int, advice: int = MADV_POPULATE_WRITE) -> int:

@@ -139,7 +139,7 @@ def _prefault(dest: memoryview) -> _populate.Ahead | None:
         return None
     addr, n = _populate.address(dest), len(dest)
     if _HUGEPAGE_HINT:
-        lo, hi = -(-addr // _populate.HUGE) * _populate.HUGE, (addr + n) // _populate.HUGE * _populate.HUGE
+        lo, hi = _populate.whole_pages(addr, n, _populate.HUGE)
         if hi > lo:
             _populate.advise(lo, hi - lo, _populate.MADV_HUGEPAGE)
     if not _POPULATE_AHEAD:
