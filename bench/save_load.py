@@ -6,8 +6,9 @@ A transformer-shaped state dict (embedding, per layer qkv/out/mlp weights and bi
 tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, interleaved
 (deepio, torch, deepio, torch, ... with the order swapped every pair), --pairs times:
 
-  save:  deepio.save (temp name, fsync, rename, fsync folder), also with crc32=False | torch.save + fsync of the
-         file and folder (the same durability) | torch.save without fsync (what most code does)
+  save:  deepio.save (temp name, fsync, rename, fsync folder), also with crc32=False and, where zlib-ng is
+         installed, with the standard library's zlib CRC-32 instead | torch.save + fsync of the file and folder
+         (the same durability) | torch.save without fsync (what most code does)
   ceiling: the engine writing (fsync'ed) and reading one page-locked buffer of the same size
   load:  deepio.load | torch.load of the same torch.save file, page cache dropped before each
          (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm);
@@ -30,6 +31,7 @@ import shutil
 import statistics
 import sys
 import time
+import zlib
 
 from benchutil import cpu_seconds, drop_caches
 
@@ -138,7 +140,8 @@ def main() -> int:
         f"{checkpoint.DEFAULT_READ_BUFFER >> 20} MiB; deepio.load whole-file route {checkpoint._WHOLE_FILE} "
         f"({checkpoint._WHOLE_CHUNK >> 20} MiB requests, {checkpoint._WHOLE_POPULATE_THREADS} populating thread, "
         f"huge pages {checkpoint._WHOLE_HUGEPAGES}); "
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs; {args.pairs} interleaved pairs; "
+        f"CRC-32 from {checkpoint._crc32.__module__}; torch {torch.__version__}, {os.cpu_count()} CPUs; "
+        f"{args.pairs} interleaved pairs; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     p_dio = os.path.join(args.dir, "deepio.pt")
@@ -150,6 +153,13 @@ def main() -> int:
 
     def save_deepio_nocrc() -> None:
         deepio.save(sd, p_dio, crc32=False)
+
+    def save_deepio_zlib() -> None:
+        fast, checkpoint._crc32 = checkpoint._crc32, zlib.crc32
+        try:
+            deepio.save(sd, p_dio)
+        finally:
+            checkpoint._crc32 = fast
 
     def save_torch_fsync() -> None:
         torch.save(sd, p_tor)
@@ -181,6 +191,8 @@ def main() -> int:
         "torch.save+fsync": save_torch_fsync,
         "torch.save (no fsync)": save_torch,
     }
+    if checkpoint._crc32 is not zlib.crc32:
+        saves["deepio.save, zlib's CRC"] = save_deepio_zlib
     loads = {
         "engine read (ceiling)": read_engine,
         "deepio.load": lambda: deepio.load(p_tor, weights_only=True),
@@ -295,6 +307,9 @@ def main() -> int:
         f"deepio.load / engine read = {r['deepio.load'] / r['engine read (ceiling)']:.2f}x"
     )
     for a, b in (
+        ("deepio.save", "torch.save+fsync"),
+        ("deepio.save", "torch.save (no fsync)"),
+        ("deepio.save", "deepio.save, zlib's CRC"),
         ("deepio.load", "torch.load"),
         ("deepio.load", "engine read (ceiling)"),
         ("deepio.load", "deepio.load Reader"),

@@ -44,7 +44,7 @@ import zipfile
 import zlib
 from concurrent.futures import Future as _CrcFuture
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Union, cast
+from typing import IO, Any, Callable, Union, cast
 
 from . import _deepio, _populate
 from ._durable import replacing
@@ -58,6 +58,18 @@ DEFAULT_WRITE_BUFFERS = 4
 DEFAULT_READ_BUFFER = 8 << 20
 DEFAULT_READ_BUFFERS = 4
 _SMALL_COPY = 64 << 10  # below this a slice assignment beats a GIL-releasing memcpy
+
+# The CRC-32 of the zip records deepio.save computes beside its writes: zlib-ng's (PyPI
+# "zlib-ng", the "checkpoint" extra; carry-less multiplication, 12 GiB/s on one core of the
+# development VM) when it is installed, else the standard library's zlib (3.5 GiB/s there), whose
+# CRC then bounds a save on a fast device. Both release the GIL and give the same values.
+_crc32: Callable[[Any], int]
+try:
+    from zlib_ng import zlib_ng as _zlib_ng
+
+    _crc32 = _zlib_ng.crc32
+except ImportError:  # depends on what is installed
+    _crc32 = zlib.crc32
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
 
 _handle: Any | None = None
@@ -336,7 +348,7 @@ class Writer(_EngineFile):
                 )
                 raise self._error
             if self._crc_pool is not None and not _is_device(source):
-                self._crcs[self.tell()] = (nbytes, self._crc_pool.submit(zlib.crc32, source))
+                self._crcs[self.tell()] = (nbytes, self._crc_pool.submit(_crc32, source))
             self.write(source)
             return self.tell()
         target = self._seek_target(offset, whence, self._base + self._pos, self._end_after_flush)
@@ -738,7 +750,7 @@ _force_filling = False  # tests: take the filling route (skip_data + filling) fo
 
 #: Saves whose host storages hold at least this many bytes, where CRC-32s are wanted, take the
 #: filling route too: torch writes the file with the storages' bytes and their CRC-32s left
-#: out, the Writer places each storage, zlib computes its CRC-32 on a helper thread while it is
+#: out, the Writer places each storage, _crc32 computes its CRC-32 on a helper thread while it is
 #: written, and _patch_crcs puts the CRCs into the zip. torch computes its CRC-32 on the saving
 #: thread before handing a record over: on a device faster than this VM's disk that halved
 #: deepio.save's speed (docs/benchmarks.md). Below this size the plain route is cheaper.
