@@ -35,3 +35,35 @@ def cpu_seconds() -> float:
     """User + system CPU seconds of this process so far, every thread included."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def block_device(path: str) -> str | None:
+    """The name under /sys/block of the disk holding ``path`` (the whole disk for a
+    partition); None where sysfs does not say."""
+    st = os.stat(path)
+    link = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    try:
+        name = os.path.basename(os.path.realpath(link))
+    except OSError:
+        return None
+    parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
+    if os.path.exists(f"/sys/block/{parent}/stat"):
+        return parent
+    return name if os.path.exists(f"/sys/block/{name}/stat") else None
+
+
+def disk_stat(dev: str | None) -> dict[str, int]:
+    """Counters of /sys/block/<dev>/stat (Documentation/block/stat.rst): "write_ios",
+    "write_sectors" and, from Linux 5.5, "flushes" (field 16) completed so far; {} where
+    unreadable."""
+    if dev is None:
+        return {}
+    try:
+        with open(f"/sys/block/{dev}/stat") as f:
+            v = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return {}
+    out = {"write_ios": v[4], "write_sectors": v[6]}
+    if len(v) > 15:
+        out["flushes"] = v[15]
+    return out

@@ -28,30 +28,7 @@ import time
 import numpy as np
 
 import deepio
-from benchutil import cpu_seconds
-
-
-def _flushes(dev: str | None) -> int | None:
-    # Field 15 of /sys/block/<dev>/stat: flush requests completed (Linux 5.5+).
-    if dev is None:
-        return None
-    try:
-        with open(f"/sys/block/{dev}/stat") as f:
-            fields = f.read().split()
-        return int(fields[14]) if len(fields) > 14 else None
-    except OSError:
-        return None
-
-
-def _block_device(path: str) -> str | None:
-    st = os.stat(path)
-    link = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    try:
-        name = os.path.basename(os.path.realpath(link))
-    except OSError:
-        return None
-    parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
-    return parent if os.path.exists(f"/sys/block/{parent}/stat") else name
+from benchutil import block_device, cpu_seconds, disk_stat
 
 
 def main() -> None:
@@ -63,7 +40,7 @@ def main() -> None:
     ap.add_argument("--modes", default="batch+fsync,ranges+fsync,batch+1 sync", help="comma-separated subset")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="deepio-durable-", dir=a.dir)
-    dev = _block_device(root)
+    dev = block_device(root)
     h = deepio.aio_handle(block_size=1 << 20, queue_depth=128, intra_op_parallelism=2)
     total = a.count * a.size
     buf = h.new_cpu_locked_tensor(total, np.empty(0, np.uint8))
@@ -81,7 +58,7 @@ def main() -> None:
             for mode in modes[pair % len(modes) :] + modes[: pair % len(modes)]:
                 n += 1
                 path = os.path.join(root, f"f{n}")
-                f0, c0, t0 = _flushes(dev), cpu_seconds(), time.perf_counter()
+                f0, c0, t0 = disk_stat(dev).get("flushes"), cpu_seconds(), time.perf_counter()
                 if mode == "batch+fsync":
                     h.async_pwrite_batch(views, path, offsets, fsync=True)
                     h.wait()
@@ -96,7 +73,7 @@ def main() -> None:
                         os.fdatasync(fd)
                     finally:
                         os.close(fd)
-                s, c, f1 = time.perf_counter() - t0, cpu_seconds() - c0, _flushes(dev)
+                s, c, f1 = time.perf_counter() - t0, cpu_seconds() - c0, disk_stat(dev).get("flushes")
                 rows[mode].append((s, c, None if f0 is None or f1 is None else f1 - f0))
         gib = total / (1 << 30)
         base = rows["batch+1 sync"]
