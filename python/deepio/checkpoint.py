@@ -70,6 +70,7 @@ try:
     _crc32 = _zlib_ng.crc32
 except ImportError:  # depends on what is installed
     _crc32 = zlib.crc32
+
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
 
 _handle: Any | None = None
