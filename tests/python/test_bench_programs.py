@@ -1,0 +1,87 @@
+"""The benchmark programs' own measuring: what they read from the system must be what they
+print. bench/durable_one_file.py once read the disk's discard ticks as its flush count and
+reported a write-back disk as one that never flushes (docs/benchmarks.md, "Durable writes on
+this VM are bounded by the virtual disk's write-back cache")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import benchutil  # noqa: E402
+
+
+def _write_cache(dev: str) -> str:
+    try:
+        with open(f"/sys/block/{dev}/queue/write_cache") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def test_disk_stat_counts_the_flush_an_fdatasync_sends(tmp_dir):
+    """On a disk with a volatile cache, each fdatasync of a written file sends the disk one
+    flush: the counter benchutil reads must grow by at least one per call, and the write
+    counters by at least the request."""
+    dev = benchutil.block_device(str(tmp_dir))
+    if dev is None or "flushes" not in benchutil.disk_stat(dev):
+        pytest.skip(f"{tmp_dir} is not on a block device whose statistics say how many flushes it did")
+    if _write_cache(dev) != "write back":
+        pytest.skip(f"{dev} has no volatile cache: the kernel sends it no flushes")
+    path = tmp_dir / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        before = benchutil.disk_stat(dev)
+        for i in range(3):
+            os.pwrite(fd, b"x" * 8192, i * 8192)
+            os.fdatasync(fd)
+        after = benchutil.disk_stat(dev)
+    finally:
+        os.close(fd)
+    assert after["flushes"] - before["flushes"] >= 3
+    assert after["write_ios"] - before["write_ios"] >= 3
+    assert after["write_sectors"] - before["write_sectors"] >= 3 * 8192 // 512
+
+
+def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
+    """A small run of the durable split: every mode is printed, the mode without a sync sends
+    no flush of its own and the fdatasync loop at least one per file (where the disk has a
+    volatile cache and nothing else flushes it meanwhile: allow others' flushes on top)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "durable_many_files.py"),
+            "--dir",
+            str(tmp_dir),
+            "--count",
+            "16",
+            "--size",
+            "8192",
+            "--pairs",
+            "1",
+            "--probe-mib",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {line[:11].strip(): line.split() for line in out.stdout.splitlines()}
+    for mode in ("no sync", "fsync=True", "fsync loop", "one syncfs"):
+        assert mode in rows, out.stdout
+    assert out.stdout.count("flush probe") == 3
+    dev = benchutil.block_device(str(tmp_dir))
+    if dev is not None and _write_cache(dev) == "write back":
+        flushes = rows["fsync loop"][-3]  # "... flushes  ratio (range)"
+        assert int(flushes) >= 16, out.stdout
+    assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
