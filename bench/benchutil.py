@@ -67,3 +67,22 @@ def disk_stat(dev: str | None) -> dict[str, int]:
     if len(v) > 15:
         out["flushes"] = v[15]
     return out
+
+
+def fsync_path(path: str, data_only: bool = False) -> None:
+    """fsync (fdatasync with ``data_only``) of a file or folder by name."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        (os.fdatasync if data_only else os.fsync)(fd)
+    finally:
+        os.close(fd)
+
+
+def write_cache(dev: str | None) -> str:
+    """/sys/block/<dev>/queue/write_cache: "write back" where the disk has a volatile cache
+    (every fsync then sends it a flush), "write through" where not; "unknown" elsewhere."""
+    try:
+        with open(f"/sys/block/{dev}/queue/write_cache") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"

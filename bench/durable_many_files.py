@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 import deepio
-from benchutil import block_device, cpu_seconds, disk_stat
+from benchutil import block_device, cpu_seconds, disk_stat, fsync_path, write_cache
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -47,14 +47,6 @@ def _syncfs(folder: str) -> None:
         if _libc.syncfs(fd) != 0:
             e = ctypes.get_errno()
             raise OSError(e, os.strerror(e), folder)
-    finally:
-        os.close(fd)
-
-
-def _fdatasync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
     finally:
         os.close(fd)
 
@@ -111,7 +103,7 @@ def main() -> None:
     rows: dict[str, list[tuple[float, float, int | None, float | None, int | None]]] = {m: [] for m in modes}
     print(
         f"deepio {deepio.__version__}; {a.count} fresh files x {a.size >> 10} KiB in {root} (device {dev}, "
-        f"write cache: {_write_cache(dev)}); {a.pairs} pairs; load average {os.getloadavg()[0]:.1f}"
+        f"write cache: {write_cache(dev)}); {a.pairs} pairs; load average {os.getloadavg()[0]:.1f}"
     )
     try:
         n = 0
@@ -127,7 +119,7 @@ def main() -> None:
                 h.wait()
                 if mode == "fsync loop":
                     for p in paths:
-                        _fdatasync(p)
+                        fsync_path(p, data_only=True)
                 elif mode == "one syncfs":
                     _syncfs(folder)
                 t, c, s1 = time.perf_counter() - t0, cpu_seconds() - c0, disk_stat(dev)
@@ -168,14 +160,6 @@ def main() -> None:
     finally:
         h.close()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _write_cache(dev: str | None) -> str:
-    try:
-        with open(f"/sys/block/{dev}/queue/write_cache") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 
-from benchutil import cpu_seconds, drop_caches
+from benchutil import cpu_seconds, drop_caches, fsync_path
 
 
 def state_dict(gib: float, dtype):  # type: ignore[no-untyped-def]
@@ -60,14 +60,6 @@ def state_dict(gib: float, dtype):  # type: ignore[no-untyped-def]
 
 def nbytes_of(sd) -> int:  # type: ignore[no-untyped-def]
     return sum(v.nbytes for v in sd.values() if hasattr(v, "nbytes"))
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rss_kib(field: str) -> int:

@@ -17,14 +17,6 @@ sys.path.insert(0, str(REPO / "bench"))
 import benchutil  # noqa: E402
 
 
-def _write_cache(dev: str) -> str:
-    try:
-        with open(f"/sys/block/{dev}/queue/write_cache") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def test_disk_stat_counts_the_flush_an_fdatasync_sends(tmp_dir):
     """On a disk with a volatile cache, each fdatasync of a written file sends the disk one
     flush: the counter benchutil reads must grow by at least one per call, and the write
@@ -32,7 +24,7 @@ def test_disk_stat_counts_the_flush_an_fdatasync_sends(tmp_dir):
     dev = benchutil.block_device(str(tmp_dir))
     if dev is None or "flushes" not in benchutil.disk_stat(dev):
         pytest.skip(f"{tmp_dir} is not on a block device whose statistics say how many flushes it did")
-    if _write_cache(dev) != "write back":
+    if benchutil.write_cache(dev) != "write back":
         pytest.skip(f"{dev} has no volatile cache: the kernel sends it no flushes")
     path = tmp_dir / "f"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -81,7 +73,7 @@ def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
         assert mode in rows, out.stdout
     assert out.stdout.count("flush probe") == 3
     dev = benchutil.block_device(str(tmp_dir))
-    if dev is not None and _write_cache(dev) == "write back":
+    if dev is not None and benchutil.write_cache(dev) == "write back":
         flushes = rows["fsync loop"][-3]  # "... flushes  ratio (range)"
         assert int(flushes) >= 16, out.stdout
     assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
