@@ -286,6 +286,7 @@ class Writer(_EngineFile):
         # (nbytes, source) for save()'s storages: torch (skip_data) seeks over each record's
         # bytes, and the seek writes the source there instead (see _save_filling).
         self._fills: collections.deque[tuple[int, Any]] = collections.deque()
+        self._filling = False  # under _save_filling: every forward skip is a storage's record
         # save()'s CRC-32s of host storages placed by _fills, computed on a helper thread while
         # the bytes are written: {file offset of the record's data: (nbytes, future CRC)}.
         self._crc_pool: ThreadPoolExecutor | None = None
@@ -341,7 +342,10 @@ class Writer(_EngineFile):
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         self._check()
-        if whence == os.SEEK_CUR and self._fills and offset > 0:
+        if whence == os.SEEK_CUR and self._filling and offset > 0:
+            if not self._fills:  # a skip where no storage was pickled: never leave a hole
+                self._error = _FillMismatch(f"deepio.save: torch skipped {offset} bytes where no storage goes")
+                raise self._error
             nbytes, source = self._fills.popleft()
             if nbytes != offset:
                 self._error = _FillMismatch(
@@ -710,7 +714,7 @@ def save(
             crcs: dict[int, tuple[int, int]] | None = None
             if found is not None and _takes_filling_route(found[0], crc_filling):
                 try:
-                    crcs = _save_filling(obj, w, pickle_protocol, *found, crc=want_crc)
+                    crcs = _save_filling(obj, w, pickle_protocol, found[1], crc=want_crc)
                 except RuntimeError as e:
                     # torch's writer reports a failed seek() as its own error ("unexpected pos")
                     mismatch = isinstance(e, _FillMismatch) or isinstance(w._error, _FillMismatch)
@@ -881,30 +885,79 @@ def _storages(obj: Any, pickle_protocol: int) -> tuple[list[Any], bool] | None:
     return order, finder.meta
 
 
-def _save_filling(
-    obj: Any, w: Writer, pickle_protocol: int, storages: list[Any], meta: bool, crc: bool = False
-) -> dict[int, tuple[int, int]]:
-    """torch.save under skip_data into ``w``, which puts each storage in its record. With
-    ``crc``, the CRC-32 of every host storage is computed on a helper thread as it is placed;
-    returns {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs."""
+def _fill_source(storage: Any) -> tuple[int, Any]:
+    """(nbytes, what the Writer writes) for a storage torch skips under skip_data: CUDA memory
+    through the engine's GPU path; CPU memory as it is; other devices (xpu, mps, ...) copied to
+    the host first, as torch.save does."""
     import torch
 
-    for st in storages:
-        if st.nbytes():  # torch skips nothing for an empty record
-            t = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
-            # CUDA memory through the engine's GPU path; CPU memory as it is; other devices
-            # (xpu, mps, ...) copied to the host first, as torch.save does.
-            w._fills.append((st.nbytes(), t if t.device.type == "cuda" else t.cpu().numpy()))
+    t = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return storage.nbytes(), t if t.device.type == "cuda" else t.cpu().numpy()
+
+
+class _PickleModule:
+    """What torch.save needs of a pickle module: its name (torch checks it for dill) and a
+    Pickler."""
+
+    __name__ = "deepio.checkpoint._filling_pickle"
+
+    def __init__(self, pickler: type) -> None:
+        self.Pickler = pickler
+
+
+def _filling_pickle_module(w: Writer) -> Any:
+    """A pickle module for torch.save that queues on ``w._fills`` each storage torch's own
+    pickler gives a new record key, as it does: torch writes the records in that order once
+    the pickling is done. So the Writer fills each record with the storage torch pickled into
+    it, even when an object pickles differently than in the dry pass (another storage, one
+    more, the same ones in another order). torch subclasses ``Pickler`` to define its
+    ``persistent_id``; ``__init_subclass__`` wraps that method to see what it returns."""
+    import torch
+
+    keys: set[str] = set()
+
+    class Pickler(pickle.Pickler):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            inner = cls.persistent_id
+
+            def persistent_id(self: Any, o: Any) -> Any:
+                pid = inner(self, o)
+                if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage" and pid[2] not in keys:
+                    keys.add(pid[2])
+                    st = o._untyped_storage if isinstance(o, torch.storage.TypedStorage) else o
+                    if st.nbytes():  # torch skips nothing for an empty record
+                        w._fills.append(_fill_source(st))
+                return pid
+
+            cls.persistent_id = persistent_id  # type: ignore[method-assign]
+
+    return _PickleModule(Pickler)
+
+
+def _save_filling(
+    obj: Any, w: Writer, pickle_protocol: int, meta: bool, crc: bool = False
+) -> dict[int, tuple[int, int]]:
+    """torch.save under skip_data into ``w``, which puts each storage in its record (the
+    storages torch's pickler saw, queued by _filling_pickle_module). With ``crc``, the CRC-32
+    of every host storage is computed on a helper thread as it is placed; returns {file offset
+    of a record's data: (nbytes, CRC-32)} for _patch_crcs."""
+    import torch
+
     with warnings.catch_warnings() if meta else contextlib.nullcontext():
         if meta:  # torch warns that a meta tensor under skip_data is a no-op; it is saved as
             # torch.save saves it (no data), so the warning would only puzzle the caller
             warnings.filterwarnings("ignore", message="Serializing tensors on the meta device under skip_data")
         pool = ThreadPoolExecutor(_crc_threads(), thread_name_prefix="deepio-crc") if crc else None
         w._crc_pool = pool
+        w._filling = True
         try:
             with torch.serialization.skip_data():
-                torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
+                torch.save(
+                    obj, cast(IO[bytes], w), pickle_module=_filling_pickle_module(w), pickle_protocol=pickle_protocol
+                )
         finally:
+            w._filling = False
             w._crc_pool = None
             if pool is not None:
                 pool.shutdown(wait=True)  # no CRC still reading a storage after this

@@ -681,36 +681,91 @@ def test_crc_patching_leaves_a_file_it_cannot_read_alone(tmp_dir):
     assert p.read_bytes() == before
 
 
-def _pickled_twice_differently():
-    """An object whose pickling gives a tensor of another size each time: the dry pass and
-    torch's pass disagree."""
+class _Growing:
+    """Pickles as a tensor of another size each time."""
 
-    class Growing:
-        calls = 0
+    def __init__(self):
+        self.calls = 0
 
-        def __reduce__(self):
-            Growing.calls += 1
-            return (torch.clone, (torch.full((Growing.calls * 300_000,), float(Growing.calls)),))
+    def __reduce__(self):
+        self.calls += 1
+        return (torch.clone, (torch.full((self.calls * 300_000,), float(self.calls)),))
 
-    return Growing
+    def last(self):
+        return torch.full((self.calls * 300_000,), float(self.calls))
 
 
-def test_a_save_whose_second_pickling_differs_starts_again_on_the_plain_route(tmp_dir, monkeypatch):
-    """The filling route places the storages the dry pass found; when torch's own pass asks for
-    another size, the save starts again on the plain route (a fresh temporary file) instead of
-    failing, and the file holds what that pass pickled."""
+class _OneMore(_Growing):
+    """Pickles as one more tensor each time (a lazily made buffer, a growing history)."""
+
+    def __reduce__(self):
+        self.calls += 1
+        return (list, ([torch.full((1 << 18,), float(i + 1)) for i in range(self.calls)],))
+
+    def last(self):
+        return [torch.full((1 << 18,), float(i + 1)) for i in range(self.calls)]
+
+
+class _Swapping(_Growing):
+    """Pickles two same-size tensors, in the other order each time."""
+
+    def __init__(self):
+        super().__init__()
+        self.ts = [torch.full((1 << 18,), 1.0), torch.full((1 << 18,), 2.0)]
+
+    def _order(self):
+        return self.ts if self.calls % 2 else self.ts[::-1]
+
+    def __reduce__(self):
+        self.calls += 1
+        a, b = self._order()
+        return (dict, ([("first", a), ("second", b)],))
+
+    def last(self):
+        a, b = self._order()
+        return {"first": a, "second": b}
+
+
+@pytest.mark.parametrize("kind", [_Growing, _OneMore, _Swapping], ids=["other-size", "one-more", "swapped"])
+def test_a_save_whose_second_pickling_differs_holds_what_torch_pickled(tmp_dir, monkeypatch, kind):
+    """The dry pass decides the filling route; the records are filled with the storages torch's
+    own pickling gave them (queued as torch's pickler sees them), so an object that pickles
+    differently the second time is saved as torch.save saves it: another size, one more
+    storage (once a hole of zeros with CRC 0, found by review) or the same sizes in another
+    order (once each other's bytes, with matching CRCs)."""
+    import zipfile
+
     from deepio import checkpoint
 
     monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
-    growing = _pickled_twice_differently()
-    sd = {"w": torch.randn(1 << 19), "g": growing()}
+    odd = kind()
+    sd = {"w": torch.randn(1 << 19), "odd": odd}
     p = tmp_dir / "g.pt"
     deepio.save(sd, p, buffer_size=1 << 20)
-    assert growing.calls == 3  # the dry pass, the filling attempt, the plain route
+    assert odd.calls == 2  # the dry pass and torch's: no restart
     got = torch.load(p, weights_only=False)
     assert torch.equal(got["w"], sd["w"])
-    assert torch.equal(got["g"], torch.full((900_000,), 3.0))
+    assert_same(odd.last(), got["odd"])
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
     assert _leftovers(tmp_dir) == []
+
+
+def test_a_writer_filling_storages_refuses_a_skip_where_no_storage_goes(tmp_dir):
+    """While filling, a forward skip with no storage queued for it would leave a hole of zeros
+    in the file: the Writer raises _FillMismatch (save() then starts again on the plain route)."""
+    import os
+
+    from deepio import checkpoint
+
+    w = deepio.Writer(tmp_dir / "w.bin")
+    w.write(b"head")
+    w._filling = True
+    with pytest.raises(checkpoint._FillMismatch, match="no storage goes"):
+        w.seek(4096, os.SEEK_CUR)
+    with pytest.raises(checkpoint._FillMismatch):  # the Writer stays failed, and closes
+        w.close()
+    assert w.closed
 
 
 @pytest.mark.parametrize("crc32", [None, True, False])
