@@ -69,6 +69,11 @@ def disk_stat(dev: str | None) -> dict[str, int]:
     return out
 
 
+def stat_delta(before: dict[str, int], after: dict[str, int], key: str) -> int | None:
+    """How much counter ``key`` of two disk_stat() readings grew; None where either lacks it."""
+    return after[key] - before[key] if key in before and key in after else None
+
+
 def fsync_path(path: str, data_only: bool = False) -> None:
     """fsync (fdatasync with ``data_only``) of a file or folder by name."""
     fd = os.open(path, os.O_RDONLY)

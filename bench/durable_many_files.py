@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 import deepio
-from benchutil import block_device, cpu_seconds, disk_stat, fsync_path, write_cache
+from benchutil import block_device, cpu_seconds, disk_stat, fsync_path, stat_delta, write_cache
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -49,10 +49,6 @@ def _syncfs(folder: str) -> None:
             raise OSError(e, os.strerror(e), folder)
     finally:
         os.close(fd)
-
-
-def _delta(a: dict[str, int], b: dict[str, int], key: str) -> int | None:
-    return b[key] - a[key] if key in a and key in b else None
 
 
 def flush_probe(folder: str, mib: int, dev: str | None) -> None:
@@ -77,7 +73,7 @@ def flush_probe(folder: str, mib: int, dev: str | None) -> None:
             print(
                 f"flush probe {rnd + 1}: {mib} MiB written in {(t1 - t0) * 1e3:.0f} ms "
                 f"({mib / 1024 / (t1 - t0):.2f} GiB/s); fdatasync {(t2 - t1) * 1e3:.0f} ms "
-                f"({_delta(s1, s2, 'flushes')} flush, {_delta(s1, s2, 'write_ios')} write requests); "
+                f"({stat_delta(s1, s2, 'flushes')} flush, {stat_delta(s1, s2, 'write_ios')} write requests); "
                 f"again with nothing written {(t3 - t2) * 1e3:.2f} ms"
             )
     finally:
@@ -123,14 +119,14 @@ def main() -> None:
                 elif mode == "one syncfs":
                     _syncfs(folder)
                 t, c, s1 = time.perf_counter() - t0, cpu_seconds() - c0, disk_stat(dev)
-                sect = _delta(s0, s1, "write_sectors")
+                sect = stat_delta(s0, s1, "write_sectors")
                 rows[mode].append(
                     (
                         t,
                         c,
-                        _delta(s0, s1, "write_ios"),
+                        stat_delta(s0, s1, "write_ios"),
                         None if sect is None else sect * 512 / (1 << 20),
-                        _delta(s0, s1, "flushes"),
+                        stat_delta(s0, s1, "flushes"),
                     )
                 )
         gib = a.count * a.size / (1 << 30)

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 import deepio
-from benchutil import block_device, cpu_seconds, disk_stat
+from benchutil import block_device, cpu_seconds, disk_stat, fsync_path, stat_delta
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
             for mode in modes[pair % len(modes) :] + modes[: pair % len(modes)]:
                 n += 1
                 path = os.path.join(root, f"f{n}")
-                f0, c0, t0 = disk_stat(dev).get("flushes"), cpu_seconds(), time.perf_counter()
+                s0, c0, t0 = disk_stat(dev), cpu_seconds(), time.perf_counter()
                 if mode == "batch+fsync":
                     h.async_pwrite_batch(views, path, offsets, fsync=True)
                     h.wait()
@@ -68,13 +68,9 @@ def main() -> None:
                 else:
                     h.async_pwrite_batch(views, path, offsets)
                     h.wait()
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
-                        os.fdatasync(fd)
-                    finally:
-                        os.close(fd)
-                s, c, f1 = time.perf_counter() - t0, cpu_seconds() - c0, disk_stat(dev).get("flushes")
-                rows[mode].append((s, c, None if f0 is None or f1 is None else f1 - f0))
+                    fsync_path(path, data_only=True)
+                s, c = time.perf_counter() - t0, cpu_seconds() - c0
+                rows[mode].append((s, c, stat_delta(s0, disk_stat(dev), "flushes")))
         gib = total / (1 << 30)
         base = rows["batch+1 sync"]
         print(f"{'mode':14} {'ms':>8} {'GiB/s':>7} {'CPU s/GiB':>10} {'flushes':>8}   time / baseline (pairs)")
