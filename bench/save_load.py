@@ -93,10 +93,12 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp/deepio-bench")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     ap.add_argument("--loads-only", action="store_true", help="measure the loads only (the file saved once)")
+    ap.add_argument("--saves-only", action="store_true", help="measure the saves only")
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="add deepio.load through the Reader (each storage read into memory torch allocates: deepio.load "
+        help="add deepio.save with every storage copied into the staging buffers (before 2026-11-25), "
+        "deepio.load through the Reader (each storage read into memory torch allocates: deepio.load "
         "before 2026-11-23 19:45), the whole-file read without its populating helper thread and without huge "
         "pages, the Reader with each destination populated in one call before the copies instead of ahead "
         "of them on a helper thread, and the engine reading the file into pre-faulted 4 KiB or huge pages",
@@ -206,7 +208,24 @@ def main() -> int:
 
         return run
 
+    def save_variant(**settings):  # type: ignore[no-untyped-def]
+        """deepio.save with checkpoint's module settings changed for the call."""
+
+        def run() -> None:
+            old = {k: getattr(checkpoint, k) for k in settings}
+            for k, v in settings.items():
+                setattr(checkpoint, k, v)
+            try:
+                deepio.save(sd, p_dio)
+            finally:
+                for k, v in old.items():
+                    setattr(checkpoint, k, v)
+
+        return run
+
     if args.variants:
+        # deepio.save before 2026-11-25: every storage copied into the staging buffers
+        saves["deepio.save, all staged"] = save_variant(_IN_PLACE_MIN=1 << 62)
         loads["deepio.load Reader"] = variant(_WHOLE_FILE=False)
         loads["deepio.load whole, no helper"] = variant(_WHOLE_POPULATE_THREADS=0)
         loads["deepio.load whole, 4 KiB pages"] = variant(_WHOLE_HUGEPAGES=False)
@@ -239,6 +258,8 @@ def main() -> int:
 
         loads["engine read, 4 KiB pages"] = anonymous(False)
         loads["engine read, huge pages"] = anonymous(True)
+    if args.saves_only:
+        loads = {}
     if args.loads_only:
         saves = {}
         torch.save(sd, p_tor)
@@ -294,10 +315,11 @@ def main() -> int:
             f"/ torch.save (no fsync) = {r['deepio.save'] / r['torch.save (no fsync)']:.2f}x; "
             f"deepio.save / engine write = {r['deepio.save'] / r['engine write (ceiling)']:.2f}x"
         )
-    print(
-        f"# deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x; "
-        f"deepio.load / engine read = {r['deepio.load'] / r['engine read (ceiling)']:.2f}x"
-    )
+    if loads:
+        print(
+            f"# deepio.load / torch.load = {r['deepio.load'] / r['torch.load']:.2f}x; "
+            f"deepio.load / engine read = {r['deepio.load'] / r['engine read (ceiling)']:.2f}x"
+        )
     for a, b in (
         ("deepio.save", "torch.save+fsync"),
         ("deepio.save", "torch.save (no fsync)"),

@@ -71,6 +71,10 @@ try:
 except ImportError:  # depends on what is installed
     _crc32 = zlib.crc32
 
+#: save()'s storages from this size are written from their own memory (Writer._write_in_place),
+#: smaller ones are copied into the staging buffers with the zip's headers around them.
+_IN_PLACE_MIN = 4 << 20
+
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
 
 _handle: Any | None = None
@@ -322,13 +326,32 @@ class Writer(_EngineFile):
     def _write_device(self, b: Any) -> int:
         from ._buffers import sync_producer_stream
 
-        nbytes = int(getattr(b, "nbytes", 0))
-        at = self._flush_to_position()
         sync_producer_stream(b)
+        return self._write_in_place(b, int(getattr(b, "nbytes", 0)))
+
+    def _write_in_place(self, b: Any, nbytes: int) -> int:
+        """Writes ``b`` from its own memory through the engine, with no copy into the staging
+        buffers: CUDA memory through the GPU path; host memory by direct I/O straight from it
+        where its address suits the device (the engine bounces it through its own aligned
+        slots, on its worker threads, where it does not). What was staged before it is written
+        first; staging goes on after it. ``b`` must not change until the Writer is flushed."""
         assert self._file is not None
+        at = self._flush_to_position()
+        self._reap()
         self._other.append(self._file.pwrite(b, at))
         self._restart(at + nbytes)
         return nbytes
+
+    def _reap(self) -> None:
+        """Drops the in-place writes that finished, raising the first one's error: a full disk
+        stops a save at the next storage, not at close()."""
+        running = []
+        for f in self._other:
+            if f.done():
+                self._wait(f)
+            else:
+                running.append(f)
+        self._other = running
 
     def _flush_to_position(self) -> int:
         """Submits what is staged; returns the write position, from which a new window starts
@@ -352,9 +375,15 @@ class Writer(_EngineFile):
                     f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes"
                 )
                 raise self._error
-            if self._crc_pool is not None and not _is_device(source):
+            device = _is_device(source)
+            if self._crc_pool is not None and not device:
                 self._crcs[self.tell()] = (nbytes, self._crc_pool.submit(_crc32, source))
-            self.write(source)
+            if device:
+                self._write_device(source)
+            elif nbytes >= _IN_PLACE_MIN:
+                self._write_in_place(source, nbytes)
+            else:
+                self.write(source)
             return self.tell()
         target = self._seek_target(offset, whence, self._base + self._pos, self._end_after_flush)
         if self._base <= target <= self._base + self._fill:
@@ -704,17 +733,17 @@ def save(
         w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)  # replacing() fsyncs
         try:
             want_crc = _crc_wanted(crc32)
-            crc_filling = want_crc and _large_host_tensors(obj, _CRC_FILL_MIN)
+            large = _large_host_tensors(obj, _FILL_MIN)
             # The dry pass finds the storages; None: the object holds a tensor torch refuses to
             # write under skip_data. CUDA storages can exist only once torch initialized CUDA, and
-            # host storages matter only for a large save wanting CRC-32s: no dry pass else (the
-            # object is pickled once).
-            look = _force_filling or crc_filling or _cuda_initialized()
+            # host storages matter only for a large save: no dry pass else (the object is
+            # pickled once).
+            look = _force_filling or large or _cuda_initialized()
             found = _storages(obj, pickle_protocol) if look else ([], False)
             crcs: dict[int, tuple[int, int]] | None = None
-            if found is not None and _takes_filling_route(found[0], crc_filling):
+            if found is not None and _takes_filling_route(found[0], large):
                 try:
-                    crcs = _save_filling(obj, w, pickle_protocol, found[1], crc=want_crc)
+                    crcs = _save_filling(obj, w, pickle_protocol, found, crc=want_crc)
                 except RuntimeError as e:
                     # torch's writer reports a failed seek() as its own error ("unexpected pos")
                     mismatch = isinstance(e, _FillMismatch) or isinstance(w._error, _FillMismatch)
@@ -726,7 +755,7 @@ def save(
                     w.discard()
                     w = Writer(tmp, buffer_size=buffer_size, handle=handle, durable=False)
             if crcs is None:
-                _torch_save(obj, w, pickle_protocol, crc32)
+                _torch_zip(obj, w, pickle, pickle_protocol, want_crc)
             w.close()
             if crcs:
                 _patch_crcs(tmp, crcs)
@@ -753,13 +782,23 @@ def _keep_mode(final: str, tmp: str) -> None:
 
 _force_filling = False  # tests: take the filling route (skip_data + filling) for any object
 
-#: Saves whose host storages hold at least this many bytes, where CRC-32s are wanted, take the
-#: filling route too: torch writes the file with the storages' bytes and their CRC-32s left
-#: out, the Writer places each storage, _crc32 computes its CRC-32 on a helper thread while it is
-#: written, and _patch_crcs puts the CRCs into the zip. torch computes its CRC-32 on the saving
-#: thread before handing a record over: on a device faster than this VM's disk that halved
-#: deepio.save's speed (docs/benchmarks.md). Below this size the plain route is cheaper.
-_CRC_FILL_MIN = 8 << 20
+#: Saves whose host storages hold at least this many bytes take the filling route too: torch
+#: writes the file with the storages' bytes and their CRC-32s left out, the Writer places each
+#: storage (from its own memory, Writer._write_in_place, from _IN_PLACE_MIN bytes), _crc32
+#: computes its CRC-32 on a helper thread while it is written, and _patch_crcs puts the CRCs into
+#: the zip. torch computes its CRC-32 on the saving thread before handing a record over: on a
+#: device faster than this VM's disk that halved deepio.save's speed (docs/benchmarks.md), and
+#: the plain route copies every storage into the staging buffers. Below this size the plain
+#: route is cheaper (one pickling pass).
+_FILL_MIN = 8 << 20
+
+#: The filling route's records start at multiples of this (torch's storage_alignment, which
+#: the file records: torch.load's offset arithmetic follows it), so a storage whose memory is
+#: aligned too goes to the disk by direct I/O straight from that memory; tensors torch.load or
+#: deepio.load read from such a file are page-aligned. Only where the padding (under a page a
+#: record) costs at most 1/_ALIGN_PADDING_SHARE of the storages' bytes; else torch's default.
+_RECORD_ALIGNMENT = 4096
+_ALIGN_PADDING_SHARE = 64
 
 
 def _crc_threads() -> int:
@@ -806,12 +845,18 @@ def _large_host_tensors(obj: Any, at_least: int) -> bool:
     return False
 
 
-def _takes_filling_route(storages: list[Any], crc_filling: bool) -> bool:
+def _takes_filling_route(storages: list[Any], large: bool) -> bool:
     if not hasattr(sys.modules["torch"].serialization, "skip_data"):
         return False  # torch before 2.5: the plain route (CUDA storages copied to the host)
     if _force_filling or any(st.device.type == "cuda" for st in storages):
         return True
-    return crc_filling and sum(st.nbytes() for st in storages if st.device.type == "cpu") >= _CRC_FILL_MIN
+    return large and sum(st.nbytes() for st in storages if st.device.type == "cpu") >= _FILL_MIN
+
+
+def _record_alignment(storages: list[Any]) -> int | None:
+    """_RECORD_ALIGNMENT where its padding is cheap for these storages, else None (torch's)."""
+    total = sum(st.nbytes() for st in storages)
+    return _RECORD_ALIGNMENT if len(storages) * _RECORD_ALIGNMENT * _ALIGN_PADDING_SHARE <= total else None
 
 
 class _FillMismatch(RuntimeError):
@@ -936,14 +981,17 @@ def _filling_pickle_module(w: Writer) -> Any:
 
 
 def _save_filling(
-    obj: Any, w: Writer, pickle_protocol: int, meta: bool, crc: bool = False
+    obj: Any, w: Writer, pickle_protocol: int, found: tuple[list[Any], bool], crc: bool = False
 ) -> dict[int, tuple[int, int]]:
     """torch.save under skip_data into ``w``, which puts each storage in its record (the
-    storages torch's pickler saw, queued by _filling_pickle_module). With ``crc``, the CRC-32
-    of every host storage is computed on a helper thread as it is placed; returns {file offset
-    of a record's data: (nbytes, CRC-32)} for _patch_crcs."""
+    storages torch's pickler saw, queued by _filling_pickle_module), records aligned as
+    _record_alignment says for the dry pass's storages ``found`` (and whether it saw a meta
+    tensor). With ``crc``, the CRC-32 of every host storage is computed on a helper thread as
+    it is placed; returns {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs
+    (empty without ``crc``)."""
     import torch
 
+    storages, meta = found
     with warnings.catch_warnings() if meta else contextlib.nullcontext():
         if meta:  # torch warns that a meta tensor under skip_data is a no-op; it is saved as
             # torch.save saves it (no data), so the warning would only puzzle the caller
@@ -953,9 +1001,7 @@ def _save_filling(
         w._filling = True
         try:
             with torch.serialization.skip_data():
-                torch.save(
-                    obj, cast(IO[bytes], w), pickle_module=_filling_pickle_module(w), pickle_protocol=pickle_protocol
-                )
+                _torch_zip(obj, w, _filling_pickle_module(w), pickle_protocol, crc, _record_alignment(storages))
         finally:
             w._filling = False
             w._crc_pool = None
@@ -1022,19 +1068,44 @@ def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
         )
 
 
-def _torch_save(obj: Any, w: Writer, pickle_protocol: int, crc32: bool | None) -> None:
+def _torch_zip(
+    obj: Any, w: Writer, pickle_module: Any, pickle_protocol: int, crc32: bool, alignment: int | None = None
+) -> None:
+    """torch.save's own steps (torch.serialization._save into torch's zip writer on ``w``) with
+    the CRC choice, and the records' alignment where ``alignment`` is given, made here rather
+    than in torch's global options (which other threads may be saving under)."""
     import torch
 
-    if crc32 is None:
-        torch.save(obj, cast(IO[bytes], w), pickle_protocol=pickle_protocol)
-        return
-    # torch.save's own steps with the CRC choice made here rather than in torch's global
-    # option (which other threads may be saving under).
     ser = torch.serialization
-    zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), bool(crc32), ser._get_storage_alignment())
-    ser._save(obj, zf, pickle, pickle_protocol, False)
+    get_alignment = getattr(ser, "_get_storage_alignment", None)
+    zf: Any
+    if get_alignment is None:  # a torch whose writer has no alignment: its own
+        zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), crc32)
+    else:
+        zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), crc32, alignment or get_alignment())
+        if alignment:
+            zf = _AlignedZip(zf, alignment)
+    ser._save(obj, zf, pickle_module, pickle_protocol, False)
     zf.write_end_of_file()
     w.flush()
+
+
+class _AlignedZip:
+    """torch's zip writer, whose ``.storage_alignment`` record (torch.save writes torch's
+    global option there) says the alignment it was made with: torch.load computes storage
+    offsets from it (``torch.utils.serialization.config.load.calculate_storage_offsets``)."""
+
+    def __init__(self, zf: Any, alignment: int) -> None:
+        self._zf, self._alignment = zf, alignment
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> None:
+        if name == ".storage_alignment":
+            data = str(self._alignment)
+            nbytes = len(data)
+        self._zf.write_record(name, data, nbytes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zf, name)
 
 
 # What torch.load raises on a corrupt or truncated file (random bytes give UnpicklingError,

@@ -590,7 +590,7 @@ def test_large_state_dict_and_map_location(tmp_dir):
 @pytest.mark.parametrize("stdlib_crc", [False, True], ids=["installed-crc", "zlib-crc"])
 @pytest.mark.parametrize("crc32", [None, True, False])
 def test_large_saves_compute_their_crcs_beside_the_writes(tmp_dir, monkeypatch, crc32, stdlib_crc):
-    """Host storages of a save from _CRC_FILL_MIN bytes take the filling route when CRC-32s are
+    """Host storages of a save from _FILL_MIN bytes take the filling route when CRC-32s are
     wanted: torch writes the zip without their bytes and CRCs, a helper thread computes each
     CRC (zlib-ng's where installed, else zlib's: both run) while the Writer places the storage,
     and the CRCs are written into the data descriptors and the central directory afterwards.
@@ -600,7 +600,7 @@ def test_large_saves_compute_their_crcs_beside_the_writes(tmp_dir, monkeypatch, 
 
     from deepio import checkpoint
 
-    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(checkpoint, "_FILL_MIN", 1 << 20)
     if stdlib_crc:
         monkeypatch.setattr(checkpoint, "_crc32", zlib.crc32)
     patched = []
@@ -652,13 +652,114 @@ def test_saves_take_zlib_ngs_crc_where_it_is_installed():
         assert checkpoint._crc32(view) == zlib.crc32(view), (lo, n)
 
 
+def _page_aligned(t):
+    """A copy of ``t`` in page-aligned memory of its own (an anonymous mapping), as tensors
+    torch.load(mmap=True) and deepio.load give from a page-aligned file, or torch's allocator
+    gives under THP_MEM_ALLOC_ENABLE=1."""
+    import mmap
+
+    a = np.frombuffer(mmap.mmap(-1, max(1, t.nbytes)), dtype=np.uint8, count=t.nbytes)
+    out = torch.from_numpy(a).view(t.dtype).reshape(t.shape)
+    out.copy_(t)
+    assert out.data_ptr() % 4096 == 0
+    return out
+
+
+def _records(path) -> dict[str, tuple[int, bytes]]:
+    """{record name: (file offset of its data, the data)} of a zip, from each record's local
+    header (no CRC check: crc32=False leaves them 0)."""
+    import zipfile
+
+    from deepio import checkpoint
+
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        out = {}
+        for i in z.infolist():
+            f.seek(i.header_offset)
+            start = checkpoint._data_start(i.header_offset, f.read(30))
+            f.seek(start)
+            out[i.filename.split("/", 1)[1]] = (start, f.read(i.file_size))
+        return out
+
+
+@pytest.mark.parametrize("crc32", [None, False])
+def test_large_saves_write_storages_from_their_own_memory(tmp_dir, monkeypatch, crc32):
+    """A large save writes each storage of _IN_PLACE_MIN bytes or more through the engine from
+    the tensor's own memory, not copied into the staging buffers; its records start on page
+    boundaries, so page-aligned memory (here an anonymous mapping) goes by direct I/O straight
+    from the tensor wherever the folder takes direct I/O, and other memory by the engine's own
+    aligned slots. Storages whose length is no multiple of a block, views, and storages too
+    small to go in place sit between them; the file is the one torch.load reads (zip tools too,
+    with every CRC-32)."""
+    import zipfile
+
+    from deepio import _deepio, checkpoint
+
+    copied = []
+    real_copy = checkpoint._copy
+    monkeypatch.setattr(checkpoint, "_copy", lambda dest, src: (copied.append(len(src)), real_copy(dest, src)))
+    big = _page_aligned(torch.randn((3 << 20) + 5))  # 12 MiB and 20 bytes: a tail past the last block
+    sd = {
+        "aligned": _page_aligned(torch.randn(1 << 20)),  # 4 MiB
+        "big_view": big[1000:],
+        "odd": torch.randn((1 << 20) + 3),  # memory where torch's allocator put it
+        "small": torch.arange(1000, dtype=torch.int16),
+        "half": torch.randn(1 << 21).half(),  # 4 MiB of another dtype
+    }
+    h = _deepio.Handle(block_size=1 << 20, queue_depth=32, intra_op_parallelism=2)
+    p = tmp_dir / "inplace.pt"
+    deepio.save(sd, p, crc32=crc32, handle=h, buffer_size=1 << 20)
+    for got in (torch.load(p), deepio.load(p), torch.load(p, mmap=True)):
+        assert_same(sd, got)
+    in_place = big.nbytes + sd["aligned"].nbytes + sd["odd"].nbytes + sd["half"].nbytes
+    assert sum(copied) < 1 << 20  # headers, the pickle and "small" only
+    records = _records(p)
+    assert all(at % 4096 == 0 for name, (at, _) in records.items() if name.startswith("data/"))
+    assert records[".storage_alignment"][1] == b"4096"
+    if crc32 is None:
+        with zipfile.ZipFile(p) as z:
+            assert z.testzip() is None
+    probe = _deepio.probe_direct_io(str(tmp_dir))
+    if probe["supported"] and probe["mem_align"] <= 4096:
+        stats = h.stats()
+        aligned_bodies = (big.nbytes // 4096 + sd["aligned"].nbytes // 4096) * 4096
+        assert stats["bytes_direct"] >= aligned_bodies, stats
+        assert stats["bytes_direct"] + stats["bytes_bounced"] + stats["bytes_buffered"] >= in_place, stats
+
+
+@pytest.mark.parametrize("many_small", [False, True], ids=["page-aligned", "torch's-alignment"])
+def test_torch_load_computes_the_offsets_of_a_large_save(tmp_dir, monkeypatch, many_small):
+    """torch.load can compute each storage's offset from the file's ``.storage_alignment``
+    instead of reading the records' headers (torch's calculate_storage_offsets, checked against
+    the headers under TORCH_SERIALIZATION_DEBUG=1): the record must say the alignment the file
+    was written with, page-aligned or, where padding every record to a page would cost more
+    than 1/64 of the bytes (thousands of small tensors), torch's own."""
+    from torch.utils.serialization import config
+
+    sd = {"w": torch.randn(3 << 20), "b": torch.randn(1001)}
+    if many_small:
+        sd.update({f"n{i}": torch.randn(17) for i in range(3000)})
+    p = tmp_dir / "offsets.pt"
+    deepio.save(sd, p)
+    records = _records(p)
+    alignment = int(records[".storage_alignment"][1])
+    assert alignment == (torch.serialization._get_storage_alignment() if many_small else 4096)
+    assert all(at % alignment == 0 for name, (at, _) in records.items() if name.startswith("data/"))
+    monkeypatch.setattr(config.load, "calculate_storage_offsets", True)
+    monkeypatch.setenv("TORCH_SERIALIZATION_DEBUG", "1")
+    got = torch.load(p, mmap=True)
+    assert_same(sd, got)
+    if not many_small:
+        assert got["w"].data_ptr() % 4096 == 0
+
+
 def test_a_torch_without_skip_data_saves_on_the_plain_route(tmp_dir, monkeypatch):
     """torch before 2.5 has no skip_data: large saves take the plain route (torch's CRCs)."""
     import zipfile
 
     from deepio import checkpoint
 
-    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(checkpoint, "_FILL_MIN", 1 << 20)
     monkeypatch.setattr(checkpoint, "_patch_crcs", lambda path, crcs: pytest.fail("filling route taken"))
     monkeypatch.delattr(torch.serialization, "skip_data")
     sd = {"w": torch.randn(1 << 19), "b": torch.arange(3)}
@@ -737,7 +838,7 @@ def test_a_save_whose_second_pickling_differs_holds_what_torch_pickled(tmp_dir, 
 
     from deepio import checkpoint
 
-    monkeypatch.setattr(checkpoint, "_CRC_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(checkpoint, "_FILL_MIN", 1 << 20)
     odd = kind()
     sd = {"w": torch.randn(1 << 19), "odd": odd}
     p = tmp_dir / "g.pt"
