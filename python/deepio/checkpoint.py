@@ -64,12 +64,19 @@ _SMALL_COPY = 64 << 10  # below this a slice assignment beats a GIL-releasing me
 # development VM) when it is installed, else the standard library's zlib (3.5 GiB/s there), whose
 # CRC then bounds a save on a fast device. Both release the GIL and give the same values.
 _crc32: Callable[[Any], int]
+# zlib-ng's crc32_combine(crc1, crc2, len2): the CRC-32 of two pieces one after the other, so a
+# large storage's CRC is computed in _CRC_PIECE pieces on all the helper threads at once (the
+# standard library's zlib has none: a storage is one piece there).
+_crc32_combine: Callable[[int, int, int], int] | None
 try:
     from zlib_ng import zlib_ng as _zlib_ng
 
     _crc32 = _zlib_ng.crc32
+    _crc32_combine = _zlib_ng.crc32_combine
 except ImportError:  # depends on what is installed
     _crc32 = zlib.crc32
+    _crc32_combine = None
+_CRC_PIECE = 32 << 20
 
 #: save()'s storages from this size are written from their own memory (Writer._write_in_place),
 #: smaller ones are copied into the staging buffers with the zip's headers around them.
@@ -294,7 +301,7 @@ class Writer(_EngineFile):
         # save()'s CRC-32s of host storages placed by _fills, computed on a helper thread while
         # the bytes are written: {file offset of the record's data: (nbytes, future CRC)}.
         self._crc_pool: ThreadPoolExecutor | None = None
-        self._crcs: dict[int, tuple[int, _CrcFuture[int]]] = {}
+        self._crcs: dict[int, tuple[int, list[tuple[int, _CrcFuture[int]]]]] = {}
 
     _writes = True
 
@@ -377,7 +384,7 @@ class Writer(_EngineFile):
                 raise self._error
             device = _is_device(source)
             if self._crc_pool is not None and not device:
-                self._crcs[self.tell()] = (nbytes, self._crc_pool.submit(_crc32, source))
+                self._crcs[self.tell()] = (nbytes, _crc_pieces(self._crc_pool, source))
             if device:
                 self._write_device(source)
             elif nbytes >= _IN_PLACE_MIN:
@@ -722,10 +729,14 @@ def save(
     ``crc32``: whether the zip records carry their CRC-32. ``None`` follows torch
     (``torch.serialization.get_crc32_options()``, True by default); ``False`` saves the CPU
     time of computing it (most of a save's CPU): ``torch.load`` does not check it, but zip
-    tools reading the file will report bad CRCs. A save wanting CRC-32s whose dicts, lists and
-    tuples hold 8 MiB of CPU tensors or more takes the filling route too, with each storage's
-    CRC-32 computed on a helper thread while it is written and put into the zip afterwards
-    (torch computes its CRCs on the saving thread, which bounds a save on a fast device).
+    tools reading the file will report bad CRCs. A save whose dicts, lists and tuples hold
+    8 MiB of CPU tensors or more takes the filling route too: each storage's CRC-32 (where
+    wanted) is computed on a helper thread while it is written and put into the zip afterwards
+    (torch computes its CRCs on the saving thread, which bounds a save on a fast device), each
+    storage of 4 MiB or more is written from its own memory (by direct I/O straight from it
+    where its address suits the device), and the records start on page boundaries (unless
+    the padding would cost more than 1/64 of the bytes), as the file's ``.storage_alignment``
+    says. The tensors must not change until the save returns.
     """
 
     final = _fspath(path, "save")
@@ -802,9 +813,26 @@ _ALIGN_PADDING_SHARE = 64
 
 
 def _crc_threads() -> int:
-    """Threads computing CRC-32s, one storage each: one on two cores (the saving thread and the
-    engine need the other), up to four where there are cores to spare."""
+    """Threads computing CRC-32s, one piece of a storage each: one on two cores (the saving
+    thread and the engine need the other), up to four where there are cores to spare."""
     return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def _crc_pieces(pool: ThreadPoolExecutor, source: Any) -> list[tuple[int, _CrcFuture[int]]]:
+    """Starts the CRC-32 of ``source``'s bytes on ``pool``, in _CRC_PIECE pieces where they can
+    be combined: [(piece length, future CRC-32 of the piece)] for _crc_of_pieces."""
+    view = _byte_view(source)
+    n = len(view)
+    step = _CRC_PIECE if _crc32_combine is not None else max(n, 1)
+    return [(min(step, n - at), pool.submit(_crc32, view[at : at + step])) for at in range(0, max(n, 1), step)]
+
+
+def _crc_of_pieces(pieces: list[tuple[int, _CrcFuture[int]]]) -> int:
+    crc = pieces[0][1].result()
+    for n, f in pieces[1:]:
+        assert _crc32_combine is not None
+        crc = _crc32_combine(crc, f.result(), n)
+    return crc
 
 
 def _crc_wanted(crc32: bool | None) -> bool:
@@ -1009,7 +1037,7 @@ def _save_filling(
                 pool.shutdown(wait=True)  # no CRC still reading a storage after this
     if w._fills:
         raise _FillMismatch(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
-    crcs = {at: (n, f.result()) for at, (n, f) in w._crcs.items()}
+    crcs = {at: (n, _crc_of_pieces(pieces)) for at, (n, pieces) in w._crcs.items()}
     w._crcs = {}
     return crcs
 

@@ -590,19 +590,22 @@ def test_large_state_dict_and_map_location(tmp_dir):
 @pytest.mark.parametrize("stdlib_crc", [False, True], ids=["installed-crc", "zlib-crc"])
 @pytest.mark.parametrize("crc32", [None, True, False])
 def test_large_saves_compute_their_crcs_beside_the_writes(tmp_dir, monkeypatch, crc32, stdlib_crc):
-    """Host storages of a save from _FILL_MIN bytes take the filling route when CRC-32s are
-    wanted: torch writes the zip without their bytes and CRCs, a helper thread computes each
-    CRC (zlib-ng's where installed, else zlib's: both run) while the Writer places the storage,
+    """Host storages of a save from _FILL_MIN bytes take the filling route; where CRC-32s are
+    wanted: torch writes the zip without their bytes and CRCs, helper threads compute each
+    CRC (zlib-ng's where installed, in pieces combined with its crc32_combine; else zlib's, one
+    piece a storage: both run) while the Writer places the storage,
     and the CRCs are written into the data descriptors and the central directory afterwards.
     The file must be what zip tools accept (every CRC checked) and load in torch exactly;
-    crc32=False keeps the plain route."""
+    crc32=False leaves every CRC 0."""
     import zipfile
 
     from deepio import checkpoint
 
     monkeypatch.setattr(checkpoint, "_FILL_MIN", 1 << 20)
-    if stdlib_crc:
+    monkeypatch.setattr(checkpoint, "_CRC_PIECE", (1 << 20) - 64)  # storages' CRCs in pieces, combined
+    if stdlib_crc:  # as without zlib-ng: no crc32_combine, one piece a storage
         monkeypatch.setattr(checkpoint, "_crc32", zlib.crc32)
+        monkeypatch.setattr(checkpoint, "_crc32_combine", None)
     patched = []
     real_patch = checkpoint._patch_crcs
     monkeypatch.setattr(
