@@ -298,6 +298,7 @@ class Writer(_EngineFile):
         # bytes, and the seek writes the source there instead (see _save_filling).
         self._fills: collections.deque[tuple[int, Any]] = collections.deque()
         self._filling = False  # under _save_filling: every forward skip is a storage's record
+        self._dio: tuple[int, int] | None = None  # (memory alignment, block) of direct I/O here
         # save()'s CRC-32s of host storages placed by _fills, computed on a helper thread while
         # the bytes are written: {file offset of the record's data: (nbytes, future CRC)}.
         self._crc_pool: ThreadPoolExecutor | None = None
@@ -338,16 +339,52 @@ class Writer(_EngineFile):
 
     def _write_in_place(self, b: Any, nbytes: int) -> int:
         """Writes ``b`` from its own memory through the engine, with no copy into the staging
-        buffers: CUDA memory through the GPU path; host memory by direct I/O straight from it
-        where its address suits the device (the engine bounces it through its own aligned
-        slots, on its worker threads, where it does not). What was staged before it is written
-        first; staging goes on after it. ``b`` must not change until the Writer is flushed."""
+        buffers (CUDA memory through the GPU path; host memory from _write_host_in_place).
+        What was staged before it is written first; staging goes on after it. ``b`` must not
+        change until the Writer is flushed."""
         assert self._file is not None
         at = self._flush_to_position()
         self._reap()
         self._other.append(self._file.pwrite(b, at))
         self._restart(at + nbytes)
         return nbytes
+
+    def _write_host_in_place(self, src: memoryview, unit: int) -> None:
+        """Writes host bytes ``src`` at the write position by direct I/O straight from their
+        memory (``unit`` from _direct_unit): the part before the first ``unit`` boundary of
+        the file and the part after the last are staged, so that both the in-place write and
+        every staged write around it start and end on block boundaries (a staged window
+        starting mid-block would be bounced through the engine's slots)."""
+        n = len(src)
+        head = min(n, -self.tell() % unit)
+        body = (n - head) // unit * unit
+        if head:
+            self.write(src[:head])
+        if body:
+            self._write_in_place(src[head : head + body], body)
+        if head + body < n:
+            self.write(src[head + body :])
+
+    def _direct_unit(self, source: Any, at: int) -> int:
+        """The block the engine would write ``source``, placed at file offset ``at``, in by
+        direct I/O straight from its memory (the file takes direct I/O and the address of the
+        bytes at the first block boundary suits the device, STATX_DIOALIGN), or 0. Where it
+        would not, the engine bounces the bytes through its own small aligned slots, slower
+        than the staging buffers on this VM's disk (docs/benchmarks.md): such a storage is
+        staged."""
+        if self._dio is None:
+            info = _deepio.probe_direct_io(self.name) if self.direct else None
+            ok = info is not None and info["supported"]
+            self._dio = (info["mem_align"], max(info["offset_align"], mmap.PAGESIZE)) if ok else (0, 0)
+        mem_align, unit = self._dio
+        if not mem_align:
+            return 0
+        face = getattr(source, "__array_interface__", None)  # what _fill_source gives: NumPy
+        try:
+            addr = face["data"][0] if face is not None else _populate.address(_byte_view(source))
+        except (TypeError, ValueError):  # a read-only buffer of another kind: staged
+            return 0
+        return unit if (addr + -at % unit) % mem_align == 0 else 0
 
     def _reap(self) -> None:
         """Drops the in-place writes that finished, raising the first one's error: a full disk
@@ -387,8 +424,8 @@ class Writer(_EngineFile):
                 self._crcs[self.tell()] = (nbytes, _crc_pieces(self._crc_pool, source))
             if device:
                 self._write_device(source)
-            elif nbytes >= _IN_PLACE_MIN:
-                self._write_in_place(source, nbytes)
+            elif nbytes >= _IN_PLACE_MIN and (unit := self._direct_unit(source, self.tell())):
+                self._write_host_in_place(_byte_view(source), unit)
             else:
                 self.write(source)
             return self.tell()

@@ -77,3 +77,36 @@ def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
         flushes = rows["fsync loop"][-3]  # "... flushes  ratio (range)"
         assert int(flushes) >= 16, out.stdout
     assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
+
+
+def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
+    """A small run of bench/save_load.py's save side with the variants (the all-staged save, the
+    CRC settings): every method is timed, the saved file is checked against the state dict
+    (the program exits non-zero on a mismatch), and the alignment line says what it found."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "save_load.py"),
+            "--dir",
+            str(tmp_dir),
+            "--gib",
+            "0.03",
+            "--pairs",
+            "1",
+            "--saves-only",
+            "--variants",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "# verified" in out.stdout and "of the bytes page-aligned" in out.stdout
+    table = out.stdout.split("(medians of 1)")[1]
+    for name in ("deepio.save ", "deepio.save, all staged", "deepio.save, CRC whole", "torch.save+fsync"):
+        assert name in table, out.stdout
+    assert "torch.load" not in table  # --saves-only
