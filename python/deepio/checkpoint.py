@@ -373,9 +373,11 @@ class Writer(_EngineFile):
         than the staging buffers on this VM's disk (docs/benchmarks.md): such a storage is
         staged."""
         if self._dio is None:
-            info = _deepio.probe_direct_io(self.name) if self.direct else None
-            ok = info is not None and info["supported"]
-            self._dio = (info["mem_align"], max(info["offset_align"], mmap.PAGESIZE)) if ok else (0, 0)
+            self._dio = (0, 0)
+            if self.direct:
+                info = _deepio.probe_direct_io(self.name)
+                if info["supported"]:
+                    self._dio = (info["mem_align"], max(info["offset_align"], mmap.PAGESIZE))
         mem_align, unit = self._dio
         if not mem_align:
             return 0
