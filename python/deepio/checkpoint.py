@@ -78,8 +78,9 @@ except ImportError:  # depends on what is installed
     _crc32_combine = None
 _CRC_PIECE = 32 << 20
 
-#: save()'s storages from this size are written from their own memory (Writer._write_in_place),
-#: smaller ones are copied into the staging buffers with the zip's headers around them.
+#: save()'s storages from this size are written from their own memory where the device takes
+#: it for direct I/O (Writer._direct_unit); smaller ones, and the others, are copied into the
+#: staging buffers with the zip's headers around them.
 _IN_PLACE_MIN = 4 << 20
 
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
@@ -1153,6 +1154,8 @@ def _torch_zip(
         if alignment:
             zf = _AlignedZip(zf, alignment)
     ser._save(obj, zf, pickle_module, pickle_protocol, False)
+    if isinstance(zf, _AlignedZip) and not zf.said:  # a torch whose _save does not write it
+        zf.write_record(".storage_alignment", str(alignment), len(str(alignment)))
     zf.write_end_of_file()
     w.flush()
 
@@ -1164,11 +1167,13 @@ class _AlignedZip:
 
     def __init__(self, zf: Any, alignment: int) -> None:
         self._zf, self._alignment = zf, alignment
+        self.said = False  # whether the record was written
 
     def write_record(self, name: str, data: Any, nbytes: int) -> None:
         if name == ".storage_alignment":
             data = str(self._alignment)
             nbytes = len(data)
+            self.said = True
         self._zf.write_record(name, data, nbytes)
 
     def __getattr__(self, name: str) -> Any:

@@ -736,14 +736,32 @@ def test_large_saves_write_storages_from_their_own_memory(tmp_dir, monkeypatch, 
         assert sum(copied) >= stored
 
 
-@pytest.mark.parametrize("many_small", [False, True], ids=["page-aligned", "torch's-alignment"])
-def test_torch_load_computes_the_offsets_of_a_large_save(tmp_dir, monkeypatch, many_small):
+@pytest.mark.parametrize("case", ["page-aligned", "many-small", "torch-without-the-record"])
+def test_torch_load_computes_the_offsets_of_a_large_save(tmp_dir, monkeypatch, case):
     """torch.load can compute each storage's offset from the file's ``.storage_alignment``
     instead of reading the records' headers (torch's calculate_storage_offsets, checked against
     the headers under TORCH_SERIALIZATION_DEBUG=1): the record must say the alignment the file
     was written with, page-aligned or, where padding every record to a page would cost more
-    than 1/64 of the bytes (thousands of small tensors), torch's own."""
+    than 1/64 of the bytes (thousands of small tensors), torch's own; under a torch whose
+    serializer writes no such record, deepio.save writes it."""
     from torch.utils.serialization import config
+
+    many_small = case == "many-small"
+    if case == "torch-without-the-record":
+        real_save = torch.serialization._save
+
+        def save_without_the_record(obj, zip_file, *args):
+            class Skipping:
+                def __getattr__(self, name):
+                    return getattr(zip_file, name)
+
+                def write_record(self, name, data, nbytes):
+                    if name != ".storage_alignment":
+                        zip_file.write_record(name, data, nbytes)
+
+            return real_save(obj, Skipping(), *args)
+
+        monkeypatch.setattr(torch.serialization, "_save", save_without_the_record)
 
     sd = {"w": torch.randn(3 << 20), "b": torch.randn(1001)}
     if many_small:
