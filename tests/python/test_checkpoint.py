@@ -736,6 +736,32 @@ def test_large_saves_write_storages_from_their_own_memory(tmp_dir, monkeypatch, 
         assert sum(copied) >= stored
 
 
+def test_a_checkpoint_deepio_loaded_saves_again_from_its_own_memory(tmp_dir, monkeypatch):
+    """Resuming and saving again: deepio.load of a large deepio.save file gives page-aligned
+    storages (its records are), so saving them again writes them straight from that memory
+    wherever the folder takes direct I/O at page alignment, whatever torch's allocator gave
+    the first time; the second file holds the same tensors."""
+    from deepio import _deepio, checkpoint
+
+    sd = {"embed": torch.randn(1 << 20), "w": torch.randn(1500, 1001), "b": torch.randn(1001)}
+    first = tmp_dir / "first.pt"
+    deepio.save(sd, first)
+    loaded = deepio.load(first)
+    assert all(loaded[k].untyped_storage().data_ptr() % 4096 == 0 for k in sd)
+    copied = []
+    real_copy = checkpoint._copy
+    monkeypatch.setattr(checkpoint, "_copy", lambda dest, src: (copied.append(len(src)), real_copy(dest, src)))
+    h = _deepio.Handle(block_size=1 << 20, queue_depth=32, intra_op_parallelism=2)
+    second = tmp_dir / "second.pt"
+    deepio.save(loaded, second, handle=h)
+    assert_same(sd, torch.load(second))
+    probe = _deepio.probe_direct_io(str(tmp_dir))
+    if probe["supported"] and probe["mem_align"] <= 4096:
+        large = sd["embed"].nbytes + sd["w"].nbytes
+        assert sum(copied) < 1 << 20
+        assert h.stats()["bytes_direct"] >= large // 4096 * 4096 - 4096
+
+
 @pytest.mark.parametrize("case", ["page-aligned", "many-small", "torch-without-the-record"])
 def test_torch_load_computes_the_offsets_of_a_large_save(tmp_dir, monkeypatch, case):
     """torch.load can compute each storage's offset from the file's ``.storage_alignment``
