@@ -83,6 +83,10 @@ _CRC_PIECE = 32 << 20
 #: staging buffers with the zip's headers around them.
 _IN_PLACE_MIN = 4 << 20
 
+#: A Writer window's first byte sits at its file offset modulo this in the staging buffer
+#: (Writer._shift); staging buffer sizes are multiples of it (_check_sizes).
+_WINDOW_ALIGN = 4096
+
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
 
 _handle: Any | None = None
@@ -293,6 +297,11 @@ class Writer(_EngineFile):
         self._pos = 0  # write position inside it
         self._fill = 0  # bytes of it holding data
         self._limit = buffer_size  # its capacity: ends at a multiple of buffer_size
+        # Where in the buffer the window's first byte sits: its file offset's place in a page,
+        # so that the buffer's bytes at every block boundary of the file are aligned and the
+        # engine writes them by direct I/O (a window starting mid-block after a seek or a write
+        # from device memory would otherwise be bounced through the engine's slots).
+        self._shift = 0
         self._error: BaseException | None = None
         self._durable = durable
         # (nbytes, source) for save()'s storages: torch (skip_data) seeks over each record's
@@ -322,8 +331,8 @@ class Writer(_EngineFile):
         while done < n:
             room = self._limit - self._pos
             k = min(room, n - done)
-            buf = self._bufs[self._cur].view
-            _copy(buf[self._pos : self._pos + k], src[done : done + k])
+            at = self._shift + self._pos
+            _copy(self._bufs[self._cur].view[at : at + k], src[done : done + k])
             self._pos += k
             done += k
             if self._pos > self._fill:
@@ -519,7 +528,7 @@ class Writer(_EngineFile):
         write it was holding)."""
         assert self._file is not None
         if self._fill:
-            buf = self._bufs[self._cur].view[: self._fill]
+            buf = self._bufs[self._cur].view[self._shift : self._shift + self._fill]
             self._pending[self._cur] = self._file.pwrite(buf, self._base)
         self._restart(self._base + self._fill, switch=True)
 
@@ -535,6 +544,7 @@ class Writer(_EngineFile):
         self._base = offset
         self._pos = self._fill = 0
         self._limit = self._size - offset % self._size
+        self._shift = offset % _WINDOW_ALIGN  # <= offset % self._size: the window fits the buffer
 
     def _drain(self) -> None:
         futs = [f for f in self._pending if f is not None] + self._other

@@ -137,6 +137,32 @@ def test_writer_matches_a_bytesio_model(tmp_dir, ops, kw):
     assert p.read_bytes() == model.getvalue()
 
 
+def test_writer_windows_starting_mid_block_go_by_direct_io(tmp_dir):
+    """A staging window that starts mid-block (after a seek past what is staged, or after a
+    write from device memory) keeps its bytes at their place in a page of the staging buffer,
+    so the engine writes its whole blocks by direct I/O straight from the buffer instead of
+    bouncing them through its own slots; the file holds what a plain file would."""
+    from deepio import _deepio
+
+    h = _deepio.Handle(block_size=1 << 20, queue_depth=8, intra_op_parallelism=2)
+    data = os.urandom(3 << 20)
+    p = tmp_dir / "w.bin"
+    want = io.BytesIO()
+    with deepio.Writer(p, handle=h, buffer_size=1 << 20) as w:
+        for f in (w, want):
+            f.write(b"head")
+            f.seek(12345)
+            f.write(data)
+            f.seek((5 << 20) + 77)
+            f.write(data[:100001])
+    assert p.read_bytes() == want.getvalue()
+    probe = _deepio.probe_direct_io(str(tmp_dir))
+    stats = h.stats()
+    if probe["supported"] and probe["mem_align"] <= 4096:
+        assert stats["bytes_bounced"] == 0, stats
+        assert stats["bytes_direct"] + stats["bytes_fixed"] >= len(data) - (1 << 20), stats
+
+
 def test_writer_truncates_existing_file(tmp_dir):
     p = tmp_dir / "old.bin"
     p.write_bytes(b"x" * 100000)
