@@ -384,10 +384,12 @@ class Writer(_EngineFile):
         staged."""
         if self._dio is None:
             self._dio = (0, 0)
-            if self.direct:
-                info = _deepio.probe_direct_io(self.name)
-                if info["supported"]:
-                    self._dio = (info["mem_align"], max(info["offset_align"], mmap.PAGESIZE))
+            try:  # opens the file again, for reading: a umask may forbid that (then staged)
+                info = _deepio.probe_direct_io(self.name) if self.direct else {"supported": False}
+            except OSError:
+                info = {"supported": False}
+            if info["supported"]:
+                self._dio = (info["mem_align"], max(info["offset_align"], mmap.PAGESIZE))
         mem_align, unit = self._dio
         if not mem_align:
             return 0
