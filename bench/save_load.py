@@ -1,7 +1,7 @@
 """deepio.save / deepio.load against torch.save / torch.load on a checkpoint-sized state dict.
 
     python3 bench/save_load.py [--gib 1.5] [--pairs 5] [--dir /var/tmp/deepio-bench] [--json]
-                               [--saves-only | --loads-only] [--methods 'NAME,NAME'] [--variants]
+                               [--saves-only | --loads-only] [--method NAME ...] [--variants]
 
 A transformer-shaped state dict (embedding, per layer qkv/out/mlp weights and biases, norms;
 tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, interleaved
@@ -15,7 +15,7 @@ tensors from KiB to hundreds of MiB) of about --gib GiB is saved and loaded, int
          (echo 3 > /proc/sys/vm/drop_caches; needs root, else the loads are marked warm);
          --variants adds deepio.save's and deepio.load's other routes (see --help)
 
---methods runs only the methods named: with fewer in a pair, less of what one leaves behind
+--method NAME (repeated) runs only the methods named: with fewer in a pair, less of what one leaves behind
 (dirty pages, the disk's write-back cache) falls on the next. The tensors' alignment matters
 to deepio.save (docs/checkpoints.md): THP_MEM_ALLOC_ENABLE=1 makes torch's allocator give
 page-aligned tensors, and the first line printed says how much of the state dict is.
@@ -101,8 +101,9 @@ def main() -> int:
     ap.add_argument("--loads-only", action="store_true", help="measure the loads only (the file saved once)")
     ap.add_argument("--saves-only", action="store_true", help="measure the saves only")
     ap.add_argument(
-        "--methods",
-        help="comma-separated names of the methods to run (as printed), e.g. 'engine write (ceiling),deepio.save': "
+        "--method",
+        action="append",
+        help="run this method (its name as printed, e.g. 'engine write (ceiling)'; repeat for more) and no other: "
         "fewer methods in a pair, less of what one leaves behind (dirty pages, the disk's cache) for the next",
     )
     ap.add_argument(
@@ -281,8 +282,8 @@ def main() -> int:
 
         loads["engine read, 4 KiB pages"] = anonymous(False)
         loads["engine read, huge pages"] = anonymous(True)
-    if args.methods:
-        keep = {m.strip() for m in args.methods.split(",")}
+    if args.method:
+        keep = set(args.method)
         unknown = keep - set(saves) - set(loads)
         if unknown:
             sys.exit(f"unknown methods {sorted(unknown)}; known: {sorted([*saves, *loads])}")

@@ -113,7 +113,7 @@ def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
 
 
 def test_save_load_runs_only_the_methods_named(tmp_dir):
-    """--methods keeps the named methods only (a load without the saves that write its file
+    """--method keeps the named methods only (a load without the saves that write its file
     gets that file written before the clock), and refuses a name it does not know."""
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -122,9 +122,9 @@ def test_save_load_runs_only_the_methods_named(tmp_dir):
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*base, *args], capture_output=True, text=True, timeout=300, env=env, check=False)
 
-    out = run("--pairs", "2", "--methods", "deepio.save,torch.load")
+    out = run("--pairs", "2", "--method", "deepio.save", "--method", "torch.load")
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line.split()[0] for line in out.stdout.split("(medians of 2)")[1].splitlines()[1:] if line[:1] != "#"]
     assert rows == ["deepio.save", "torch.load"], out.stdout
-    bad = run("--pairs", "1", "--methods", "deepio.sav")
+    bad = run("--pairs", "1", "--method", "deepio.sav")
     assert bad.returncode != 0 and "unknown methods" in bad.stderr
