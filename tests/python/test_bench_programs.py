@@ -17,6 +17,18 @@ sys.path.insert(0, str(REPO / "bench"))
 import benchutil  # noqa: E402
 
 
+def _bench(program: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs bench/<program> with ``args``, this interpreter and this test run's import path."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / program), *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=timeout,
+        check=False,
+    )
+
+
 def test_disk_stat_counts_the_flush_an_fdatasync_sends(tmp_dir):
     """On a disk with a volatile cache, each fdatasync of a written file sends the disk one
     flush: the counter benchutil reads must grow by at least one per call, and the write
@@ -45,27 +57,10 @@ def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
     """A small run of the durable split: every mode is printed, the mode without a sync sends
     no flush of its own and the fdatasync loop at least one per file (where the disk has a
     volatile cache and nothing else flushes it meanwhile: allow others' flushes on top)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "durable_many_files.py"),
-            "--dir",
-            str(tmp_dir),
-            "--count",
-            "16",
-            "--size",
-            "8192",
-            "--pairs",
-            "1",
-            "--probe-mib",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
+    out = _bench(
+        "durable_many_files.py",
+        *["--dir", str(tmp_dir), "--count", "16", "--size", "8192", "--pairs", "1", "--probe-mib", "1"],
         timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     rows = {line[:11].strip(): line.split() for line in out.stdout.splitlines()}
@@ -84,26 +79,7 @@ def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
     CRC settings): every method is timed, the saved file is checked against the state dict
     (the program exits non-zero on a mismatch), and the alignment line says what it found."""
     pytest.importorskip("torch")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "save_load.py"),
-            "--dir",
-            str(tmp_dir),
-            "--gib",
-            "0.03",
-            "--pairs",
-            "1",
-            "--saves-only",
-            "--variants",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
+    out = _bench("save_load.py", "--dir", str(tmp_dir), "--gib", "0.03", "--pairs", "1", "--saves-only", "--variants")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "# verified" in out.stdout and "of the bytes page-aligned" in out.stdout
     table = out.stdout.split("(medians of 1)")[1]
@@ -116,11 +92,9 @@ def test_save_load_runs_only_the_methods_named(tmp_dir):
     """--method keeps the named methods only (a load without the saves that write its file
     gets that file written before the clock), and refuses a name it does not know."""
     pytest.importorskip("torch")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    base = [sys.executable, str(REPO / "bench" / "save_load.py"), "--dir", str(tmp_dir), "--gib", "0.02"]
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=300, env=env, check=False)
+        return _bench("save_load.py", "--dir", str(tmp_dir), "--gib", "0.02", *args)
 
     out = run("--pairs", "2", "--method", "deepio.save", "--method", "torch.load")
     assert out.returncode == 0, out.stdout + out.stderr
