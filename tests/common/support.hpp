@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <cstdlib>
@@ -46,6 +47,16 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+/// Numbers the first `limit` calls, from any number of threads at once: 0 .. limit - 1 for
+/// exactly `limit` of them, -1 for the others. Fault hooks run on every worker thread, and a
+/// check of the count followed by an increment lets two threads both take the last turn.
+inline int take_turn(std::atomic<int>& taken, int limit) {
+  int n = taken.load();
+  while (n < limit && !taken.compare_exchange_weak(n, n + 1)) {
+  }
+  return n < limit ? n : -1;
+}
 
 /// Deterministic bytes that differ per (seed, index), so misplaced bytes are caught.
 inline std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {

@@ -28,6 +28,7 @@ using detail::FaultPoint;
 using detail::FaultSite;
 using test::pattern;
 using test::slurp;
+using test::take_turn;
 
 using Failures = test::BackendTest;
 
@@ -297,8 +298,8 @@ TEST_P(Failures, InjectedEIOFailsOnlyItsOpAfterAllFinish) {
 TEST_P(Failures, InjectedShortTransfersAreFinished) {
   std::atomic<int> shortened{0};
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
-    if ((s.point == FaultPoint::Read || s.point == FaultPoint::Write) && s.result > 1 && shortened < 50) {
-      ++shortened;
+    if ((s.point == FaultPoint::Read || s.point == FaultPoint::Write) && s.result > 1 &&
+        take_turn(shortened, 50) >= 0) {
       return s.result / 2;
     }
     return std::nullopt;
@@ -318,7 +319,8 @@ TEST_P(Failures, InjectedEAGAINAndEINTRAreRetried) {
   std::atomic<int> n{0};
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
     const bool io = s.point == FaultPoint::Read || s.point == FaultPoint::Write;
-    if (io && n < 20) return ++n % 2 == 0 ? -EAGAIN : -EINTR;
+    const int turn = io ? take_turn(n, 20) : -1;
+    if (turn >= 0) return (turn + 1) % 2 == 0 ? -EAGAIN : -EINTR;
     return std::nullopt;
   });
   Handle h(opts({.block_size = 65536}));

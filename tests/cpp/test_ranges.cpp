@@ -26,6 +26,7 @@ using detail::FaultSite;
 using test::pattern;
 using test::put;
 using test::slurp;
+using test::take_turn;
 
 using Ranges = test::BackendTest;
 
@@ -293,8 +294,8 @@ TEST_P(Ranges, InjectedShortTransfersAreFinished) {
   put(dir_.file("f"), data);
   std::atomic<int> shortened{0};
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
-    if ((s.point == FaultPoint::Read || s.point == FaultPoint::Write) && s.result > 1 && shortened < 40) {
-      ++shortened;
+    if ((s.point == FaultPoint::Read || s.point == FaultPoint::Write) && s.result > 1 &&
+        take_turn(shortened, 40) >= 0) {
       return s.result / 2;
     }
     return std::nullopt;
