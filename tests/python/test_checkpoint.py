@@ -948,6 +948,43 @@ def test_a_writer_filling_storages_refuses_a_skip_where_no_storage_goes(tmp_dir)
     assert w.closed
 
 
+@pytest.mark.parametrize("head", [0, 100, 4095])
+def test_a_writer_filling_a_storage_in_place_stages_its_unaligned_ends(tmp_dir, monkeypatch, head):
+    """A storage placed where the file is not on a block boundary (torch's 64-byte record
+    alignment, many small tensors): the bytes up to the next boundary and after the last one go
+    through the staging buffers, the blocks between straight from the storage's memory when its
+    address lines up with the file's blocks (here: ``head`` bytes past a page, the storage's
+    first byte at file offset ``head`` too); nothing is bounced, and the file is exact."""
+    import mmap
+    import os
+
+    from deepio import _deepio, checkpoint
+
+    copied = []
+    real_copy = checkpoint._copy
+    monkeypatch.setattr(checkpoint, "_copy", lambda dest, src: (copied.append(len(src)), real_copy(dest, src)))
+    n = (5 << 20) + 77
+    m = mmap.mmap(-1, n + head)
+    src = np.frombuffer(m, dtype=np.uint8, count=n, offset=head)
+    src[:] = np.random.default_rng(head).integers(0, 256, n, dtype=np.uint8)
+    h = _deepio.Handle(block_size=1 << 20, queue_depth=8, intra_op_parallelism=2)
+    p = tmp_dir / "w.bin"
+    with deepio.Writer(p, handle=h, buffer_size=1 << 20) as w:
+        w.write(b"h" * head)
+        w._filling = True
+        w._fills.append((n, src))
+        assert w.seek(n, os.SEEK_CUR) == head + n
+        w._filling = False
+        w.write(b"trailer")
+    assert p.read_bytes() == b"h" * head + src.tobytes() + b"trailer"
+    probe = _deepio.probe_direct_io(str(tmp_dir))
+    if probe["supported"] and probe["mem_align"] <= 4096:
+        stats = h.stats()
+        assert stats["bytes_bounced"] == 0, stats
+        assert stats["bytes_direct"] >= (n - 4096) // 4096 * 4096, stats
+        assert sum(copied) <= head + 2 * 4096 + len(b"trailer")  # the ends only
+
+
 @pytest.mark.parametrize("crc32", [None, True, False])
 def test_crc32_choice(tmp_dir, crc32):
     import zipfile
