@@ -788,6 +788,53 @@ def test_a_checkpoint_deepio_loaded_saves_again_from_its_own_memory(tmp_dir, mon
         assert h.stats()["bytes_direct"] >= large // 4096 * 4096 - 4096
 
 
+def test_saves_from_many_threads_at_once(tmp_dir):
+    """Four threads save large state dicts at once through the shared checkpoint handle (the
+    same page-aligned tensors written in place by all of them, torch-allocated ones staged,
+    CRC-32s on each save's helper threads), two of them to one path, while a fifth loads: every
+    file is whole (every CRC checked) and holds what was saved; of the shared path, one of the
+    two saves."""
+    import threading
+    import zipfile
+
+    shared = {"a": _page_aligned(torch.randn(1 << 20)), "b": _page_aligned(torch.randn((1 << 20) + 3))}
+    own = [{"x": torch.full((1 << 20,), float(i)), "s": torch.arange(i + 5)} for i in range(4)]
+    paths = [tmp_dir / f"t{i}.pt" for i in range(3)] + [tmp_dir / "t2.pt"]  # two threads on t2
+    deepio.save(shared, tmp_dir / "read.pt")
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def saver(i: int) -> None:
+        for _ in range(2):
+            deepio.save({**shared, **own[i]}, paths[i])
+
+    def loader() -> None:
+        for _ in range(4):
+            assert_same(shared, deepio.load(tmp_dir / "read.pt"))
+
+    threads = [threading.Thread(target=run, args=(lambda i=i: saver(i),)) for i in range(4)]
+    threads.append(threading.Thread(target=run, args=(loader,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for i, p in enumerate(paths[:2]):
+        assert_same({**shared, **own[i]}, torch.load(p))
+    got = torch.load(paths[2])
+    assert any(torch.equal(got["x"], own[i]["x"]) and torch.equal(got["s"], own[i]["s"]) for i in (2, 3))
+    assert_same(shared, {k: got[k] for k in shared})
+    for p in set(paths):
+        with zipfile.ZipFile(p) as z:
+            assert z.testzip() is None
+    assert _leftovers(tmp_dir) == []
+
+
 @pytest.mark.parametrize("case", ["page-aligned", "many-small", "torch-without-the-record"])
 def test_torch_load_computes_the_offsets_of_a_large_save(tmp_dir, monkeypatch, case):
     """torch.load can compute each storage's offset from the file's ``.storage_alignment``
