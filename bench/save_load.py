@@ -319,7 +319,8 @@ def main() -> int:
         )
 
     # Verify outside the timed region.
-    checks = [("deepio.save -> torch.load", lambda: torch.load(p_dio))] if os.path.exists(p_dio) else []
+    saved = any(k.startswith("deepio.save") for k in saves)  # p_dio is this run's
+    checks = [("deepio.save -> torch.load", lambda: torch.load(p_dio))] if saved else []
     checks += [(k, f) for k, f in loads.items() if not k.startswith("engine")]
     for name, fn in checks:
         got = fn()
