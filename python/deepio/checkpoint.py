@@ -84,7 +84,7 @@ _CRC_PIECE = 32 << 20
 _IN_PLACE_MIN = 4 << 20
 
 #: A Writer window's first byte sits at its file offset modulo this in the staging buffer
-#: (Writer._shift); staging buffer sizes are multiples of it (_check_sizes).
+#: (Writer._shift()); staging buffer sizes are multiples of it (_check_sizes).
 _WINDOW_ALIGN = 4096
 
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
@@ -297,11 +297,6 @@ class Writer(_EngineFile):
         self._pos = 0  # write position inside it
         self._fill = 0  # bytes of it holding data
         self._limit = buffer_size  # its capacity: ends at a multiple of buffer_size
-        # Where in the buffer the window's first byte sits: its file offset's place in a page,
-        # so that the buffer's bytes at every block boundary of the file are aligned and the
-        # engine writes them by direct I/O (a window starting mid-block after a seek or a write
-        # from device memory would otherwise be bounced through the engine's slots).
-        self._shift = 0
         self._error: BaseException | None = None
         self._durable = durable
         # (nbytes, source) for save()'s storages: torch (skip_data) seeks over each record's
@@ -331,7 +326,7 @@ class Writer(_EngineFile):
         while done < n:
             room = self._limit - self._pos
             k = min(room, n - done)
-            at = self._shift + self._pos
+            at = self._shift() + self._pos
             _copy(self._bufs[self._cur].view[at : at + k], src[done : done + k])
             self._pos += k
             done += k
@@ -340,6 +335,14 @@ class Writer(_EngineFile):
             if self._pos == self._limit:
                 self._submit()
         return n
+
+    def _shift(self) -> int:
+        """Where in its staging buffer the window's first byte sits: its file offset's place in
+        a page (at most ``_base % _size``: the window fits the buffer), so that the buffer's
+        bytes at every block boundary of the file are aligned and the engine writes them by
+        direct I/O. A window starting mid-block (after a seek, or a write from device memory)
+        would otherwise be bounced through the engine's slots."""
+        return self._base % _WINDOW_ALIGN
 
     def _write_device(self, b: Any) -> int:
         from ._buffers import sync_producer_stream
@@ -433,15 +436,16 @@ class Writer(_EngineFile):
                     f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes"
                 )
                 raise self._error
-            device = _is_device(source)
-            if self._crc_pool is not None and not device:
-                self._crcs[self.tell()] = (nbytes, _crc_pieces(self._crc_pool, source))
-            if device:
+            if _is_device(source):
                 self._write_device(source)
-            elif nbytes >= _IN_PLACE_MIN and (unit := self._direct_unit(source, self.tell())):
-                self._write_host_in_place(_byte_view(source), unit)
+                return self.tell()
+            view = _byte_view(source)
+            if self._crc_pool is not None:
+                self._crcs[self.tell()] = (nbytes, _crc_pieces(self._crc_pool, view))
+            if nbytes >= _IN_PLACE_MIN and (unit := self._direct_unit(source, self.tell())):
+                self._write_host_in_place(view, unit)
             else:
-                self.write(source)
+                self.write(view)
             return self.tell()
         target = self._seek_target(offset, whence, self._base + self._pos, self._end_after_flush)
         if self._base <= target <= self._base + self._fill:
@@ -530,7 +534,8 @@ class Writer(_EngineFile):
         write it was holding)."""
         assert self._file is not None
         if self._fill:
-            buf = self._bufs[self._cur].view[self._shift : self._shift + self._fill]
+            shift = self._shift()
+            buf = self._bufs[self._cur].view[shift : shift + self._fill]
             self._pending[self._cur] = self._file.pwrite(buf, self._base)
         self._restart(self._base + self._fill, switch=True)
 
@@ -546,7 +551,6 @@ class Writer(_EngineFile):
         self._base = offset
         self._pos = self._fill = 0
         self._limit = self._size - offset % self._size
-        self._shift = offset % _WINDOW_ALIGN  # <= offset % self._size: the window fits the buffer
 
     def _drain(self) -> None:
         futs = [f for f in self._pending if f is not None] + self._other
@@ -870,10 +874,9 @@ def _crc_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-def _crc_pieces(pool: ThreadPoolExecutor, source: Any) -> list[tuple[int, _CrcFuture[int]]]:
-    """Starts the CRC-32 of ``source``'s bytes on ``pool``, in _CRC_PIECE pieces where they can
+def _crc_pieces(pool: ThreadPoolExecutor, view: memoryview) -> list[tuple[int, _CrcFuture[int]]]:
+    """Starts the CRC-32 of the bytes ``view`` on ``pool``, in _CRC_PIECE pieces where they can
     be combined: [(piece length, future CRC-32 of the piece)] for _crc_of_pieces."""
-    view = _byte_view(source)
     n = len(view)
     step = _CRC_PIECE if _crc32_combine is not None else max(n, 1)
     return [(min(step, n - at), pool.submit(_crc32, view[at : at + step])) for at in range(0, max(n, 1), step)]
