@@ -27,8 +27,14 @@ PathArg = Union[str, "os.PathLike[str]"]
 
 
 def fsync_path(path: PathArg) -> None:
-    """Flush a file's data and metadata (or a folder's entries) to stable storage."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """Flush a file's data and metadata (or a folder's entries) to stable storage. A file its
+    owner may write but not read (made under a umask such as 0o477) is opened for writing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:
+        if os.path.isdir(path):
+            raise
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -1115,7 +1115,12 @@ def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
     writes it, the file keeps CRC 0 for those records (as crc32=False gives; torch.load does
     not check them) and a warning says so."""
     patches: list[tuple[int, int]] = []
-    with open(path, "r+b") as f:
+    try:
+        f = open(path, "r+b")
+    except PermissionError as e:  # a umask without the owner's read bit: written, not readable
+        warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
+        return
+    with f:
         try:
             with zipfile.ZipFile(f) as z:
                 infos, entry_at = z.infolist(), z.start_dir

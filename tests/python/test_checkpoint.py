@@ -1330,6 +1330,42 @@ def test_permission_denied_as_unprivileged_user(tmp_dir):
     assert os.listdir(locked) == []
 
 
+@pytest.mark.parametrize("crc32", [None, False])
+def test_a_large_save_under_a_umask_without_read_completes(crc32):
+    """A umask that takes the owner's read bit (0o477) leaves the temporary file write-only,
+    as torch.save's file would be: the Writer cannot open it again to ask about direct I/O (the
+    large storages are staged), the durable flush opens it for writing, and the CRC-32s that
+    would have to be read back in stay 0 with a warning. The save completes and loads. As
+    nobody, in a child: root ignores file modes."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to switch to another user")
+    import pathlib
+    import shutil
+    import tempfile
+
+    out = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))  # a folder nobody can reach
+    os.chown(out, 65534, 65534)
+    p = out / "w.pt"
+    r = _child(f"""
+        import os, torch, deepio
+        import deepio._buffers, torch.utils.serialization  # imported lazily: before the switch
+        os.setgid(65534); os.setuid(65534)
+        os.umask(0o477)
+        torch.manual_seed(3)
+        deepio.save({{"w": torch.randn(3 << 20), "b": torch.randn(5)}}, {str(p)!r}, crc32={crc32})
+        print(oct(os.stat({str(p)!r}).st_mode & 0o777))
+    """)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "0o200"
+        assert ("records left without CRC-32" in r.stderr) == (crc32 is None), r.stderr
+        torch.manual_seed(3)
+        want = {"w": torch.randn(3 << 20), "b": torch.randn(5)}
+        assert_same(want, torch.load(p))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------ CUDA memory (fake)
 
 
