@@ -42,9 +42,13 @@ class DEEPIO_API Error : public std::system_error {
   /// True when deepio rejected an argument of the call (see InvalidArgument); survives copies
   /// into an Error.
   [[nodiscard]] bool invalid_argument() const noexcept { return invalid_argument_; }
+  /// True when the handle was used in a process other than the one that created it (see
+  /// ForkedHandle); survives copies into an Error.
+  [[nodiscard]] bool forked_handle() const noexcept { return forked_handle_; }
 
  protected:
   bool invalid_argument_ = false;
+  bool forked_handle_ = false;
 
  private:
   std::string message_;
@@ -63,5 +67,28 @@ class DEEPIO_API InvalidArgument : public Error {
     invalid_argument_ = true;
   }
 };
+
+/// A handle (its workers, rings and descriptors belong to the process that created it) was
+/// used in another process: a child made by fork(), which inherits no threads. Thrown at once
+/// by every submission and wait in the child, with errno EBADF and both process ids in the
+/// message; the parent's rings and descriptors are not touched. Make a new handle in the child.
+class DEEPIO_API ForkedHandle : public Error {
+ public:
+  ForkedHandle(long creator_pid, long current_pid);
+};
+
+/// Receives the failure of an operation that nobody can observe any more: a detached
+/// operation (deepio.File's, a batch's with futures) whose every Future was destroyed before
+/// anyone called get(), or an operation nobody collected when its handle was destroyed. Called
+/// once per such failure, on whichever thread made it unobservable (a worker finishing the
+/// operation, the thread destroying the last Future or the handle), with no deepio lock held.
+/// It must not throw and should return quickly; it must not call into the handle.
+using UnobservedFailureHandler = void (*)(const Error& error) noexcept;
+
+/// Installs `handler` for the whole process and returns the previous one; nullptr restores
+/// the default, which writes one line to stderr ("deepio: failure nobody collected: ...").
+/// Thread-safe. A failure is never dropped silently: this is where the ones nobody waited
+/// for go.
+DEEPIO_API UnobservedFailureHandler set_unobserved_failure_handler(UnobservedFailureHandler handler) noexcept;
 
 }  // namespace deepio

@@ -10,6 +10,10 @@
 // memory are exactly those plain pread/pwrite would give.
 //
 // Thread safety: every member function may be called from several threads at once.
+// Fork: a handle belongs to the process that made it. In a child made by fork() (which
+// inherits no worker threads) every submission and wait throws deepio::ForkedHandle at once
+// instead of hanging, and the destructor leaks the engine instead of joining threads that
+// are not there.
 // Buffer lifetime: the caller keeps `buffer` valid and untouched (readable for writes,
 // unaliased for reads) until the operation is complete: its Future reports done, or a
 // wait() that started after the submission returned, or the handle was destroyed. A caller
@@ -46,10 +50,20 @@ class Engine;
 }  // namespace detail
 
 /// Completion of one asynchronous operation. Copyable; all copies share the state.
+///
+/// A failure is never dropped silently: if every copy of the Future of a detached operation
+/// (OpOptions::detached) is destroyed and nobody called get(), its failure goes to the
+/// process's UnobservedFailureHandler (deepio/error.hpp; default: one line on stderr), when
+/// the last copy goes or when the operation finishes, whichever is later.
 class DEEPIO_API Future {
  public:
   Future() = default;
   explicit Future(std::shared_ptr<detail::OpState> state) noexcept;
+  Future(const Future& other) noexcept;
+  Future(Future&& other) noexcept = default;
+  Future& operator=(const Future& other) noexcept;
+  Future& operator=(Future&& other) noexcept;
+  ~Future();
 
   /// False for a default-constructed Future.
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
@@ -176,7 +190,10 @@ class DEEPIO_API Handle {
   /// fails for that reason: it falls back down to threads).
   explicit Handle(const HandleOptions& options = {});
   /// Finishes every operation still in flight (never abandons a write), then stops the
-  /// workers. Errors of operations nobody waited for are dropped. Never throws.
+  /// workers. Failures of operations nobody collected go to the UnobservedFailureHandler
+  /// (deepio/error.hpp), once no Future refers to them. Never throws. In a process forked
+  /// after the handle was made, touches nothing and leaks the engine (its threads, rings and
+  /// locks are the parent's).
   ~Handle();
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
@@ -266,7 +283,8 @@ class DEEPIO_API Handle {
   /// passes first, so a caller can wait in slices and do other work (check for signals) in
   /// between; the operations then stay pending for a later call. Abandoned detached
   /// operations that are done are collected too (their keep-alives returned, not counted).
-  /// Never throws except std::bad_alloc. Thread-safe; each operation is collected once.
+  /// Never throws except std::bad_alloc (and ForkedHandle, as every call in a forked child).
+  /// Thread-safe; each operation is collected once.
   WaitResult collect(const CollectOptions& options = {});
 
   /// The current end of the submission order, for CollectOptions::through: a collect() with

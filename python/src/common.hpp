@@ -89,6 +89,12 @@ bool host_range(nb::handle obj, const void** data, std::size_t* nbytes);
 nb::object make_exception(const Error& e);
 /// Sets the Python error indicator to make_exception(e) and throws nb::python_error.
 [[noreturn]] void raise_error(const Error& e);
+/// Emits deepio.UnobservedFailureWarning(message) with the GIL held, keeping any exception
+/// being raised intact; nothing while the interpreter finalizes.
+void warn_unobserved(const std::string& message);
+/// Turns the failures the engine reported as unobservable (on any thread) into warnings.
+/// GIL held. Cheap when there are none (one atomic load).
+void flush_unobserved();
 /// The qualified name of obj's type, for error messages.
 std::string py_type_name(nb::handle obj);
 

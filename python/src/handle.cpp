@@ -128,7 +128,7 @@ Future submit_released(bool write, std::optional<Request> request, Submit&& subm
     try {
       fut = submit();
     } catch (const Error& e) {
-      const bool open_failure = !e.invalid_argument() && e.nbytes() == 0 && e.offset() == 0;
+      const bool open_failure = !e.invalid_argument() && !e.forked_handle() && e.nbytes() == 0 && e.offset() == 0;
       if (open_failure && request) {
         err.emplace(e.errnum(), e.message() + (write ? " for writing" : " for reading"), e.path(), request->offset,
                     request->nbytes);
@@ -224,6 +224,7 @@ std::size_t PyHandle::wait() {
   CollectOptions options;
   options.through = h->mark();
   WaitResult r = collect_interruptibly(*h, options, nullptr);
+  flush_unobserved();
   return finish(r);
 }
 
@@ -235,6 +236,7 @@ std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::
   options.through = drain ? h->mark() : 0;
   options.with = &own;
   WaitResult r = collect_interruptibly(*h, options, &own);
+  flush_unobserved();
   return finish(r);
 }
 
@@ -248,6 +250,7 @@ void PyHandle::close() {
   WaitResult r = collect_interruptibly(*h, options, nullptr);
   if (handle_ == h) handle_.reset();  // (another thread's close() may have been first)
   shutdown(std::move(h));
+  flush_unobserved();
   finish(r);
 }
 
@@ -278,20 +281,29 @@ void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   CollectOptions everything;
   everything.detached = true;
   WaitResult r;
-  if (interpreter_finalizing()) {  // the GIL must not be released any more
+  try {
+    if (interpreter_finalizing()) {  // the GIL must not be released any more
+      r = h->collect(everything);
+      r.keep_alive.clear();
+      h.reset();
+      return;
+    }
+    nb::gil_scoped_release release;
     r = h->collect(everything);
-    r.keep_alive.clear();
+  } catch (const Error& e) {
+    if (!e.forked_handle()) throw;
+    // A forked child: the parent's operations never finish here. ~Handle leaks the engine,
+    // and with it the references to the parent's buffers (this process's copies of them).
     h.reset();
     return;
   }
-  {
-    nb::gil_scoped_release release;
-    r = h->collect(everything);
-  }
   r.keep_alive.clear();
   warn_uncollected(r);
-  nb::gil_scoped_release release;
-  h.reset();  // holds no keep-alive any more: every operation was collected above
+  {
+    nb::gil_scoped_release release;
+    h.reset();  // holds no keep-alive any more: every operation was collected above
+  }
+  flush_unobserved();  // failures of dropped futures reported while the engine wound down
 }
 
 /// The result of one operation submitted through deepio.File (wrapped by deepio.Future).
@@ -300,12 +312,18 @@ class Op {
   Op(Future fut, bool write, std::uint64_t offset, std::size_t nbytes)
       : fut_(std::move(fut)), write_(write), offset_(offset), nbytes_(nbytes) {}
   ~Op() {
-    // Collect a finished operation now (GIL held) so that its buffer is released at once;
-    // a running one is collected by its handle once done.
+    // Collect a finished operation now (GIL held) so that its buffer is released at once; a
+    // failure nobody retrieved becomes a warning here. A running one is collected by its
+    // handle once done, and its failure, if any, reported by the engine when it finishes
+    // (Future's rule), as a warning at the next flush_unobserved().
     if (fut_.done()) {
       try {
         fut_.get();
-      } catch (const Error&) {  // its outcome belonged to this Op only
+      } catch (const Error& e) {
+        if (!collected_) {
+          warn_unobserved(std::string("deepio: a ") + (write_ ? "write" : "read") +
+                          " failed and its deepio.Future was dropped before result() or exception(): " + e.what());
+        }
       }
     }
   }
@@ -340,6 +358,30 @@ class Op {
     return nb::none();
   }
 
+  /// For deepio.File's close()/fsync(): the failure of a finished operation whose Future
+  /// nobody asked (result()/exception()), as an exception, which marks it asked; else None.
+  nb::object take_unobserved() {
+    if (collected_ || !fut_.done()) return nb::none();
+    try {
+      fut_.get();
+    } catch (const Error& e) {
+      collected_ = true;
+      return make_exception(e);
+    }
+    return nb::none();
+  }
+
+  /// A finished operation that failed and whose Future nobody asked (no state change).
+  bool unobserved_failure() {
+    if (collected_ || !fut_.done()) return false;
+    try {
+      fut_.get();
+    } catch (const Error&) {
+      return true;
+    }
+    return false;
+  }
+
   bool write() const { return write_; }
   bool collected() const { return collected_; }
   std::uint64_t offset() const { return offset_; }
@@ -362,6 +404,7 @@ class Op {
 
 std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
   auto h = engine();
+  flush_unobserved();  // earlier dropped futures' failures: warned about before more work
   std::size_t nbytes = 0;
   Future fut = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, &nbytes);
   // No reaping of abandoned operations here: a collect() scans every pending operation,
@@ -691,6 +734,10 @@ void init_handle(nb::module_& m) {
            "Waits, then returns the number of bytes transferred or raises the operation's OSError.")
       .def("exception", &Op::exception, nb::arg("timeout").none() = nb::none(),
            "Waits, then returns the operation's exception or None.")
+      .def("take_unobserved", &Op::take_unobserved,
+           "The failure of a finished operation nobody retrieved (marking it retrieved), or None.")
+      .def("unobserved_failure", &Op::unobserved_failure,
+           "True for a finished, failed operation whose failure nobody retrieved.")
       .def_prop_ro("collected", &Op::collected)
       .def_prop_ro("write", &Op::write)
       .def_prop_ro("offset", &Op::offset)

@@ -129,11 +129,55 @@ void OpState::finish() noexcept {
     }
     signal_->cv.notify_all();
   }
+  Status unreported;
+  bool report;
   {
     std::lock_guard lock(mutex_);
     done_ = true;
+    report = take_unreported(&unreported);
   }
   cv_.notify_all();
+  if (report) report_unobserved(unreported);
+}
+
+bool OpState::take_unreported(Status* out) noexcept {
+  if (!done_ || error_.ok() || observed_ || !orphaned_ || !(detached_ || abandoned_)) return false;
+  observed_ = true;
+  try {
+    *out = error_;
+  } catch (...) {  // std::bad_alloc copying the message: the errno alone
+    out->errnum = error_.errnum;
+  }
+  return true;
+}
+
+void OpState::add_future() noexcept {
+  std::lock_guard lock(mutex_);
+  ++futures_;
+}
+
+void OpState::drop_future() noexcept {
+  Status unreported;
+  bool report = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (--futures_ == 0) {
+      orphaned_ = true;
+      report = take_unreported(&unreported);
+    }
+  }
+  if (report) report_unobserved(unreported);
+}
+
+void OpState::abandon() noexcept {
+  Status unreported;
+  bool report;
+  {
+    std::lock_guard lock(mutex_);
+    abandoned_ = true;
+    report = take_unreported(&unreported);
+  }
+  if (report) report_unobserved(unreported);
 }
 
 bool OpState::done() const noexcept {
@@ -178,13 +222,15 @@ Status OpState::take_result(std::shared_ptr<void>* keep_alive) {
     claimed_ = true;
     *keep_alive = std::move(keep_alive_);
   }
+  observed_ = true;
   return error_;
 }
 
-bool OpState::claim(Status* error, std::shared_ptr<void>* keep_alive) {
+bool OpState::claim(Status* error, std::shared_ptr<void>* keep_alive, bool counted) {
   std::lock_guard lock(mutex_);
   if (claimed_ || !done_) return false;
   claimed_ = true;
+  if (counted) observed_ = true;
   *error = error_;
   *keep_alive = std::move(keep_alive_);
   return true;

@@ -19,6 +19,13 @@
 // is only ever destroyed by whoever collects it, or with the OpState itself when nobody did.
 // A detached op (OpOptions::detached) is skipped by waits that do not name it.
 //
+// Observation: a failure is observed when it is handed to someone who reports it: get()
+// (take_result), or a collect() that counts the op (its WaitResult::errors). A failure that
+// can no longer reach anyone is given to report_unobserved() exactly once, by whichever
+// thread makes it so: the last Future of a detached op dropped (drop_future), such an op
+// finishing with no Future left (finish), or the engine destroyed without collecting an op
+// that no Future refers to any more (abandon). The thread reports after releasing mutex_.
+//
 // Thread safety: all mutable fields are guarded by mutex_, except remaining_ and failed_
 // which are atomics; descriptors are immutable after submission except the lazily opened
 // buffered one, which is created under mutex_; sequence_ is written once, by the engine,
@@ -181,11 +188,26 @@ class OpState : public std::enable_shared_from_this<OpState> {
   Status take_result(std::shared_ptr<void>* keep_alive);
   /// For Handle::collect(): collects a done op once; returns false if it was already
   /// collected. Sets *error to the op's failure and moves its keep-alive into *keep_alive.
-  bool claim(Status* error, std::shared_ptr<void>* keep_alive);
+  /// `counted`: the caller reports the failure (it is then observed); false for a collect()
+  /// that only takes the keep-alive (an abandoned or shut-down detached op).
+  bool claim(Status* error, std::shared_ptr<void>* keep_alive, bool counted);
   [[nodiscard]] bool claimed() const noexcept;
+
+  // --- observation (see the file comment) ---
+  /// A Future began referring to the op.
+  void add_future() noexcept;
+  /// A Future stopped referring to it; the last one of a detached op reports a failure
+  /// nobody took (at once if done, else when the op finishes).
+  void drop_future() noexcept;
+  /// The engine is destroyed without having collected the op: a failure nobody observed is
+  /// reported once no Future refers to it.
+  void abandon() noexcept;
 
  private:
   void finish() noexcept;
+  /// Under mutex_: whether the failure is now unobservable and unreported; if so marks it
+  /// reported and copies it to *out (for report_unobserved() once mutex_ is released).
+  bool take_unreported(Status* out) noexcept;
   /// All slices done: finish, or hand a durable write that has not failed to its runner.
   void slices_finished() noexcept;
 
@@ -217,6 +239,10 @@ class OpState : public std::enable_shared_from_this<OpState> {
   bool claimed_ = false;              // guarded by mutex_
   bool detached_ = false;             // guarded by mutex_
   std::shared_ptr<void> keep_alive_;  // guarded by mutex_; empty once claimed
+  int futures_ = 0;                   // guarded by mutex_: live Futures of the op
+  bool orphaned_ = false;             // guarded by mutex_: its last Future is gone
+  bool abandoned_ = false;            // guarded by mutex_: its engine is gone
+  bool observed_ = false;             // guarded by mutex_: the failure reached someone
 };
 
 }  // namespace deepio::detail

@@ -329,8 +329,14 @@ Engine::~Engine() {
   for (auto& w : route_workers_) w->stop();
   // Last: the workers' final completions hand durable writes to the sync threads, which
   // finish every one of them before they stop.
-  std::lock_guard lock(openers_mutex_);
-  if (syncers_) syncers_->stop();
+  {
+    std::lock_guard lock(openers_mutex_);
+    if (syncers_) syncers_->stop();
+  }
+  // Every op is done now. Failures nobody collected, of ops no Future refers to, are reported
+  // (a Future still held reports when it goes, if its owner never calls get()).
+  std::lock_guard lock(mutex_);
+  for (const auto& op : unclaimed_) op->abandon();
 }
 
 bool Engine::in_memory(int fd, std::uint64_t dev) {
@@ -470,6 +476,7 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
 
 std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
                                         std::uint64_t file_offset, OpOptions op_options) {
+  process_.check();
   std::string name = file_name(path, fd);
   check_request(buf, nbytes, name, file_offset);
   auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options), nbytes);
@@ -533,6 +540,7 @@ std::uint64_t check_ranges(bool write, const void* buf, std::size_t buffer_bytes
 
 std::shared_ptr<OpState> Engine::submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
                                                int fd, std::span<const IoRange> ranges, OpOptions op_options) {
+  process_.check();
   std::string name = file_name(path, fd);
   const std::uint64_t total = check_ranges(write, buf, buffer_bytes, name, ranges);
   const std::uint64_t first = ranges.empty() ? 0 : ranges.front().file_offset;
@@ -570,6 +578,7 @@ std::shared_ptr<OpState> Engine::submit_ranges(bool write, void* buf, std::size_
 }
 
 std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest> requests) {
+  process_.check();
   // 1. Every argument first: a refused request leaves the whole batch unsubmitted.
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const IoRequest& r = requests[i];
@@ -892,6 +901,7 @@ std::uint64_t Engine::mark() const noexcept {
 }
 
 WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<OpState>& with) {
+  process_.check();  // the parent's workers will never finish anything here
   const auto selected = [&](const std::shared_ptr<OpState>& op) {
     return op.get() == with.get() || !op->detached() || options.detached;
   };
@@ -946,9 +956,10 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
   for (const auto& op : ops) {
     Status err;
     std::shared_ptr<void> keep;
-    if (!op->claim(&err, &keep)) continue;
+    const bool counted = op.get() == with.get() || !op->detached();  // else: the outcome stays with its Future
+    if (!op->claim(&err, &keep, counted)) continue;
     if (keep) result.keep_alive.push_back(std::move(keep));
-    if (op->detached() && op.get() != with.get()) continue;  // its outcome stays with its Future
+    if (!counted) continue;
     ++result.count;
     if (!err.ok()) result.errors.emplace_back(err.errnum, err.message, err.path, err.offset, err.nbytes);
   }
@@ -962,7 +973,8 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
     if (op.use_count() != 1 || !op->detached()) continue;
     Status err;
     std::shared_ptr<void> keep;
-    if (!op->claim(&err, &keep)) continue;
+    // Silent: a failure was reported when the last Future went (OpState::drop_future).
+    if (!op->claim(&err, &keep, /*counted=*/false)) continue;
     reaped = true;
     if (keep) result.keep_alive.push_back(std::move(keep));
   }

@@ -26,6 +26,7 @@
 #include "core/plan.hpp"
 #include "core/worker.hpp"
 #include "engine/device.hpp"
+#include "platform/process.hpp"
 #include "deepio/handle.hpp"
 
 namespace deepio::detail {
@@ -64,6 +65,10 @@ class Engine {
   [[nodiscard]] HandleStats stats() const noexcept;
   /// The raw counters (GdsHandle reads the device ones).
   [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
+  /// False in a process forked after the engine was made: every submission and collection
+  /// there throws deepio::ForkedHandle, and the engine must be leaked, not destroyed (its
+  /// threads are not in this process).
+  [[nodiscard]] bool in_own_process() const noexcept { return process_.here(); }
 
  private:
   struct Opened;
@@ -127,6 +132,7 @@ class Engine {
   /// ops from the front on the way).
   void track(const std::shared_ptr<OpState>& op);
 
+  const ProcessStamp process_;
   HandleOptions options_;
   BackendKind kind_ = BackendKind::Threads;
   std::size_t bounce_slot_bytes_ = 0;

@@ -52,7 +52,11 @@ GdsHandle::GdsHandle(const GdsOptions& options) : GdsHandle(options, default_par
 GdsHandle::GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept
     : Handle(std::move(parts.engine)), gds_options_(options), route_(std::move(parts.route)) {}
 
-GdsHandle::~GdsHandle() = default;
+GdsHandle::~GdsHandle() {
+  // In a forked child the route's cuFile and CUDA state are the parent's: leaked with the
+  // engine (Handle::~Handle), never torn down here.
+  if (!engine().in_own_process()) (void)new std::shared_ptr<detail::gpu::GdsRoute>(std::move(route_));
+}
 
 bool GdsHandle::pin_device_buffer(void* device_ptr, std::size_t nbytes) { return route_->pin(device_ptr, nbytes); }
 bool GdsHandle::unpin_device_buffer(void* device_ptr) { return route_->unpin(device_ptr); }

@@ -4,7 +4,26 @@
 
 namespace deepio {
 
-Future::Future(std::shared_ptr<detail::OpState> state) noexcept : state_(std::move(state)) {}
+Future::Future(std::shared_ptr<detail::OpState> state) noexcept : state_(std::move(state)) {
+  if (state_) state_->add_future();
+}
+Future::Future(const Future& other) noexcept : state_(other.state_) {
+  if (state_) state_->add_future();
+}
+Future& Future::operator=(const Future& other) noexcept {
+  if (this != &other) *this = Future(other);
+  return *this;
+}
+Future& Future::operator=(Future&& other) noexcept {
+  if (this != &other) {
+    if (state_) state_->drop_future();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+Future::~Future() {
+  if (state_) state_->drop_future();
+}
 
 bool Future::done() const noexcept { return state_ == nullptr || state_->done(); }
 
@@ -29,7 +48,12 @@ void Future::give_to_wait() const noexcept {
 
 Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
 Handle::Handle(std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
-Handle::~Handle() = default;
+Handle::~Handle() {
+  // A forked child: the engine's worker, opener and sync threads are in the parent, its
+  // mutexes may have been held there at the fork. Destroying it would join threads that do
+  // not exist (a hang): a deliberate leak, bounded by what the parent had made.
+  if (engine_ && !engine_->in_own_process()) (void)engine_.release();
+}
 
 Future Handle::async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset,
                            OpOptions op) {

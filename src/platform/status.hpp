@@ -26,6 +26,9 @@ struct [[nodiscard]] Status {
 
 /// Throws deepio::Error built from a failed status; does nothing for success.
 void throw_if_error(const Status& status);
+/// Hands a failure nobody can observe any more to the process's UnobservedFailureHandler
+/// (deepio/error.hpp). Call with no lock held. Does nothing for success.
+void report_unobserved(const Status& status) noexcept;
 [[noreturn]] void throw_error(int errnum, const std::string& message, const std::string& path = {},
                               std::uint64_t offset = 0, std::uint64_t nbytes = 0);
 
