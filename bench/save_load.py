@@ -120,7 +120,7 @@ def main() -> int:
     import torch
 
     import deepio
-    from deepio import checkpoint
+    from deepio import _engine, checkpoint
 
     os.makedirs(args.dir, exist_ok=True)
     need = int(args.gib * (1 << 30))
@@ -136,7 +136,7 @@ def main() -> int:
     sd = state_dict(args.gib, dtype)
     total = nbytes_of(sd)
     gib = total / (1 << 30)
-    h = checkpoint._checkpoint_handle(None)
+    h = _engine.default()  # the engine deepio.save/load use
     probe = deepio.info(args.dir)["direct_io"]
     print(
         f"# state dict: {len(sd)} entries, {gib:.2f} GiB {args.dtype}; dir {args.dir} ({probe.get('filesystem')}); "

@@ -23,7 +23,9 @@ Checkpoints (torch's format, durable, through the engine)::
     with deepio.Writer(path) as f: numpy.save(f, array)   # file-like objects for any serializer
 
 Failures raise ``OSError`` subclasses
-(arguments deepio refuses: ``InvalidArgumentError``, also a ``ValueError``).
+(arguments deepio refuses: ``InvalidArgumentError``, also a ``ValueError``; a handle made
+before a fork used in the child: ``ForkedHandleError``). A failure nobody can collect any
+more (a dropped Future, a finalizer) emits ``UnobservedFailureWarning``: never silently.
 See docs/python.md and docs/checkpoints.md.
 """
 
@@ -41,6 +43,8 @@ from .checkpoint import Reader, Writer, load, save
 
 EndOfFileError = _deepio.EndOfFileError
 InvalidArgumentError = _deepio.InvalidArgumentError
+ForkedHandleError = _deepio.ForkedHandleError
+UnobservedFailureWarning = _deepio.UnobservedFailureWarning
 __version__: str = _deepio.__version__
 
 __all__ = [
@@ -51,6 +55,8 @@ __all__ = [
     "Future",
     "EndOfFileError",
     "InvalidArgumentError",
+    "ForkedHandleError",
+    "UnobservedFailureWarning",
     "ValidationError",
     "LockedMemoryWarning",
     "save",

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Union, cast
 
 from . import _buffers, _deepio
+from ._errors import describe
 
 FileArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", int]
 
@@ -442,8 +443,15 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         else:
             try:
                 self.close()
-            except Exception:
-                pass  # the exception already propagating matters more
+            except Exception as e:
+                # The exception already propagating wins; this one travels with it.
+                if exc is not None and hasattr(exc, "add_note"):
+                    exc.add_note(f"deepio.aio_handle.close() also failed while it propagated: {describe(e)}")
+                    if not hasattr(exc, "close_error"):
+                        try:
+                            exc.close_error = e
+                        except AttributeError:  # an exception type with __slots__
+                            pass
 
     def __repr__(self) -> str:
         if self._h.closed:

@@ -23,6 +23,30 @@ class InvalidArgumentError(OSError, ValueError):
     offset: int
     nbytes: int
 
+class ForkedHandleError(OSError, RuntimeError):
+    """
+    A deepio handle (or a deepio.File opened on one) made in another process was used in a
+    child made by fork(): its worker threads stayed in the parent, so the call refuses at
+    once (errno EBADF) instead of hanging. Make a new handle in the child. Both an OSError
+    and a RuntimeError. The library's own default engine is made anew in a child.
+    """
+
+    offset: int
+    nbytes: int
+
+class UnobservedFailureWarning(RuntimeWarning):
+    """
+    An operation failed and nobody could collect the failure any more: a deepio.Future
+    dropped before result()/exception() was called, a handle destroyed with failed
+    operations never waited for, or a finalizer (File/Writer garbage-collected unclosed)
+    whose close() failed. The message names the file, the offset and the error.
+    """
+
+def flush_unobserved() -> None:
+    """
+    Turns the failures the engine reported as unobservable into UnobservedFailureWarnings.
+    """
+
 class Op:
     """One operation submitted through deepio.File; wrapped by deepio.Future."""
 
@@ -41,6 +65,14 @@ class Op:
 
     def exception(self, timeout: float | None = None) -> object:
         """Waits, then returns the operation's exception or None."""
+
+    def take_unobserved(self) -> object:
+        """
+        The failure of a finished operation nobody retrieved (marking it retrieved), or None.
+        """
+
+    def unobserved_failure(self) -> bool:
+        """True for a finished, failed operation whose failure nobody retrieved."""
 
     @property
     def collected(self) -> bool: ...

@@ -5,29 +5,45 @@ from __future__ import annotations
 import errno as _errno
 import os
 import threading
-from collections.abc import Generator
+import warnings
+from collections.abc import Generator, Sequence
 from typing import Any, Union
 
-from . import _deepio
+from . import _deepio, _engine
 from ._aio import _range_args
+from ._errors import describe
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-_default_handle: Any | None = None
-_default_lock = threading.Lock()
-
-
 def _engine_handle(handle: Any) -> Any:
-    global _default_handle
+    """The engine handle under ``handle`` (an aio_handle, or a raw _deepio.Handle); None for
+    the process's default engine (deepio._engine), looked up at each use so that a File opened
+    before a fork works in the child on the child's own engine."""
     if handle is None:
-        with _default_lock:
-            if _default_handle is None:
-                _default_handle = _deepio.Handle()
-            return _default_handle
-    inner = getattr(handle, "_h", handle)  # an aio_handle, or a raw _deepio.Handle
+        return None
+    inner = getattr(handle, "_h", handle)
     if not isinstance(inner, _deepio.Handle):
         raise TypeError(f"handle must be a deepio.aio_handle, not {type(handle).__qualname__}")
     return inner
+
+
+def _named(e: OSError, name: str | bytes | None) -> OSError:
+    """``e`` with ``filename`` set to the File's path when the engine named only its
+    descriptor ("fd N")."""
+    if name is not None and e.filename is None:
+        e.filename = name
+    return e
+
+
+def _raise_first(errors: Sequence[BaseException], what: str) -> None:
+    """Raises errors[0] with the others attached as ``other_errors`` (as wait() does)."""
+    if not errors:
+        return
+    first = errors[0]
+    first.other_errors = list(errors[1:])  # type: ignore[attr-defined]
+    if len(errors) > 1:
+        first.add_note(f"{len(errors) - 1} more of the failures {what} (see .other_errors)")
+    raise first
 
 
 class Future:
@@ -40,10 +56,11 @@ class Future:
     The buffer stays referenced until the operation is done, even if the Future is dropped.
     """
 
-    __slots__ = ("_op", "__weakref__")
+    __slots__ = ("_op", "_name", "__weakref__")
 
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: Any, name: str | bytes | None = None) -> None:
         self._op = op
+        self._name = name  # the File's path: errors on its descriptor name it
 
     def done(self) -> bool:
         return self._op.done()
@@ -52,10 +69,14 @@ class Future:
         return self._op.wait(timeout)
 
     def result(self, timeout: float | None = None) -> int:
-        return self._op.result(timeout)
+        try:
+            return self._op.result(timeout)
+        except OSError as e:
+            raise _named(e, self._name) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._op.exception(timeout)
+        e = self._op.exception(timeout)
+        return _named(e, self._name) if isinstance(e, OSError) else e
 
     @property
     def nbytes(self) -> int:
@@ -74,7 +95,7 @@ class Future:
             import asyncio
 
             await asyncio.get_running_loop().run_in_executor(None, self._op.wait, None)
-        return self._op.result(None)
+        return self.result(None)
 
     def __repr__(self) -> str:
         kind = "write" if self._op.write else "read"
@@ -105,8 +126,11 @@ class File:
 
     ``pread(buffer, offset=0)`` / ``pwrite(buffer, offset=0)`` return a Future;
     ``pread_ranges``/``pwrite_ranges`` one Future for many ranges of the file.
-    ``close()`` waits for the file's operations still running (their outcomes stay in their
-    futures), then closes the descriptor. Usable as a context manager.
+    ``close()``, ``fsync()`` and leaving a ``with`` block wait for the file's operations
+    still running, then raise the first failure that nobody retrieved through its Future
+    (``result()``/``exception()``), the others attached as ``other_errors``; ``close()``
+    closes the descriptor either way. A File garbage-collected unclosed whose close() fails
+    emits ``deepio.UnobservedFailureWarning``. Usable as a context manager.
     """
 
     def __init__(
@@ -136,17 +160,21 @@ class File:
         if self._fd < 0:
             self._fd = os.open(path, flags, 0o666)
 
+    def _engine(self) -> Any:
+        return self._h if self._h is not None else _engine.default()
+
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
-        return self._track(self._h.submit_future(write, buffer, self._fd, offset))
+        return self._track(self._engine().submit_future(write, buffer, self._fd, offset))
 
     def _track(self, op: Any) -> Future:
-        # Kept until done, so close() can wait for it; finished ones are dropped on the way.
+        # Kept until done, so close() can wait for it, and after that while it holds a failure
+        # nobody retrieved, so close()/fsync() can raise it; the rest are dropped on the way.
         with self._lock:
-            self._ops = [o for o in self._ops if not o.done()]
+            self._ops = [o for o in self._ops if not o.done() or o.unobserved_failure()]
             self._ops.append(op)
-        return Future(op)
+        return Future(op, self.name)
 
     def pread(self, buffer: Any, offset: int = 0) -> Future:
         """Starts reading ``buffer.nbytes`` bytes at ``offset`` into ``buffer``."""
@@ -171,7 +199,7 @@ class File:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
         args = _range_args(file_offsets, sizes, buffer_offsets)
-        return self._track(self._h.submit_ranges(write, buffer, self._fd, *args, False, True))
+        return self._track(self._engine().submit_ranges(write, buffer, self._fd, *args, False, True))
 
     def read_into(self, buffer: Any, offset: int = 0) -> int:
         """Reads synchronously; returns the number of bytes read."""
@@ -188,7 +216,9 @@ class File:
         os.ftruncate(self._check(), length)
 
     def fsync(self) -> None:
-        """Waits for the file's running operations, then flushes it to storage."""
+        """Waits for the file's running operations, raises the first failure nobody
+        retrieved (see the class), then flushes the file to storage."""
+        self._check()
         self._drain()
         os.fsync(self._check())
 
@@ -200,19 +230,28 @@ class File:
         return self._fd < 0
 
     def close(self) -> None:
+        """Waits for the file's operations, closes the descriptor, then raises the first
+        failure nobody retrieved (see the class)."""
         if self._fd < 0:
             return
-        self._drain()
-        fd, self._fd = self._fd, -1
-        os.close(fd)
+        try:
+            self._drain()
+        finally:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def _drain(self) -> None:
+        """Waits for every operation of the file; raises the first failure nobody retrieved
+        (marking them all retrieved: each is raised once)."""
         with self._lock:
             ops = list(self._ops)
         for op in ops:
-            op.wait(None)  # outcomes stay with their futures
+            op.wait(None)
+        errors = [_named(e, self.name) for e in (op.take_unobserved() for op in ops) if e is not None]
         with self._lock:
             self._ops = [o for o in self._ops if not o.done()]
+        _deepio.flush_unobserved()
+        _raise_first(errors, f"of operations on {self.name!r} nobody retrieved")
 
     def _check(self) -> int:
         if self._fd < 0:
@@ -226,10 +265,16 @@ class File:
         self.close()
 
     def __del__(self) -> None:
+        if getattr(self, "_fd", -1) < 0:
+            return
         try:
             self.close()
-        except Exception:
-            pass
+        except Exception as e:  # nobody can catch it here: never silently
+            warnings.warn(
+                f"deepio.File {self.name!r} was garbage-collected unclosed and closing it failed: {describe(e)}",
+                _deepio.UnobservedFailureWarning,
+                stacklevel=2,
+            )
 
     def __repr__(self) -> str:
         state = "closed" if self._fd < 0 else f"fd={self._fd}"

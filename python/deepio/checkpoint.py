@@ -37,7 +37,6 @@ import os
 import pickle
 import struct
 import sys
-import threading
 import warnings
 import weakref
 import zipfile
@@ -48,6 +47,7 @@ from typing import IO, Any, Callable, Union, cast
 
 from . import _deepio, _populate
 from ._durable import replacing
+from ._errors import describe
 from ._file import File, Future
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -88,22 +88,6 @@ _IN_PLACE_MIN = 4 << 20
 _WINDOW_ALIGN = 4096
 
 _PREFAULT_MIN = 8 << 20  # readinto() destinations from this size get _prefault()
-
-_handle: Any | None = None
-_handle_lock = threading.Lock()
-
-
-def _checkpoint_handle(handle: Any) -> Any:
-    """The engine handle Writers and Readers use unless given one: 1 MiB requests, two
-    workers with 32 in flight each (large sequential transfers; see docs/checkpoints.md)."""
-    global _handle
-    if handle is not None:
-        return handle
-    with _handle_lock:
-        if _handle is None:
-            _handle = _deepio.Handle(block_size=1 << 20, queue_depth=32, intra_op_parallelism=2)
-        return _handle
-
 
 def _check_sizes(buffer_size: Any, buffers: Any) -> int:
     """buffer_size rounded up to whole pages (aligned for any device)."""
@@ -249,10 +233,17 @@ class _EngineFile(io.RawIOBase):
         raise NotImplementedError
 
     def __del__(self) -> None:
+        if getattr(self, "_file", None) is None:
+            return
         try:
             self.close()
-        except BaseException:
-            pass
+        except Exception as e:  # nobody can catch it here: never silently
+            warnings.warn(
+                f"deepio.{type(self).__name__} {self.name!r} was garbage-collected unclosed and closing it "
+                f"failed: {describe(e)}",
+                _deepio.UnobservedFailureWarning,
+                stacklevel=2,
+            )
 
 
 class Writer(_EngineFile):
@@ -283,7 +274,7 @@ class Writer(_EngineFile):
         self._bufs: list[_Staging] = []
         buffer_size = _check_sizes(buffer_size, buffers)
         self.name = os.fspath(path)
-        self._file = File(path, "w", handle=_checkpoint_handle(handle), direct_io=direct_io)
+        self._file = File(path, "w", handle=handle, direct_io=direct_io)
         try:
             self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
         except BaseException:
@@ -607,7 +598,7 @@ class Reader(_EngineFile):
         self.name = os.fspath(path)
         if os.path.isdir(self.name):  # O_RDONLY opens a folder; reading it would say EISDIR late
             raise IsADirectoryError(21, "Is a directory", self.name)
-        self._file = File(path, "r", handle=_checkpoint_handle(handle), direct_io=direct_io)
+        self._file = File(path, "r", handle=handle, direct_io=direct_io)
         try:
             self._end = self._file.size()
             self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
@@ -1363,7 +1354,7 @@ def _read_whole(p: str) -> tuple[mmap.mmap, int, int] | None:
     too short to be a zip checkpoint."""
     if os.path.isdir(p):  # O_RDONLY opens a folder; reading it would say EISDIR late
         raise IsADirectoryError(errno.EISDIR, "Is a directory", p)
-    with File(p, "r", handle=_checkpoint_handle(None)) as f:
+    with File(p, "r", handle=None) as f:
         size = f.size()
         if size < 4:
             return None

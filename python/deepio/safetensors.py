@@ -40,12 +40,12 @@ import math
 import mmap
 import os
 import struct
-import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
 from . import _deepio, _populate
 from ._durable import replacing
+from ._engine import default as _default_engine
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -274,21 +274,10 @@ def _as_bytes(t: Any) -> Any:
 
 # ------------------------------------------------------------------------------- the engine
 
-_handles: dict[str, Any] = {}
-_handles_lock = threading.Lock()
-
-
 def _engine(kind: str = "cpu") -> Any:
-    """The module's engine handle: 1 MiB blocks, 32 in flight per worker, two workers (one
-    direct request stream is not enough to keep a fast NVMe busy from one submitter).
-    "gds": a GdsHandle, for CUDA memory where GPUDirect Storage is usable."""
-    with _handles_lock:
-        h = _handles.get(kind)
-        if h is None:
-            args = (1 << 20, 32, False, True, 2)
-            h = _deepio.GdsHandle(*args, "auto") if kind == "gds" else _deepio.Handle(*args)
-            _handles[kind] = h
-        return h
+    """The process's default engine (deepio._engine): "gds" for CUDA memory where GPUDirect
+    Storage is usable."""
+    return _default_engine(kind)
 
 
 def _run(ops: list[Any]) -> None:
