@@ -19,6 +19,14 @@
 namespace deepio {
 namespace {
 
+#if defined(__SANITIZE_THREAD__)
+// TSan kills a child that starts threads after a fork of a multi-threaded process
+// (die_after_fork): the part of the fork test that makes a new handle in the child is left out.
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 using detail::FaultPoint;
 using detail::FaultSite;
 using test::in_child;
@@ -194,9 +202,10 @@ TEST_P(Observed, HandleUsedInForkedChildRefusesAtOnceAndLeaksQuietly) {
     } catch (const Error& e) {
       if (!e.forked_handle()) return 21;
     }
-    // A new handle in the child works.
-    Handle mine({.backend = GetParam()});
-    if (mine.sync_pread(buf.data(), buf.size(), path) != 1 || buf != data) return 30;
+    if (!kThreadSanitizer) {  // a new handle in the child works
+      Handle mine({.backend = GetParam()});
+      if (mine.sync_pread(buf.data(), buf.size(), path) != 1 || buf != data) return 30;
+    }
     h.reset();  // the parent's engine: leaked, not joined
     return 0;
   });

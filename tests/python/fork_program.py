@@ -98,11 +98,21 @@ def dataloader(method: str, folder: str) -> bool:
     return good
 
 
+def _vmlck_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1])
+    return -1
+
+
 def parent_handle(folder: str) -> bool:
     data = np.arange(1 << 20, dtype=np.uint8)
     p = os.path.join(folder, "parent.bin")
     h = deepio.aio_handle(intra_op_parallelism=2)
     assert h.sync_pwrite(data, p) == 1
+    locked = h.new_cpu_locked_tensor(1 << 20, np.empty(0, dtype=np.uint8))
+    locked_before = deepio.locked_memory_stats()["allocations"]
     opened = deepio.File(p, "r", handle=h)  # on the parent's handle
     default = deepio.File(p, "r")  # on the default engine
     assert default.read_into(np.empty_like(data)) == data.nbytes
@@ -143,6 +153,17 @@ def parent_handle(folder: str) -> bool:
             lines.append("ok child's own handle" if np.array_equal(buf, data) else "FAIL own: bytes")
         except BaseException as e:  # noqa: BLE001
             lines.append(f"FAIL child's own handle: {type(e).__name__}: {e}")
+        # Locked memory inherited from the parent: the kernel did not lock it here (mlock is
+        # not inherited), and freeing it frees this process's copy once, nothing more.
+        try:
+            vmlck = _vmlck_kib()
+            freed = h.free_cpu_locked_tensor(locked)
+            again = h.free_cpu_locked_tensor(locked)
+            after = deepio.locked_memory_stats()["allocations"]
+            ok = vmlck == 0 and freed and not again and after == locked_before - 1
+            lines.append("ok inherited locked memory" if ok else f"FAIL locked: {vmlck} kB, {freed}, {again}, {after}")
+        except BaseException as e:  # noqa: BLE001
+            lines.append(f"FAIL inherited locked memory: {type(e).__name__}: {e}")
         os.write(w, ("\n".join(lines) + "\n").encode())
         os._exit(0)  # the parent's handles are left as they are (leaked) in the child
     os.close(w)
@@ -153,7 +174,10 @@ def parent_handle(folder: str) -> bool:
     _, status = os.waitpid(pid, 0)
     text = out.decode()
     print(text, end="", flush=True)
-    good = "FAIL" not in text and text.count("ok ") == 6 and os.waitstatus_to_exitcode(status) == 0
+    good = "FAIL" not in text and text.count("ok ") == 7 and os.waitstatus_to_exitcode(status) == 0
+    after = deepio.locked_memory_stats()["allocations"]
+    good &= check("parent's locked memory after the child", after == locked_before, f"{after} != {locked_before}")
+    h.free_cpu_locked_tensor(locked)
     # The parent's handle and files are untouched by what the child did.
     back = np.empty_like(data)
     good &= check("parent's handle after the child", h.sync_pread(back, p) == 1 and np.array_equal(back, data))

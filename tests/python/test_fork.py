@@ -44,3 +44,4 @@ def test_parent_handle_in_forked_child_refuses_at_once(tmp_dir):
     for name in ("aio_handle.sync_pread", "aio_handle.async_pread", "aio_handle.wait", "File on the parent's handle"):
         assert f"ok {name}" in out, out
     assert "ok File on the default engine" in out and "ok child's own handle" in out, out
+    assert "ok inherited locked memory" in out, out

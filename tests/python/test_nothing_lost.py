@@ -96,9 +96,7 @@ CASES = [
 
 
 def _child(case: str, folder: str, limit: str) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-c", CHILD, case, folder, limit], capture_output=True, text=True, timeout=120
-    )
+    r = subprocess.run([sys.executable, "-c", CHILD, case, folder, limit], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
