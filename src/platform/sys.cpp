@@ -66,6 +66,29 @@ Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out)
   return Status::success();
 }
 
+Status reopen_file(int fd, int flags, const std::string& name, UniqueFd* out) {
+  flags &= ~(O_CREAT | O_TRUNC | O_EXCL);
+  if (auto injected = consult_fault_hook({FaultPoint::Open, name.c_str(), fd, 0, 0, 0, flags});
+      injected && *injected < 0) {
+    return Status::failure(static_cast<int>(-*injected), "cannot reopen (through /proc/self/fd) without O_DIRECT",
+                           name);
+  }
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  int r;
+  do {
+    r = ::open(link.c_str(), flags | O_CLOEXEC);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    const int err = errno;
+    return Status::failure(err,
+                           "cannot reopen descriptor " + std::to_string(fd) + " without O_DIRECT through " + link +
+                               (err == ENOENT ? " (is /proc mounted?)" : ""),
+                           name);
+  }
+  out->reset(r);
+  return Status::success();
+}
+
 Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
   auto* p = static_cast<char*>(buf);
   std::size_t done = 0;
