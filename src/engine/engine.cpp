@@ -417,8 +417,10 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
       throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
     }
     counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-    if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_DIRECT) != 0) {
-      throw_error(errno, "cannot clear O_DIRECT", path);
+    // Our own open file description (no caller shares it): clearing the flag is safe here.
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_DIRECT) != 0) {
+      throw_error(errno, "cannot clear O_DIRECT (fcntl)", path);
     }
     direct = false;
   }
