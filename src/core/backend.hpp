@@ -4,6 +4,8 @@
 // implementations need no locking. Results follow the kernel's convention: a completion's
 // res is the byte count moved, or a negative errno. Backends do not retry, loop on short
 // transfers or interpret results: the worker does that, identically for all of them.
+// Teardown: shutdown() ends the kernel queue, waiting for (or cancelling) what the kernel
+// still holds, before the worker fails those requests or frees the memory they point into.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +62,13 @@ class Backend {
   /// hold them until the next reap() (io_uring batches submission into its wait). The worker
   /// calls it before spending time on other things, so the device is never left idle.
   virtual void flush() {}
+  /// Ends the kernel queue for good, before the worker lets go of any request's memory (a
+  /// queue that failed, or the worker's end): returns once no accepted request can still
+  /// read or write its buffer -- each one has completed (its completion is discarded) or was
+  /// cancelled -- and true; false when that cannot be known (the queue is broken and the
+  /// kernel may still finish requests). Idempotent; nothing else is called afterwards. The
+  /// destructor calls it. Backends that complete requests inside submit() have nothing to do.
+  virtual bool shutdown() noexcept { return true; }
   /// The backend's own words for the failed completion with this tag (e.g. the cuFile error
   /// name behind an errno), taken once; empty when it has none. Called by the worker right
   /// after reaping a negative result.

@@ -10,18 +10,17 @@
 
 namespace deepio::detail {
 
-Status OpState::buffered_fd(int* out) {
+Status OpState::buffered_fd(int* out, const Reopener& reopen) {
   std::lock_guard lock(mutex_);
   if (buffered_fd_ < 0) {
+    // The op's own open descriptor of the file: its O_DIRECT one, or the caller's (an
+    // O_DIRECT descriptor used with direct_io=off). Reopening it, never the path, keeps the
+    // file's identity (see reopen_file).
+    const int source = direct_fd_ >= 0 ? direct_fd_ : borrowed_source_;
+    if (source < 0) return Status::failure(EBADF, "no open descriptor to reopen without O_DIRECT", path_);
     UniqueFd fd;
-    const int flags = write_ ? O_WRONLY : O_RDONLY;
-    Status s;
-    if (borrowed_source_ >= 0) {
-      s = open_file("/proc/self/fd/" + std::to_string(borrowed_source_), flags, 0, &fd);
-      if (!s.ok()) s.message = "cannot reopen the caller's descriptor without O_DIRECT";
-    } else {
-      s = open_file(path_, flags, 0, &fd);
-    }
+    const int flags = write_ ? O_WRONLY : O_RDONLY;  // never O_CREAT/O_TRUNC: the file is open
+    Status s = reopen ? reopen(source, flags, &fd) : reopen_file(source, flags, path_, &fd);
     if (!s.ok()) return s;
     owned_buffered_ = std::move(fd);
     buffered_fd_ = owned_buffered_.get();

@@ -28,8 +28,8 @@
 //
 // Thread safety: all mutable fields are guarded by mutex_, except remaining_ and failed_
 // which are atomics; descriptors are immutable after submission except the lazily opened
-// buffered one, which is created under mutex_; sequence_ is written once, by the engine,
-// before the op is published to other threads.
+// buffered one, which is created under mutex_ (by reopening the direct one, never by path); sequence_ is written once,
+// by the engine, before the op is published to other threads.
 #pragma once
 
 #include <atomic>
@@ -37,6 +37,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -132,9 +133,15 @@ class OpState : public std::enable_shared_from_this<OpState> {
     buffered_fd_ = buffered_fd;
   }
   [[nodiscard]] int direct_fd() const noexcept { return direct_fd_; }
-  /// A descriptor without O_DIRECT, opened on first use (by path, or for a caller's O_DIRECT
-  /// descriptor by reopening /proc/self/fd/N). Thread-safe.
-  Status buffered_fd(int* out);
+  /// Reopens one of the op's own descriptors: (fd, flags, out) -> status. The engine's adds
+  /// descriptor back-pressure; by default reopen_file() (platform/sys.hpp).
+  using Reopener = std::function<Status(int fd, int flags, UniqueFd* out)>;
+  /// The descriptor without O_DIRECT, made on first use by reopening the op's own open
+  /// descriptor (its O_DIRECT one, or the caller's) through /proc/self/fd/N: never by path,
+  /// so it is the same file as the direct one even if the path was renamed over meanwhile.
+  /// The engine makes it at submission when the plan needs it; a worker makes it later only
+  /// for a short transfer or an EINVAL fallback of a direct request. Thread-safe.
+  Status buffered_fd(int* out, const Reopener& reopen = {});
 
   /// The op is a durable write: when its slices are done, `runner` runs run_sync() before it
   /// completes. Set before dispatch; the runner outlives the op's completion.
@@ -223,7 +230,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   std::shared_ptr<void> shared_fds_;  // released (with the others) when the op finishes
   int direct_fd_ = -1;
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
-  int borrowed_source_ = -1;  // caller's descriptor, for reopening without O_DIRECT
+  int borrowed_source_ = -1;  // caller's descriptor, reopened without O_DIRECT when needed
   int device_ = -1;
   bool on_device_ = false;
   SyncRunner* sync_ = nullptr;

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <list>
 #include <map>
 #include <new>
+#include <thread>
 
 #include "memory/aligned.hpp"
 #include "platform/fault.hpp"
@@ -17,6 +19,14 @@ namespace deepio::detail {
 namespace {
 
 constexpr int kMaxRetries = 1000;  // EINTR/EAGAIN resubmissions of one request before giving up
+
+// The wait before the n-th resubmission (n >= 1) of a request the kernel answered EAGAIN
+// (out of resources for now), and before reaping again after the n-th transient reap
+// failure in a row: 1 us doubling up to 1 ms, so kMaxRetries of them take about one second
+// in all before the request fails, instead of a thousand resubmissions in a busy loop.
+std::chrono::microseconds backoff(int n) {
+  return std::chrono::microseconds(n >= 11 ? 1000 : std::min(1000, 1 << (n - 1)));
+}
 
 struct Active {
   SliceTask task;
@@ -74,8 +84,15 @@ struct Worker::Impl {
   // Slices whose requests have all finished: their ops are told (slice_done, which may close
   // files and wake waiters) only after the next requests are on their way to the device.
   std::vector<std::shared_ptr<OpState>> finished;
+  // Slots waiting out their EAGAIN back-off: (when to resubmit, slot). Held out of the queue
+  // depth like in-flight ones.
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::uint32_t>> deferred;
+  int reap_failures = 0;  // transient reap failures in a row
+  // Last member, so destroyed first: the kernel queue is shut down (waiting for what it still
+  // holds) before the bounce arena and the stagers it may be writing into are freed.
+  std::unique_ptr<Backend> backend;
 
-  explicit Impl(Worker& worker) : w(worker), cursor(active.end()) {
+  explicit Impl(Worker& worker) : w(worker), cursor(active.end()), backend(std::move(worker.backend_)) {
     const std::size_t qd = w.config_.queue_depth;
     slots.resize(qd);
     free_slots.reserve(qd);
@@ -114,7 +131,7 @@ struct Worker::Impl {
   // from it here, so this runs after the refill has reached the kernel.
   void finish_retired() {
     if (finished.empty()) return;
-    w.backend_->flush();
+    if (dead.ok()) backend->flush();
     for (auto& op : finished) op->slice_done();
     finished.clear();
   }
@@ -184,6 +201,11 @@ struct Worker::Impl {
         continue;
       }
       const Segment& seg = a.task.segments[a.seg];
+      if (!dead.ok()) {
+        // The queue is gone: nothing is cut, staged or bounced for it any more.
+        op.fail(Status::failure(dead.errnum, dead.message, op.path(), seg.file_offset + a.pos, seg.nbytes - a.pos));
+        continue;  // the failed op is skipped at the top of the loop
+      }
       const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(seg.chunk, seg.nbytes - a.pos));
       Slot s;
       s.owner = &a;
@@ -278,7 +300,7 @@ struct Worker::Impl {
                      {FaultPoint::Submit, nullptr, batch[i].fd, batch[i].offset, batch[i].len, 0})) {
         r = static_cast<int>(*injected);
       } else {
-        r = w.backend_->submit(std::span<const Request>(batch).subspan(i, n));
+        r = backend->submit(std::span<const Request>(batch).subspan(i, n));
       }
       if (r > 0) {
         for (std::size_t k = i; k < i + static_cast<std::size_t>(r); ++k) slots[batch_slots[k]].in_kernel = true;
@@ -342,7 +364,11 @@ struct Worker::Impl {
       const int err = static_cast<int>(-res);
       if ((err == EINTR || err == EAGAIN) && ++s.retries < kMaxRetries) {
         w.counters_->retries.fetch_add(1, std::memory_order_relaxed);
-        resubmit.push_back(id);
+        if (err == EINTR) {
+          resubmit.push_back(id);  // interrupted, not short of anything: at once
+        } else {
+          deferred.emplace_back(std::chrono::steady_clock::now() + backoff(s.retries), id);
+        }
         return;
       }
       if (err == EINVAL && !s.buffered && s.req.driver_file == nullptr) {
@@ -356,8 +382,9 @@ struct Worker::Impl {
           return;
         }
       }
-      std::string text = w.backend_->take_error_text(c.tag);
+      std::string text = backend->take_error_text(c.tag);
       if (text.empty()) text = op.write() ? "write failed" : "read failed";
+      if (s.retries >= kMaxRetries) text += " (still, after " + std::to_string(kMaxRetries) + " attempts)";
       op.fail(Status::failure(err, std::move(text), op.path(), s.req.offset, s.req.len));
       release(id);
       return;
@@ -420,18 +447,23 @@ struct Worker::Impl {
     if (auto injected = consult_fault_hook({FaultPoint::Reap, nullptr, -1, 0, 0, 0})) {
       if (*injected < 0) return static_cast<int>(*injected);
     }
-    return w.backend_->reap(completions, min);
+    return backend->reap(completions, min);
   }
 
   // The backend could not hand back completions and retrying cannot help (the ring or
   // context is broken). Looping would spin at 100% CPU with wait() never returning, so every
   // request in the queue fails with the errno (waking its op's waiters) and the backend is
-  // never used again: later requests on this worker fail at once with the same cause. The
-  // kernel may still finish the abandoned requests; the message says so.
+  // never used again: later requests on this worker fail at once with the same cause.
+  // Order matters: the kernel queue is shut down first (waiting for, or cancelling, what it
+  // still holds), and only then are the ops failed and the slots released. Failing an op
+  // lets its caller free the buffer, and a released slot's bounce memory is reused: neither
+  // may happen while the kernel can still write into them.
   void abandon_queue(int err) {
-    dead = Status::failure(err, std::string("the ") + w.backend_->name() +
-                                    " queue failed while collecting completions; its requests were "
-                                    "abandoned and may still be completed by the kernel");
+    const bool quiet = backend->shutdown();
+    dead = Status::failure(
+        err, std::string("the ") + backend->name() +
+                 " queue failed while collecting completions; its requests were abandoned" +
+                 (quiet ? " once the kernel was done with them" : " and may still be completed by the kernel"));
     for (std::uint32_t id = 0; id < slots.size(); ++id) {
       Slot& s = slots[id];
       if (!s.in_kernel) continue;
@@ -440,13 +472,31 @@ struct Worker::Impl {
       release(id);
     }
     inflight = 0;
+    if (!quiet && bounce_mem.data() != nullptr) {
+      // The kernel may still write into the arena: leaked on purpose, never reused (a dead
+      // queue cuts no more requests), rather than freed under a DMA.
+      new AlignedBuffer(std::move(bounce_mem));  // NOLINT(cppcoreguidelines-owning-memory)
+      free_bounce.clear();
+    }
+  }
+
+  // Deferred slots whose back-off is over go back to the resubmission list.
+  void take_due() {
+    if (deferred.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(deferred, [&](const auto& d) {
+      if (d.first > now) return false;
+      resubmit.push_back(d.second);
+      return true;
+    });
   }
 
   void run() {
     const std::size_t qd = w.config_.queue_depth;
     for (;;) {
       if (!draining.empty()) drain(false);
-      while (inflight + batch.size() < qd) {
+      take_due();
+      while (inflight + batch.size() + deferred.size() < qd) {
         if (!resubmit.empty()) {
           const std::uint32_t id = resubmit.back();
           resubmit.pop_back();
@@ -470,6 +520,14 @@ struct Worker::Impl {
           drain(true);
           continue;
         }
+        if (!deferred.empty()) {
+          // Nothing in the kernel and nothing else could be issued: sleep out the earliest
+          // back-off (a new slice wakes this early; it is looked at on the way round).
+          const auto due = std::min_element(deferred.begin(), deferred.end())->first;
+          std::unique_lock lock(w.mutex_);
+          w.cv_.wait_until(lock, due);
+          continue;
+        }
         if (!resubmit.empty() || cursor != active.end()) continue;
         std::unique_lock lock(w.mutex_);
         w.cv_.wait(lock, [&] { return !w.queue_.empty() || w.stopping_; });
@@ -479,10 +537,17 @@ struct Worker::Impl {
       const std::size_t min = w.config_.overlap_events ? 1 : inflight;
       const int n = reap(min);
       if (n < 0) {
-        if (n == -EINTR || n == -EAGAIN || n == -EBUSY) continue;  // transient: reap again
+        const bool transient = n == -EINTR || n == -EAGAIN || n == -EBUSY;
+        if (transient && ++reap_failures < kMaxRetries) {  // reap again, after a back-off
+          w.counters_->retries.fetch_add(1, std::memory_order_relaxed);
+          if (n != -EINTR) std::this_thread::sleep_for(backoff(reap_failures));
+          continue;
+        }
+        reap_failures = 0;
         abandon_queue(-n);
         continue;
       }
+      reap_failures = 0;
       inflight -= static_cast<std::size_t>(n);
       for (int i = 0; i < n; ++i) complete(completions[static_cast<std::size_t>(i)]);
     }

@@ -4,14 +4,18 @@
 // requests and keeps up to queue_depth of them in flight across all its slices (so many
 // small operations still fill the device queue). With overlap_events it refills as each
 // completion arrives; without, it submits a batch and reaps the whole batch before the next.
-// Every completion is checked: EINTR/EAGAIN are resubmitted, short transfers are finished by
-// resubmitting the rest, a direct request refused with EINVAL is redone through the page
-// cache, anything else fails the op (its remaining requests are skipped). Ops on device
-// memory stage every request through a bounce slot: device-to-host copy before a write is
-// submitted; after a read, a host-to-device copy that must finish before the slot is reused
-// or the op completes. Ops with a DriverFile (GPUDirect Storage) go to a route's backend with
-// the device address as it is: never staged, never redone through the page cache. stop() lets the
-// worker finish everything queued, then joins it: work is never abandoned.
+// Every completion is checked: EINTR is resubmitted at once and EAGAIN after a back-off (1 us
+// doubling to 1 ms; a request still refused after 1000 tries fails, about a second later,
+// naming it); short transfers are finished by resubmitting the rest; a direct request refused
+// with EINVAL is redone through the page cache; anything else fails the op (its remaining
+// requests are skipped). Ops on device memory stage every request through a bounce slot:
+// device-to-host copy before a write is submitted; after a read, a host-to-device copy that
+// must finish before the slot is reused or the op completes. Ops with a DriverFile
+// (GPUDirect Storage) go to a route's backend with the device address as it is: never
+// staged, never redone through the page cache. stop() lets the worker finish everything
+// queued, then joins it: work is never abandoned. Teardown: a queue that fails is shut down
+// (Backend::shutdown: the kernel is done with its requests) before its requests fail, and
+// the worker's backend goes before the bounce arena and stagers the kernel may write into.
 // Thread safety: enqueue() and stop() may be called from any thread; everything else runs on
 // the worker thread only.
 #pragma once
@@ -71,6 +75,8 @@ class Worker {
   struct Impl;
   void run() noexcept;
 
+  // Handed to the worker thread's state when it starts, which owns it from then on and shuts
+  // it down before freeing any memory the kernel could write into.
   std::unique_ptr<Backend> backend_;
   WorkerConfig config_;
   Counters* counters_;

@@ -57,8 +57,9 @@ DirectIoInfo probe_direct_io(const std::string& folder) {
   detail::throw_if_error(detail::file_facts(fd.get(), folder, &facts));
   // The real test: can this file be switched to O_DIRECT?
   const int flags = ::fcntl(fd.get(), F_GETFL);
-  const bool accepted = ::fcntl(fd.get(), F_SETFL, flags | O_DIRECT) == 0 &&
-                        (::fcntl(fd.get(), F_GETFL) & O_DIRECT) != 0;
+  if (flags < 0) detail::throw_error(errno, "cannot read the descriptor's flags (fcntl F_GETFL) of", folder);
+  const int after = ::fcntl(fd.get(), F_SETFL, flags | O_DIRECT) == 0 ? ::fcntl(fd.get(), F_GETFL) : -1;
+  const bool accepted = after >= 0 && (after & O_DIRECT) != 0;
   info.from_statx = facts.from_statx;
   if (facts.from_statx) {
     info.supported = accepted && facts.dio_offset_align != 0;

@@ -354,8 +354,16 @@ bool Engine::in_memory(int fd, std::uint64_t dev) {
 }
 
 Status Engine::open_with_backpressure(const std::string& path, int flags, UniqueFd* fd) {
+  return with_backpressure([&] { return open_file(path, flags, 0666, fd); }, fd);
+}
+
+Status Engine::reopen_with_backpressure(int source, int flags, const std::string& name, UniqueFd* fd) {
+  return with_backpressure([&] { return reopen_file(source, flags, name, fd); }, fd);
+}
+
+Status Engine::with_backpressure(const std::function<Status()>& open, UniqueFd* fd) {
   for (;;) {
-    Status s = open_file(path, flags, 0666, fd);
+    Status s = open();
     if (s.ok()) reserve_descriptors(fd->get());
     if (s.ok() || (s.errnum != EMFILE && s.errnum != ENFILE)) return s;
     // Out of descriptors: if this handle's own ops hold some, wait for one to finish.
@@ -364,6 +372,11 @@ Status Engine::open_with_backpressure(const std::string& path, int flags, Unique
     if (submitted_.load() <= seen) return s;
     signal_.cv.wait(lock, [&] { return signal_.finished != seen; });
   }
+}
+
+Status Engine::buffered_fd(OpState& op, int* out) {
+  return op.buffered_fd(
+      out, [&](int source, int flags, UniqueFd* fd) { return reopen_with_backpressure(source, flags, op.path(), fd); });
 }
 
 void Engine::open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out) {
@@ -380,8 +393,8 @@ std::shared_ptr<Engine::SharedFile> Engine::open_shared(bool write, const std::s
   f->main = open_checked(write, path, &f->size, &f->opened);
   if (f->opened.direct) {
     // The unaligned heads and tails of the requests go through the page cache: one
-    // descriptor without O_DIRECT for all of them too.
-    throw_if_error(open_with_backpressure(path, write ? O_WRONLY : O_RDONLY, &f->buffered));
+    // descriptor without O_DIRECT for all of them too, of the same file (not of the path).
+    throw_if_error(reopen_with_backpressure(f->main.get(), write ? O_WRONLY : O_RDONLY, path, &f->buffered));
   }
   return f;
 }
@@ -410,8 +423,10 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
       throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
     }
     counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-    if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_DIRECT) != 0) {
-      throw_error(errno, "cannot clear O_DIRECT", path);
+    // Our own open file description (no caller shares it): clearing the flag is safe here.
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_DIRECT) != 0) {
+      throw_error(errno, "cannot clear O_DIRECT (fcntl)", path);
     }
     direct = false;
   }
@@ -759,7 +774,7 @@ void Engine::open_op(OpState& op, const std::string* path, int fd, const std::sh
       op.borrow_direct_fd(fd);
     } else if ((flags & O_DIRECT) == 0) {
       op.borrow_buffered_fd(fd);
-    }  // else: direct_io=off on an O_DIRECT descriptor; a buffered one is reopened on use
+    }  // else: direct_io=off on an O_DIRECT descriptor; queue() reopens it without O_DIRECT
   }
 }
 
@@ -811,7 +826,7 @@ Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
   DeviceBinding b;
   b.direct = opened.direct && op.direct_fd() >= 0;
   b.fd = op.direct_fd();
-  if (!b.direct) throw_if_error(op.buffered_fd(&b.fd));
+  if (!b.direct) throw_if_error(buffered_fd(op, &b.fd));
   b.buf = buf;
   b.nbytes = op.nbytes();
   b.device = op.device();
@@ -852,15 +867,18 @@ void Engine::queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices
     }
   }
 
-  // Open the buffered descriptor now if the plan needs one, so that failure is reported to
-  // the submitter rather than later.
-  if (opened.direct && !route.direct) {
+  // Make the buffered descriptor now if the plan needs one and the op has none (an O_DIRECT
+  // open, or a caller's O_DIRECT descriptor with direct_io=off), so that a failure reaches
+  // the submitter and no worker opens anything. An op whose plan is all direct gets one only
+  // if a short transfer or an EINVAL needs it, from its own descriptor too (OpState): an
+  // extra open per op would cost every small aligned request.
+  if (!route.direct) {
     const bool needs_buffered = std::any_of(slices.begin(), slices.end(), [](const Slice& s) {
       return std::any_of(s.segments.begin(), s.segments.end(),
                          [](const Segment& g) { return g.mode == SegmentMode::Buffered; });
     });
     int unused = -1;
-    if (needs_buffered) throw_if_error(op->buffered_fd(&unused));
+    if (needs_buffered) throw_if_error(buffered_fd(*op, &unused));
   }
 
   // A batch's host slices are collected (room made first: nothing below may throw then).

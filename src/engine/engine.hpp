@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -124,7 +125,13 @@ class Engine {
   /// queued, if it cannot).
   void queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices, const Opened& opened, Route route,
              bool tracked, PendingSlices* pending = nullptr);
+  /// open_file() / reopen_file(), waiting for this handle's own ops to release descriptors
+  /// when the process has none left (EMFILE/ENFILE) rather than failing.
   Status open_with_backpressure(const std::string& path, int flags, UniqueFd* fd);
+  Status reopen_with_backpressure(int source, int flags, const std::string& name, UniqueFd* fd);
+  Status with_backpressure(const std::function<Status()>& open, UniqueFd* fd);
+  /// The op's descriptor without O_DIRECT, reopened from its own descriptor with back-pressure.
+  Status buffered_fd(OpState& op, int* out);
   /// Whether io_uring workers should run this file's requests themselves (tmpfs/ramfs; see
   /// Segment::in_memory): fstatfs once per device (it costs ~1 us on ext4), then cached.
   bool in_memory(int fd, std::uint64_t dev);

@@ -66,6 +66,29 @@ Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out)
   return Status::success();
 }
 
+Status reopen_file(int fd, int flags, const std::string& name, UniqueFd* out) {
+  flags &= ~(O_CREAT | O_TRUNC | O_EXCL);
+  if (auto injected = consult_fault_hook({FaultPoint::Open, name.c_str(), fd, 0, 0, 0, flags});
+      injected && *injected < 0) {
+    return Status::failure(static_cast<int>(-*injected), "cannot reopen (through /proc/self/fd) without O_DIRECT",
+                           name);
+  }
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  int r;
+  do {
+    r = ::open(link.c_str(), flags | O_CLOEXEC);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    const int err = errno;
+    return Status::failure(err,
+                           "cannot reopen descriptor " + std::to_string(fd) + " without O_DIRECT through " + link +
+                               (err == ENOENT ? " (is /proc mounted?)" : ""),
+                           name);
+  }
+  out->reset(r);
+  return Status::success();
+}
+
 Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path) {
   auto* p = static_cast<char*>(buf);
   std::size_t done = 0;
@@ -102,22 +125,25 @@ Status file_facts(int fd, const std::string& path, FileFacts* out) {
   struct statx stx {};
   const long r = ::syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_DIOALIGN, &stx);
   mode_t mode = 0;
-  if (r == 0) {
+  // A file system may leave out fields it was asked for: size and type are needed, so
+  // without them fstat() answers (the alignment stays optional).
+  constexpr unsigned kNeeded = STATX_TYPE | STATX_SIZE;
+  if (r == 0 && (stx.stx_mask & kNeeded) == kNeeded) {
     out->size = stx.stx_size;
     out->dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
     mode = stx.stx_mode;
-    if ((stx.stx_mask & STATX_DIOALIGN) != 0U) {
-      out->from_statx = true;
-      out->dio_mem_align = stx.stx_dio_mem_align;
-      out->dio_offset_align = stx.stx_dio_offset_align;
-    }
   } else {
-    if (errno != ENOSYS) return Status::failure(errno, "cannot stat", path);
+    if (r != 0 && errno != ENOSYS) return Status::failure(errno, "cannot stat", path);
     struct stat st {};
     if (::fstat(fd, &st) != 0) return Status::failure(errno, "cannot stat", path);
     out->size = static_cast<std::uint64_t>(st.st_size);
     out->dev = static_cast<std::uint64_t>(st.st_dev);
     mode = st.st_mode;
+  }
+  if (r == 0 && (stx.stx_mask & STATX_DIOALIGN) != 0U) {
+    out->from_statx = true;
+    out->dio_mem_align = stx.stx_dio_mem_align;
+    out->dio_offset_align = stx.stx_dio_offset_align;
   }
   out->regular = S_ISREG(mode);
   if (S_ISBLK(mode)) {

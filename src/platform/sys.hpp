@@ -17,6 +17,16 @@ namespace deepio::detail {
 /// an ok status.
 Status open_file(const std::string& path, int flags, mode_t mode, UniqueFd* out);
 
+/// A new open file description of the file `fd` refers to, with `flags` (no O_CREAT or
+/// O_TRUNC: the file exists), through /proc/self/fd/<fd>: the same inode whatever became of
+/// its path since (renamed over, unlinked), and none of fd's status flags (O_DIRECT), which a
+/// dup() would share. Used for the descriptor without O_DIRECT that an O_DIRECT descriptor's
+/// unaligned pieces go through: a file is never opened by its path twice, so an atomic
+/// replace (rename over the path) between the two opens cannot mix two files' bytes. The
+/// fault hook is asked as for an Open, with `name` (the file's path as the caller gave it).
+/// Errors carry errno and `name`; ENOENT then means /proc is not mounted.
+Status reopen_file(int fd, int flags, const std::string& name, UniqueFd* out);
+
 /// pread(2)/pwrite(2) until all n bytes moved. A read that hits end of file first fails with
 /// ENODATA; a write that makes no progress fails with EIO. EINTR/EAGAIN are retried.
 Status pread_full(int fd, void* buf, std::size_t n, std::uint64_t offset, const std::string& path);

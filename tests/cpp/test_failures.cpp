@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "backends/factory.hpp"
 #include "platform/fault.hpp"
 #include "common/support.hpp"
 
@@ -442,6 +443,112 @@ TEST_P(Failures, ReapErrorFailsEveryRequestInFlightAndWaitRaises) {
   detail::set_fault_hook({});
 }
 
+// A queue that dies while bounced requests are in the kernel: the queue is shut down (the
+// kernel done with them) before the ops fail and the slots' bounce memory is let go; then
+// the handle and the buffer are destroyed (the ASan build checks that nothing touches them).
+TEST_P(Failures, QueueKilledWithBouncedRequestsInFlightFailsThemWithTheCause) {
+  struct statfs sfs {};
+  if (GetParam() == BackendKind::IoUring && ::statfs(dir_.path().c_str(), &sfs) == 0 && sfs.f_type == TMPFS_MAGIC) {
+    GTEST_SKIP() << "io_uring workers run requests on tmpfs files themselves: none is in the ring to fail";
+  }
+  const auto data = pattern(4 << 20, 12);
+  const std::string f = dir_.file("bounced");
+  test::put(f, data);
+  std::atomic<int> reaps{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Reap && reaps.fetch_add(1) >= 2) return -EBADF;
+    return std::nullopt;
+  });
+  HandleStats stats;
+  {
+    // Misaligned by one byte: the direct body goes through bounce slots.
+    test::OffsetBuffer buf(data.size(), 1);
+    Handle h(opts({.block_size = 65536, .queue_depth = 8, .overlap_events = true, .intra_op_parallelism = 2}));
+    for (int i = 0; i < 4; ++i) h.async_pread(buf.data(), buf.size(), f);
+    try {
+      h.wait();
+      ADD_FAILURE() << "wait() returned although the queue failed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.errnum(), EBADF) << e.what();
+      EXPECT_EQ(e.path(), f);
+      EXPECT_NE(std::string(e.what()).find("queue failed"), std::string::npos) << e.what();
+      if (GetParam() != BackendKind::Threads) {
+        EXPECT_NE(std::string(e.what()).find("once the kernel was done with them"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(h.pending(), 0u);
+    stats = h.stats();
+  }  // the handle, then the buffer
+  detail::set_fault_hook({});
+  if (stats.bytes_bounced == 0 && stats.bytes_direct + stats.bytes_buffered > 0) {
+    GTEST_SKIP() << "this folder takes no O_DIRECT: nothing bounced";
+  }
+  EXPECT_EQ(stats.ops_failed, 4u);
+}
+
+TEST_P(Failures, EAGAINIsRetriedWithBackOffAndCounted) {
+  std::atomic<int> n{0};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Write && take_turn(n, 30) >= 0) return -EAGAIN;
+    return std::nullopt;
+  });
+  Handle h(opts({.block_size = 1 << 20}));
+  const auto data = pattern(100000, 13);
+  h.sync_pwrite(data.data(), data.size(), dir_.file("again"));
+  detail::set_fault_hook({});
+  EXPECT_EQ(slurp(dir_.file("again")), data);
+  EXPECT_EQ(h.stats().retries, 30u);
+}
+
+// A request the kernel keeps refusing with EAGAIN fails, naming itself, after the bounded
+// back-off (about a second), neither at once nor never.
+TEST_P(Failures, PersistentEAGAINFailsInBoundedTimeNamingTheRequest) {
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    return s.point == FaultPoint::Write ? std::optional<std::int64_t>(-EAGAIN) : std::nullopt;
+  });
+  Handle h(opts({.block_size = 1 << 20}));
+  const auto data = pattern(4096, 14);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    h.sync_pwrite(data.data(), data.size(), dir_.file("never"), 8192);
+    ADD_FAILURE() << "a write refused forever succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EAGAIN) << e.what();
+    EXPECT_EQ(e.path(), dir_.file("never"));
+    EXPECT_EQ(e.offset(), 8192u);
+    EXPECT_EQ(e.nbytes(), 4096u);
+    EXPECT_NE(std::string(e.what()).find("1000 attempts"), std::string::npos) << e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  detail::set_fault_hook({});
+  EXPECT_GT(took, std::chrono::milliseconds(500)) << "no back-off between the retries";
+  EXPECT_LT(took, std::chrono::seconds(5)) << "the back-off is not bounded";
+  EXPECT_EQ(h.stats().retries, 999u);
+}
+
+// A reap that keeps failing with EAGAIN gives up the same way, and the queue fails.
+TEST_P(Failures, PersistentReapEAGAINFailsTheQueueInBoundedTime) {
+  struct statfs sfs {};
+  if (GetParam() == BackendKind::IoUring && ::statfs(dir_.path().c_str(), &sfs) == 0 && sfs.f_type == TMPFS_MAGIC) {
+    GTEST_SKIP() << "io_uring workers run requests on tmpfs files themselves: nothing is reaped";
+  }
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    return s.point == FaultPoint::Reap ? std::optional<std::int64_t>(-EAGAIN) : std::nullopt;
+  });
+  Handle h(opts({.block_size = 1 << 20}));
+  const auto data = pattern(4096, 15);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    h.sync_pwrite(data.data(), data.size(), dir_.file("reap-again"));
+    ADD_FAILURE() << "a queue that never hands back completions succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EAGAIN) << e.what();
+    EXPECT_NE(std::string(e.what()).find("queue failed"), std::string::npos) << e.what();
+  }
+  detail::set_fault_hook({});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 TEST_P(Failures, SubmitErrorFailsTheRequestAndWaitRaises) {
   detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
     return s.point == FaultPoint::Submit ? std::optional<std::int64_t>(-ENOMEM) : std::nullopt;
@@ -484,6 +591,38 @@ TEST_P(Failures, DescriptorErrors) {
 }
 
 DEEPIO_INSTANTIATE_FOR_BACKENDS(Failures);
+
+// Closing an io_uring ring does not wait for its requests: the kernel finishes them later,
+// into memory the worker may have freed. A read of an empty pipe stays in the kernel until
+// someone writes; the backend destroyed meanwhile must wait for it, not return at once.
+TEST(BackendTeardown, IoUringWaitsForWhatTheKernelHoldsBeforeClosingItsRing) {
+  detail::Status why;
+  auto backend = detail::make_backend(BackendKind::IoUring, 4, &why, false);
+  if (!backend) GTEST_SKIP() << "io_uring: " << why.message;
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  std::vector<char> buf(16, 0);
+  detail::Request r;
+  r.fd = p[0];
+  r.buf = buf.data();
+  r.len = 16;
+  r.offset = ~std::uint64_t{0};  // the current position: a pipe has no offsets
+  r.tag = 7;
+  ASSERT_EQ(backend->submit({&r, 1}), 1);
+  backend->flush();  // the kernel takes it now, and holds it: the pipe is empty
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    written = true;
+    EXPECT_EQ(::write(p[1], "0123456789abcdef", 16), 16);
+  });
+  backend.reset();
+  EXPECT_TRUE(written.load()) << "the ring was closed with a read still in the kernel";
+  writer.join();
+  EXPECT_EQ(std::string(buf.data(), buf.size()), "0123456789abcdef");
+  ::close(p[0]);
+  ::close(p[1]);
+}
 
 }  // namespace
 }  // namespace deepio

@@ -1,10 +1,10 @@
 // libaio backend: Linux native AIO, one context per worker.
-// Lifecycle: io_setup(queue_depth) at creation, io_destroy at destruction (only with nothing
-// in flight). Errors: io_setup's EAGAIN means /proc/sys/fs/aio-max-nr is exhausted and is
-// reported as such. io_submit returns how many iocbs it took; each taken iocb completes with
-// its own result in io_event.res (a byte count or -errno), which the worker checks. Request
-// tags index a per-context iocb array, so tags must be below queue_depth. Buffered (non
-// O_DIRECT) requests are legal but complete synchronously inside io_submit.
+// Lifecycle: io_setup(queue_depth) at creation, io_destroy at shutdown() (a failed queue) or
+// destruction; io_destroy waits for the requests still in flight. Errors: io_setup's EAGAIN means
+// /proc/sys/fs/aio-max-nr is exhausted and is reported as such. io_submit returns how many iocbs it took; each taken
+// iocb completes with its own result in io_event.res (a byte count or -errno), which the worker checks. Request tags
+// index a per-context iocb array, so tags must be below queue_depth. Buffered (non O_DIRECT) requests are legal but
+// complete synchronously inside io_submit.
 #include "backends/aio/aio_backend.hpp"
 
 #include <libaio.h>
@@ -22,8 +22,16 @@ namespace {
 class AioBackend final : public Backend {
  public:
   explicit AioBackend(std::size_t queue_depth) : iocbs_(queue_depth), ptrs_(queue_depth), events_(queue_depth) {}
-  ~AioBackend() override {
-    if (ctx_ != nullptr) io_destroy(ctx_);
+  ~AioBackend() override { shutdown(); }
+
+  // io_destroy cancels what it can and blocks until every other request of the context has
+  // completed (the kernel keeps using the buffers until then), so afterwards none can.
+  bool shutdown() noexcept override {
+    if (ctx_ == nullptr) return quiet_;
+    const int r = io_destroy(ctx_);
+    ctx_ = nullptr;
+    quiet_ = r == 0;
+    return quiet_;
   }
   AioBackend(const AioBackend&) = delete;
   AioBackend& operator=(const AioBackend&) = delete;
@@ -68,6 +76,7 @@ class AioBackend final : public Backend {
 
  private:
   io_context_t ctx_ = nullptr;
+  bool quiet_ = true;  // what shutdown() found
   std::vector<iocb> iocbs_;
   std::vector<iocb*> ptrs_;
   std::vector<io_event> events_;

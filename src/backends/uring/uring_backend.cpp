@@ -1,7 +1,8 @@
 // io_uring backend (liburing): one ring per worker, sized to the worker's queue depth.
 // Lifecycle: io_uring_queue_init at creation (IORING_SETUP_SUBMIT_ALL where the kernel has
 // it, so one bad request becomes an error completion instead of stalling the rest),
-// io_uring_queue_exit at destruction; the worker only destroys it with nothing in flight.
+// io_uring_queue_exit at shutdown() (a failed queue) or destruction, after waiting for the
+// requests the kernel took (closing a ring does not wait for them).
 // Errors: setup failures are reported with the reason (EPERM: kernel.io_uring_disabled or a
 // seccomp filter; ENOSYS: kernel without io_uring). Each request's result arrives in its CQE.
 // Submission: prepared SQEs are always accepted. Without single_submit they reach the kernel
@@ -30,6 +31,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <string>
@@ -53,9 +55,20 @@ constexpr std::uint64_t kFixedBit = std::uint64_t{1} << 63;  // in user_data: th
 class UringBackend final : public Backend {
  public:
   explicit UringBackend(bool single_submit) : eager_(single_submit) {}
-  ~UringBackend() override {
+  ~UringBackend() override { shutdown(); }
+
+  // Closing a ring does not wait for its requests: the kernel finishes them later, into
+  // buffers the worker may have freed by then. So the requests the kernel took are waited
+  // for first (their completions discarded), for at most kDrainLimit; requests still only in
+  // the submission queue never reach the kernel and are dropped with the ring.
+  bool shutdown() noexcept override {
+    if (exited_) return quiet_;
+    exited_ = true;
     if (listener_ != 0) remove_release_listener(listener_);  // waits for a running one
-    io_uring_queue_exit(&ring_);                             // also drops every registration
+    listener_ = 0;
+    quiet_ = drain();
+    io_uring_queue_exit(&ring_);  // also drops every registration
+    return quiet_;
   }
   UringBackend(const UringBackend&) = delete;
   UringBackend& operator=(const UringBackend&) = delete;
@@ -64,6 +77,7 @@ class UringBackend final : public Backend {
     int r = io_uring_queue_init(entries, &ring_, IORING_SETUP_SUBMIT_ALL);
     if (r == -EINVAL) r = io_uring_queue_init(entries, &ring_, 0);
     if (r < 0) return r;
+    exited_ = false;
     if (io_uring_register_buffers_sparse(&ring_, kFixedSlots) == 0) {
       fixed_.resize(kFixedSlots);
       listener_ = add_release_listener([this](std::uint64_t id) { forget(id); });
@@ -93,6 +107,7 @@ class UringBackend final : public Backend {
       io_uring_sqe_set_data64(sqe, slot >= 0 ? (r.tag | kFixedBit) : r.tag);
       ++prepared;
     }
+    prepared_ += static_cast<std::uint64_t>(prepared);
     if (prepared == 0) return -EAGAIN;
     unflushed_ = true;
     if (eager_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
@@ -100,7 +115,7 @@ class UringBackend final : public Backend {
   }
 
   void flush() override {
-    if (unflushed_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
+    if (!exited_ && unflushed_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
   }
 
   int reap(std::span<Completion> out, std::size_t min) override {
@@ -131,6 +146,7 @@ class UringBackend final : public Backend {
         out[stored++] = {data & ~kFixedBit, cqes[i]->res, (data & kFixedBit) != 0};
       }
       io_uring_cq_advance(&ring_, n);
+      reaped_ += n;
     }
     return static_cast<int>(stored);
   }
@@ -144,6 +160,31 @@ class UringBackend final : public Backend {
 
   // The registered-buffer slot for r, registering its piece of the region on first use;
   // -1 for the ordinary path.
+  // Requests the kernel took and has not completed: prepared, minus those still waiting in
+  // the submission queue, minus the completions seen.
+  [[nodiscard]] std::uint64_t in_kernel() const noexcept { return prepared_ - io_uring_sq_ready(&ring_) - reaped_; }
+
+  // Waits until the kernel has completed every request it took (true), or gives up after
+  // kDrainLimit or on an error of the ring itself (false).
+  bool drain() noexcept {
+    constexpr auto kDrainLimit = std::chrono::seconds(10);
+    const auto deadline = std::chrono::steady_clock::now() + kDrainLimit;
+    while (in_kernel() > 0) {
+      io_uring_cqe* cqe = nullptr;
+      __kernel_timespec ts{0, 100'000'000};
+      const int r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+      const unsigned ready = io_uring_cq_ready(&ring_);
+      if (ready > 0) {
+        io_uring_cq_advance(&ring_, ready);
+        reaped_ += ready;
+        continue;
+      }
+      if (r != 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) return false;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return true;
+  }
+
   int fixed_slot(const Request& r) {
     if (r.region.id == 0 || fixed_.empty()) return -1;
     const auto* p = static_cast<const std::byte*>(r.buf);
@@ -194,6 +235,10 @@ class UringBackend final : public Backend {
   std::set<std::pair<std::uint64_t, std::size_t>> refused_;  // guarded by fixed_mutex_
   std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
+  std::uint64_t prepared_ = 0;  // SQEs prepared, ever
+  std::uint64_t reaped_ = 0;    // CQEs consumed, ever
+  bool exited_ = true;          // no ring: not set up yet, or shut down
+  bool quiet_ = true;           // what shutdown() found
 };
 }  // namespace
 
