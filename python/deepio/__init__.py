@@ -37,6 +37,7 @@ from typing import Any
 from . import _deepio
 from ._aio import ValidationError, aio_handle
 from ._buffers import LockedMemoryWarning
+from ._errors import CorruptFileError
 from ._file import File, Future
 from ._gds import gds_handle, gpu_info
 from .checkpoint import Reader, Writer, load, save
@@ -56,6 +57,7 @@ __all__ = [
     "EndOfFileError",
     "InvalidArgumentError",
     "ForkedHandleError",
+    "CorruptFileError",
     "UnobservedFailureWarning",
     "ValidationError",
     "LockedMemoryWarning",

@@ -14,3 +14,15 @@ def describe(e: BaseException) -> str:
         where = f" {e.filename!r}" if e.filename is not None else ""
         return f"{type(e).__name__} [{name}: {os.strerror(e.errno)}] {e.strerror}{where}"
     return repr(e)
+
+
+class CorruptFileError(ValueError):
+    """A file deepio reads is not what its format says: a safetensors header that is not
+    valid, a torch checkpoint whose zip records or CRC-32s do not match, a file shorter than
+    its own index. A ``ValueError`` (what such errors were before), with ``filename``: the
+    file, and the message naming what is wrong and where."""
+
+    def __init__(self, filename: str | bytes | os.PathLike[str] | os.PathLike[bytes], what: str) -> None:
+        self.filename = os.fsdecode(filename) if not isinstance(filename, str) else filename
+        self.what = what
+        super().__init__(f"{self.filename}: {what}")
