@@ -251,7 +251,7 @@ int run(const Args& a) {
 
   // What actually moved the bytes: O_DIRECT or buffered, cuFile or staged.
   const deepio::HandleStats hs = gds != nullptr ? static_cast<const deepio::Handle&>(*gds).stats() : h.stats();
-  const deepio::GdsStats gs = gds != nullptr ? gds->stats() : deepio::GdsStats{};
+  const deepio::GdsStats gs = gds != nullptr ? gds->gds_stats() : deepio::GdsStats{};
   if (a.memory != "disk") direct = hs.direct_refused == 0;
   const bool in_host = a.memory == "host" || a.memory == "disk";
   bool ok = true;

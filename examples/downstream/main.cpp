@@ -3,6 +3,7 @@
 // from the library). Exit status 0 only when all of that holds.
 // Usage: deepio_downstream [folder]   (default: the system's temporary folder)
 #include <deepio/deepio.hpp>
+#include <deepio/gpu.hpp>
 
 #include <unistd.h>
 
@@ -12,7 +13,12 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+// A handle is neither copyable nor movable; `{}` means its default options (GdsHandle too).
+static_assert(!std::is_copy_constructible_v<deepio::Handle> && !std::is_move_constructible_v<deepio::Handle>);
+static_assert(requires { deepio::GdsHandle({}); });
 
 int main(int argc, char** argv) {
   const std::filesystem::path folder = argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
@@ -23,6 +29,14 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
 
   try {
+    // "The default options", both ways a user writes it, compile and agree (`Handle h({})` was
+    // ambiguous with an internal constructor once).
+    const deepio::Handle braces({});
+    const deepio::Handle plain;
+    if (braces.options().block_size != plain.options().block_size) {
+      std::fprintf(stderr, "deepio_downstream: Handle({}) and Handle() disagree\n");
+      return 1;
+    }
     deepio::Handle handle({.block_size = 1 << 20, .intra_op_parallelism = 2});
     handle.sync_pwrite(src.data(), n, path);
     const std::size_t got = handle.async_pread(dst.data(), n, path).get();

@@ -186,10 +186,10 @@ class DEEPIO_API GdsHandle : public Handle {
   /// Why the mode is not "gds" (empty when it is), including cuFile notes.
   [[nodiscard]] std::string mode_reason() const;
   /// The options as given (Handle::options() has the engine's view of them).
-  [[nodiscard]] const GdsOptions& options() const noexcept { return gds_options_; }
+  [[nodiscard]] const GdsOptions& options_as_given() const noexcept { return gds_options_; }
   /// The device side of what the handle did: what went through cuFile and what was staged
   /// (Handle::stats() has the host side).
-  [[nodiscard]] GdsStats stats() const noexcept;
+  [[nodiscard]] GdsStats gds_stats() const noexcept;
 
  private:
   GdsOptions gds_options_;

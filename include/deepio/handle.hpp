@@ -195,8 +195,12 @@ class DEEPIO_API Handle {
   /// after the handle was made, touches nothing and leaks the engine (its threads, rings and
   /// locks are the parent's).
   ~Handle();
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
+  // Neither copyable nor movable. Deleted with a non-const reference on purpose: a deleted
+  // `Handle(const Handle&)` would be a candidate for `Handle h({})` (an empty list makes a
+  // Handle too) and make that ambiguous; `Handle&` cannot bind the temporary, so `{}` means
+  // the options.
+  Handle(Handle&) = delete;
+  Handle& operator=(Handle&) = delete;
 
   /// Reads nbytes at file_offset of `path` into buffer. Returns at once.
   /// Throws deepio::Error at submission when the file cannot be opened (ENOENT, EACCES, ...)
@@ -299,8 +303,10 @@ class DEEPIO_API Handle {
   [[nodiscard]] HandleStats stats() const noexcept;
 
  protected:
-  /// For handles that add to the engine (GdsHandle): a handle over a prepared engine.
-  explicit Handle(std::unique_ptr<detail::Engine> engine) noexcept;
+  /// For handles that add to the engine (GdsHandle): a handle over a prepared engine. The tag
+  /// keeps it out of overload resolution for `Handle h({})` (one argument: the options).
+  struct PreparedEngine {};
+  Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept;
   [[nodiscard]] detail::Engine& engine() const noexcept { return *engine_; }
 
  private:

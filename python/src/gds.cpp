@@ -83,7 +83,7 @@ class PyGds final : public PyHandle {
   std::string mode_reason() const { return gds()->mode_reason(); }
 
   nb::dict gds_stats() const {
-    const GdsStats s = gds()->stats();
+    const GdsStats s = gds()->gds_stats();
     nb::dict d;
     d["ops_completed"] = s.ops_completed;
     d["ops_failed"] = s.ops_failed;

@@ -50,7 +50,7 @@ detail::gpu::GdsParts default_parts(const GdsOptions& options) {
 GdsHandle::GdsHandle(const GdsOptions& options) : GdsHandle(options, default_parts(options)) {}
 
 GdsHandle::GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept
-    : Handle(std::move(parts.engine)), gds_options_(options), route_(std::move(parts.route)) {}
+    : Handle(PreparedEngine{}, std::move(parts.engine)), gds_options_(options), route_(std::move(parts.route)) {}
 
 GdsHandle::~GdsHandle() {
   // In a forked child the route's cuFile and CUDA state are the parent's: leaked with the
@@ -65,7 +65,7 @@ bool GdsHandle::free_pinned_device_buffer(void* device_ptr) { return route_->fre
 std::string GdsHandle::mode() const { return route_->mode(); }
 std::string GdsHandle::mode_reason() const { return route_->mode_reason(); }
 
-GdsStats GdsHandle::stats() const noexcept {
+GdsStats GdsHandle::gds_stats() const noexcept {
   const detail::Counters& c = engine().counters();
   GdsStats s;
   s.ops_completed = c.device_ops_completed.load();

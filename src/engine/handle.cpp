@@ -47,7 +47,7 @@ void Future::give_to_wait() const noexcept {
 }
 
 Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
-Handle::Handle(std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
+Handle::Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
 Handle::~Handle() {
   // A forked child: the engine's worker, opener and sync threads are in the parent, its
   // mutexes may have been held there at the fork. Destroying it would join threads that do

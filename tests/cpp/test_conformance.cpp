@@ -73,9 +73,9 @@ class Conformance : public testing::TestWithParam<Variant> {
     detail::set_fault_hook({});
     if (gds()) {
       // Every test really went through cuFile, not through staging or the host path.
-      for (const auto& h : made_) EXPECT_EQ(h->stats().bytes_staged, 0u);
+      for (const auto& h : made_) EXPECT_EQ(h->gds_stats().bytes_staged, 0u);
       std::uint64_t cufile = 0;
-      for (const auto& h : made_) cufile += h->stats().bytes_cufile;
+      for (const auto& h : made_) cufile += h->gds_stats().bytes_cufile;
       if (!made_.empty()) {
         EXPECT_GT(cufile, 0u) << "no byte went through cuFile";
       }

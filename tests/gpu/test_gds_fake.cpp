@@ -98,7 +98,7 @@ TEST_F(FakeGds, RoundTripSplitsIntoParallelBlockSizedChunks) {
   std::byte* back = device_alloc(n);
   EXPECT_EQ(h.sync_pread(back, n, f, 0), 1u);
   EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
-  const auto st = h.stats();
+  const auto st = h.gds_stats();
   EXPECT_EQ(st.ops_completed, 2u);
   EXPECT_EQ(st.bytes_cufile, 2 * n);
   EXPECT_EQ(st.bytes_staged, 0u);
@@ -241,7 +241,7 @@ TEST_F(FakeGds, DriverOpenFailureFallsBackOrThrowsByMode) {
   std::byte* dev = device_alloc(10000);
   EXPECT_EQ(h.sync_pread(dev, 10000, f, 0), 1u);
   EXPECT_EQ(std::memcmp(dev, data.data(), 10000), 0);
-  EXPECT_EQ(h.stats().bytes_staged, 10000u);
+  EXPECT_EQ(h.gds_stats().bytes_staged, 10000u);
   EXPECT_EQ(fake_stats().io_calls, 0);
   device_free(dev);
 }
@@ -260,7 +260,7 @@ TEST_F(FakeGds, UnsupportedFileFallsBackToStagingAndSaysSo) {
   EXPECT_EQ(h.mode(), "compat");
   EXPECT_NE(h.mode_reason().find("cuFileHandleRegister: CU_FILE_IO_NOT_SUPPORTED"), std::string::npos)
       << h.mode_reason();
-  const auto st = h.stats();
+  const auto st = h.gds_stats();
   EXPECT_EQ(st.files_fallback, 1u);
   EXPECT_EQ(st.bytes_staged, n);
   EXPECT_EQ(st.bytes_cufile, 0u);
@@ -298,7 +298,7 @@ TEST_F(FakeGds, HandleNotRegisteredWithoutNvidiaFsFallsBackInAutoAndFailsInCuFil
     device_free(back);
     EXPECT_EQ(h.mode(), "compat");
     EXPECT_NE(h.mode_reason().find("CU_FILE_HANDLE_NOT_REGISTERED"), std::string::npos) << h.mode_reason();
-    const auto st = h.stats();
+    const auto st = h.gds_stats();
     EXPECT_EQ(st.files_fallback, 2u);
     EXPECT_EQ(st.bytes_staged, 2 * n);
     EXPECT_EQ(st.bytes_cufile, 0u);
@@ -353,7 +353,7 @@ TEST_F(FakeGds, RefusedBufferRegistrationIsKeptUnregisteredInAuto) {
   auto h = handle({.block_size = 4096});
   EXPECT_TRUE(h.pin_device_buffer(dev, n));
   EXPECT_NE(h.mode_reason().find("CU_FILE_GPU_MEMORY_PINNING_FAILED"), std::string::npos) << h.mode_reason();
-  EXPECT_EQ(h.stats().pins_refused, 1u);
+  EXPECT_EQ(h.gds_stats().pins_refused, 1u);
   const auto data = pattern(n, 32);
   ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
   const std::string f = dir_.file("unreg.bin");
@@ -427,7 +427,7 @@ TEST_F(FakeGds, PosixErrorFromCuFileReachesWaitWithContext) {
     EXPECT_NE(e.message().find("cuFileRead"), std::string::npos) << e.what();
   }
   EXPECT_EQ(h.pending(), 0u);
-  EXPECT_EQ(h.stats().ops_failed, 1u);
+  EXPECT_EQ(h.gds_stats().ops_failed, 1u);
   EXPECT_EQ(fake_stats().handles, 0);
   device_free(dev);
 }
@@ -530,7 +530,7 @@ TEST_F(FakeGds, ConcurrentSubmittersAndWaiters) {
     EXPECT_EQ(slurp(dir_.file("t" + std::to_string(i))), datas[static_cast<std::size_t>(i)]);
     device_free(devs[static_cast<std::size_t>(i)]);
   }
-  EXPECT_EQ(h.stats().ops_completed, 20u);
+  EXPECT_EQ(h.gds_stats().ops_completed, 20u);
 }
 
 TEST_F(FakeGds, NvfsAbsentMeansCuFileCompatibilityMode) {

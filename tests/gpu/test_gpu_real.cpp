@@ -64,7 +64,7 @@ TEST(FakeEnv, PublicGdsHandleRoundTrip) {
   const std::string f = dir.file("env.bin");
   EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
   EXPECT_EQ(slurp(f), data);
-  EXPECT_EQ(h.stats().bytes_cufile, n);
+  EXPECT_EQ(h.gds_stats().bytes_cufile, n);
   EXPECT_TRUE(h.free_pinned_device_buffer(dev));
 }
 

@@ -332,7 +332,7 @@ void CompareRun::finish_gpu_rows(std::size_t op) {
   GpuRows& g = *gpu_;
   res_[op][kGpuStaged].path = "staged via page-locked slots, " + std::string(to_string(g.staged.backend())) + ", " +
                               io_path(gacc_[0], gacc_[1], gacc_[2], gacc_[3]);
-  const GdsStats s = g.gds.stats();
+  const GdsStats s = g.gds.gds_stats();
   const std::uint64_t cufile = s.bytes_cufile - gds0_.bytes_cufile, staged = s.bytes_staged - gds0_.bytes_staged;
   const std::string mode = g.gds.mode(), why = g.gds.mode_reason();
   rep_.gds_mode = mode + (why.empty() ? "" : ": " + why);
@@ -397,7 +397,7 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
 void CompareRun::measure_op(std::size_t op, Progress& progress) {
   std::fill(std::begin(acc_), std::end(acc_), 0);
   std::fill(std::begin(gacc_), std::end(gacc_), 0);
-  if (gpu_) gds0_ = gpu_->gds.stats();
+  if (gpu_) gds0_ = gpu_->gds.gds_stats();
   const std::size_t ne = engines(op);
   for (std::size_t r = 0; r < req_.runs; ++r) {
     for (std::size_t k = 0; k < ne; ++k) {

@@ -180,7 +180,7 @@ void report_handle(ProcReport& r, const DsIoPlan& p, ProcHandle& h) {
   if (!p.gpu) return;
   std::string mode = "staged";
   if (h.gds) {
-    const GdsStats gs = h.gds->stats();
+    const GdsStats gs = h.gds->gds_stats();
     r.bytes_cufile = gs.bytes_cufile;
     r.bytes_staged = gs.bytes_staged;
     r.files_fallback = gs.files_fallback;
