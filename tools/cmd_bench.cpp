@@ -137,8 +137,14 @@ GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, c
 /// The processes: --folder x --multi_process, or one per --folder_to_device_mapping entry;
 /// each distinct folder must be usable.
 void read_mapping(const ParsedArgs& a, DsIoRequest& r, std::vector<std::string>& errors) {
-  if (a.has("--folder") == a.has("--folder_to_device_mapping")) {
+  if (a.has("--folder") && a.has("--folder_to_device_mapping")) {
     errors.push_back("give exactly one of --folder or --folder_to_device_mapping");
+  } else if (!a.has("--folder") && !a.has("--folder_to_device_mapping")) {
+    // Most often a new user who wanted the main job at a smaller size.
+    errors.push_back(
+        "--io_size selects ds_io mode, which needs --folder or --folder_to_device_mapping (for the "
+        "main job on a smaller file, give --size " +
+        a.get("--io_size") + " instead)");
   }
   if (a.has("--folder")) {
     r.folder = a.get("--folder");
