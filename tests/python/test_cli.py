@@ -77,6 +77,11 @@ def test_version_and_help():
         r = run(cmd, "--help")
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith(f"usage: deepio {cmd}"), r.stdout
+        # Issue 25: one spelling per flag across bench and tune; the old ones work, unlisted.
+        if cmd in ("bench", "tune"):
+            assert re.search(r"^  --use_gds ", r.stdout, re.M) and not re.search(r"^  --gds\b", r.stdout, re.M), r.stdout
+        if cmd == "bench":
+            assert "--direct_io MODE" in r.stdout and "--direct MODE" not in r.stdout, r.stdout
     assert run("--help").returncode == 0
     r = run()
     assert r.returncode == 2 and "usage: deepio" in r.stderr
@@ -443,7 +448,13 @@ def test_bad_inputs_bench(tmp_dir, a_file):
     bad("bench", "--folder", d, "--io_size", "1M", "--queue_depth", "0", expect=["--queue_depth: must be at least 1"])
     bad("bench", "--folder", d, "--io_size", "1M", "--engine", "nope", expect=["--engine: 'nope'"])
     bad("bench", "--folder_to_device_mapping", "nocolon", "--io_size", "1M", expect=["is not FOLDER:DEVICE_ID"])
-    bad("bench", "--io_size", "1M", expect=["exactly one of --folder or --folder_to_device_mapping"])
+    # Issue 25: a new user who wanted a smaller main job is told which flag that is.
+    bad("bench", "--io_size", "1M", expect=["--io_size selects ds_io mode, which needs --folder", "give --size 1M"])
+    bad("bench", "--io_size", "1M", "--folder", d, "--folder_to_device_mapping", f"{d}:0",
+        expect=["exactly one of --folder or --folder_to_device_mapping"])
+    bad("bench", "--folder", d, "--io_size", "1M", "--direct_io", "maybe", expect=["--direct_io: 'maybe'"])
+    bad("bench", "--folder", d, "--io_size", "1M", "--direct", "maybe", expect=["--direct_io: 'maybe'"])
+    bad("bench", "--folder", d, "--io_size", "1M", "--gds", expect=["--use_gds requires --gpu"])
     bad("bench", "--read", expect=["--read is a ds_io-mode flag"])
     bad("bench", "--folder", d, "--io_size", "1M", "--no_hugepage_reserve",
         expect=["--no_hugepage_reserve belongs to the comparison mode"])
@@ -464,7 +475,9 @@ def test_bad_inputs_tune(tmp_dir):
     unknown_key = tmp_dir / "unknown.json"
     unknown_key.write_text('{"loops": [1]}')
     bad("tune", "--nvme_dir", "/nonexistent/deepio", expect=["does not exist"])
-    bad("tune", "--nvme_dir", d, "--gds", expect=["--gds requires --gpu"])
+    # One spelling across bench and tune (--use_gds); ds_nvme_tune's --gds still works.
+    bad("tune", "--nvme_dir", d, "--gds", expect=["--use_gds requires --gpu"])
+    bad("tune", "--nvme_dir", d, "--use_gds", expect=["--use_gds requires --gpu"])
     bad("tune", "--nvme_dir", d, "--sweep_config", str(bad_json), expect=["is not a JSON object"])
     bad("tune", "--nvme_dir", d, "--sweep_config", str(unknown_key), expect=['unsupported key "loops"'])
     bad("tune", "--nvme_dir", d, "--io_size", "1M", expect=["smaller than the largest block_size"])
