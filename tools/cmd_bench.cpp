@@ -77,6 +77,7 @@ ArgParser make_parser() {
   p.value("--io_parallel", "N", "intra_op_parallelism: worker threads per handle", "1");
   p.flag("--gpu", "Use CUDA device memory (ds_io mode); require the GPU rows (comparison mode)");
   p.flag("--use_gds", "Use GPUDirect Storage through deepio's gds_handle (requires --gpu)");
+  p.alias("--gds", "--use_gds");  // ds_nvme_tune's spelling, as deepio tune takes it
   p.flag("--slow_bounce_buffer", "Accepted for ds_io compatibility", true);
   p.flag("--torch_legacy_save", "Accepted for ds_io compatibility", true);
   p.flag("--use_accelerator_pin_memory", "Accepted for ds_io compatibility", true);
@@ -84,7 +85,8 @@ ArgParser make_parser() {
   p.flag("--include_warmup_time", "Include warm-up iterations in the totals");
   p.flag("--different_file_each_iteration", "Use a new file for every iteration");
   p.value("--backend", "NAME", "deepio backend: auto, io_uring, libaio, threads", "auto");
-  p.value("--direct", "MODE", "O_DIRECT: auto (where the file system allows), on, off", "auto");
+  p.value("--direct_io", "MODE", "O_DIRECT: auto (where the file system allows), on, off", "auto");
+  p.alias("--direct", "--direct_io");  // its spelling before deepio tune and the Python API's direct_io
   p.value("--size", "SIZE", "Comparison mode: bytes per file (default: min(1G, free disk/8, RAM/8))");
   p.value("--runs", "N", "Comparison mode: interleaved runs per engine; medians are reported", "3");
   p.flag("--no_fio", "Comparison mode: measure the ceiling with deepio's raw O_DIRECT loop even if fio is installed");
@@ -114,9 +116,9 @@ HandleOptions handle_options(const ParsedArgs& a, std::vector<std::string>& erro
     if (auto b = parse_backend(a.get("--backend"))) o.backend = *b;
     else errors.push_back("--backend: '" + a.get("--backend") + "' is not one of auto, io_uring, libaio, threads");
   }
-  if (a.has("--direct")) {
-    if (auto d = parse_direct_io(a.get("--direct"))) o.direct_io = *d;
-    else errors.push_back("--direct: '" + a.get("--direct") + "' is not one of auto, on, off");
+  if (a.has("--direct_io")) {
+    if (auto d = parse_direct_io(a.get("--direct_io"))) o.direct_io = *d;
+    else errors.push_back("--direct_io: '" + a.get("--direct_io") + "' is not one of auto, on, off");
   }
   return o;
 }
@@ -137,8 +139,14 @@ GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, c
 /// The processes: --folder x --multi_process, or one per --folder_to_device_mapping entry;
 /// each distinct folder must be usable.
 void read_mapping(const ParsedArgs& a, DsIoRequest& r, std::vector<std::string>& errors) {
-  if (a.has("--folder") == a.has("--folder_to_device_mapping")) {
+  if (a.has("--folder") && a.has("--folder_to_device_mapping")) {
     errors.push_back("give exactly one of --folder or --folder_to_device_mapping");
+  } else if (!a.has("--folder") && !a.has("--folder_to_device_mapping")) {
+    // Most often a new user who wanted the main job at a smaller size.
+    errors.push_back(
+        "--io_size selects ds_io mode, which needs --folder or --folder_to_device_mapping (for the "
+        "main job on a smaller file, give --size " +
+        a.get("--io_size") + " instead)");
   }
   if (a.has("--folder")) {
     r.folder = a.get("--folder");

@@ -45,7 +45,8 @@ ArgParser make_parser() {
   parser.value("--io_size", "SIZE", "Bytes per process per run", "400M");
   parser.value("--loops", "N", "Measured loops per run at full size", "1");
   parser.flag("--gpu", "Tune GPU transfers");
-  parser.flag("--gds", "Tune GPUDirect Storage (requires --gpu)");
+  parser.flag("--use_gds", "Tune GPUDirect Storage (requires --gpu; ds_nvme_tune's --gds works too)");
+  parser.alias("--gds", "--use_gds");  // ds_nvme_tune's spelling: DeepSpeed users' scripts keep working
   parser.flag("--flush_page_cache", "Drop the read files' pages before each read run (O_DIRECT bypasses them anyway)");
   parser.value("--log_dir", "DIR", "Also write ds_nvme_tune-style logs (one file per run) there");
   parser.flag("--exhaustive", "Measure every configuration at full size, as ds_nvme_tune does");
@@ -95,8 +96,8 @@ TuneRequest read_request(const ParsedArgs& a, std::vector<std::string>& errors) 
   r.options.io_size = a.has("--io_size") ? size_arg(a, "--io_size", errors).value_or(0) : (400ULL << 20);
   r.options.loops = static_cast<std::size_t>(count_arg(a, "--loops", errors).value_or(1));
   for (auto& e : space_problems(r.space, r.options.io_size)) errors.push_back(std::move(e));
-  if (a.has("--gds") && !a.has("--gpu")) errors.push_back("--gds requires --gpu");
-  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--gds", a.has("--gds")));
+  if (a.has("--use_gds") && !a.has("--gpu")) errors.push_back("--use_gds requires --gpu");
+  if (a.has("--gpu")) errors.push_back(gpu_problem("--gpu", "--use_gds", a.has("--use_gds")));
   if (!explicit_dirs) {
     std::string why;
     std::string d = pick_disk_folder(&why);
@@ -145,7 +146,8 @@ int cmd_tune(int argc, char** argv) {
   if (parse_or_help(parser, argc, argv, a, errors)) return 0;
   TuneRequest r = read_request(a, errors);
   if (!errors.empty()) return print_errors(kProg, errors);
-  TuneSummary summary{a.has("--exhaustive"), r.dirs, r.options.io_size, {}, r.space.all().size(), 0, 0, a.has("--gds")};
+  TuneSummary summary{a.has("--exhaustive"), r.dirs, r.options.io_size, {}, r.space.all().size(), 0, 0,
+                      a.has("--use_gds")};
   // Work in a fresh sub-folder of each folder, removed at the end.
   std::vector<std::string> work;
   try {

@@ -129,7 +129,7 @@ def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
             **fake_env(fakes))
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "deepio.bench.compare/2"
+    assert doc["schema"] == "deepio.bench.compare/3"
     assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is True
     rows = {(x["op"], x["engine"]): x for x in doc["results"]}
     assert len(rows) == 15  # write and read x 6, overwrite x 3 (deepio, naive, ceiling: no GPU rows)

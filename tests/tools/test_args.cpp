@@ -16,6 +16,10 @@ ArgParser sample_parser() {
   p.flag("--read", "Read test");
   p.flag("--secret", "Not shown", true);
   p.value("--a_really_long_option_name", "VALUE", "Wraps to the next line");
+  p.flag("--use_gds", "GPUDirect Storage");
+  p.alias("--gds", "--use_gds");
+  p.value("--direct_io", "MODE", "O_DIRECT", "auto");
+  p.alias("--direct", "--direct_io");
   return p;
 }
 
@@ -37,6 +41,28 @@ TEST(Args, GoodFlagsInEveryForm) {
   EXPECT_EQ(a.get("--loops"), "5") << "the last value wins";
   EXPECT_EQ(a.get("--absent", "fallback"), "fallback");
   EXPECT_TRUE(a.list("--absent").empty());
+}
+
+// An old spelling parses as the flag it names, in every form, and stays out of --help.
+TEST(Args, AliasesAreTheSameFlag) {
+  std::vector<std::string> errors;
+  ParsedArgs a = parse({"--gds", "--direct", "off"}, errors);
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_TRUE(a.has("--use_gds"));
+  EXPECT_FALSE(a.has("--gds"));
+  EXPECT_EQ(a.get("--direct_io"), "off");
+  a = parse({"--direct=on", "--direct_io", "auto"}, errors);
+  EXPECT_EQ(a.get("--direct_io"), "auto") << "the last value wins across spellings";
+  a = parse({"--use_gds", "--direct_io=off"}, errors);
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_TRUE(a.has("--use_gds"));
+  EXPECT_EQ(a.get("--direct_io"), "off");
+  (void)parse({"--gds=1", "--direct"}, errors);
+  EXPECT_EQ(errors, (std::vector<std::string>{"--use_gds takes no value", "--direct_io needs a value (MODE)"}));
+  const std::string help = sample_parser().help();
+  EXPECT_NE(help.find("--use_gds"), std::string::npos);
+  EXPECT_EQ(help.find("--gds "), std::string::npos) << help;
+  EXPECT_EQ(help.find("--direct "), std::string::npos) << help;
 }
 
 TEST(Args, HelpAnywhereAndValuesThatLookLikeShortFlags) {

@@ -58,6 +58,10 @@ TEST(Fio, CommandLine) {
                                          "--offset_increment=16777216",
                                          "--end_fsync=1"};
   EXPECT_EQ(argv, want);
+  // A fresh-file write where deepio allocated its file first: the ceiling does too.
+  FioJob allocated = job;
+  allocated.preallocate = true;
+  EXPECT_EQ(fio_argv("fio", allocated)[12], "--fallocate=native");
   const std::vector<std::string> read = fio_argv("fio", {"/f", false, 1 << 20, 4096, 1, 1, "psync", false});
   EXPECT_EQ(read[3], "--rw=read");
   EXPECT_EQ(read[7], "--direct=0");
@@ -266,6 +270,26 @@ TEST(Fio, WriteOverAnExistingFileStaysInPlace) {
   ASSERT_EQ(::stat(file.c_str(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);
   EXPECT_EQ(b.st_size, 4 << 20);
+}
+
+// The "write" row where deepio preallocates: fio allocates the fresh file first and writes it
+// whole (size and allocated blocks), as deepio's fallocate + direct writes leave it.
+TEST(Fio, FreshFileWriteAllocatedFirst) {
+  const std::string fio = find_on_path("fio");
+  if (fio.empty()) GTEST_SKIP() << "fio is not installed";
+  test::TempDir dir;
+  const std::string file = dir.file("p.bin");
+  const bool direct = probe_direct_io(dir.path().string()).supported;
+  FioJob job{file, true, 4 << 20, 1 << 20, 4, 1, "psync", direct};
+  job.preallocate = true;
+  const FioResult w = run_fio(fio, job);
+  ASSERT_TRUE(w.ok) << w.error << "\n" << w.command;
+  EXPECT_NE(w.command.find("--fallocate=native"), std::string::npos) << w.command;
+  EXPECT_EQ(w.sample.nbytes, 4U << 20);
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4 << 20);
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, 4U << 20);
 }
 
 TEST(Ceiling, QueueLimitsOfTheDiskBehindAFolder) {

@@ -160,7 +160,7 @@ TEST(GpuReports, ComparisonShowsGpuRowsAndFlagsWhatBeatsTheDisk) {
 
   const auto j = parse_json(compare_json(r, "0"));
   ASSERT_TRUE(j);
-  EXPECT_EQ(j->get("schema")->string, "deepio.bench.compare/2");
+  EXPECT_EQ(j->get("schema")->string, "deepio.bench.compare/3");
   EXPECT_TRUE(j->get("gpu")->get("rows")->boolean);
   const JsonValue* results = j->get("results");
   ASSERT_EQ(results->array.size(), 12U);

@@ -19,16 +19,25 @@ const std::vector<std::string>& ParsedArgs::list(const std::string& name) const 
 }
 
 void ArgParser::flag(std::string name, std::string help, bool hidden) {
-  specs_.push_back({std::move(name), ArgKind::Flag, {}, std::move(help), {}, hidden});
+  specs_.push_back({std::move(name), ArgKind::Flag, {}, std::move(help), {}, hidden, {}});
 }
 
 void ArgParser::value(std::string name, std::string metavar, std::string help, std::string default_text, bool hidden) {
   specs_.push_back(
-      {std::move(name), ArgKind::Value, std::move(metavar), std::move(help), std::move(default_text), hidden});
+      {std::move(name), ArgKind::Value, std::move(metavar), std::move(help), std::move(default_text), hidden, {}});
 }
 
 void ArgParser::list(std::string name, std::string metavar, std::string help) {
-  specs_.push_back({std::move(name), ArgKind::List, std::move(metavar), std::move(help), {}, false});
+  specs_.push_back({std::move(name), ArgKind::List, std::move(metavar), std::move(help), {}, false, {}});
+}
+
+void ArgParser::alias(std::string old_name, const std::string& canonical) {
+  const ArgSpec* target = find(canonical);
+  ArgSpec s = target != nullptr ? *target : ArgSpec{};
+  s.name = std::move(old_name);
+  s.hidden = true;
+  s.alias_of = canonical;
+  specs_.push_back(std::move(s));
 }
 
 const ArgSpec* ArgParser::find(std::string_view name) const {
@@ -98,7 +107,7 @@ ParsedArgs ArgParser::parse(const std::vector<std::string>& argv, std::vector<st
         name.resize(eq);
       }
       if (const ArgSpec* spec = find(name)) {
-        take_flag(*spec, name, inline_value, words, out, errors);
+        take_flag(*spec, spec->alias_of.empty() ? name : spec->alias_of, inline_value, words, out, errors);
       } else {
         errors.push_back("unknown flag " + name + " (see --help)");
         // Skip the values an unknown flag might have taken, so one typo gives one error.

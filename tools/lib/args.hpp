@@ -23,6 +23,7 @@ struct ArgSpec {
   std::string help;
   std::string default_text;  ///< shown in --help; "" = none
   bool hidden = false;       ///< accepted, not shown in --help
+  std::string alias_of;      ///< not empty: an old spelling, parsed as this flag (and hidden)
 };
 
 /// The parsed command line: flags present, values given (last one wins for Value, all of them
@@ -44,6 +45,10 @@ class ArgParser {
   void value(std::string name, std::string metavar, std::string help, std::string default_text = {},
              bool hidden = false);
   void list(std::string name, std::string metavar, std::string help);
+  /// `old_name` is another spelling of the flag `canonical` (added before): accepted, stored
+  /// under `canonical` (ParsedArgs::has(canonical) is true), not shown in --help. For the
+  /// spellings DeepSpeed's scripts use (ds_nvme_tune's --gds) and renamed flags.
+  void alias(std::string old_name, const std::string& canonical);
   void epilog(std::string text) { epilog_ = std::move(text); }
 
   /// Parses argv[first..argc). Unknown flags (once each, with the words that followed them),

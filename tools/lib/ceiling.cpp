@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "format.hpp"
 #include "system.hpp"
@@ -45,6 +46,39 @@ bool write_number(const std::string& path, std::uint64_t v) {
 const char kNrHugepages[] = "/proc/sys/vm/nr_hugepages";
 
 }  // namespace
+
+const char* to_string(CeilingStanding s) noexcept {
+  switch (s) {
+    case CeilingStanding::Below: return "below";
+    case CeilingStanding::AtCeiling: return "at_ceiling";
+    case CeilingStanding::Above: return "above";
+    default: return "none";
+  }
+}
+
+CeilingVerdict judge_against_ceiling(double figure, std::span<const double> samples) {
+  std::vector<double> v;
+  for (double s : samples) {
+    if (s > 0) v.push_back(s);
+  }
+  CeilingVerdict r;
+  if (v.empty()) return r;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  const double median = n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  r.lo = v.front();
+  r.hi = v.back();
+  r.limit = r.hi + std::max(r.hi - r.lo, kCeilingNoise * r.hi);
+  if (figure > r.limit) {
+    r.standing = CeilingStanding::Above;
+    r.reason = "above every ceiling sample (" + fixed(r.lo, 2) + "-" + fixed(r.hi, 2) +
+               " GiB/s) by more than their noise margin (" + fixed(r.limit, 2) + " GiB/s)";
+    return r;
+  }
+  r.standing = figure >= r.lo ? CeilingStanding::AtCeiling : CeilingStanding::Below;
+  r.percent = 100.0 * figure / median;
+  return r;
+}
 
 QueueLimits queue_limits_of(const std::string& path) {
   QueueLimits q;

@@ -9,17 +9,53 @@
 // or pages reserved for the run and given back), or the raw loop on the same page-locked,
 // transparent-huge-page buffers deepio uses (thp_bytes says how much of them really is).
 //
-// parse_hugepage_pool and fio_huge_pages_needed are pure; the rest read /proc and /sys and never
+// judge_against_ceiling, parse_hugepage_pool and fio_huge_pages_needed are pure; the rest read /proc and /sys and never
 // throw. HugePageLoan writes vm.nr_hugepages only when it reserves, and undoes exactly its own
 // change (also at exit and on SIGINT/SIGTERM/SIGHUP, through system.hpp's clean-up).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
 namespace deepio::cli {
+
+/// Where a measured figure stands against the ceiling measured in the same run.
+enum class CeilingStanding {
+  None,       ///< no ceiling to compare with (not measured, or every sample zero: it failed)
+  Below,      ///< under every ceiling sample: `percent` of the ceiling's median is the result
+  AtCeiling,  ///< within the ceiling's own spread, or above its fastest sample by no more than the noise margin
+  Above,      ///< beyond every ceiling sample by more than the noise margin: a measurement problem
+};
+[[nodiscard]] const char* to_string(CeilingStanding s) noexcept;  ///< "none", "below", "at_ceiling", "above"
+
+/// The noise margin's floor, as a fraction of the fastest ceiling sample: what one device
+/// drifts between runs even when the ceiling's samples happen to agree (one sample, or two
+/// close ones). The same 10% as the GPU rows' kCeilingMargin (gpu.hpp), so one rule holds
+/// for the whole table.
+inline constexpr double kCeilingNoise = 0.10;
+
+struct CeilingVerdict {
+  CeilingStanding standing = CeilingStanding::None;
+  double percent = 0;     ///< 100 x figure / the ceiling's median (Below and AtCeiling; else 0)
+  double lo = 0, hi = 0;  ///< the slowest and fastest ceiling samples (GiB/s)
+  double limit = 0;       ///< hi + margin: a figure above it is flagged
+  std::string reason;     ///< Above: one short sentence saying why; else empty
+  [[nodiscard]] bool flagged() const noexcept { return standing == CeilingStanding::Above; }
+};
+
+/// The ceiling rule of `deepio bench`. `samples` are the ceiling's GiB/s per run; samples of
+/// zero or less (a failed run) are ignored, and none left means None. Of the rest, lo and hi
+/// are the slowest and fastest; margin = max(hi - lo, kCeilingNoise x hi), the spread the
+/// device showed in this very run, but never less than its usual drift. Then:
+///   figure > hi + margin  -> Above, reason "above every ceiling sample (lo-hi GiB/s) by more
+///                            than their noise margin (limit GiB/s)";
+///   figure >= lo          -> AtCeiling (percent of the median kept for JSON);
+///   otherwise             -> Below, percent = 100 x figure / median.
+/// Medians of an even count are the mean of the middle two.
+[[nodiscard]] CeilingVerdict judge_against_ceiling(double figure, std::span<const double> samples);
 
 /// The block queue behind a path (the whole disk for a partition). 0 = unknown.
 struct QueueLimits {

@@ -78,29 +78,23 @@ bool splits_small_pages(const QueueLimits& q, std::size_t block_size) {
 }
 }  // namespace
 
-std::string ceiling_doubt(const CompareReport& r, const EngineResult& ceiling, double g) {
-  if (r.ceiling_buffers == "pages" && splits_small_pages(r.queue, r.handle.block_size)) {
-    return "its buffers are 4 KiB pages, and " + r.queue.device + " splits a " + size_label(r.handle.block_size) +
-           " request of them (max_segments " + std::to_string(r.queue.max_segments) + ")";
+CeilingVerdict ceiling_verdict(const CompareReport& r, double g, const EngineResult& ceiling) {
+  std::vector<double> samples;
+  for (const auto& s : ceiling.samples) samples.push_back(s.gib_per_s());
+  CeilingVerdict v = judge_against_ceiling(g, samples);
+  if (v.flagged() && r.ceiling_buffers == "pages" && splits_small_pages(r.queue, r.handle.block_size)) {
+    v.reason = "above the ceiling, whose 4 KiB-page buffers " + r.queue.device + " splits (max_segments " +
+               std::to_string(r.queue.max_segments) + " < pages per " + size_label(r.handle.block_size) + ")";
   }
-  if (ceiling.samples.size() < 2) return "one ceiling sample only: give --runs 3 or more";
-  double lo = ceiling.samples.front().gib_per_s(), hi = lo;
-  for (const auto& s : ceiling.samples) {
-    lo = std::min(lo, s.gib_per_s());
-    hi = std::max(hi, s.gib_per_s());
-  }
-  if (g <= hi) {
-    return "the figure lies within the ceiling's own samples, " + fixed(lo, 2) + "-" + fixed(hi, 2) +
-           " GiB/s: equal within the device's drift between runs";
-  }
-  return "every ceiling sample (" + fixed(lo, 2) + "-" + fixed(hi, 2) +
-         " GiB/s) is below the figure: the device's speed drifted, or the ceiling's engine fell short";
+  return v;
 }
 
-std::string above_ceiling_problem(const CompareReport& r, double g, const EngineResult& ceiling) {
-  const double c = ceiling.median_gib();
-  if (c <= 0 || g <= c) return {};
-  return "above ceiling: ceiling not trustworthy (" + ceiling_doubt(r, ceiling, g) + ")";
+CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e) {
+  if (e.engine == "h2d" || e.engine == "d2h") return {};
+  for (const auto& c : r.results) {
+    if (c.op == e.op && c.engine == "ceiling") return ceiling_verdict(r, e.median_gib(), c);
+  }
+  return {};
 }
 
 const EngineResult& CompareReport::find(const std::string& op, const std::string& engine) const {
@@ -173,10 +167,11 @@ class CompareRun {
   HugePageLoan loan_;  // hugetlb pages for fio's buffers, held (and reserved pages given back) with the run
   std::size_t raw_threads_ = 1;
   bool use_fio_ = false, fio_failed_ = false;
-  std::uint64_t acc_[4] = {};   // this op's handle stats deltas: direct, bounced, buffered, refused
-  std::uint64_t gacc_[4] = {};  // the same for the GPU staged handle
-  GdsStats gds0_;               // the GdsHandle's counters when this op began
-  EngineResult res_[kOps][6];   // [write, overwrite, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
+  std::uint64_t acc_[4] = {};       // this op's handle stats deltas: direct, bounced, buffered, refused
+  std::uint64_t gacc_[4] = {};      // the same for the GPU staged handle
+  std::uint64_t preallocated_ = 0;  // deepio's fresh-file writes that allocated the file first
+  GdsStats gds0_;                   // the GdsHandle's counters when this op began
+  EngineResult res_[kOps][6];       // [write, overwrite, read][deepio, naive, ceiling, gpu staged, gpu gds, copy]
 };
 
 void CompareRun::plan_ceiling() {
@@ -345,10 +340,14 @@ void CompareRun::finish_gpu_rows(std::size_t op) {
 Sample CompareRun::ceiling_sample(std::size_t op) {
   const CompareSetup& f = rep_.setup;
   const bool write = op != kRead;
+  // A fresh-file write allocates the file first where deepio's did (deepio's first write
+  // always runs before the ceiling's: the rotation starts with it), so both run one workload.
+  const bool preallocate = op == kWrite && preallocated_ > 0;
+  if (op == kWrite) rep_.ceiling_preallocated = preallocate;
   if (use_fio_ && !fio_failed_) {
     const HandleOptions& ho = req_.handle;
-    FioJob job{write ? f.f_ceiling : f.f_deepio, write,       n_,  ho.block_size, ho.queue_depth,
-               ho.intra_op_parallelism,          fio_engine_, true};
+    FioJob job{write ? f.f_ceiling : f.f_deepio, write,       n_,   ho.block_size, ho.queue_depth,
+               ho.intra_op_parallelism,          fio_engine_, true, preallocate};
     if (loan_.ok()) {
       job.mem = "shmhuge";
       job.hugepage_bytes = loan_.page_bytes();
@@ -361,7 +360,7 @@ Sample CompareRun::ceiling_sample(std::size_t op) {
     rep_.ceiling_note = fr.error + "; ceiling measured with the raw O_DIRECT loop instead";
   }
   return raw_direct(write, write ? src_.data() : dst_.data(), n_, req_.handle.block_size, raw_threads_,
-                    write ? f.f_ceiling : f.f_deepio);
+                    write ? f.f_ceiling : f.f_deepio, preallocate);
 }
 
 /// One timed transfer of engine `e`; a write goes to a fresh file, an overwrite over the file
@@ -391,6 +390,10 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
   acc_[1] += s1.bytes_bounced - s0.bytes_bounced;
   acc_[2] += s1.bytes_buffered - s0.bytes_buffered;
   acc_[3] += s1.direct_refused - s0.direct_refused;
+  if (op == kWrite) {
+    preallocated_ += s1.preallocated - s0.preallocated;
+    rep_.deepio_preallocated = preallocated_;
+  }
   return s;
 }
 
@@ -432,7 +435,7 @@ void CompareRun::measure_all() {
     const double ceiling = row[kCeiling].median_gib();
     for (std::size_t e = 0; e < engines(op); ++e) {
       if (e == kGpuStaged || e == kGpuGds) row[e].flag = above_ceiling_flag(row[e].median_gib(), ceiling);
-      if (e == kDeepio || e == kNaive) row[e].flag = above_ceiling_problem(rep_, row[e].median_gib(), row[kCeiling]);
+      if (e == kDeepio || e == kNaive) row[e].flag = ceiling_verdict(rep_, row[e].median_gib(), row[kCeiling]).reason;
       rep_.results.push_back(std::move(row[e]));
     }
   }

@@ -8,9 +8,11 @@
 //
 // The ceiling is segment-friendly (ceiling.hpp): fio with hugetlb buffers (--mem=shmhuge),
 // else the raw loop on deepio's own page-locked THP buffers; fio with ordinary buffers only
-// where the device does not split a block_size request of 4 KiB pages. A deepio or naive figure
-// above the ceiling is flagged ("above ceiling: ceiling not trustworthy (why)"), never given as
-// a percentage over 100.
+// where the device does not split a block_size request of 4 KiB pages. Every figure is judged
+// against the ceiling's own samples (judge_against_ceiling, ceiling.hpp): within their spread,
+// or above the fastest by no more than the noise margin, it reads "at ceiling"; below them, a
+// percentage; beyond every sample by more than the margin, it is flagged with one reason,
+// never given as a percentage over 100.
 //
 // choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
 // with errno and path for I/O) and leave the temporary folder to remove_temp_dir().
@@ -78,8 +80,9 @@ struct EngineResult {
   std::string path;      ///< I/O path actually used
   std::string verified;  ///< "" not checked, "yes", "MISMATCH"
   /// Not empty: a measurement problem, in one sentence. deepio and naive rows: the median is
-  /// above this run's ceiling (the figure stands, the ceiling is doubted); GPU disk rows: above
-  /// it by more than kCeilingMargin (the figure is not reported as a result).
+  /// beyond every ceiling sample by more than the noise margin (ceiling_verdict; the figure
+  /// stands, the ceiling is doubted); GPU disk rows: above it by more than kCeilingMargin (the
+  /// figure is not reported as a result).
   std::string flag;
   [[nodiscard]] double median_gib() const;
   [[nodiscard]] double cpu_per_gib() const;
@@ -99,11 +102,16 @@ struct CompareReport {
   /// detail says where they came from.
   std::string ceiling_buffers, ceiling_buffers_detail;
   std::uint64_t hugepages_reserved = 0;  ///< pages added to vm.nr_hugepages for the run (given back)
-  QueueLimits queue;                     ///< the device behind the folder
-  double buffers_thp = 0;                ///< fraction of deepio's buffers on transparent huge pages
-  GpuProbe gpu;                          ///< what the GPU layer offered
-  bool gpu_rows = false;                 ///< the GPU rows were measured
-  std::string gpu_error;  ///< why they were not although CUDA loaded (device memory, registration refused)
+  /// Fresh-file writes: how many of deepio's allocated the file first (HandleStats::
+  /// preallocated), and whether the ceiling's then did too (fio --fallocate=native, or the raw
+  /// loop's fallocate): the same workload on both sides.
+  std::uint64_t deepio_preallocated = 0;
+  bool ceiling_preallocated = false;
+  QueueLimits queue;       ///< the device behind the folder
+  double buffers_thp = 0;  ///< fraction of deepio's buffers on transparent huge pages
+  GpuProbe gpu;            ///< what the GPU layer offered
+  bool gpu_rows = false;   ///< the GPU rows were measured
+  std::string gpu_error;   ///< why they were not although CUDA loaded (device memory, registration refused)
   int gpu_device = 0;
   std::string gds_mode;  ///< the GdsHandle's mode() and mode_reason() after the run
   /// write, overwrite, read; deepio, naive, ceiling each (then the GPU rows, for write and read)
@@ -118,15 +126,15 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
 
 /// The text report: configuration first, then the table and one line per operation.
 [[nodiscard]] std::string compare_text(const CompareReport& r, const std::string& version);
-/// Why a figure above the ceiling says more about the ceiling than about the figure: the
-/// ceiling's buffers split requests on this device, or `g` lies within (or above) the ceiling's
-/// own samples (one sentence).
-[[nodiscard]] std::string ceiling_doubt(const CompareReport& r, const EngineResult& ceiling, double g);
-/// "above ceiling: ceiling not trustworthy (<ceiling_doubt>)" when `g` is above the ceiling's
-/// median, else "" (also when no ceiling was measured).
-[[nodiscard]] std::string above_ceiling_problem(const CompareReport& r, double g, const EngineResult& ceiling);
+/// Where `g` stands against `ceiling`'s samples (judge_against_ceiling); when it is flagged
+/// and the ceiling's 4 KiB-page buffers are split by the device, the reason says that instead
+/// (the likelier cause). None when no ceiling was measured.
+[[nodiscard]] CeilingVerdict ceiling_verdict(const CompareReport& r, double g, const EngineResult& ceiling);
+/// The ceiling that `e` is judged against (the ceiling row of its op), its verdict; None for
+/// the copy ceilings of the GPU rows (another path's ceiling, not the disk's).
+[[nodiscard]] CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e);
 
-/// The --json document (schema deepio.bench.compare/2).
+/// The --json document (schema deepio.bench.compare/3).
 [[nodiscard]] std::string compare_json(const CompareReport& r, const std::string& version);
 
 }  // namespace deepio::cli

@@ -28,6 +28,22 @@ std::string gpu_line(const CompareReport& r) {
          fixed(100.0 * (kCeilingMargin - 1.0), 0) + "% is flagged, not reported\n";
 }
 
+/// "fresh-file writes: ..." : whether deepio and the ceiling allocated the file before writing
+/// it (one workload for both, or both without).
+std::string preallocation_line(const CompareReport& r) {
+  const bool fio = r.ceiling_desc.rfind("fio", 0) == 0;
+  const std::string runs = std::to_string(r.deepio_preallocated) + " of " + std::to_string(r.runs);
+  if (r.deepio_preallocated > 0) {
+    return "fresh-file writes: deepio allocates the file first (fallocate, " + runs +
+           " runs), and so does the ceiling (" +
+           (r.ceiling_preallocated ? (fio ? "fio --fallocate=native" : "fallocate before the loop")
+                                   : "NOT: it did not") +
+           ")\n";
+  }
+  return "fresh-file writes: neither deepio nor the ceiling allocates the file first (" +
+         std::string(fio ? "fio --fallocate=none" : "no fallocate") + ")\n";
+}
+
 std::string config_lines(const CompareReport& r, const std::string& version) {
   const DirectIoInfo& d = r.setup.dinfo;
   const HandleOptions& ho = r.handle;
@@ -54,11 +70,14 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
             : "; device " + r.queue.device + ": max_segments " + std::to_string(r.queue.max_segments) +
                   ", max_sectors_kb " + std::to_string(r.queue.max_sectors_kb)) +
        "\n";
+  s += preallocation_line(r);
   s += "method: " + std::to_string(r.runs) +
        " interleaved runs per engine (order rotated), medians; reads start from a dropped page\n"
        "        cache (fsync + posix_fadvise DONTNEED); writes include fsync: \"write\" goes to a fresh\n"
-       "        file, \"overwrite\" in place over the file the writes left; a figure above the\n"
-       "        ceiling is flagged as a measurement problem, not given as a percentage\n";
+       "        file, \"overwrite\" in place over the file the writes left\n"
+       "vs ceiling: a figure within the ceiling's own runs (slowest to fastest), or above its fastest\n"
+       "        by no more than max(their spread, " +
+       fixed(100.0 * kCeilingNoise, 0) + "%), reads \"at ceiling\"; only one beyond that is flagged\n";
   s += gpu_line(r);
   if (r.memory_fs) {
     s += "warning: " + r.setup.dir + " is in memory (" + d.filesystem + "): these are memory speeds, not a device's\n";
@@ -72,15 +91,27 @@ std::string ratio(double g, double base, int decimals, double factor, const char
 }
 
 /// GPU disk rows above the ceiling by the margin are not results; deepio's and the naive copy's
-/// figures stand when above it, and the ceiling is doubted instead.
+/// figures stand when flagged, and the ceiling is doubted instead.
 bool figure_withheld(const EngineResult& e) { return !e.flag.empty() && e.engine.rfind("gpu_", 0) == 0; }
+
+/// The "vs ceiling" cell: "78%", "at ceiling", "above" (flagged), "-" (nothing to compare with).
+std::string ceiling_cell(const CompareReport& r, const EngineResult& e) {
+  if (!e.flag.empty()) return "above";
+  const CeilingVerdict v = row_verdict(r, e);
+  switch (v.standing) {
+    case CeilingStanding::Below: return fixed(v.percent, 0) + "%";
+    case CeilingStanding::AtCeiling: return "at ceiling";
+    case CeilingStanding::Above: return "above";
+    default: return "-";
+  }
+}
 
 std::string results_table(const CompareReport& r) {
   Table t(
-      {{9}, {30}, {8, Align::Right}, {9, Align::Right}, {9, Align::Right}, {10, Align::Right}, {0, Align::Left, 2}});
-  t.row({"op", "engine", "GiB/s", "vs naive", "% ceiling", "CPU s/GiB", "I/O path"});
+      {{9}, {30}, {8, Align::Right}, {9, Align::Right}, {11, Align::Right}, {10, Align::Right}, {0, Align::Left, 2}});
+  t.row({"op", "engine", "GiB/s", "vs naive", "vs ceiling", "CPU s/GiB", "I/O path"});
   for (const auto& e : r.results) {
-    const double naive = r.find(e.op, "naive").median_gib(), ceil = r.find(e.op, "ceiling").median_gib();
+    const double naive = r.find(e.op, "naive").median_gib();
     const double g = e.median_gib();
     std::string path = e.path;
     if (!e.verified.empty()) path += e.verified == "yes" ? ", data verified" : ", DATA MISMATCH";
@@ -88,15 +119,24 @@ std::string results_table(const CompareReport& r) {
       t.row({e.op, e.label, "flagged", "-", "-", fixed(e.cpu_per_gib(), 2), "FLAGGED: " + e.flag + "; " + path});
       continue;
     }
-    if (!e.flag.empty()) {
-      t.row({e.op, e.label, fixed(g, 2), ratio(g, naive, 1, 1.0, "x"), "above", fixed(e.cpu_per_gib(), 2),
-             "FLAGGED: " + e.flag + "; " + path});
-      continue;
-    }
-    t.row({e.op, e.label, fixed(g, 2), ratio(g, naive, 1, 1.0, "x"), ratio(g, ceil, 0, 100.0, "%"),
-           fixed(e.cpu_per_gib(), 2), path});
+    t.row({e.op, e.label, fixed(g, 2), ratio(g, naive, 1, 1.0, "x"), ceiling_cell(r, e), fixed(e.cpu_per_gib(), 2),
+           e.flag.empty() ? path : "FLAGGED: " + e.flag + "; " + path});
   }
   return "\n" + t.str();
+}
+
+/// deepio against the ceiling, in words: "78% of the ceiling", "at the ceiling (fio:
+/// 2.50-2.60 GiB/s)", "FLAGGED: <reason>", "no ceiling measured".
+std::string ceiling_words(const CompareReport& r, const EngineResult& d) {
+  if (!d.flag.empty()) return "FLAGGED: " + d.flag;
+  const CeilingVerdict v = row_verdict(r, d);
+  switch (v.standing) {
+    case CeilingStanding::Below: return fixed(v.percent, 0) + "% of the ceiling";
+    case CeilingStanding::AtCeiling:
+      return "at the ceiling (its runs: " + fixed(v.lo, 2) + "-" + fixed(v.hi, 2) + " GiB/s)";
+    case CeilingStanding::Above: return "FLAGGED: " + v.reason;
+    default: return "no ceiling measured";
+  }
 }
 
 std::string op_lines(const CompareReport& r) {
@@ -104,13 +144,12 @@ std::string op_lines(const CompareReport& r) {
   for (const char* op : {"write", "overwrite", "read"}) {
     const EngineResult& d = r.find(op, "deepio");
     const double g = d.median_gib();
-    const double naive = r.find(op, "naive").median_gib(), ceil = r.find(op, "ceiling").median_gib();
+    const double naive = r.find(op, "naive").median_gib();
     const std::string name = op == std::string("write")       ? "write (fresh file)"
                              : op == std::string("overwrite") ? "overwrite (in place)"
                                                               : "read";
     s += std::string(op == std::string("write") ? "\n" : "") + " " + name + ": deepio " + fixed(g, 2) +
-         " GiB/s = " + ratio(g, naive, 1, 1.0, "") + "x the naive copy, " +
-         (d.flag.empty() ? ratio(g, ceil, 0, 100.0, "") + "% of the ceiling" : d.flag) + "\n";
+         " GiB/s = " + ratio(g, naive, 1, 1.0, "") + "x the naive copy, " + ceiling_words(r, d) + "\n";
   }
   return s;
 }
@@ -140,6 +179,9 @@ void json_settings(Json& j, const CompareReport& r) {
   j.value("buffers", r.ceiling_buffers);
   j.value("buffers_detail", r.ceiling_buffers_detail);
   j.value("hugepages_reserved", r.hugepages_reserved);
+  j.value("noise_floor", kCeilingNoise);
+  j.value("preallocated", r.ceiling_preallocated);
+  j.value("deepio_preallocated_writes", r.deepio_preallocated);
   j.end_object();
   j.begin_object("device");
   j.value("name", r.queue.device);
@@ -165,7 +207,10 @@ void json_gpu(Json& j, const CompareReport& r) {
 void json_results(Json& j, const CompareReport& r) {
   j.begin_array("results");
   for (const auto& e : r.results) {
-    const double naive = r.find(e.op, "naive").median_gib(), ceil = r.find(e.op, "ceiling").median_gib();
+    const double naive = r.find(e.op, "naive").median_gib();
+    const CeilingVerdict v = row_verdict(r, e);
+    const bool comparable = e.flag.empty() &&
+                            (v.standing == CeilingStanding::Below || v.standing == CeilingStanding::AtCeiling);
     j.begin_object();
     j.value("op", e.op);
     j.value("engine", e.engine);
@@ -175,8 +220,9 @@ void json_results(Json& j, const CompareReport& r) {
     for (const auto& s : e.samples) j.item(s.gib_per_s());
     j.end_array();
     j.value("speedup_vs_naive", naive > 0 ? e.median_gib() / naive : 0.0);
-    if (ceil > 0 && e.flag.empty()) j.value("percent_of_ceiling", 100.0 * e.median_gib() / ceil);
+    if (comparable) j.value("percent_of_ceiling", v.percent);
     else j.null("percent_of_ceiling");
+    j.value("vs_ceiling", e.flag.empty() ? to_string(v.standing) : "above");
     j.value("cpu_sec_per_gib", e.cpu_per_gib());
     j.value("io_path", e.path);
     if (e.verified.empty()) j.null("verified");
@@ -194,7 +240,7 @@ std::string compare_json(const CompareReport& r, const std::string& version) {
   const DirectIoInfo& d = r.setup.dinfo;
   Json j;
   j.begin_object();
-  j.value("schema", "deepio.bench.compare/2");
+  j.value("schema", "deepio.bench.compare/3");
   j.value("version", version);
   j.value("folder", r.setup.dir);
   j.value("filesystem", d.filesystem);

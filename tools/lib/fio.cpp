@@ -37,7 +37,7 @@ std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job
                                    "--numjobs=" + std::to_string(job.numjobs),
                                    "--group_reporting",
                                    "--thread",
-                                   "--fallocate=none",  // deepio writes into a fresh, unallocated file: so does fio
+                                   std::string("--fallocate=") + (job.preallocate ? "native" : "none"),
                                    "--invalidate=1",
                                    "--output-format=json"};
   if (job.numjobs > 1) argv.push_back("--offset_increment=" + std::to_string(per_job));

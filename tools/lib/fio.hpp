@@ -23,6 +23,11 @@ struct FioJob {
   std::size_t numjobs = 1;  ///< the file is split into numjobs equal ranges
   std::string ioengine = "io_uring";
   bool direct = true;
+  /// A write into a fresh file: true allocates the whole range first (--fallocate=native,
+  /// fallocate(2) mode 0, as deepio does for an extending direct write: HandleStats::
+  /// preallocated), false leaves it unallocated (--fallocate=none). fio allocates while laying
+  /// the file out, before its clock starts; deepio's fallocate is inside its timing.
+  bool preallocate = false;
   /// fio's --mem: "" (its default, malloc: 4 KiB pages) or "shmhuge" (hugetlb pages, so a
   /// request is one DMA segment per huge page: ceiling.hpp); hugepage_bytes: --hugepage-size.
   std::string mem = {};
@@ -37,9 +42,9 @@ struct FioResult {
 };
 
 /// The command line for one job: sequential read or write of nbytes split over numjobs
-/// threads, --output-format=json, no preallocation (deepio writes into a fresh file too),
-/// --end_fsync=1 for writes (deepio's write timings include fsync). A write to an existing file
-/// of nbytes overwrites it in place (fio neither truncates nor lays it out again).
+/// threads, --output-format=json, --fallocate=native or none (FioJob::preallocate), --end_fsync=1 for writes (deepio's
+/// write timings include fsync). A write to an existing file of nbytes overwrites it in place (fio neither truncates
+/// nor lays it out again).
 [[nodiscard]] std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job);
 /// Reads fio's --output-format=json (anything before the first '{' is skipped: fio prints
 /// notes there): bytes and runtime of the job's read or write side, CPU from usr_cpu/sys_cpu.

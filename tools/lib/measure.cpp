@@ -110,9 +110,11 @@ Sample naive_write(const void* src, std::size_t nbytes, const std::string& path,
 }
 
 Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_size, std::size_t threads,
-                  const std::string& path) {
+                  const std::string& path, bool preallocate) {
   Clock c;
   Fd f{open_or_throw(path, write ? (O_WRONLY | O_CREAT | O_DIRECT) : (O_RDONLY | O_DIRECT))};
+  // Best effort, as deepio's own: where the file system refuses, the writes extend the file.
+  if (write && preallocate) (void)::fallocate(f.fd, 0, 0, static_cast<off_t>(nbytes));
   const std::size_t blocks = (nbytes + block_size - 1) / block_size;
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};

@@ -41,8 +41,10 @@ Sample naive_write(const void* src, std::size_t nbytes, const std::string& path,
 /// A raw ceiling without fio: `threads` threads each pread/pwrite one block_size block at a
 /// time with O_DIRECT, taking the next block from a shared counter (psync at depth `threads`).
 /// `buf` must be page aligned and nbytes a multiple of 4096. Writes end with fsync.
+/// `preallocate`: a write first allocates [0, nbytes) with fallocate(2) mode 0 (inside the
+/// timing, best effort), as deepio does for an extending direct write.
 Sample raw_direct(bool write, void* buf, std::size_t nbytes, std::size_t block_size, std::size_t threads,
-                  const std::string& path);
+                  const std::string& path, bool preallocate = false);
 
 /// Fills nbytes with a deterministic pattern derived from `seed` (fast: 8 bytes per step).
 void fill_pattern(void* buf, std::size_t nbytes, std::uint64_t seed);
