@@ -8,7 +8,8 @@ kernel. Otherwise (other map_locations, the legacy format, TorchScript, pickle k
 failure before unpickling) torch.load reads the file through a ``Reader``.
 
 Errors. A missing file, a folder or a permission raise the ``OSError`` subclass at once. A
-truncated or corrupt file raises torch's exception type with the file named (``_naming``). A
+truncated or corrupt file raises torch's exception type with the file named (``_naming``);
+where that type is a ``ValueError``, ``deepio.CorruptFileError`` (a ``ValueError`` too). A
 file whose unpickling ran its code (``weights_only=False``) is never unpickled a second time.
 
 ``_WHOLE_FILE`` is read from this module at each load.
@@ -27,6 +28,7 @@ import zipfile
 from typing import IO, Any, cast
 
 from .. import _populate, _wholefile
+from .._errors import CorruptFileError
 from ._reader import Reader
 from ._save import _fspath
 from ._staging import PathArg
@@ -71,7 +73,8 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
     files holding arbitrary Python objects need ``weights_only=False`` from a trusted source.
     Other keywords go to ``torch.load`` (``mmap=True`` maps the file instead of reading it).
     A missing file, a folder or a permission raise the ``OSError`` subclass, as ``open()``
-    does; a truncated or corrupt file raises torch's exception type with the file named.
+    does; a truncated or corrupt file raises torch's exception type with the file named
+    (``deepio.CorruptFileError`` where torch raised a ``ValueError``).
     """
     import torch
 
@@ -93,9 +96,12 @@ def load(path: PathArg, map_location: Any = None, *, weights_only: bool | None =
 
 def _naming(e: BaseException, path: str) -> BaseException:
     """What deepio.load raises for torch's exception ``e`` about the file ``path``: a message
-    naming the file, as the nearest class of ``e``'s that takes a message, so that an
-    ``except`` written for torch.load still catches it."""
+    naming the file, as a ``CorruptFileError`` where ``e`` is a ``ValueError``, else as the
+    nearest class of ``e``'s that takes a message, so that an ``except`` written for
+    torch.load still catches it."""
     msg = f"deepio.load({path!r}): cannot load it as a torch checkpoint (truncated or corrupt?): {e}"
+    if isinstance(e, ValueError):
+        return CorruptFileError(path, f"cannot load it as a torch checkpoint (truncated or corrupt?): {e}")
     for cls in type(e).__mro__:  # the nearest class that takes a message (UnicodeDecodeError does not)
         try:
             named = cls(msg)
