@@ -1636,3 +1636,35 @@ def test_checkpoint_settings_set_on_the_package_take_effect_where_they_are_read(
     from deepio.checkpoint import _force_filling  # importable by name, as before
 
     assert _force_filling is False
+
+
+@pytest.mark.parametrize("reported_as", [RuntimeError, ValueError, OSError])
+def test_a_fill_mismatch_never_reaches_the_caller(tmp_dir, monkeypatch, reported_as):
+    """_FillMismatch is deepio's own: whatever exception torch's writer turns the refused skip
+    into (its own "unexpected pos" RuntimeError, or another type), deepio.save starts again on
+    the plain route and writes the complete file; no _FillMismatch reaches the caller."""
+    import os
+
+    from deepio import checkpoint
+    from deepio.checkpoint import _filling
+
+    real = _filling._torch_zip
+    refused = []
+
+    def torch_zip(obj, w, *args):
+        if getattr(w, "_filling", False):
+            try:
+                w.seek(12345, os.SEEK_CUR)  # torch skipping bytes where no storage goes
+            except _filling._FillMismatch as e:
+                refused.append(e)
+                raise reported_as("unexpected pos 12345") from None
+        return real(obj, w, *args)
+
+    monkeypatch.setattr(checkpoint, "_force_filling", True)
+    monkeypatch.setattr(_filling, "_torch_zip", torch_zip)
+    sd = {"w": torch.randn(1 << 18), "b": torch.arange(9)}
+    p = tmp_dir / "m.pt"
+    deepio.save(sd, p)
+    assert len(refused) == 1
+    assert_same(sd, torch.load(p))
+    assert _leftovers(tmp_dir) == []

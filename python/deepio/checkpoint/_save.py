@@ -104,7 +104,7 @@ def save(
             if found is not None and _takes_filling_route(found[0], large):
                 try:
                     crcs = _filling._save_filling(obj, filler, pickle_protocol, found, crc=want_crc)
-                except RuntimeError as e:
+                except Exception as e:
                     if not _filling._starts_again(e, filler):
                         raise
                     # Start again on the plain route, in a fresh Writer on the same, truncated
@@ -120,7 +120,7 @@ def save(
         except BaseException as e:
             cause = w._error
             w.discard()
-            if cause is not None and cause is not e:
+            if cause is not None and cause is not e and not isinstance(cause, _filling._FillMismatch):
                 # torch's writer goes on after write() raised and fails on its own
                 # ("unexpected pos"): the Writer's error is the one to report.
                 raise cause from None
