@@ -28,8 +28,8 @@ _force_filling = False  # tests: take the filling route (skip_data + filling) fo
 
 #: Saves whose host storages hold at least this many bytes take the filling route too: torch
 #: writes the file with the storages' bytes and their CRC-32s left out, the Writer places each
-#: storage (from its own memory from _filling._IN_PLACE_MIN bytes), _filling._crc32 computes
-#: its CRC-32 on a helper thread while it is written, and _patch_crcs puts the CRCs into
+#: storage (from its own memory, from _filling._IN_PLACE_MIN bytes on), _filling._crc32 computes
+#: its CRC-32 on a helper thread while it is written, and _zip._patch_crcs puts the CRCs into
 #: the zip. torch computes its CRC-32 on the saving thread before handing a record over: on a
 #: device faster than this VM's disk that halved deepio.save's speed (docs/benchmarks.md), and
 #: the plain route copies every storage into the staging buffers. Below this size the plain

@@ -6,7 +6,9 @@ zip reader.
 Offsets here are file offsets; a record's data starts after its local header's 30 bytes, its
 name and its extra field (whose lengths may differ from the central directory's). Nothing
 here holds state; ``_patch_crcs`` changes the file only where the archive looks as torch
-writes it, and warns (never raises) otherwise.
+writes it, and otherwise warns and leaves the CRC-32s at 0 (an ``OSError`` of the file itself
+is raised). Parsing errors of ``_data_start``/``_storage_spans`` are ``zipfile.BadZipFile``
+for their callers to handle: neither deepio.save nor deepio.load lets one reach its caller.
 """
 
 from __future__ import annotations
