@@ -26,3 +26,23 @@ class CorruptFileError(ValueError):
         self.filename = os.fsdecode(filename) if not isinstance(filename, str) else filename
         self.what = what
         super().__init__(f"{self.filename}: {what}")
+
+
+def with_name(e: OSError, name: str) -> OSError:
+    """The engine's error for a descriptor (``filename`` None) as a new exception of the same
+    type with the file's name put in, keeping ``offset``, ``nbytes``, ``other_errors`` and the
+    traceback; ``e`` itself where it is named already or its type cannot be made again."""
+    if e.filename is not None:
+        return e
+    try:
+        named = type(e)(e.errno, e.strerror, name)
+    except Exception:
+        return e
+    for attr in ("offset", "nbytes", "other_errors"):
+        if hasattr(e, attr):
+            try:
+                setattr(named, attr, getattr(e, attr))
+            except AttributeError:
+                pass
+    named.__traceback__ = e.__traceback__
+    return named

@@ -1,0 +1,191 @@
+"""torch's zip checkpoint format as deepio.save and deepio.load need it: torch's zip writer
+driven with deepio's choices (CRC-32s, record alignment), the CRC-32s written into records
+torch left without them, where a record's data starts, and a file over memory for torch's
+zip reader.
+
+Offsets here are file offsets; a record's data starts after its local header's 30 bytes, its
+name and its extra field (whose lengths may differ from the central directory's). Nothing
+here holds state; ``_patch_crcs`` changes the file only where the archive looks as torch
+writes it, and otherwise warns and leaves the CRC-32s at 0 (an ``OSError`` of the file itself
+is raised). Parsing errors of ``_data_start``/``_storage_spans`` are ``zipfile.BadZipFile``
+for their callers to handle: neither deepio.save nor deepio.load lets one reach its caller.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import struct
+import warnings
+import zipfile
+from typing import IO, TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from ._writer import Writer
+
+#: The filling route's records start at multiples of this (torch's storage_alignment, which
+#: the file records: torch.load's offset arithmetic follows it), so a storage whose memory is
+#: aligned too goes to the disk by direct I/O straight from that memory; tensors torch.load or
+#: deepio.load read from such a file are page-aligned. Only where the padding (under a page a
+#: record) costs at most 1/_ALIGN_PADDING_SHARE of the storages' bytes; else torch's default.
+_RECORD_ALIGNMENT = 4096
+_ALIGN_PADDING_SHARE = 64
+
+
+def _record_alignment(storages: list[Any]) -> int | None:
+    """_RECORD_ALIGNMENT where its padding is cheap for these storages, else None (torch's)."""
+    total = sum(st.nbytes() for st in storages)
+    return _RECORD_ALIGNMENT if len(storages) * _RECORD_ALIGNMENT * _ALIGN_PADDING_SHARE <= total else None
+
+
+def _data_start(header_offset: int, head: bytes) -> int:
+    """Where a zip record's data starts, from the 30 bytes of its local header (at
+    ``header_offset``): the header's own name and extra field lengths, which may differ from
+    the central directory's."""
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header at {header_offset}")
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    return header_offset + 30 + name_len + extra_len
+
+
+def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
+    """Writes the CRC-32s of the records whose data starts at a key of ``crcs`` ({offset:
+    (nbytes, CRC-32)}) into the zip torch wrote under skip_data, where they are 0: the record's
+    data descriptor (its local header, without one) and its central directory entry. A record
+    of another size or with a CRC set is left alone. Should the archive not look as torch
+    writes it, the file keeps CRC 0 for those records (as crc32=False gives; torch.load does
+    not check them) and a warning says so."""
+    patches: list[tuple[int, int]] = []
+    try:
+        f = open(path, "r+b")
+    except PermissionError as e:  # a umask without the owner's read bit: written, not readable
+        warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
+        return
+    with f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                infos, entry_at = z.infolist(), z.start_dir
+            for info in infos:
+                name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+                entry, entry_at = entry_at, entry_at + 46 + len(name) + len(info.extra) + len(info.comment)
+                f.seek(info.header_offset)
+                start = _data_start(info.header_offset, f.read(30))
+                want = crcs.get(start)
+                if want is None or want[0] != info.file_size or info.CRC != 0:
+                    continue
+                if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+                    continue
+                f.seek(entry)
+                if f.read(4) != b"PK\x01\x02":
+                    raise zipfile.BadZipFile(f"no central directory entry at {entry}")
+                at = info.header_offset + 14  # the local header's CRC field
+                if info.flag_bits & 0x08:  # a data descriptor follows the data
+                    f.seek(start + info.file_size)
+                    at = start + info.file_size + (4 if f.read(4) == b"PK\x07\x08" else 0)
+                patches += [(at, want[1]), (entry + 16, want[1])]
+        except (zipfile.BadZipFile, struct.error, ValueError) as e:
+            warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
+            return
+        for at, crc in patches:
+            f.seek(at)
+            f.write(struct.pack("<I", crc))
+    if len(patches) != 2 * len(crcs):
+        warnings.warn(
+            f"deepio.save: {path}: {len(crcs) - len(patches) // 2} of {len(crcs)} records left without CRC-32",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _torch_zip(
+    obj: Any, w: Writer, pickle_module: Any, pickle_protocol: int, crc32: bool, alignment: int | None = None
+) -> None:
+    """torch.save's own steps (torch.serialization._save into torch's zip writer on ``w``) with
+    the CRC choice, and the records' alignment where ``alignment`` is given, made here rather
+    than in torch's global options (which other threads may be saving under)."""
+    import torch
+
+    ser = torch.serialization
+    get_alignment = getattr(ser, "_get_storage_alignment", None)
+    zf: Any
+    if get_alignment is None:  # a torch whose writer has no alignment: its own
+        zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), crc32)
+    else:
+        zf = torch._C.PyTorchFileWriter(cast(IO[bytes], w), crc32, alignment or get_alignment())
+        if alignment:
+            zf = _AlignedZip(zf, alignment)
+    ser._save(obj, zf, pickle_module, pickle_protocol, False)
+    if isinstance(zf, _AlignedZip) and not zf.said:  # a torch whose _save does not write it
+        zf.write_record(".storage_alignment", str(alignment), len(str(alignment)))
+    zf.write_end_of_file()
+    w.flush()
+
+
+class _AlignedZip:
+    """torch's zip writer, whose ``.storage_alignment`` record (torch.save writes torch's
+    global option there) says the alignment it was made with: torch.load computes storage
+    offsets from it (``torch.utils.serialization.config.load.calculate_storage_offsets``)."""
+
+    def __init__(self, zf: Any, alignment: int) -> None:
+        self._zf, self._alignment = zf, alignment
+        self.said = False  # whether the record was written
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> None:
+        if name == ".storage_alignment":
+            data = str(self._alignment)
+            nbytes = len(data)
+            self.said = True
+        self._zf.write_record(name, data, nbytes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._zf, name)
+
+
+# What torch.load raises on a corrupt or truncated file (random bytes give UnpicklingError,
+# IndexError "pop from empty list", UnicodeDecodeError, KeyError; a truncated zip EOFError or
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only file over a memoryview, for torch's zip reader (the archive's directory
+    and its small records; the storages are never read through it)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(len(dest), len(self._view) - self._pos))
+        dest[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+def _storage_spans(view: memoryview) -> list[tuple[int, int]]:
+    """[(start, end)] of the data of every non-empty storage record (the archive's ``/data/``
+    entries) of the zip checkpoint ``view``, sorted; raises ``zipfile.BadZipFile`` (or
+    ``struct.error``, ``ValueError``) where the archive cannot be read."""
+    spans: list[tuple[int, int]] = []
+    with zipfile.ZipFile(cast(IO[bytes], _MemoryFile(view))) as z:
+        for info in z.infolist():
+            if "/data/" in info.filename and info.file_size:
+                start = _data_start(info.header_offset, bytes(view[info.header_offset : info.header_offset + 30]))
+                spans.append((start, start + info.file_size))
+    return sorted(spans)
