@@ -370,21 +370,38 @@ CORRUPT = {
 }
 
 
+# Valid files that torch cannot hold: a plain ValueError, not a CorruptFileError.
+TORCH_CANNOT = {"dtype without torch", "F4 odd last axis"}
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_corrupt_file_is_a_clear_value_error(case, tmp_dir):
+    """deepio.CorruptFileError (a ValueError) with the file as ``filename``, naming what is wrong
+    and the tensor at fault; a plain ValueError for what only this torch lacks."""
     content, tensor, what = CORRUPT[case]
     p = tmp_dir / f"bad-{case.replace(' ', '_')}.safetensors"
     p.write_bytes(content)
-    for call in (lambda: ds.load_file(p), lambda: ds.load_files([p]), lambda: ds.load(p.read_bytes())):
+    calls = (
+        (str(p), lambda: ds.load_file(p)),
+        (str(p), lambda: ds.load_files([p])),
+        ("<bytes>", lambda: ds.load(content)),
+    )
+    for name, call in calls:
         with pytest.raises(ValueError) as ei:
             call()
         msg = str(ei.value)
         assert what in msg, msg
+        assert name in msg, msg
         if tensor is not None:
             assert f"'{tensor}'" in msg, msg
-    with pytest.raises(ValueError) as ei:
-        ds.load_file(p)
-    assert p.name in str(ei.value)
+        if case in TORCH_CANNOT:
+            assert type(ei.value) is ValueError
+        else:
+            assert isinstance(ei.value, deepio.CorruptFileError)
+            assert ei.value.filename == name
+    if case not in TORCH_CANNOT:
+        with pytest.raises(deepio.CorruptFileError, match=what):
+            ds.read_header(p)
     if case != "duplicate name":  # safetensors takes one of the two silently; we refuse
         with pytest.raises(Exception):  # noqa: B017 - safetensors refuses it too (its own exception types)
             st.load_file(str(p))
@@ -396,7 +413,7 @@ def test_every_truncation_of_a_real_file_is_refused(tmp_dir):
     p = tmp_dir / "cut.safetensors"
     for n in list(range(0, 40)) + list(range(len(whole) - 40, len(whole))):
         p.write_bytes(whole[:n])
-        with pytest.raises(ValueError, match="cut.safetensors"):
+        with pytest.raises(deepio.CorruptFileError, match="cut.safetensors"):
             ds.load_file(p)
     p.write_bytes(whole)
     assert_same_dict(ds.load_file(p), sd)

@@ -9,7 +9,7 @@ The functions have the signatures and results of ``safetensors.torch``::
     save_file(sd, "copy.safetensors", metadata={"format": "pt"})   # byte-identical to safetensors'
 
 Reading checks each header completely before any data is read: a corrupt or truncated file
-raises ValueError naming the file and the tensor, and no dict is
+raises ``deepio.CorruptFileError`` (a ValueError) naming the file and the tensor, and no dict is
 returned half filled. Saving is durable: after ``save_file`` returns the file is on stable
 storage, and a save that fails or is killed leaves the old file untouched. docs/models.md says
 what happens in detail, what it costs, and where it differs from safetensors.

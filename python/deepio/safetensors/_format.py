@@ -7,8 +7,8 @@ length N, N bytes of UTF-8 JSON ``{"name": {"dtype", "shape", "data_offsets": [b
 section; offsets are relative to it and the tensors tile it exactly.
 
 ``parse`` is the specification of what deepio accepts. It returns a Header only when all of
-this holds, and otherwise raises ValueError naming the file and, whenever one is at fault, the
-tensor:
+this holds, and otherwise raises ``deepio.CorruptFileError`` (a ValueError naming the file and,
+whenever one is at fault, the tensor):
 
 * the file has its 8-byte length; the length is at most MAX_HEADER_BYTES (safetensors' limit)
   and the header fits in the file;
@@ -31,6 +31,8 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .._errors import CorruptFileError
 
 # safetensors' dtype names, in the order of its Dtype enum (the writer sorts tensors by this
 # rank, highest first, then by name), with their width in bits and torch's name.
@@ -99,8 +101,8 @@ class Header:
         return self.file_size - self.data_offset
 
 
-def _bad(path: str, what: str) -> ValueError:
-    return ValueError(f"{path}: not a valid safetensors file: {what}")
+def _bad(path: str, what: str) -> CorruptFileError:
+    return CorruptFileError(path, f"not a valid safetensors file: {what}")
 
 
 class _Duplicate(Exception):
@@ -135,7 +137,7 @@ def parse(path: str, data: bytes | bytearray | memoryview, file_size: int | None
 
     ``data``: the file's first bytes, at least ``min(file_size, header_end(data))`` of them
     (the whole file will do); ``file_size``: the whole file's size (default: ``len(data)``);
-    ``path``: the file's name, for the messages. Raises ValueError."""
+    ``path``: the file's name, for the messages. Raises CorruptFileError."""
     size = len(data) if file_size is None else file_size
     if size < len(data):
         raise ValueError(f"file_size {size} is smaller than the {len(data)} bytes given")

@@ -1,7 +1,7 @@
 """Loading: ``read_header``, ``load_file``, ``load_files``, ``load``.
 
 Every header is read and checked completely (``_format.parse``) before any data is read, so a
-corrupt or truncated file raises ValueError naming the file and the tensor,
+corrupt or truncated file raises ``deepio.CorruptFileError`` naming the file and the tensor,
 and no dict is ever returned half filled. The data section is then read with a few large
 engine requests (direct I/O, many blocks in flight) into ONE page-aligned buffer per file
 (``_cpu``); each CPU tensor is a ``torch.frombuffer`` view of its range with a storage of its own
@@ -55,7 +55,7 @@ def _pread_exact(fd: int, nbytes: int, offset: int) -> bytes:
 
 def read_header(path: PathArg) -> Header:
     """Reads and checks a file's header (no tensor data): one read of the first 64 KiB, a
-    second where the header is longer. ValueError for a corrupt file,
+    second where the header is longer. CorruptFileError (a ValueError) for a corrupt file,
     FileNotFoundError/OSError for I/O, OSError (EIO) where the file shrank while read."""
     name = os.fspath(path)
     fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
@@ -208,10 +208,11 @@ def load_file(
     (tensors backed by the file, as safetensors' are: truncating the file under them is a
     SIGBUS). None: ``DEFAULT_BACKEND``. See docs/models.md for which is faster where.
 
-    Raises FileNotFoundError/PermissionError/OSError for I/O, ValueError (naming the file and
-    the tensor) for a corrupt or truncated file or a dtype this torch lacks, RuntimeError for
-    a CUDA device where torch has none. CPU tensors have storages of their own over one shared
-    buffer per file (freed when the last of them goes); CUDA tensors share one storage."""
+    Raises FileNotFoundError/PermissionError/OSError for I/O, ``deepio.CorruptFileError`` (a
+    ValueError naming the file and the tensor) for a corrupt or truncated file, ValueError for
+    a dtype or F4 shape this torch cannot hold, RuntimeError for a CUDA device where torch has
+    none. CPU tensors have storages of their own over one shared buffer per file (freed when
+    the last of them goes); CUDA tensors share one storage."""
     backend = _backend(backend)
     return _load_headers([read_header(filename)], device, backend)
 

@@ -19,12 +19,12 @@ def torch_module() -> Any:
 
 def torch_dtype(h: Header, t: TensorInfo) -> Any:
     """torch's dtype for tensor ``t`` of file ``h``; ValueError (naming both) where this torch
-    has none."""
-    dt = getattr(torch_module(), TORCH_NAME[t.dtype] or "-", None)
+    has none: the file is valid, this torch cannot hold it."""
+    torch = torch_module()
+    dt = getattr(torch, TORCH_NAME[t.dtype] or "-", None)
     if dt is None:
         raise ValueError(
-            f"{h.path}: not a valid safetensors file: tensor {t.name!r}: dtype {t.dtype} has no equivalent "
-            "in this torch"
+            f"{h.path}: tensor {t.name!r}: dtype {t.dtype} has no equivalent in this torch ({torch.__version__})"
         )
     return dt
 
@@ -36,7 +36,7 @@ def torch_shape(h: Header, t: TensorInfo) -> tuple[int, ...]:
         return t.shape
     if not t.shape or t.shape[-1] % 2:
         raise ValueError(
-            f"{h.path}: not a valid safetensors file: tensor {t.name!r}: F4 needs an even last dimension, "
+            f"{h.path}: tensor {t.name!r}: F4 needs an even last dimension for torch's float4_e2m1fn_x2, "
             f"got shape {list(t.shape)}"
         )
     return (*t.shape[:-1], t.shape[-1] // 2)
