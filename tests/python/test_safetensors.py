@@ -314,6 +314,11 @@ CORRUPT = {
         "w",
         "shape",
     ),
+    "shape past torch's strides": (
+        file_with({"w": {"dtype": "U8", "shape": [0, 2**62, 2], "data_offsets": [0, 0]}}),
+        "w",
+        "64-bit strides",
+    ),
     "bool in shape": (
         file_with({"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, data=bytes(4)),
         "w",

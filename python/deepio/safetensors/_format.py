@@ -8,15 +8,17 @@ section; offsets are relative to it and the tensors tile it exactly.
 
 ``parse`` is the specification of what deepio accepts. It returns a Header only when all of
 this holds, and otherwise raises ``deepio.CorruptFileError`` (a ValueError naming the file and,
-whenever one is at fault, the tensor):
+whenever one is at fault, the tensor) and never any other exception, whatever the bytes:
 
 * the file has its 8-byte length; the length is at most MAX_HEADER_BYTES (safetensors' limit)
   and the header fits in the file;
-* the header is UTF-8 JSON, an object, naming no key twice;
+* the header is UTF-8 JSON, an object, naming no key twice, nested no deeper than Python's
+  JSON parser can follow;
 * ``__metadata__``, when present and not null, maps strings to strings;
 * every other entry is an object with a known ``dtype`` (a string), a ``shape`` of
-  non-negative integers and ``data_offsets`` ``[begin, end]`` of integers with
-  ``0 <= begin <= end``;
+  non-negative integers whose product, each zero counted as one, fits in a signed 64-bit
+  integer (so that every stride does: torch refuses larger ones), and ``data_offsets``
+  ``[begin, end]`` of integers with ``0 <= begin <= end``;
 * shape x dtype width is a whole number of bytes equal to ``end - begin``;
 * the ranges, sorted, tile ``[0, file size - 8 - N)`` with neither overlap nor gap: every
   tensor lies within the file and the file is exactly as long as declared.
@@ -64,6 +66,7 @@ RANK = {name: i for i, (name, _, _) in enumerate(DTYPES)}
 BITS = {name: bits for name, bits, _ in DTYPES}
 TORCH_NAME = {name: tname for name, _, tname in DTYPES}
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+_MAX_ELEMENTS = (1 << 63) - 1  # torch's strides are int64
 
 
 class TensorInfo:
@@ -122,6 +125,23 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _fits(shape: list[int]) -> bool:
+    """Whether the product of ``shape``, each zero counted as one, is at most 2**63 - 1
+    (stopping early: a hostile header may hold huge integers)."""
+    n = 1
+    for d in shape:
+        n *= max(d, 1)
+        if n > _MAX_ELEMENTS:
+            return False
+    return True
+
+
+def _short(x: Any) -> str:
+    """``repr(x)`` cut to 200 characters: a message must stay readable whatever the header holds."""
+    r = repr(x)
+    return r if len(r) <= 200 else r[:200] + "..."
+
+
 def header_end(data: bytes | bytearray | memoryview) -> int:
     """How many bytes from the start of a file ``parse`` looks at: 8 + the header length that
     ``data``'s first 8 bytes declare; 8 where ``data`` is shorter than that or the length is
@@ -137,7 +157,7 @@ def parse(path: str, data: bytes | bytearray | memoryview, file_size: int | None
 
     ``data``: the file's first bytes, at least ``min(file_size, header_end(data))`` of them
     (the whole file will do); ``file_size``: the whole file's size (default: ``len(data)``);
-    ``path``: the file's name, for the messages. Raises CorruptFileError."""
+    ``path``: the file's name, for the messages. Raises CorruptFileError, only."""
     size = len(data) if file_size is None else file_size
     if size < len(data):
         raise ValueError(f"file_size {size} is smaller than the {len(data)} bytes given")
@@ -165,9 +185,11 @@ def _document(path: str, raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except _Duplicate as e:
-        raise _bad(path, f"the header names {e.args[0]!r} twice") from None
+        raise _bad(path, f"the header names {_short(e.args[0])} twice") from None
     except ValueError as e:  # json.JSONDecodeError; integers over Python's digit limit
         raise _bad(path, f"the header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise _bad(path, "the header's JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise _bad(path, f"the header is a JSON {type(doc).__name__}, not an object")
     return doc
@@ -183,34 +205,39 @@ def _entries(path: str, raw: bytes, data_bytes: int) -> tuple[dict[str, str] | N
             raise _bad(path, "__metadata__ must map strings to strings")
     tensors: list[TensorInfo] = []
     for name, entry in doc.items():
-        where = f"tensor {name!r}"
+        where = f"tensor {_short(name)}"
         if not isinstance(entry, dict):
             raise _bad(path, f"{where}: the entry is a {type(entry).__name__}, not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if not isinstance(dtype, str):
             raise _bad(path, f"{where}: missing or non-string dtype")
         if dtype not in BITS:
-            raise _bad(path, f"{where}: unknown dtype {dtype!r}")
+            raise _bad(path, f"{where}: unknown dtype {_short(dtype)}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise _bad(path, f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+            raise _bad(path, f"{where}: shape must be a list of non-negative integers, got {_short(shape)}")
+        if not _fits(shape):
+            raise _bad(path, f"{where}: shape {_short(shape)} is too large for 64-bit strides")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(_is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise _bad(path, f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}")
+            raise _bad(
+                path, f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {_short(offsets)}"
+            )
         bits = math.prod(shape) * BITS[dtype]
         if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
+            need = f"{bits // 8} bytes" if bits % 8 == 0 else f"{bits} bits (not whole bytes)"
             raise _bad(
                 path,
-                f"{where}: shape {shape} of {dtype} needs {bits / 8:g} bytes but data_offsets "
-                f"{offsets} hold {offsets[1] - offsets[0]}",
+                f"{where}: shape {_short(shape)} of {dtype} needs {need} but data_offsets {_short(offsets)} hold "
+                f"{_short(offsets[1] - offsets[0])}",
             )
         if offsets[1] > data_bytes:
             raise _bad(
                 path,
-                f"{where}: data_offsets {offsets!r} run past the end of the {data_bytes}-byte data section "
+                f"{where}: data_offsets {_short(offsets)} run past the end of the {data_bytes}-byte data section "
                 "(truncated?)",
             )
         tensors.append(TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1]))
@@ -223,10 +250,12 @@ def _check_tiling(path: str, tensors: list[TensorInfo], data_bytes: int) -> None
     at, prev = 0, None
     for t in tensors:
         if t.begin < at:
-            raise _bad(path, f"tensor {t.name!r} [{t.begin}, {t.end}] overlaps tensor {prev!r} (ends at {at})")
+            raise _bad(
+                path, f"tensor {_short(t.name)} [{t.begin}, {t.end}] overlaps tensor {_short(prev)} (ends at {at})"
+            )
         if t.begin > at:
-            after = f"tensor {prev!r} ends" if prev is not None else "the data section starts"
-            raise _bad(path, f"tensor {t.name!r} starts at {t.begin} but {after} at {at}: a gap")
+            after = f"tensor {_short(prev)} ends" if prev is not None else "the data section starts"
+            raise _bad(path, f"tensor {_short(t.name)} starts at {t.begin} but {after} at {at}: a gap")
         at, prev = t.end, t.name
     if at != data_bytes:
         raise _bad(path, f"the tensors cover {at} bytes but the data section holds {data_bytes}")
