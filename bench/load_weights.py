@@ -13,8 +13,8 @@ the page cache dropped before every run (root), interleaved, one fresh process p
   deepio       deepio.safetensors.load_files(shards, device)
   deepio.mmap  load_files(..., backend="mmap"): the files mapped copy-on-write and read into the
                page cache by helper threads (MADV_POPULATE_READ) before returning
-  deepio.popN  the same with N helper threads populating the memory ahead of the reads (deepio's
-               default: 1); deepio.pop0: none (the reads fault it in, as before)
+  deepio.popN  the same with N helper threads populating the memory ahead of the reads
+               (deepio's default: none, as deepio.pop0: the reads fault the memory in)
   deepio.locked the same with the data in deepio's page-locked allocator instead of plain memory
   per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
   st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
@@ -45,6 +45,7 @@ import sys
 import time
 
 from benchutil import drop_caches
+from load_safetensors import ceiling, ceiling_memory
 
 HIDDEN, INTER, VOCAB = 4096, 11008, 32000
 
@@ -122,21 +123,23 @@ def _touch(sd: dict) -> int:
     return s
 
 
-def _per_tensor(ds, paths: list[str]) -> dict:
+def _per_tensor(paths: list[str]) -> dict:
     """Each tensor read by its own engine request into its own torch.empty (64-byte aligned
     memory, so the direct body goes through the engine's bounce slots)."""
     import torch
 
+    from deepio.safetensors import _format, _io, read_header
+
     sd, ops = {}, []
-    h = ds._engine("cpu")
+    h = _io.engine("cpu")
     for p in paths:
-        head = ds.read_header(p)
+        head = read_header(p)
         for t in head.tensors:
-            dst = torch.empty(t.shape, dtype=getattr(torch, ds._TORCH_NAME[t.dtype]))
+            dst = torch.empty(t.shape, dtype=getattr(torch, _format.TORCH_NAME[t.dtype]))
             sd[t.name] = dst
             if t.nbytes:
                 ops.append(h.submit_future(False, dst.reshape(-1).view(torch.uint8), p, head.data_offset + t.begin))
-    ds._run(ops)
+    _io.run(ops)
     return sd
 
 
@@ -164,11 +167,12 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
 
     import deepio._populate as populate
     import deepio.safetensors as ds
+    from deepio.safetensors import _cpu
 
     if method.startswith("st"):
         from safetensors import safe_open
         from safetensors.torch import load_file
-    mem = ds._ceiling_memory(paths) if method == "ceiling" else None  # faulted in before the clock
+    mem = ceiling_memory(paths) if method == "ceiling" else None  # faulted in before the clock
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5\n")  # resets VmHWM: the peak below is the load's
     rss0 = _status("VmRSS")
@@ -177,25 +181,25 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
     t0 = time.perf_counter()
     sd: dict = {}
     if method == "ceiling":
-        ds._ceiling(paths, mem)
+        ceiling(paths, mem)
     elif method == "ceiling.fresh":
-        ds._ceiling(paths)
+        ceiling(paths)
     elif method == "populate":
         n = sum(os.path.getsize(p) for p in paths)
-        buf = ds._host_buffer(n)
+        buf = _cpu.host_buffer(n)
         populate.populate(populate.address(buf), n)
     elif method == "deepio":
         sd = ds.load_files(paths, device=device)
     elif method == "deepio.mmap":  # the page-cache backend
         sd = ds.load_files(paths, device=device, backend="mmap")
     elif method.startswith("deepio.pop"):  # deepio.popN: N helper threads populate (0: none)
-        ds._POPULATE_THREADS = int(method[len("deepio.pop") :])
+        _cpu._POPULATE_THREADS = int(method[len("deepio.pop") :])
         sd = ds.load_files(paths, device=device)
     elif method == "deepio.locked":  # the same into deepio's page-locked allocator
-        ds._HOST_MEMORY = "locked"
+        _cpu._HOST_MEMORY = "locked"
         sd = ds.load_files(paths, device=device)
     elif method == "per_tensor":  # the layout not taken: one engine request per tensor
-        sd = _per_tensor(ds, paths)
+        sd = _per_tensor(paths)
     elif method == "st.load_file":
         sd = {}
         for p in paths:
@@ -258,14 +262,15 @@ def main() -> int:
     methods = args.methods.split(",")
     import deepio
     import deepio.safetensors as ds
+    from deepio.safetensors import _io
 
-    h = ds._engine("cpu")
+    h = _io.engine("cpu")
     dropped = drop_caches()
     print(
         f"load_weights: {len(paths)} shards, {gib:.3f} GiB, {sum(len(ds.read_header(p).tensors) for p in paths)} "
         f"tensors in {args.dir} ({deepio.info(args.dir)['direct_io'].get('filesystem', '?')}); device {args.device}; "
         f"deepio engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
-        f"{h.queue_depth}, {h.intra_op_parallelism} workers, {ds._CHUNK_BYTES >> 20} MiB requests; "
+        f"{h.queue_depth}, {h.intra_op_parallelism} workers, {_io._CHUNK_BYTES >> 20} MiB requests; "
         f"page cache {'dropped before every run' if dropped else 'NOT dropped (not root): warm figures'}; "
         f"{os.cpu_count()} CPUs; {args.pairs} interleaved runs of each"
     )

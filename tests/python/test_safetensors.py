@@ -23,7 +23,9 @@ from hypothesis import strategies as hs  # noqa: E402
 
 import deepio  # noqa: E402
 import deepio.safetensors as ds  # noqa: E402
+from conftest import REPO  # noqa: E402
 from deepio import _deepio  # noqa: E402
+from deepio.safetensors import _cpu, _io, _load  # noqa: E402
 
 EXAMPLES = int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "60"))
 
@@ -125,7 +127,7 @@ def test_large_and_odd_sized_tensors(sizes, tmp_dir):
 
 def test_tiny_engine_requests(tmp_dir, monkeypatch):
     """Many data requests per file (chunks of 4 KiB + 1): same result."""
-    monkeypatch.setattr(ds, "_CHUNK_BYTES", 4097)
+    monkeypatch.setattr(_io, "_CHUNK_BYTES", 4097)
     sd = {"a": rand_tensor((300, 77), torch.bfloat16, 1), "b": rand_tensor((5,), torch.int64, 2)}
     p = tmp_dir / "m.safetensors"
     st.save_file(sd, str(p))
@@ -312,6 +314,11 @@ CORRUPT = {
         "w",
         "shape",
     ),
+    "shape past torch's strides": (
+        file_with({"w": {"dtype": "U8", "shape": [0, 2**62, 2], "data_offsets": [0, 0]}}),
+        "w",
+        "64-bit strides",
+    ),
     "bool in shape": (
         file_with({"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, data=bytes(4)),
         "w",
@@ -368,21 +375,38 @@ CORRUPT = {
 }
 
 
+# Valid files that torch cannot hold: a plain ValueError, not a CorruptFileError.
+TORCH_CANNOT = {"dtype without torch", "F4 odd last axis"}
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_corrupt_file_is_a_clear_value_error(case, tmp_dir):
+    """deepio.CorruptFileError (a ValueError) with the file as ``filename``, naming what is wrong
+    and the tensor at fault; a plain ValueError for what only this torch lacks."""
     content, tensor, what = CORRUPT[case]
     p = tmp_dir / f"bad-{case.replace(' ', '_')}.safetensors"
     p.write_bytes(content)
-    for call in (lambda: ds.load_file(p), lambda: ds.load_files([p]), lambda: ds.load(p.read_bytes())):
+    calls = (
+        (str(p), lambda: ds.load_file(p)),
+        (str(p), lambda: ds.load_files([p])),
+        ("<bytes>", lambda: ds.load(content)),
+    )
+    for name, call in calls:
         with pytest.raises(ValueError) as ei:
             call()
         msg = str(ei.value)
         assert what in msg, msg
+        assert name in msg, msg
         if tensor is not None:
             assert f"'{tensor}'" in msg, msg
-    with pytest.raises(ValueError) as ei:
-        ds.load_file(p)
-    assert p.name in str(ei.value)
+        if case in TORCH_CANNOT:
+            assert type(ei.value) is ValueError
+        else:
+            assert isinstance(ei.value, deepio.CorruptFileError)
+            assert ei.value.filename == name
+    if case not in TORCH_CANNOT:
+        with pytest.raises(deepio.CorruptFileError, match=what):
+            ds.read_header(p)
     if case != "duplicate name":  # safetensors takes one of the two silently; we refuse
         with pytest.raises(Exception):  # noqa: B017 - safetensors refuses it too (its own exception types)
             st.load_file(str(p))
@@ -394,7 +418,7 @@ def test_every_truncation_of_a_real_file_is_refused(tmp_dir):
     p = tmp_dir / "cut.safetensors"
     for n in list(range(0, 40)) + list(range(len(whole) - 40, len(whole))):
         p.write_bytes(whole[:n])
-        with pytest.raises(ValueError, match="cut.safetensors"):
+        with pytest.raises(deepio.CorruptFileError, match="cut.safetensors"):
             ds.load_file(p)
     p.write_bytes(whole)
     assert_same_dict(ds.load_file(p), sd)
@@ -445,7 +469,7 @@ def test_read_error_raises_and_returns_nothing(tmp_dir, fault):
 def test_read_error_in_one_shard_fails_the_whole_load(tmp_dir, fault, monkeypatch):
     """Many requests over three shards in flight at once; EIO in one of them: OSError naming
     its shard after every request finished, no dict; the next load works."""
-    monkeypatch.setattr(ds, "_CHUNK_BYTES", 1000)  # 5 requests per shard
+    monkeypatch.setattr(_io, "_CHUNK_BYTES", 1000)  # 5 requests per shard
     want = make_shards(tmp_dir)
     fault("read", errno=errno.EIO, after=6, count=1)
     with pytest.raises(OSError) as ei:
@@ -453,7 +477,7 @@ def test_read_error_in_one_shard_fails_the_whole_load(tmp_dir, fault, monkeypatc
     assert ei.value.errno == errno.EIO
     assert ei.value.filename in {str(p) for p in tmp_dir.glob("*.safetensors")}
     _deepio._clear_fault()
-    assert ds._engine("cpu").pending() == 0
+    assert _io.engine("cpu").pending() == 0
     assert_same_dict(ds.load_files(tmp_dir), want)
 
 
@@ -555,33 +579,26 @@ def test_save_is_renamed_into_place(tmp_dir):
     assert_same_dict(st.load_file(str(p)), {"b": torch.zeros(2)})
 
 
-# ------------------------------------------------------------------------- command line
+# -------------------------------------------------------------------- benchmark program
 
 
-def test_command_line(tmp_dir):
+def test_load_safetensors_bench_program(tmp_dir):
+    """bench/load_safetensors.py (once ``python -m deepio.safetensors``): a tiny run prints the
+    load beside the disk ceiling; a missing file and a CUDA device torch lacks are one line on
+    stderr, no traceback."""
+
+    def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        program = str(REPO / "bench" / "load_safetensors.py")
+        return subprocess.run([sys.executable, program, *args], capture_output=True, text=True, timeout=timeout)
+
     make_shards(tmp_dir, 2)
-    r = subprocess.run(
-        [sys.executable, "-m", "deepio.safetensors", str(tmp_dir), "--repeat", "1", "--no-drop-caches"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = bench(str(tmp_dir), "--repeat", "1", "--no-drop-caches")
     assert r.returncode == 0, r.stderr
     assert "GB/s" in r.stdout and "ceiling" in r.stdout and "tensors" in r.stdout
-    r = subprocess.run(
-        [sys.executable, "-m", "deepio.safetensors", str(tmp_dir / "nope.safetensors")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = bench(str(tmp_dir / "nope.safetensors"), timeout=60)
     assert r.returncode != 0 and "nope.safetensors" in r.stderr and "Traceback" not in r.stderr
     if not torch.cuda.is_available():
-        r = subprocess.run(
-            [sys.executable, "-m", "deepio.safetensors", str(tmp_dir), "--device", "cuda", "--no-drop-caches"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        r = bench(str(tmp_dir), "--device", "cuda", "--no-drop-caches")
         assert r.returncode == 1 and "CUDA" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -594,20 +611,21 @@ import safetensors.torch as st, torch
 sys.path.insert(0, {tests!r})
 import test_gpu_fake_cases as g
 import deepio.safetensors as ds
+from deepio.safetensors import _io
 cuda = g.FakeCuda()
 sd = {{"emb": torch.randn(300, 64).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.int64),
       "e": torch.zeros(0, 3), "s": torch.tensor(2.5)}}
 p = {path!r}
 st.save_file(sd, p)
 h = ds.read_header(p)
-for chunk in (ds._CHUNK_BYTES, 4096 + 3):
-    ds._CHUNK_BYTES = chunk
+for chunk in (_io._CHUNK_BYTES, 4096 + 3):
+    _io._CHUNK_BYTES = chunk
     dest = g.FakeCudaTensor(cuda, h.data_bytes)
     ops = []
-    eng = ds._engine("gds" if os.environ["DEEPIO_CUFILE_LIBRARY"] != "none" else "cpu")
-    ds._submit_read(eng, dest.view, p, h.data_offset, h.data_bytes, ops)
+    eng = _io.engine("gds" if os.environ["DEEPIO_CUFILE_LIBRARY"] != "none" else "cpu")
+    _io.submit_read(eng, dest.view, p, h.data_offset, h.data_bytes, ops)
     assert len(ops) == -(-h.data_bytes // chunk)
-    ds._run(ops)
+    _io.run(ops)
     got = dest.read()
     whole = open(p, "rb").read()
     assert got == whole[h.data_offset:], "device bytes differ"
@@ -688,8 +706,8 @@ def test_mmap_backend_equals_safetensors(sd, tmp_dir):
 
 def test_mmap_backend_many_pieces_threads_and_shards(tmp_dir, monkeypatch):
     """Pieces of 3 pages + 5 bytes (edges not page-aligned) on 3 threads over 3 shards."""
-    monkeypatch.setattr(ds, "_MMAP_PIECE", 3 * 4096 + 5)
-    monkeypatch.setattr(ds, "_MMAP_THREADS", 3)
+    monkeypatch.setattr(_cpu, "_MMAP_PIECE", 3 * 4096 + 5)
+    monkeypatch.setattr(_cpu, "_MMAP_THREADS", 3)
     want = make_shards(tmp_dir)
     big = {"big": rand_tensor(((3 << 20) + 7,), torch.uint8, 5), "f": rand_tensor((999,), torch.float64, 6)}
     st.save_file(big, str(tmp_dir / "z-big.safetensors"))
@@ -727,7 +745,7 @@ def test_mmap_backend_errors(tmp_dir):
     h = ds.read_header(p)
     os.truncate(p, h.file_size - 100)
     with pytest.raises(OSError) as ei:
-        ds._load_headers([h], "cpu", "mmap")
+        _load._load_headers([h], "cpu", "mmap")
     assert ei.value.errno == errno.EIO and ei.value.filename == str(p)
     with pytest.raises(ValueError, match="backend"):
         ds.load_file(p, backend="pread")
@@ -786,9 +804,9 @@ def test_direct_backend_populating_ahead(threads, tmp_dir, monkeypatch, fault):
     """The direct backend with helper threads populating pieces of 2 pages + 3 bytes ahead of
     the reads (many requests): same tensors; an EIO still fails the whole load with nothing
     left in flight, and the next load works."""
-    monkeypatch.setattr(ds, "_POPULATE_THREADS", threads)
-    monkeypatch.setattr(ds, "_PIECE_BYTES", 2 * 4096 + 3)
-    monkeypatch.setattr(ds, "_CHUNK_BYTES", 5000)
+    monkeypatch.setattr(_cpu, "_POPULATE_THREADS", threads)
+    monkeypatch.setattr(_cpu, "_PIECE_BYTES", 2 * 4096 + 3)
+    monkeypatch.setattr(_io, "_CHUNK_BYTES", 5000)
     want = make_shards(tmp_dir)
     big = {"big": rand_tensor(((1 << 20) + 7,), torch.uint8, 5)}
     st.save_file(big, str(tmp_dir / "z-big.safetensors"))
@@ -799,5 +817,5 @@ def test_direct_backend_populating_ahead(threads, tmp_dir, monkeypatch, fault):
         ds.load_files(tmp_dir)
     assert ei.value.errno == errno.EIO
     _deepio._clear_fault()
-    assert ds._engine("cpu").pending() == 0
+    assert _io.engine("cpu").pending() == 0
     assert_same_dict(ds.load_files(tmp_dir), want)
