@@ -145,6 +145,7 @@ class File:
             raise ValueError(f"direct_io must be 'auto', 'on' or 'off', not {direct_io!r}")
         self._h = _engine_handle(handle)
         self._ops: list[Any] = []
+        self._ops_pid = os.getpid()  # the process whose engine runs the operations in _ops
         self._lock = threading.Lock()
         self.name = os.fspath(path)
         self.mode = mode
@@ -172,6 +173,7 @@ class File:
         # Kept until done, so close() can wait for it, and after that while it holds a failure
         # nobody retrieved, so close()/fsync() can raise it; the rest are dropped on the way.
         with self._lock:
+            self._adopt()
             self._ops = [o for o in self._ops if not o.done() or o.unobserved_failure()]
             self._ops.append(op)
         return Future(op, self.name)
@@ -244,6 +246,7 @@ class File:
         """Waits for every operation of the file; raises the first failure nobody retrieved
         (marking them all retrieved: each is raised once)."""
         with self._lock:
+            self._adopt()
             ops = list(self._ops)
         for op in ops:
             op.wait(None)
@@ -252,6 +255,13 @@ class File:
             self._ops = [o for o in self._ops if not o.done()]
         _deepio.flush_unobserved()
         _raise_first(errors, f"of operations on {self.name!r} nobody retrieved")
+
+    def _adopt(self) -> None:
+        """In a child forked from the process that ran this File's operations: forget them
+        (under self._lock). They belong to the parent, whose workers finish and report them;
+        here they would never finish, and waiting for them would hang."""
+        if self._ops_pid != os.getpid():
+            self._ops, self._ops_pid = [], os.getpid()
 
     def _check(self) -> int:
         if self._fd < 0:

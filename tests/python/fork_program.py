@@ -116,6 +116,15 @@ def parent_handle(folder: str) -> bool:
     opened = deepio.File(p, "r", handle=h)  # on the parent's handle
     default = deepio.File(p, "r")  # on the default engine
     assert default.read_into(np.empty_like(data)) == data.nbytes
+    # A read of the default-engine File still running in the parent when it forks (held 1.5 s
+    # in the engine by the test hook): closing the File in the child must not wait for it.
+    from deepio import _deepio
+
+    hooks = hasattr(_deepio, "_set_fault")
+    if hooks:
+        _deepio._set_fault("read", delay=1.5, count=1)
+    slow_file = deepio.File(p, "r")
+    slow = slow_file.pread(np.empty_like(data))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe, never return into the caller
@@ -145,6 +154,21 @@ def parent_handle(folder: str) -> bool:
             lines.append("ok File on the default engine" if np.array_equal(buf, data) else "FAIL default: bytes")
         except BaseException as e:  # noqa: BLE001
             lines.append(f"FAIL File on the default engine: {type(e).__name__}: {e}")
+        # The parent's running read: not this process's; close() forgets it at once.
+        t0 = time.monotonic()
+        try:
+            in_flight = not slow.done()
+            slow_file.close()
+            dt = time.monotonic() - t0
+            if not hooks:
+                lines.append("ok close with a parent's read in flight (not held: no test hooks)")
+            else:
+                ok = in_flight and dt < 1.0
+                lines.append(
+                    "ok close with a parent's read in flight" if ok else f"FAIL close: {in_flight}, {dt:.2f} s"
+                )
+        except BaseException as e:  # noqa: BLE001
+            lines.append(f"FAIL close with a parent's read in flight: {type(e).__name__}: {e}")
         # A handle of the child's own works.
         try:
             mine = deepio.aio_handle()
@@ -174,7 +198,11 @@ def parent_handle(folder: str) -> bool:
     _, status = os.waitpid(pid, 0)
     text = out.decode()
     print(text, end="", flush=True)
-    good = "FAIL" not in text and text.count("ok ") == 7 and os.waitstatus_to_exitcode(status) == 0
+    good = "FAIL" not in text and text.count("ok ") == 8 and os.waitstatus_to_exitcode(status) == 0
+    good &= check("parent's read across the fork", slow.result() == data.nbytes)
+    slow_file.close()
+    if hooks:
+        _deepio._clear_fault()
     after = deepio.locked_memory_stats()["allocations"]
     good &= check("parent's locked memory after the child", after == locked_before, f"{after} != {locked_before}")
     h.free_cpu_locked_tensor(locked)
