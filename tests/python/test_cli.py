@@ -79,7 +79,8 @@ def test_version_and_help():
         assert r.stdout.startswith(f"usage: deepio {cmd}"), r.stdout
         # Issue 25: one spelling per flag across bench and tune; the old ones work, unlisted.
         if cmd in ("bench", "tune"):
-            assert re.search(r"^  --use_gds ", r.stdout, re.M) and not re.search(r"^  --gds\b", r.stdout, re.M), r.stdout
+            assert re.search(r"^  --use_gds ", r.stdout, re.M), r.stdout
+            assert not re.search(r"^  --gds\b", r.stdout, re.M), r.stdout
         if cmd == "bench":
             assert "--direct_io MODE" in r.stdout and "--direct MODE" not in r.stdout, r.stdout
     assert run("--help").returncode == 0
@@ -260,8 +261,11 @@ def test_compare_json_schema(tmp_dir, fio):
     assert not Path(j["folder"]).exists()
 
 
-TABLE_ROW = re.compile(r"^(write|overwrite|read)\s+(deepio|naive 1-thread buffered copy|raw O_DIRECT \(ceiling\)|"
-                       r"fio \(device ceiling\))\s+([\d.]+)\s+([\d.]+)x\s+(\d+%|above|at ceiling)\s+([\d.]+)  (.*)$", re.M)
+TABLE_ROW = re.compile(
+    r"^(write|overwrite|read)\s+(deepio|naive 1-thread buffered copy|raw O_DIRECT \(ceiling\)|"
+    r"fio \(device ceiling\))\s+([\d.]+)\s+([\d.]+)x\s+(\d+%|above|at ceiling)\s+([\d.]+)  (.*)$",
+    re.M,
+)
 
 
 def test_compare_text_table(tmp_dir):
