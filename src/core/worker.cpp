@@ -209,14 +209,10 @@ struct Worker::Impl {
       s.in_memory = seg.in_memory;
       const bool staged = seg.mode == SegmentMode::Bounce || op.device() >= 0;
       if (seg.mode == SegmentMode::Buffered) {
-        int fd = -1;
-        Status st = op.buffered_fd(&fd);
-        if (!st.ok()) {
+        if (Status st = to_buffered(s); !st.ok()) {
           op.fail(std::move(st));
           continue;  // the failed op is skipped at the top of the loop
         }
-        s.req.fd = fd;
-        s.buffered = true;
       } else {
         s.req.fd = op.direct_fd();
       }
@@ -335,6 +331,18 @@ struct Worker::Impl {
     batch_slots.resize(kept);
   }
 
+  // Moves slot `s` to its op's descriptor without O_DIRECT (made from the op's own on first
+  // use); on failure the slot is unchanged.
+  static Status to_buffered(Slot& s) {
+    int fd = -1;
+    Status st = s.owner->task.op->buffered_fd(&fd);
+    if (st.ok()) {
+      s.req.fd = fd;
+      s.buffered = true;
+    }
+    return st;
+  }
+
   // Fails the op of slot `id` as decision `d` says, and releases the slot.
   void fail(std::uint32_t id, std::uint64_t tag, const Decision& d) {
     Slot& s = slots[id];
@@ -383,11 +391,8 @@ struct Worker::Impl {
       case Action::Fail:
         if (d.action == Action::PageCache) {
           // The file system refused this O_DIRECT request: redo it through the page cache.
-          int fd = -1;
-          if (op.buffered_fd(&fd).ok()) {
+          if (to_buffered(s).ok()) {
             w.counters_->direct_refused.fetch_add(1, std::memory_order_relaxed);
-            s.req.fd = fd;
-            s.buffered = true;
             resubmit.push_back(id);
             return;
           }
@@ -401,16 +406,10 @@ struct Worker::Impl {
         s.req.buf = static_cast<std::byte*>(s.req.buf) + d.moved;
         s.req.offset += d.moved;
         s.req.len -= static_cast<std::uint32_t>(d.moved);
-        if (d.to_page_cache) {
-          int fd = -1;
-          Status st = op.buffered_fd(&fd);
-          if (!st.ok()) {
-            op.fail(std::move(st));
-            release(id);
-            return;
-          }
-          s.req.fd = fd;
-          s.buffered = true;
+        if (Status st = d.to_page_cache ? to_buffered(s) : Status{}; !st.ok()) {
+          op.fail(std::move(st));
+          release(id);
+          return;
         }
         resubmit.push_back(id);
         return;
