@@ -11,22 +11,13 @@
 #include <new>
 #include <thread>
 
+#include "core/completion.hpp"
 #include "memory/aligned.hpp"
 #include "platform/fault.hpp"
 
 namespace deepio::detail {
 
 namespace {
-
-constexpr int kMaxRetries = 1000;  // EINTR/EAGAIN resubmissions of one request before giving up
-
-// The wait before the n-th resubmission (n >= 1) of a request the kernel answered EAGAIN
-// (out of resources for now), and before reaping again after the n-th transient reap
-// failure in a row: 1 us doubling up to 1 ms, so kMaxRetries of them take about one second
-// in all before the request fails, instead of a thousand resubmissions in a busy loop.
-std::chrono::microseconds backoff(int n) {
-  return std::chrono::microseconds(n >= 11 ? 1000 : std::min(1000, 1 << (n - 1)));
-}
 
 struct Active {
   SliceTask task;
@@ -218,14 +209,10 @@ struct Worker::Impl {
       s.in_memory = seg.in_memory;
       const bool staged = seg.mode == SegmentMode::Bounce || op.device() >= 0;
       if (seg.mode == SegmentMode::Buffered) {
-        int fd = -1;
-        Status st = op.buffered_fd(&fd);
-        if (!st.ok()) {
+        if (Status st = to_buffered(s); !st.ok()) {
           op.fail(std::move(st));
           continue;  // the failed op is skipped at the top of the loop
         }
-        s.req.fd = fd;
-        s.buffered = true;
       } else {
         s.req.fd = op.direct_fd();
       }
@@ -344,6 +331,29 @@ struct Worker::Impl {
     batch_slots.resize(kept);
   }
 
+  // Moves slot `s` to its op's descriptor without O_DIRECT (made from the op's own on first
+  // use); on failure the slot is unchanged.
+  static Status to_buffered(Slot& s) {
+    int fd = -1;
+    Status st = s.owner->task.op->buffered_fd(&fd);
+    if (st.ok()) {
+      s.req.fd = fd;
+      s.buffered = true;
+    }
+    return st;
+  }
+
+  // Fails the op of slot `id` as decision `d` says, and releases the slot.
+  void fail(std::uint32_t id, std::uint64_t tag, const Decision& d) {
+    Slot& s = slots[id];
+    OpState& op = *s.owner->task.op;
+    std::string text = d.backend_text ? backend->take_error_text(tag) : std::string();
+    if (text.empty()) text = d.message;
+    text += d.suffix;
+    op.fail(Status::failure(d.errnum, std::move(text), op.path(), s.req.offset, s.req.len));
+    release(id);
+  }
+
   void complete(const Completion& c) {
     const auto id = static_cast<std::uint32_t>(c.tag);
     Slot& s = slots[id];
@@ -360,63 +370,50 @@ struct Worker::Impl {
             {op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr, s.req.fd, s.req.offset, s.req.len, res})) {
       res = *injected;
     }
-    if (res < 0) {
-      const int err = static_cast<int>(-res);
-      if ((err == EINTR || err == EAGAIN) && ++s.retries < kMaxRetries) {
+    if (res >= 0 && c.fixed) {
+      w.counters_->bytes_fixed.fetch_add(static_cast<std::size_t>(res), std::memory_order_relaxed);
+    }
+    // What to do is decide()'s (core/completion.hpp); doing it, and counting it, is here.
+    const Decision d = decide({op.write(), s.buffered, s.req.driver_file != nullptr, s.retries, s.req.len}, res);
+    s.retries = d.retries;
+    switch (d.action) {
+      case Action::Done: break;
+      case Action::Resubmit:
+      case Action::Backoff:
         w.counters_->retries.fetch_add(1, std::memory_order_relaxed);
-        if (err == EINTR) {
+        if (d.action == Action::Resubmit) {
           resubmit.push_back(id);  // interrupted, not short of anything: at once
         } else {
-          deferred.emplace_back(std::chrono::steady_clock::now() + backoff(s.retries), id);
+          deferred.emplace_back(std::chrono::steady_clock::now() + d.delay, id);
         }
         return;
-      }
-      if (err == EINVAL && !s.buffered && s.req.driver_file == nullptr) {
-        // The file system refused this O_DIRECT request: redo it through the page cache.
-        int fd = -1;
-        if (op.buffered_fd(&fd).ok()) {
-          w.counters_->direct_refused.fetch_add(1, std::memory_order_relaxed);
-          s.req.fd = fd;
-          s.buffered = true;
-          resubmit.push_back(id);
-          return;
+      case Action::PageCache:
+      case Action::Fail:
+        if (d.action == Action::PageCache) {
+          // The file system refused this O_DIRECT request: redo it through the page cache.
+          if (to_buffered(s).ok()) {
+            w.counters_->direct_refused.fetch_add(1, std::memory_order_relaxed);
+            resubmit.push_back(id);
+            return;
+          }
         }
-      }
-      std::string text = backend->take_error_text(c.tag);
-      if (text.empty()) text = op.write() ? "write failed" : "read failed";
-      if (s.retries >= kMaxRetries) text += " (still, after " + std::to_string(kMaxRetries) + " attempts)";
-      op.fail(Status::failure(err, std::move(text), op.path(), s.req.offset, s.req.len));
-      release(id);
-      return;
-    }
-    const auto got = static_cast<std::size_t>(res);
-    if (c.fixed) w.counters_->bytes_fixed.fetch_add(got, std::memory_order_relaxed);
-    if (got < s.req.len) {
-      if (got == 0) {
-        op.fail(op.write() ? Status::failure(EIO, "write made no progress", op.path(), s.req.offset, s.req.len)
-                           : Status::failure(ENODATA, "unexpected end of file", op.path(), s.req.offset, s.req.len));
-        release(id);
+        fail(id, c.tag, d);
         return;
-      }
-      // Short transfer: the rest is resubmitted. Its offset may no longer be aligned, so a
-      // direct request finishes through the page cache.
-      w.counters_->short_transfers.fetch_add(1, std::memory_order_relaxed);
-      s.req.buf = static_cast<std::byte*>(s.req.buf) + got;
-      s.req.offset += got;
-      s.req.len -= static_cast<std::uint32_t>(got);
-      if (!s.buffered && s.req.driver_file == nullptr) {
-        int fd = -1;
-        Status st = op.buffered_fd(&fd);
-        if (!st.ok()) {
+      case Action::Rest: {
+        // Short transfer: the rest is resubmitted. Its offset may no longer be aligned, so a
+        // direct request finishes through the page cache.
+        w.counters_->short_transfers.fetch_add(1, std::memory_order_relaxed);
+        s.req.buf = static_cast<std::byte*>(s.req.buf) + d.moved;
+        s.req.offset += d.moved;
+        s.req.len -= static_cast<std::uint32_t>(d.moved);
+        if (Status st = d.to_page_cache ? to_buffered(s) : Status{}; !st.ok()) {
           op.fail(std::move(st));
           release(id);
           return;
         }
-        s.req.fd = fd;
-        s.buffered = true;
+        resubmit.push_back(id);
+        return;
       }
-      resubmit.push_back(id);
-      return;
     }
     auto& counter = s.req.driver_file != nullptr                     ? w.counters_->bytes_gds
                     : s.mode == SegmentMode::Bounce                  ? w.counters_->bytes_bounced

@@ -8,12 +8,11 @@
 // doubling to 1 ms; a request still refused after 1000 tries fails, about a second later,
 // naming it); short transfers are finished by resubmitting the rest; a direct request refused
 // with EINVAL is redone through the page cache; anything else fails the op (its remaining
-// requests are skipped). Ops on device memory stage every request through a bounce slot:
-// device-to-host copy before a write is submitted; after a read, a host-to-device copy that
-// must finish before the slot is reused or the op completes. Ops with a DriverFile
-// (GPUDirect Storage) go to a route's backend with the device address as it is: never
-// staged, never redone through the page cache. stop() lets the worker finish everything
-// queued, then joins it: work is never abandoned. Teardown: a queue that fails is shut down
+// requests are skipped); that policy is decide() of core/completion.hpp. Ops on device memory stage every request
+// through a bounce slot: device-to-host copy before a write is submitted; after a read, a host-to-device copy that must
+// finish before the slot is reused or the op completes. Ops with a DriverFile (GPUDirect Storage) go to a route's
+// backend with the device address as it is: never staged, never redone through the page cache. stop() lets the worker
+// finish everything queued, then joins it: work is never abandoned. Teardown: a queue that fails is shut down
 // (Backend::shutdown: the kernel is done with its requests) before its requests fail, and
 // the worker's backend goes before the bounce arena and stagers the kernel may write into.
 // Thread safety: enqueue() and stop() may be called from any thread; everything else runs on

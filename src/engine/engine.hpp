@@ -1,5 +1,8 @@
 // Engine: what a deepio::Handle is made of. Opens files, plans requests, hands slices to
-// the workers, and tracks operations until they are collected.
+// the workers, and tracks operations until they are collected. Its members are defined by
+// job: engine.cpp (construction, destruction, one request's way to the workers), open.cpp,
+// submit_ranges.cpp, submit_batch.cpp, ledger.cpp (track, collect, wait, mark, pending);
+// the argument checks are pure functions in checks.hpp.
 //
 // Invariants: every submitted op is in unclaimed_, in submission order (sequence 1, 2, ...,
 // given by track()), until it is collected: by collect() (claim) or by its Future
@@ -31,6 +34,10 @@
 #include "deepio/handle.hpp"
 
 namespace deepio::detail {
+
+/// The opener threads (openers.hpp) and the sync threads (syncers.hpp).
+class Openers;
+class Syncers;
 
 /// What a handle is built with beyond its options.
 struct EngineSetup {
@@ -72,13 +79,12 @@ class Engine {
   [[nodiscard]] bool in_own_process() const noexcept { return process_.here(); }
 
  private:
+  /// What direct I/O needs to know of an opened file (engine_parts.hpp).
   struct Opened;
-  class Openers;
-  /// Threads that fdatasync durable writes (OpOptions::fsync) once their blocks are done.
-  class Syncers;
   /// A file opened once for consecutive requests of a batch on the same path and direction.
   struct SharedFile;
-  /// Slices of a batch's run not yet handed to the workers, one list per host worker.
+  /// Slices of a batch's run not yet handed to the workers, one list per host worker
+  /// (engine_parts.hpp).
   struct PendingSlices;
   /// How an op on device memory goes: through the route's backend (direct) or staged; file
   /// is the route's registration, kept by every slice until the op's requests are done.
@@ -138,6 +144,8 @@ class Engine {
   /// Gives a dispatched op its sequence number and adds it to unclaimed_ (dropping collected
   /// ops from the front on the way).
   void track(const std::shared_ptr<OpState>& op);
+  /// track() for a batch's ops, in the order given, under one lock.
+  void track(const std::vector<std::shared_ptr<OpState>>& ops);
 
   const ProcessStamp process_;
   HandleOptions options_;
