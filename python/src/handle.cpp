@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "handle.hpp"
+#include "op.hpp"
 
 namespace deepio::py {
 
@@ -65,30 +66,6 @@ WaitResult collect_interruptibly(Handle& h, CollectOptions options, const Future
       throw nb::python_error();
     }
   }
-}
-
-// Blocks until `f` is done or `deadline` passes (GIL released in slices, signals checked);
-// returns whether it is done.
-bool wait_future(const Future& f, std::optional<Clock::time_point> deadline) {
-  for (;;) {
-    bool done = false;
-    {
-      nb::gil_scoped_release release;
-      auto slice_end = Clock::now() + kSlice;
-      if (deadline && *deadline < slice_end) slice_end = *deadline;
-      done = f.wait_for(slice_end - Clock::now());
-    }
-    if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    if (deadline && Clock::now() >= *deadline) return f.done();
-  }
-}
-
-std::optional<Clock::time_point> deadline_after(std::optional<double> timeout) {
-  if (!timeout) return std::nullopt;
-  if (*timeout < 0) throw nb::value_error("timeout must be non-negative");
-  const double capped = std::min(*timeout, 1e9);
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(capped));
 }
 
 // Releases the keep-alives (GIL held), then raises the first failure with the others in
@@ -306,102 +283,6 @@ void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   flush_unobserved();  // failures of dropped futures reported while the engine wound down
 }
 
-/// The result of one operation submitted through deepio.File (wrapped by deepio.Future).
-class Op {
- public:
-  Op(Future fut, bool write, std::uint64_t offset, std::size_t nbytes)
-      : fut_(std::move(fut)), write_(write), offset_(offset), nbytes_(nbytes) {}
-  ~Op() {
-    // Collect a finished operation now (GIL held) so that its buffer is released at once; a
-    // failure nobody retrieved becomes a warning here. A running one is collected by its
-    // handle once done, and its failure, if any, reported by the engine when it finishes
-    // (Future's rule), as a warning at the next flush_unobserved().
-    if (fut_.done()) {
-      try {
-        fut_.get();
-      } catch (const Error& e) {
-        if (!collected_) {
-          warn_unobserved(std::string("deepio: a ") + (write_ ? "write" : "read") +
-                          " failed and its deepio.Future was dropped before result() or exception(): " + e.what());
-        }
-      }
-    }
-  }
-  Op(const Op&) = delete;
-  Op& operator=(const Op&) = delete;
-
-  bool done() const { return fut_.done(); }
-
-  bool wait(std::optional<double> timeout) { return wait_future(fut_, deadline_after(timeout)); }
-
-  /// Waits, then returns the bytes transferred or raises the operation's exception;
-  /// TimeoutError when `timeout` passes first.
-  std::size_t result(std::optional<double> timeout) {
-    ensure_done(timeout);
-    collected_ = true;
-    try {
-      return fut_.get();  // releases the buffer here, with the GIL
-    } catch (const Error& e) {
-      raise_error(e);
-    }
-  }
-
-  /// The failure as an exception object, or None (waits like result()).
-  nb::object exception(std::optional<double> timeout) {
-    ensure_done(timeout);
-    collected_ = true;
-    try {
-      fut_.get();
-    } catch (const Error& e) {
-      return make_exception(e);
-    }
-    return nb::none();
-  }
-
-  /// For deepio.File's close()/fsync(): the failure of a finished operation whose Future
-  /// nobody asked (result()/exception()), as an exception, which marks it asked; else None.
-  nb::object take_unobserved() {
-    if (collected_ || !fut_.done()) return nb::none();
-    try {
-      fut_.get();
-    } catch (const Error& e) {
-      collected_ = true;
-      return make_exception(e);
-    }
-    return nb::none();
-  }
-
-  /// A finished operation that failed and whose Future nobody asked (no state change).
-  bool unobserved_failure() {
-    if (collected_ || !fut_.done()) return false;
-    try {
-      fut_.get();
-    } catch (const Error&) {
-      return true;
-    }
-    return false;
-  }
-
-  bool write() const { return write_; }
-  bool collected() const { return collected_; }
-  std::uint64_t offset() const { return offset_; }
-  std::size_t nbytes() const { return nbytes_; }
-
- private:
-  void ensure_done(std::optional<double> timeout) {
-    if (!wait_future(fut_, deadline_after(timeout))) {
-      PyErr_SetString(PyExc_TimeoutError, "the operation did not finish in time");
-      throw nb::python_error();
-    }
-  }
-
-  Future fut_;
-  bool write_;
-  std::uint64_t offset_;
-  std::size_t nbytes_;
-  bool collected_ = false;
-};
-
 std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
   auto h = engine();
   flush_unobserved();  // earlier dropped futures' failures: warned about before more work
@@ -555,107 +436,6 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   return out;
 }
 
-namespace {
-// A Python integer as int64; one beyond int64 is refused naming it `what` (as an unsigned
-// array item above 2^63 - 1 is), not with a bare OverflowError.
-std::int64_t int_item(PyObject* o, const std::string& what) {
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow > 0) throw InvalidArgument(what + " is above 2^63 - 1");
-  if (overflow < 0) throw InvalidArgument(what + " must be non-negative");
-  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
-  return v;
-}
-
-// A 1-D integer array (buffer protocol: NumPy, array.array, memoryview) or a sequence of
-// Python integers, as 64-bit values (negative ones as Python wrote them). TypeError for
-// anything else, bools included; ValueError for an array that is not 1-D.
-std::vector<std::int64_t> int_values(nb::handle obj, const char* name) {
-  std::vector<std::int64_t> out;
-  if (PyObject_CheckBuffer(obj.ptr()) != 0 && !PyBytes_Check(obj.ptr()) && !PyByteArray_Check(obj.ptr())) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw nb::python_error();
-    struct Release {
-      Py_buffer* v;
-      ~Release() { PyBuffer_Release(v); }
-    } release{&view};
-    std::string fmt = view.format != nullptr ? view.format : "B";
-    if (!fmt.empty() &&
-        (fmt[0] == '@' || fmt[0] == '=' || (fmt[0] == '<' && std::endian::native == std::endian::little))) {
-      fmt.erase(0, 1);
-    }
-    const bool is_signed = fmt == "b" || fmt == "h" || fmt == "i" || fmt == "l" || fmt == "q" || fmt == "n";
-    const bool is_unsigned = fmt == "B" || fmt == "H" || fmt == "I" || fmt == "L" || fmt == "Q" || fmt == "N";
-    if (!is_signed && !is_unsigned) {
-      throw nb::type_error((std::string(name) + " must hold integers, not array items of format '" +
-                            (view.format != nullptr ? view.format : "B") + "'")
-                               .c_str());
-    }
-    if (view.ndim != 1) {
-      throw InvalidArgument(std::string(name) + " must be one-dimensional, not " + std::to_string(view.ndim) +
-                            "-dimensional");
-    }
-    const auto n = static_cast<std::size_t>(view.shape[0]);
-    const Py_ssize_t stride = view.strides != nullptr ? view.strides[0] : view.itemsize;
-    out.resize(n);
-    const auto* base = static_cast<const char*>(view.buf);
-    for (std::size_t i = 0; i < n; ++i) {
-      const char* at = base + static_cast<Py_ssize_t>(i) * stride;
-      std::int64_t v = 0;
-      switch (view.itemsize) {
-        case 1:
-          v = is_signed ? *reinterpret_cast<const std::int8_t*>(at) : *reinterpret_cast<const std::uint8_t*>(at);
-          break;
-        case 2: {
-          std::int16_t x;
-          std::memcpy(&x, at, 2);
-          v = is_signed ? x : static_cast<std::uint16_t>(x);
-          break;
-        }
-        case 4: {
-          std::int32_t x;
-          std::memcpy(&x, at, 4);
-          v = is_signed ? x : static_cast<std::uint32_t>(x);
-          break;
-        }
-        case 8: {
-          std::memcpy(&v, at, 8);
-          if (is_unsigned && v < 0) {
-            throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] is above 2^63 - 1");
-          }
-          break;
-        }
-        default:
-          throw nb::type_error((std::string(name) + " items of " + std::to_string(view.itemsize) +
-                                " bytes are not integers deepio reads")
-                                   .c_str());
-      }
-      out[i] = v;
-    }
-    return out;
-  }
-  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) {
-    throw nb::type_error(
-        (std::string(name) + " must be a sequence of integers or a 1-D integer array, not " + py_type_name(obj))
-            .c_str());
-  }
-  nb::object fast = nb::steal(PySequence_Fast(obj.ptr(), name));
-  if (!fast.is_valid()) throw nb::python_error();
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-  out.resize(static_cast<std::size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!PyIndex_Check(items[i]) || PyBool_Check(items[i])) {
-      throw nb::type_error(
-          (std::string(name) + "[" + std::to_string(i) + "] must be an integer, not " + py_type_name(items[i]))
-              .c_str());
-    }
-    out[static_cast<std::size_t>(i)] = int_item(items[i], std::string(name) + "[" + std::to_string(i) + "]");
-  }
-  return out;
-}
-}  // namespace
-
 nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle file, nb::handle file_offsets,
                                    nb::handle sizes, nb::handle buffer_offsets, bool fsync, bool future) {
   auto h = engine();
@@ -726,22 +506,7 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
 }
 
 void init_handle(nb::module_& m) {
-  nb::class_<Op>(m, "Op", "One operation submitted through deepio.File; wrapped by deepio.Future.")
-      .def("done", &Op::done, "True once the operation finished (successfully or not). Never blocks.")
-      .def("wait", &Op::wait, nb::arg("timeout").none() = nb::none(),
-           "Blocks (GIL released) until done or `timeout` seconds passed; returns done().")
-      .def("result", &Op::result, nb::arg("timeout").none() = nb::none(),
-           "Waits, then returns the number of bytes transferred or raises the operation's OSError.")
-      .def("exception", &Op::exception, nb::arg("timeout").none() = nb::none(),
-           "Waits, then returns the operation's exception or None.")
-      .def("take_unobserved", &Op::take_unobserved,
-           "The failure of a finished operation nobody retrieved (marking it retrieved), or None.")
-      .def("unobserved_failure", &Op::unobserved_failure,
-           "True for a finished, failed operation whose failure nobody retrieved.")
-      .def_prop_ro("collected", &Op::collected)
-      .def_prop_ro("write", &Op::write)
-      .def_prop_ro("offset", &Op::offset)
-      .def_prop_ro("nbytes", &Op::nbytes);
+  init_op(m);
 
   nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
       .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&>(),

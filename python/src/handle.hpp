@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common.hpp"
 
@@ -69,5 +70,12 @@ DirectIo direct_from(const std::string& name);
 /// A Python integer passed through to the engine's checks: a negative one arrives as a huge
 /// size_t, which the engine reports as the negative number it was.
 inline std::size_t count_arg(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+/// A Python integer as int64; one beyond int64 is refused naming it `what` (ints.cpp).
+std::int64_t int_item(PyObject* o, const std::string& what);
+/// A 1-D integer array (buffer protocol) or a sequence of Python integers, as 64-bit values
+/// (negative ones as Python wrote them). TypeError for anything else, bools included;
+/// InvalidArgument for an array that is not 1-D or an item beyond int64 (ints.cpp).
+std::vector<std::int64_t> int_values(nb::handle obj, const char* name);
 
 }  // namespace deepio::py
