@@ -14,10 +14,15 @@ import weakref
 import pytest
 
 import deepio
-from conftest import FRAMEWORKS, fill, make_buffer
+from conftest import FRAMEWORKS, fill, make_buffer, needs_numpy
 from deepio import _deepio
 
-np = pytest.importorskip("numpy")
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+pytestmark = needs_numpy
 
 
 def _interrupt_main_after(seconds: float) -> threading.Timer:

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import require_module  # noqa: E402
+
+hypothesis = require_module("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as hs  # noqa: E402
 
