@@ -10,9 +10,11 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import platform
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -214,6 +216,39 @@ def no_leaks(request):
         gc.collect()  # costly with torch loaded, so only when something looks leaked
         locked_after = deepio.locked_memory_stats()["allocations"]
     assert locked_after <= locked_before, f"leaked locked allocations: {locked_before} -> {locked_after}"
+
+
+# Events for tests of waiting: the fault hook's `delay` has no "entered" signal, but a worker
+# sitting in it is a thread of this process asleep in nanosleep, which /proc shows. Tests wait
+# for that state instead of sleeping for a guessed time and hoping the worker got there.
+_NANOSLEEP_SYSCALLS = {"x86_64": {"35", "230"}, "aarch64": {"101", "115"}}.get(platform.machine(), set())
+
+
+def threads_in_fault_delay() -> int:
+    """Threads of this process asleep in nanosleep (engine workers held by a fault's `delay`;
+    the tests that ask run no other sleeping thread)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                nr = f.read().split(" ", 1)[0]
+        except OSError:
+            continue
+        if "nanosleep" in wchan or nr in _NANOSLEEP_SYSCALLS:
+            n += 1
+    return n
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Polls `predicate` until it holds. The bound only keeps a broken engine from hanging the
+    suite; it is never what a test asserts."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.001)
 
 
 @pytest.fixture
