@@ -51,8 +51,10 @@ if [ -f pyproject.toml ]; then
     DS_BUILD_OPS=0 python3 -m pip install -q --no-build-isolation "deepspeed==$ds_version"
   fi
   step "pytest"
-  # Run from tests/ so the installed package is imported, not the source folder.
-  (cd tests && DEEPIO_REQUIRE_DEEPSPEED=1 python3 -m pytest -q -p no:cacheprovider python)
+  # Run from tests/ so the installed package is imported, not the source folder. DEEPIO_REQUIRE:
+  # a missing optional package (setup.sh installs them all) fails its tests instead of skipping.
+  (cd tests && DEEPIO_REQUIRE=torch,numpy,safetensors,hypothesis,deepspeed \
+    python3 -m pytest -q -p no:cacheprovider python)
   step "lint (ruff, mypy)"
   bash scripts/lint.sh
 fi

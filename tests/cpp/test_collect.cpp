@@ -28,6 +28,8 @@ class Gate {
     detail::set_fault_hook([this](const FaultSite& s) -> std::optional<std::int64_t> {
       if (s.point == FaultPoint::Read) {
         std::unique_lock lock(mutex_);
+        ++held_;
+        held_cv_.notify_all();
         cv_.wait(lock, [&] { return open_; });
         if (fail_offsets_.count(s.offset) != 0) return -EIO;
       }
@@ -47,11 +49,19 @@ class Gate {
     opened_.store(true);
   }
   [[nodiscard]] bool is_open() const { return opened_.load(); }
+  // Blocks until `n` reads have reached the gate (each holds its worker there until open()).
+  // The 30 s bound only keeps a broken engine from hanging the suite.
+  [[nodiscard]] bool wait_held(int n) {
+    std::unique_lock lock(mutex_);
+    return held_cv_.wait_for(lock, 30s, [&] { return held_ >= n; });
+  }
   void fail_at(std::uint64_t offset) { fail_offsets_.insert(offset); }  // before any I/O
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable held_cv_;
+  int held_ = 0;  // reads that reached the gate; guarded by mutex_
   bool open_ = false;
   std::atomic<bool> opened_{false};
   std::set<std::uint64_t> fail_offsets_;
@@ -195,6 +205,7 @@ TEST_F(Collect, RacingWaitersCountEachOpOnceAndReleaseEachKeepAliveOnce) {
     Handle h(threads_backend(2));
     for (int i = 0; i < kOps; ++i) h.async_pread(bufs[i].data(), 4096, path_, (i % 16) * 4096, keep(t));
     std::atomic<std::size_t> total{0};
+    std::atomic<int> returned_while_gate_closed{0};
     std::mutex ids_mutex;
     std::vector<std::thread> waiters;
     for (int w = 0; w < kWaiters; ++w) {
@@ -204,13 +215,20 @@ TEST_F(Collect, RacingWaitersCountEachOpOnceAndReleaseEachKeepAliveOnce) {
           waiter_ids.insert(std::this_thread::get_id());
         }
         total += h.wait();
+        if (!gate.is_open()) returned_while_gate_closed.fetch_add(1);
       });
     }
-    std::this_thread::sleep_for(20ms);
+    // A worker is held in the gate with a read (every read stops there): nothing can be done,
+    // so nothing may be released and no wait() may return. The counters below record any
+    // release or return while the gate was closed, whenever it happened, instead of sampling
+    // after a sleep. (EXPECT, not ASSERT: returning here would leave the waiters joinable.)
+    EXPECT_TRUE(gate.wait_held(1)) << "no read reached the gate";
     EXPECT_EQ(t.released.load(), 0);
+    EXPECT_EQ(h.pending(), static_cast<std::size_t>(kOps));
     gate.open();
     for (auto& th : waiters) th.join();
     EXPECT_EQ(total.load(), static_cast<std::size_t>(kOps));
+    EXPECT_EQ(returned_while_gate_closed.load(), 0);
     EXPECT_EQ(t.released.load(), kOps);
     EXPECT_EQ(h.wait(), 0u);
   }
@@ -307,9 +325,14 @@ TEST_F(Collect, AbandonedDetachedOpReleasedByALaterCollectOnlyWhenDone) {
   poll.through = 0;
   WaitResult r = h.collect(poll);
   EXPECT_TRUE(r.keep_alive.empty());  // still running
+  ASSERT_TRUE(gate.wait_held(1));
+  r = h.collect(poll);
+  EXPECT_TRUE(r.keep_alive.empty());  // held in the gate: certainly not done
   gate.open();
-  for (int i = 0; i < 200 && r.keep_alive.empty(); ++i) {
-    std::this_thread::sleep_for(5ms);
+  // Polls until the op is done; the 30 s bound is only a hang guard, not what is asserted.
+  const auto give_up = std::chrono::steady_clock::now() + 30s;
+  while (r.keep_alive.empty() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
     r = h.collect(poll);
   }
   EXPECT_EQ(r.keep_alive.size(), 1u);

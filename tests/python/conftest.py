@@ -8,10 +8,13 @@ tmpfs is avoided on purpose: it refuses O_DIRECT, which would skip the direct-I/
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
+import platform
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,8 +37,74 @@ except ImportError:
 
 REPO = Path(__file__).resolve().parents[2]
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
-needs_numpy = pytest.mark.skipif(np is None, reason="numpy is not installed")
+# ------------------------------------------------------------------ optional test dependencies
+# A test that needs an optional package carries a capability mark (needs_torch, ...): it skips,
+# with the reason, where the package is missing. DEEPIO_REQUIRE=torch,numpy,... (comma-separated;
+# scripts/test.sh sets it for CI) turns that skip into a failure, so that a broken CI image cannot
+# pass by skipping. DEEPIO_REQUIRE_DEEPSPEED=1, the older spelling, still means "deepspeed".
+OPTIONAL = ("torch", "numpy", "safetensors", "hypothesis", "deepspeed")
+
+
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _required() -> frozenset[str]:
+    raw = os.environ.get("DEEPIO_REQUIRE", "")
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    unknown = names - set(OPTIONAL)
+    if unknown:
+        raise pytest.UsageError(f"DEEPIO_REQUIRE={raw!r}: unknown {sorted(unknown)}; known: {', '.join(OPTIONAL)}")
+    legacy = os.environ.get("DEEPIO_REQUIRE_DEEPSPEED", "")
+    if legacy not in ("", "0", "1"):
+        raise pytest.UsageError(f"DEEPIO_REQUIRE_DEEPSPEED={legacy!r}: must be 1 or 0")
+    if legacy == "1":
+        names.add("deepspeed")
+    return frozenset(names)
+
+
+REQUIRED = _required()
+HAVE = {name: _have(name) for name in OPTIONAL}
+
+
+def needs(name: str) -> pytest.MarkDecorator:
+    """The capability mark for optional package `name` (one of OPTIONAL)."""
+    assert name in OPTIONAL, name
+    return pytest.mark.deepio_needs(name)
+
+
+def require_module(module: str, name: str | None = None):
+    """For a test file that cannot even be imported without `module` (module-level use):
+    returns it; where it is missing, skips the file with the reason, or, when DEEPIO_REQUIRE
+    names the package, fails its collection."""
+    name = name or module.split(".")[0]
+    if name in REQUIRED and not _have(module):
+        raise RuntimeError(f"DEEPIO_REQUIRE names {name}, but {module} cannot be imported")
+    return pytest.importorskip(module, reason=f"{name} is not installed")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deepio_needs(name): the test needs optional package `name`")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("deepio_needs"):
+        name = mark.args[0]
+        if HAVE[name]:
+            continue
+        if name in REQUIRED:
+            pytest.fail(f"DEEPIO_REQUIRE names {name}, but it is not installed", pytrace=False)
+        pytest.skip(f"{name} is not installed")
+
+
+needs_torch = needs("torch")
+needs_numpy = needs("numpy")
+needs_safetensors = needs("safetensors")
+needs_hypothesis = needs("hypothesis")
+needs_deepspeed = needs("deepspeed")
 
 
 def _torch_pinning_works() -> bool:
@@ -147,6 +216,39 @@ def no_leaks(request):
         gc.collect()  # costly with torch loaded, so only when something looks leaked
         locked_after = deepio.locked_memory_stats()["allocations"]
     assert locked_after <= locked_before, f"leaked locked allocations: {locked_before} -> {locked_after}"
+
+
+# Events for tests of waiting: the fault hook's `delay` has no "entered" signal, but a worker
+# sitting in it is a thread of this process asleep in nanosleep, which /proc shows. Tests wait
+# for that state instead of sleeping for a guessed time and hoping the worker got there.
+_NANOSLEEP_SYSCALLS = {"x86_64": {"35", "230"}, "aarch64": {"101", "115"}}.get(platform.machine(), set())
+
+
+def threads_in_fault_delay() -> int:
+    """Threads of this process asleep in nanosleep (engine workers held by a fault's `delay`;
+    the tests that ask run no other sleeping thread)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                nr = f.read().split(" ", 1)[0]
+        except OSError:
+            continue
+        if "nanosleep" in wchan or nr in _NANOSLEEP_SYSCALLS:
+            n += 1
+    return n
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Polls `predicate` until it holds. The bound only keeps a broken engine from hanging the
+    suite; it is never what a test asserts."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.001)
 
 
 @pytest.fixture

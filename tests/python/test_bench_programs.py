@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, needs_torch
 
 sys.path.insert(0, str(REPO / "bench"))
 import benchutil  # noqa: E402
@@ -74,11 +74,11 @@ def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
     assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
 
 
+@needs_torch
 def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
     """A small run of bench/save_load.py's save side with the variants (the all-staged save, the
     CRC settings): every method is timed, the saved file is checked against the state dict
     (the program exits non-zero on a mismatch), and the alignment line says what it found."""
-    pytest.importorskip("torch")
     out = _bench("save_load.py", "--dir", str(tmp_dir), "--gib", "0.03", "--pairs", "1", "--saves-only", "--variants")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "# verified" in out.stdout and "of the bytes page-aligned" in out.stdout
@@ -88,10 +88,10 @@ def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
     assert "torch.load" not in table  # --saves-only
 
 
+@needs_torch
 def test_save_load_runs_only_the_methods_named(tmp_dir):
     """--method keeps the named methods only (a load without the saves that write its file
     gets that file written before the clock), and refuses a name it does not know."""
-    pytest.importorskip("torch")
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return _bench("save_load.py", "--dir", str(tmp_dir), "--gib", "0.02", *args)

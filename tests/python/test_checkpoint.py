@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import deepio
-from conftest import sigkilled_on_exit
+from conftest import require_module, sigkilled_on_exit
 
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
+np = require_module("numpy")
+torch = require_module("torch")
 
 EXAMPLES = int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "40"))
 SMALL = {"buffer_size": 8192, "buffers": 3}  # many buffer turns on small data

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import deepio
-from conftest import needs_torch
+from conftest import needs_numpy, needs_torch
 from deepio.compat import AsyncIOBuilder, PinMemoryBuilder
 
 # Written the way DeepSpeed's tutorial and swappers use DeepNVMe; only the import differs.
@@ -113,8 +113,10 @@ def test_deepnvme_method_set():
         assert callable(getattr(h, name)), name
 
 
+@needs_numpy
 def test_memcpy_checks_sizes():
-    np = pytest.importorskip("numpy")
+    import numpy as np
+
     dst = np.zeros(10, np.float32)
     with pytest.raises(ValueError):
         AsyncIOBuilder().load().deepspeed_memcpy(dst, np.ones(5, np.float32))

@@ -2,7 +2,8 @@
 
 Against the real client: DeepSpeed from PyPI (pinned in scripts/test.sh, its ops not built),
 driven through its public API in fresh interpreters. Skipped where DeepSpeed or torch is not
-installed, unless DEEPIO_REQUIRE_DEEPSPEED=1 (CI sets it), where that is a failure.
+installed, unless DEEPIO_REQUIRE names deepspeed (CI sets it; DEEPIO_REQUIRE_DEEPSPEED=1 still
+works), where that is a failure.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from pathlib import Path
 import pytest
 
 import deepio
+from conftest import REQUIRED
 
 HERE = Path(__file__).resolve().parent
 HAVE = importlib.util.find_spec("deepspeed") is not None and importlib.util.find_spec("torch") is not None
-if not HAVE and os.environ.get("DEEPIO_REQUIRE_DEEPSPEED") == "1":
-    raise RuntimeError(
-        "DEEPIO_REQUIRE_DEEPSPEED=1 but DeepSpeed or torch is not installed (scripts/test.sh installs them)"
-    )
+_MISSING = {name for name in ("deepspeed", "torch") if importlib.util.find_spec(name) is None}
+if _MISSING and ("deepspeed" in REQUIRED or _MISSING & REQUIRED):
+    raise RuntimeError(f"DEEPIO_REQUIRE names {sorted(REQUIRED)}, but {sorted(_MISSING)} is not installed "
+                       "(scripts/test.sh installs them)")
 pytestmark = pytest.mark.skipif(not HAVE, reason="DeepSpeed and torch are not installed")
 
 # Where the wheel put deepio-deepspeed.pth: in a site directory the interpreter processes it at

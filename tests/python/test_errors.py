@@ -17,9 +17,15 @@ import pytest
 
 import deepio
 import deepio.compat
+from conftest import needs_numpy
 from deepio import _deepio
 
-np = pytest.importorskip("numpy")  # every test here uses NumPy buffers; torch ones live elsewhere
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+pytestmark = needs_numpy  # every test here uses NumPy buffers; torch ones live elsewhere
 
 
 def _child(script: str, timeout=60) -> subprocess.CompletedProcess:

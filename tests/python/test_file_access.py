@@ -8,12 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import needs_torch
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:
+    torch = None
+
+pytestmark = needs_torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "file_access"
-HAS_GPU = torch.cuda.is_available()
+HAS_GPU = torch is not None and torch.cuda.is_available()
 
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:

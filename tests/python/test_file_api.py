@@ -10,9 +10,14 @@ import weakref
 import pytest
 
 import deepio
-from conftest import FRAMEWORKS, as_bytes, fill, make_buffer
+from conftest import FRAMEWORKS, as_bytes, fill, make_buffer, needs_numpy
 
-np = pytest.importorskip("numpy")
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+pytestmark = needs_numpy
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -9,17 +9,25 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import deepio
+from conftest import threads_in_fault_delay, wait_until
 from deepio import _deepio
 
 
 def _data(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def _pread(path, nbytes: int, offset: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, nbytes, offset)
+    finally:
+        os.close(fd)
 
 
 def _read(path) -> bytes:
@@ -117,12 +125,12 @@ def test_write_completes_only_after_its_sync(tmp_dir, fault):
     fault("sync", delay=0.4)
     h = deepio.aio_handle()
     b = _data(1 << 20, 3)
-    t0 = time.perf_counter()
     h.async_pwrite(b, tmp_dir / "slow", fsync=True)
     assert h.pending() == 1
     assert h.wait() == 1
-    assert time.perf_counter() - t0 >= 0.35, "wait() returned before the sync did"
-    assert _deepio._fault_hits() == 1
+    # The rule counts its hit only once its delay is over, right before the sync runs: a
+    # wait() that returned before the sync would find it still 0 (no clock involved).
+    assert _deepio._fault_hits() == 1, "wait() returned before the sync did"
     assert h.stats()["synced"] == 1
 
 
@@ -247,7 +255,12 @@ def test_a_writeback_error_reaches_a_grouped_write_whose_round_synced_another_de
     C: a buffered ranged write whose second block is held 2 s; meanwhile the image's tmpfs is
     filled and a plain fdatasync sees C's first page fail to write back (ENOSPC). G: a durable
     write whose sync is held 3 s, so that F (opened after the error) and C fall into the next
-    round of this file, F first."""
+    round of this file, F first. Each step waits for the state the next one needs (a worker
+    held in the fault, bytes in the page cache) and checks that the holds have not run out
+    yet, so the scenario either happens as described or the test says it did not.
+
+    F's page overwrites a block the image already stores, so its writeback cannot fail: F
+    must complete, and its bytes be there. C's error belongs to C alone."""
     ext, back = full_backed_ext4
     x = os.path.join(ext, "x.bin")
     with open(x, "wb") as f:
@@ -258,7 +271,8 @@ def test_a_writeback_error_reaches_a_grouped_write_whose_round_synced_another_de
     c_data = b"C" * 8192
     fault("write", delay=2.0, after=1, count=1)
     c = h._h.submit_ranges(True, c_data, x, [8 << 20, (8 << 20) + 4096], 4096, None, True, True)
-    time.sleep(0.5)
+    # Both of C's blocks are in the page cache (the hook runs after the write) and one is held.
+    wait_until(lambda: threads_in_fault_delay() == 1 and _pread(x, 8192, 8 << 20) == c_data, "C's held block")
     with open(os.path.join(back, "filler"), "wb", buffering=0) as filler:
         with pytest.raises(OSError) as full:
             while True:
@@ -271,17 +285,20 @@ def test_a_writeback_error_reaches_a_grouped_write_whose_round_synced_another_de
         assert lost.value.errno in (errno.ENOSPC, errno.EIO)
     finally:
         os.close(seen)
+    assert not c.done(), "C's 2 s hold ran out before its page's error was seen: machine too slow"
     fault("sync", delay=3.0, count=1)
     g = h._h.submit_batch(True, [b"G" * 4096], x, [0], True, True)[0]
-    time.sleep(0.3)
+    wait_until(lambda: threads_in_fault_delay() == 2 or c.done(), "G's sync held")
+    assert not c.done(), "C's 2 s hold ran out before G's sync was held: machine too slow"
     f_op = h._h.submit_batch(True, [b"F" * 4096], x, [4096], True, True)[0]
+    wait_until(lambda: _pread(x, 4096, 4096) == b"F" * 4096, "F's write")
+    # F is written while C and G are still held: F and C fall into the round after G's.
+    assert not c.done() and not g.done(), "a hold ran out before F was written: machine too slow"
     assert g.result(None) == 4096
     with pytest.raises(OSError) as failed:
         c.result(None)
     assert failed.value.errno in (errno.ENOSPC, errno.EIO)
     assert "may not be on stable storage" in str(failed.value)
-    try:
-        f_op.result(None)
-    except OSError:
-        pass  # F's own page may or may not have been written back: not what this test is about
+    assert f_op.result(None) == 4096, "F's page was written back: C's error must not fail F"
+    assert _pread(x, 4096, 4096) == b"F" * 4096
     os.unlink(os.path.join(back, "filler"))

@@ -8,22 +8,44 @@ import _thread
 import errno
 import gc
 import threading
-import time
 import weakref
 
 import pytest
 
 import deepio
-from conftest import FRAMEWORKS, fill, make_buffer
+from conftest import FRAMEWORKS, fill, make_buffer, needs_numpy, threads_in_fault_delay, wait_until
 from deepio import _deepio
 
-np = pytest.importorskip("numpy")
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+pytestmark = needs_numpy
 
 
-def _interrupt_main_after(seconds: float) -> threading.Timer:
-    t = threading.Timer(seconds, _thread.interrupt_main)
-    t.start()
-    return t
+class _InterruptOnceHeld:
+    """Ctrl-C for the main thread once it is about to block (go()) and an engine worker sits in
+    the fault's delay: the operation is certainly still running when the interrupt arrives.
+    go() is the last thing before the blocking call, which then is where the interrupt lands."""
+
+    def __init__(self) -> None:
+        self._go = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if not self._go.wait(60):
+            return
+        wait_until(lambda: threads_in_fault_delay() >= 1, "a worker held by the fault")
+        _thread.interrupt_main()
+
+    def go(self) -> None:
+        self._go.set()
+
+    def join(self) -> None:
+        self._thread.join(60)
+        assert not self._thread.is_alive()
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -67,9 +89,9 @@ def test_handle_dropped_with_pending_ops_finishes_them(tmp_dir, fault):
         h.async_pwrite(d, str(tmp_dir / f"f{i}.bin"))
     refs = [weakref.ref(x) for x in datas]
     del datas, d
-    t0 = time.monotonic()
     del h  # blocks until the writes finished, then releases the buffers
-    assert time.monotonic() - t0 > 0.04
+    # The rule counts a hit only after its delay: all 8 delayed writes were over when del returned.
+    assert _deepio._fault_hits() == 8
     assert all(r() is None for r in refs)
     for i in range(4):
         assert (tmp_dir / f"f{i}.bin").read_bytes() == np.random.default_rng(i).integers(
@@ -102,18 +124,18 @@ def test_context_manager_waits_and_raises(random_file, fault):
 def test_ctrl_c_during_wait_keeps_buffers_alive(random_file, fault):
     path, data = random_file(4 * 4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=0.4, count=4)
+    fault("read", delay=2.0, count=1)
     buf = np.empty(4 * 4096, np.uint8)
     ref = weakref.ref(buf)
     h.async_pread(buf, str(path))
     del buf
-    timer = _interrupt_main_after(0.1)
-    t0 = time.monotonic()
+    timer = _InterruptOnceHeld()
     with pytest.raises(KeyboardInterrupt):
+        timer.go()
         h.wait()
-    elapsed = time.monotonic() - t0
     timer.join()
-    assert elapsed < 1.0  # honoured promptly, not after the 1.6 s of I/O
+    # Honoured promptly, not after the I/O: the held read's delay (counted when over) is not.
+    assert _deepio._fault_hits() == 0
     assert h.pending() == 1  # still running, still referenced
     assert ref() is not None
     assert h.wait() == 1  # the next wait collects it
@@ -123,12 +145,14 @@ def test_ctrl_c_during_wait_keeps_buffers_alive(random_file, fault):
 def test_ctrl_c_during_sync_call_hands_op_to_wait(random_file, fault):
     path, data = random_file(4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=0.5, count=1)
+    fault("read", delay=2.0, count=1)
     buf = np.empty(4096, np.uint8)
-    timer = _interrupt_main_after(0.1)
+    timer = _InterruptOnceHeld()
     with pytest.raises(KeyboardInterrupt):
+        timer.go()
         h.sync_pread(buf, str(path))
     timer.join()
+    assert _deepio._fault_hits() == 0  # interrupted while the read was still held
     assert h.pending() == 1
     assert h.wait() == 1
     assert buf.tobytes() == data
@@ -196,8 +220,10 @@ def test_future_dropped_while_running_keeps_buffer_until_done(random_file, fault
         del buf
         gc.collect()
         assert ref() is not None  # still being read into
-        time.sleep(0.6)
-        assert ref() is not None  # done, but nothing collected it yet
+        # Both reads are past their delays (a hit counts when its delay is over): the operation
+        # is done, or finishing, and nothing collected it yet.
+        wait_until(lambda: _deepio._fault_hits() == 2, "both reads past their delays")
+        assert ref() is not None
         assert h.submit_future(False, bytearray(1), f.fileno(), 0).result() == 1
         assert h.wait() == 0  # File-style operations are never counted by wait() ...
     assert ref() is None  # ... but it collected the abandoned one
@@ -208,13 +234,15 @@ def test_ctrl_c_during_drain_free_read_hands_op_to_wait(random_file, fault):
     keeps running with its buffer referenced and the next wait() collects it."""
     path, data = random_file(4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=0.5, count=1)
+    fault("read", delay=2.0, count=1)
     buf = np.empty(4096, np.uint8)
     ref = weakref.ref(buf)
-    timer = _interrupt_main_after(0.1)
+    timer = _InterruptOnceHeld()
     with pytest.raises(KeyboardInterrupt):
+        timer.go()
         h.read(buf, str(path))
     timer.join()
+    assert _deepio._fault_hits() == 0  # interrupted while the read was still held
     del buf
     gc.collect()
     assert ref() is not None

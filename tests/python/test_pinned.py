@@ -165,6 +165,7 @@ def test_torch_pinned_counts_as_pinned():  # pragma: no cover - needs a CUDA run
     assert deepio.aio_handle().is_pinned(torch.empty(16).pin_memory())
 
 
+@needs_numpy
 def test_unlocked_fallback_warns(tmp_dir):
     """Where RLIMIT_MEMLOCK forbids locking (an unprivileged process over the limit), the
     allocation is aligned, unlocked, usable, and a LockedMemoryWarning says so."""
@@ -187,7 +188,6 @@ def test_unlocked_fallback_warns(tmp_dir):
         assert h.free_cpu_locked_tensor(a)
         print("ok")
     """)
-    pytest.importorskip("numpy")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stderr

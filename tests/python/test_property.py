@@ -8,8 +8,10 @@ import os
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-np = pytest.importorskip("numpy")
+from conftest import require_module  # noqa: E402
+
+hypothesis = require_module("hypothesis")
+np = require_module("numpy")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from conftest import needs_torch
+
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -17,9 +19,9 @@ def test_readme_has_the_deepnvme_example():
     assert any("async_pwrite" in b and "wait()" in b for b in blocks)
 
 
+@needs_torch  # the README example uses torch
 @pytest.mark.parametrize("block", python_blocks())
 def test_readme_python_example_runs(block, tmp_path):
-    pytest.importorskip("torch", reason="the README example uses torch")
     code = block.replace("/nvme/", f"{tmp_path}/")
     exec(compile(code, "README.md", "exec"), {})
     written = list(tmp_path.iterdir())

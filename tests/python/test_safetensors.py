@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-st = pytest.importorskip("safetensors.torch")
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import require_module  # noqa: E402
+
+torch = require_module("torch")
+st = require_module("safetensors.torch")
+hypothesis = require_module("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as hs  # noqa: E402
 
