@@ -313,4 +313,9 @@ class DEEPIO_API Handle {
   std::unique_ptr<detail::Engine> engine_;
 };
 
+/// How many handles (Handle, GdsHandle) exist in this process right now, counting those a
+/// forked child inherited (they are never destroyed there). Diagnostics: the Python package
+/// keeps one default engine per process, and its tests count. Thread-safe, lock-free.
+[[nodiscard]] DEEPIO_API std::size_t live_handles() noexcept;
+
 }  // namespace deepio

@@ -224,6 +224,11 @@ class GdsHandle(Handle):
     @property
     def mode_reason(self) -> str: ...
 
+def live_handles() -> int:
+    """
+    How many engine handles exist in this process now (deepio::live_handles()).
+    """
+
 def compare_with_file(buffer: object, file: object, file_offset: int = 0) -> int:
     """
     Index of the first byte where the file range differs from the buffer, or -1 (validate=True).

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <utility>
 
@@ -30,6 +31,14 @@ constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory p
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
+
+namespace {
+std::atomic<std::size_t> g_live_engines{0};
+}  // namespace
+
+std::size_t live_engines() noexcept { return g_live_engines.load(std::memory_order_relaxed); }
+Engine::LiveCount::LiveCount() noexcept { g_live_engines.fetch_add(1, std::memory_order_relaxed); }
+Engine::LiveCount::~LiveCount() { g_live_engines.fetch_sub(1, std::memory_order_relaxed); }
 
 Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(options), route_(std::move(setup.route)) {
   if (options_.backend == BackendKind::Auto) options_.backend = env_backend().value_or(BackendKind::Auto);

@@ -47,6 +47,11 @@ struct EngineSetup {
   std::shared_ptr<DeviceRoute> route;
 };
 
+/// How many engines (handles of any kind) exist in this process now: diagnostics and tests
+/// (one default engine per process, for the Python package). Engines a forked child inherited
+/// from its parent stay counted there (they are leaked, not destroyed).
+std::size_t live_engines() noexcept;
+
 class Engine {
  public:
   explicit Engine(const HandleOptions& options, EngineSetup setup = {});
@@ -147,7 +152,16 @@ class Engine {
   /// track() for a batch's ops, in the order given, under one lock.
   void track(const std::vector<std::shared_ptr<OpState>>& ops);
 
+  /// Counts the engines alive in the process (live_engines()) from construction to destruction.
+  struct LiveCount {
+    LiveCount() noexcept;
+    ~LiveCount();
+    LiveCount(const LiveCount&) = delete;
+    LiveCount& operator=(const LiveCount&) = delete;
+  };
+
   const ProcessStamp process_;
+  const LiveCount live_;
   HandleOptions options_;
   BackendKind kind_ = BackendKind::Threads;
   std::size_t bounce_slot_bytes_ = 0;

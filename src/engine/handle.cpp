@@ -137,4 +137,6 @@ const HandleOptions& Handle::options() const noexcept { return engine_->options(
 BackendKind Handle::backend() const noexcept { return engine_->backend(); }
 HandleStats Handle::stats() const noexcept { return engine_->stats(); }
 
+std::size_t live_handles() noexcept { return detail::live_engines(); }
+
 }  // namespace deepio

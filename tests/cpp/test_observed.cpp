@@ -218,5 +218,25 @@ TEST_P(Observed, HandleUsedInForkedChildRefusesAtOnceAndLeaksQuietly) {
 
 DEEPIO_INSTANTIATE_FOR_BACKENDS(Observed);
 
+TEST(LiveHandles, CountsHandlesFromConstructionToDestruction) {
+  const std::size_t before = live_handles();
+  {
+    Handle a;
+    const Handle b({});
+    EXPECT_EQ(live_handles(), before + 2);
+  }
+  EXPECT_EQ(live_handles(), before);
+  // A constructor that throws leaves no count behind.
+  EXPECT_THROW(Handle({.block_size = 0}), Error);
+  EXPECT_EQ(live_handles(), before);
+  // A forked child inherits the parent's handle and leaks it: still counted there.
+  auto h = std::make_unique<Handle>();
+  const int code = in_child([&] {
+    h.reset();
+    return live_handles() == before + 1 ? 0 : 1;
+  });
+  EXPECT_EQ(code, 0);
+}
+
 }  // namespace
 }  // namespace deepio

@@ -143,9 +143,9 @@ def parent_handle(folder: str) -> bool:
                 lines.append(f"FAIL {name}: no error in the child")
             except deepio.ForkedHandleError as e:
                 dt = time.monotonic() - t0
-                # It raised instead of waiting on the parent's workers, which the child lacks. The
-                # 30 s bound only names the call if it took that long; it is not a speed test.
-                ok = dt < 30.0 and str(os.getppid()) in str(e) and isinstance(e, OSError)
+                # It raised instead of waiting on the parent's workers, which the child lacks: at
+                # once (a flag is read; the issue asks for under a second, 10^4 times the need).
+                ok = dt < 1.0 and str(os.getppid()) in str(e) and isinstance(e, OSError)
                 lines.append(f"ok {name}" if ok else f"FAIL {name}: {dt:.2f} s, {e}")
             except BaseException as e:  # noqa: BLE001 - reported to the parent
                 lines.append(f"FAIL {name}: {type(e).__name__}: {e}")
