@@ -35,7 +35,21 @@ static CUresult fail_result;
 static int fail_after;
 static int ctx_storage[8];
 static int ctx_refs[8];
-static __thread void* current_ctx;
+/* The per-thread current context, kept with pthread keys rather than __thread: a dlopen'ed
+ * library's dynamic TLS is what LeakSanitizer's exit-time scan mis-walks with this toolchain
+ * (GCC 12, glibc 2.36: "Tracer caught signal 11" on a bogus DTLS range, depending on the
+ * binary's layout), which failed the ASan run of tests that passed. */
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+static void make_ctx_key(void) { (void)pthread_key_create(&ctx_key, NULL); }
+static void* get_current_ctx(void) {
+  pthread_once(&ctx_once, make_ctx_key);
+  return pthread_getspecific(ctx_key);
+}
+static void set_current_ctx(void* ctx) {
+  pthread_once(&ctx_once, make_ctx_key);
+  (void)pthread_setspecific(ctx_key, ctx);
+}
 
 static CUresult injected(const char* name) {
   CUresult r = 0;
@@ -173,9 +187,9 @@ EXPORT int deepio_fake_cuda_context_refs(int device) {
 
 /* As the real driver: calls that work on a context fail with CUDA_ERROR_INVALID_CONTEXT (201)
  * on a thread that has none current (cuCtxSetCurrent, per thread). */
-#define NEEDS_CONTEXT()                  \
-  do {                                   \
-    if (current_ctx == NULL) return 201; \
+#define NEEDS_CONTEXT()                        \
+  do {                                         \
+    if (get_current_ctx() == NULL) return 201; \
   } while (0)
 
 EXPORT CUresult cuInit(unsigned int flags) {
@@ -220,11 +234,11 @@ static CUresult primary_release(int dev) {
 }
 EXPORT CUresult cuCtxSetCurrent(void* ctx) {
   CHECK("cuCtxSetCurrent");
-  current_ctx = ctx;
+  set_current_ctx(ctx);
   return 0;
 }
 EXPORT CUresult cuCtxGetCurrent(void** ctx) {
-  *ctx = current_ctx;
+  *ctx = get_current_ctx();
   return 0;
 }
 EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
