@@ -28,21 +28,11 @@ class CorruptFileError(ValueError):
         super().__init__(f"{self.filename}: {what}")
 
 
-def with_name(e: OSError, name: str) -> OSError:
-    """The engine's error for a descriptor (``filename`` None) as a new exception of the same
-    type with the file's name put in, keeping ``offset``, ``nbytes``, ``other_errors`` and the
-    traceback; ``e`` itself where it is named already or its type cannot be made again."""
-    if e.filename is not None:
-        return e
-    try:
-        named = type(e)(e.errno, e.strerror, name)
-    except Exception:
-        return e
-    for attr in ("offset", "nbytes", "other_errors"):
-        if hasattr(e, attr):
-            try:
-                setattr(named, attr, getattr(e, attr))
-            except AttributeError:
-                pass
-    named.__traceback__ = e.__traceback__
-    return named
+def with_name(e: OSError, name: str | bytes | None) -> OSError:
+    """``e`` with ``filename`` set to ``name`` when the engine named only the descriptor
+    ("fd N", ``filename`` None); unchanged otherwise. In place: the type, ``offset``,
+    ``nbytes``, ``other_errors``, notes and traceback stay as they are, and ``str(e)`` names
+    the file."""
+    if name is not None and e.filename is None:
+        e.filename = name
+    return e

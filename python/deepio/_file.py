@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from . import _deepio, _engine
 from ._aio import _range_args
-from ._errors import describe
+from ._errors import describe, with_name
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -25,14 +25,6 @@ def _engine_handle(handle: Any) -> Any:
     if not isinstance(inner, _deepio.Handle):
         raise TypeError(f"handle must be a deepio.aio_handle, not {type(handle).__qualname__}")
     return inner
-
-
-def _named(e: OSError, name: str | bytes | None) -> OSError:
-    """``e`` with ``filename`` set to the File's path when the engine named only its
-    descriptor ("fd N")."""
-    if name is not None and e.filename is None:
-        e.filename = name
-    return e
 
 
 def _raise_first(errors: Sequence[BaseException], what: str) -> None:
@@ -72,11 +64,11 @@ class Future:
         try:
             return self._op.result(timeout)
         except OSError as e:
-            raise _named(e, self._name) from None
+            raise with_name(e, self._name) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         e = self._op.exception(timeout)
-        return _named(e, self._name) if isinstance(e, OSError) else e
+        return with_name(e, self._name) if isinstance(e, OSError) else e
 
     @property
     def nbytes(self) -> int:
@@ -250,7 +242,7 @@ class File:
             ops = list(self._ops)
         for op in ops:
             op.wait(None)
-        errors = [_named(e, self.name) for e in (op.take_unobserved() for op in ops) if e is not None]
+        errors = [with_name(e, self.name) for e in (op.take_unobserved() for op in ops) if e is not None]
         with self._lock:
             self._ops = [o for o in self._ops if not o.done()]
         _deepio.flush_unobserved()
