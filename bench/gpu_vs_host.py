@@ -21,6 +21,10 @@ Honest figures (issue 11):
   * host buffers (the h2d ceiling's source, the bounce buffer) are page-locked and registered
     with CUDA (cuMemHostRegister), so those copies are DMA, not pageable copies.
 
+--staging 32M,64M adds a `device@32M` (and `device@64M`) row: the staged device row run with
+DEEPIO_STAGING_BYTES set to that size (docs/settings.md), interleaved with the rest, so staging
+sizes are compared in one run. --ops read limits the run to reads (or writes).
+
 Needs a CUDA driver (DEEPIO_CUDA_LIBRARY may name the fake one from tests/gpu to check the
 script itself; its figures mean nothing). Exits 1 when a row returned wrong bytes or a run
 failed, 3 when some row was flagged (--allow-flagged: 0).
@@ -44,8 +48,8 @@ COLD_WORDS = {
 }
 
 
-def one(bench, *args):
-    out = subprocess.run([bench, *args], capture_output=True, text=True)
+def one(bench, *args, env=None):
+    out = subprocess.run([bench, *args], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"gpu_vs_host: {bench} {' '.join(args)} failed (status {out.returncode}): {out.stderr.strip()}")
     lines = out.stdout.strip().splitlines()
@@ -80,10 +84,17 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.10,
                     help="a file row above ceiling * (1 + tolerance) is flagged (default 0.10)")
     ap.add_argument("--allow-flagged", action="store_true", help="exit 0 even when rows were flagged")
+    ap.add_argument("--staging", default="",
+                    help="comma-separated DEEPIO_STAGING_BYTES values, each an extra device@SIZE row")
+    ap.add_argument("--ops", default="read,write", help="read, write or read,write (default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    ops = [o for o in args.ops.split(",") if o]
+    if not ops or any(o not in ("read", "write") for o in ops):
+        ap.error("--ops takes read, write or read,write")
+    rows = MEMORIES + [f"device@{v}" for v in args.staging.split(",") if v]
     root = args.dir or tempfile.mkdtemp(prefix="deepio-gpu-bench-", dir="/var/tmp")
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "tensor.bin")
@@ -92,15 +103,18 @@ def main():
     samples = {}
     try:
         one(args.bench, "--prepare", *common)
-        for op in ("read", "write"):
+        for op in ops:
             for r in range(args.rounds):
-                k = r % len(MEMORIES)
-                for mem in MEMORIES[k:] + MEMORIES[:k]:
-                    s = one(args.bench, "--memory", mem, "--op", op, *common, *(["--verify"] if r == 0 else []))
+                k = r % len(rows)
+                for mem in rows[k:] + rows[:k]:
+                    memory, _, staging = mem.partition("@")
+                    env = dict(os.environ, DEEPIO_STAGING_BYTES=staging) if staging else None
+                    s = one(args.bench, "--memory", memory, "--op", op, *common,
+                            *(["--verify"] if r == 0 else []), env=env)
                     if s.get("verified") is False:
                         sys.exit(f"gpu_vs_host: {mem} {op} returned wrong bytes")
                     samples.setdefault((op, mem), []).append(s)
-        fio = {op: fio_ceiling(path, args.size, op) for op in ("read", "write")}
+        fio = {op: fio_ceiling(path, args.size, op) for op in ops}
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -111,7 +125,7 @@ def main():
         cpu = statistics.median(s["cpu_seconds"] / (s["bytes"] / GIB) for s in ss)
         table[(op, mem)] = (gibs, cpu, ss)
     ceiling = {}
-    for op in ("read", "write"):
+    for op in ops:
         own = table[(op, "disk")][0]
         ceiling[op] = max(own, fio[op] or 0.0)
 
@@ -123,7 +137,7 @@ def main():
           "; residency checked with mincore() before each clock; writes end with fsync inside the clock")
     print("host buffers: page-locked and " + ("CUDA-registered (cuMemHostRegister)" if registered else
                                               "NOT CUDA-registered (pageable copies)"))
-    for op in ("read", "write"):
+    for op in ops:
         ss = table[(op, "disk")][2]
         how = "O_DIRECT" if all(s.get("direct") for s in ss) else "buffered (O_DIRECT refused)"
         f = f"{fio[op]:.3f} GiB/s" if fio[op] else "not run (fio not installed)"
@@ -139,7 +153,7 @@ def main():
             mode = f"{mode}, {'staged' if staged else 'cuFile'}" if mode else mode
         label = mem + (f" ({mode})" if mode else "")
         why = []
-        if mem in FILE_ROWS and gibs > ceiling[op] * (1 + args.tolerance):
+        if mem.partition("@")[0] in FILE_ROWS and gibs > ceiling[op] * (1 + args.tolerance):
             why.append(f"{gibs:.3f} GiB/s is above the disk ceiling {ceiling[op]:.3f} GiB/s")
         warm = max(s.get("resident", -1) for s in ss)
         if mem != "h2d" and warm > 0.01:

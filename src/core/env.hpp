@@ -3,6 +3,7 @@
 // never silently ignored.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 
 #include "deepio/options.hpp"
@@ -13,5 +14,9 @@ namespace deepio::detail {
 std::optional<BackendKind> env_backend();
 /// DEEPIO_DIRECT_IO: auto | on | off. Used when the caller asked for Auto.
 std::optional<DirectIo> env_direct_io();
+/// DEEPIO_STAGING_BYTES: host staging memory per worker for device (GPU) buffers and
+/// unaligned host buffers, in bytes, with an optional K, M or G suffix (powers of 1024);
+/// at least 64K, at most 1G.
+std::optional<std::size_t> env_staging_bytes();
 
 }  // namespace deepio::detail

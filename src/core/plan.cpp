@@ -30,8 +30,17 @@ void plan_into(const PlanInput& in, std::size_t workers, Add&& add) {
   const std::uint64_t end = in.file_offset + in.nbytes;
   std::size_t block = std::max<std::size_t>(1, in.block_size);
   if (in.any_alignment) {
-    const Cut b{begin, end, workers, block};
-    for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), SegmentMode::Direct, block);
+    // cuFile takes any offset, but an unaligned one goes through its own bounce path, and two
+    // workers writing into one 4 KiB block would each read-modify-write it. So: a short first
+    // segment up to the first page boundary, then whole page-aligned chunks, with the workers'
+    // shares cut at chunk multiples from that boundary. Every request after the first starts
+    // page-aligned, and no page is touched by two workers.
+    const std::uint64_t page = std::max<std::size_t>(1, in.page);
+    const auto chunk = static_cast<std::size_t>(std::max<std::uint64_t>(page, round_down(block, page)));
+    const std::uint64_t aligned = std::min(end, round_up(begin, page));
+    add(0, begin, aligned, SegmentMode::Direct, chunk);
+    const Cut b{aligned, end, workers, chunk};
+    for (std::size_t w = 0; w < workers; ++w) add(w, b.at(w), b.at(w + 1), SegmentMode::Direct, chunk);
     return;
   }
   if (in.staged) block = std::min(block, std::max<std::size_t>(1, in.bounce_bytes));

@@ -12,8 +12,9 @@
 // worker and the tail to the last. Without direct I/O the whole request is buffered and is
 // divided at page multiples. For memory the kernel cannot address (GPU), every segment is
 // staged through bounce slots, so chunks never exceed a slot. A backend that takes any
-// alignment (GPUDirect Storage) gets the whole request as Direct segments cut at block_size
-// multiples. Many ranges of one file can be planned as one operation (plan_ranges). Pure
+// alignment (GPUDirect Storage) gets the whole request as Direct segments: a short first
+// one up to the first page boundary, then page-aligned chunks (block_size rounded down to
+// pages) shared among the workers at chunk multiples, so no page is written by two workers. Many ranges of one file can be planned as one operation (plan_ranges). Pure
 // functions: no I/O, unit-tested directly.
 #pragma once
 
@@ -60,8 +61,10 @@ struct PlanInput {
   /// exceeds a bounce slot, because every byte is staged through host memory.
   bool staged = false;
   /// The backend takes any offset, length and address (GPUDirect Storage): the whole request
-  /// is one Direct body, cut among the workers at multiples of block_size counted from the
-  /// start of the request, so every request but the last is exactly block_size.
+  /// is Direct; a first segment runs to the first page boundary, the rest is cut among the
+  /// workers at multiples of the chunk (block_size rounded down to whole pages, at least one
+  /// page) counted from that boundary, so every request after the first starts page-aligned
+  /// and every one but the last of each segment is exactly one chunk.
   bool any_alignment = false;
 };
 

@@ -27,7 +27,7 @@ namespace deepio::detail {
 
 namespace {
 constexpr std::size_t kMaxBlock = std::size_t{1} << 30;       // one request never exceeds 1 GiB
-constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker
+constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker (DEEPIO_STAGING_BYTES)
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
@@ -57,7 +57,8 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
   wc.overlap_events = options_.overlap_events;
   wc.bounce_slot_bytes = bounce_slot_bytes_;
   // At least two slots so disk and copies overlap, but never more than can be in flight.
-  wc.bounce_slots = std::min(std::max<std::size_t>(kBounceBudget / bounce_slot_bytes_, 2), options_.queue_depth);
+  const std::size_t budget = env_staging_bytes().value_or(kBounceBudget);
+  wc.bounce_slots = std::min(std::max<std::size_t>(budget / bounce_slot_bytes_, 2), options_.queue_depth);
 
   std::vector<BackendKind> order;
   if (options_.backend == BackendKind::Auto) {

@@ -81,50 +81,72 @@ TEST(Plan, RandomRequestsKeepInvariants) {
   }
 }
 
-// A backend that takes any alignment (GPUDirect Storage): every byte Direct, each worker's
-// share a run of whole blocks counted from the request's start (only the last is shorter),
-// workers in order, and the requests a worker cuts are exactly block_size but the very last.
-TEST(Plan, AnyAlignmentIsWholeBlocksFromTheRequestStart) {
+// A backend that takes any alignment (GPUDirect Storage): every byte Direct, in worker order;
+// a short first segment up to the first page boundary, then page-aligned chunks; every request
+// the workers cut (chunk by chunk from each segment's start) starts page-aligned but the very
+// first; and no 4 KiB page is touched by two workers, so parallel cuFile writes never
+// read-modify-write one block from two threads.
+TEST(Plan, AnyAlignmentCutsPageAlignedChunksAndNoPageIsShared) {
   std::mt19937_64 rng(777);
   alignas(4096) static std::byte arena[1 << 16];
+  constexpr std::uint64_t kPage = 4096;
   for (int i = 0; i < 20000; ++i) {
     PlanInput in;
     in.buf = arena + rng() % 8192;
     in.nbytes = rng() % 3 == 0 ? rng() % 100 : rng() % (16u << 20);
-    in.file_offset = rng() % (1ull << 34);
+    in.file_offset = rng() % 2 == 0 ? (rng() % 4096) * kPage : rng() % (1ull << 34);
     in.direct = rng() % 2 == 0;
     in.mem_align = 4096;
     in.offset_align = 4096;
+    in.page = kPage;
     in.block_size = 1 + rng() % (2 << 20);
     in.workers = 1 + rng() % 9;
     in.any_alignment = true;
+    SCOPED_TRACE(testing::Message() << "case " << i << " n=" << in.nbytes << " off=" << in.file_offset
+                                    << " workers=" << in.workers << " block=" << in.block_size);
     const auto slices = plan_request(in);
     if (in.nbytes == 0) {
       ASSERT_TRUE(slices.empty());
       continue;
     }
+    const std::uint64_t end = in.file_offset + in.nbytes;
+    const std::size_t chunk = std::max<std::size_t>(kPage, in.block_size / kPage * kPage);
     std::uint64_t pos = in.file_offset;
     std::size_t last_worker = 0;
+    std::uint64_t last_page_of_previous_worker = 0;
+    bool first_request = true;
     for (std::size_t k = 0; k < slices.size(); ++k) {
       const auto& s = slices[k];
       ASSERT_LT(s.worker, in.workers);
+      ASSERT_FALSE(s.segments.empty());
       if (k > 0) {
         ASSERT_GT(s.worker, last_worker);
+        ASSERT_GT(s.segments.front().file_offset / kPage, last_page_of_previous_worker) << "a page shared by workers";
       }
       last_worker = s.worker;
-      ASSERT_EQ(s.segments.size(), 1u);
-      const auto& g = s.segments[0];
-      ASSERT_EQ(g.mode, SegmentMode::Direct);
-      ASSERT_EQ(g.file_offset, pos) << "case " << i;
-      ASSERT_EQ(g.buf, in.buf + (g.file_offset - in.file_offset));
-      ASSERT_EQ(g.chunk, in.block_size);
-      ASSERT_EQ((g.file_offset - in.file_offset) % in.block_size, 0u) << "block boundary";
-      pos += g.nbytes;
-      if (pos != in.file_offset + in.nbytes) {
-        ASSERT_EQ(g.nbytes % in.block_size, 0u);
+      for (const auto& g : s.segments) {
+        ASSERT_EQ(g.mode, SegmentMode::Direct);
+        ASSERT_EQ(g.file_offset, pos);
+        ASSERT_EQ(g.buf, in.buf + (g.file_offset - in.file_offset));
+        ASSERT_EQ(g.chunk, chunk);
+        // The worker's cut: requests of g.chunk bytes from the segment's start.
+        for (std::uint64_t r = g.file_offset; r < g.file_offset + g.nbytes; r += g.chunk) {
+          if (!first_request) {
+            ASSERT_EQ(r % kPage, 0u) << "request at " << r << " not page-aligned";
+          }
+          ASSERT_LE(std::min<std::uint64_t>(g.chunk, g.file_offset + g.nbytes - r), chunk);
+          first_request = false;
+        }
+        pos += g.nbytes;
       }
+      last_page_of_previous_worker = (pos - 1) / kPage;
     }
-    ASSERT_EQ(pos, in.file_offset + in.nbytes);
+    ASSERT_EQ(pos, end);
+    // The first segment ends at the first page boundary (or the end of the request).
+    const auto& head = slices.front().segments.front();
+    if (in.file_offset % kPage != 0) {
+      ASSERT_EQ(head.file_offset + head.nbytes, std::min(end, (in.file_offset / kPage + 1) * kPage));
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // the worker asks whether it is done. If the worker reused a staging slot, or completed an
 // operation, before its copy finished, the deferred copy would carry the wrong bytes (or
 // arrive after wait() returned) and these tests would fail.
+#include <stdlib.h>
+
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -23,6 +25,7 @@ using test::slurp;
 struct FakeDevice {
   std::vector<std::byte> memory = std::vector<std::byte>(std::size_t{64} << 20);
   std::atomic<int> stagers{0};
+  std::atomic<std::size_t> slots{0};  // staging slots the last stager was made for
   std::atomic<int> registrations{0};
   std::atomic<int> copies_in{0}, copies_out{0};
   std::atomic<int> fail_after{-1};  // from_staging call number that fails with EIO
@@ -100,9 +103,10 @@ class Staging : public test::BackendTest {
     test::BackendTest::SetUp();
     if (IsSkipped()) return;
     detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; },
-                                [this](int device, std::size_t, Status*) -> std::unique_ptr<DeviceStager> {
+                                [this](int device, std::size_t slots, Status*) -> std::unique_ptr<DeviceStager> {
                                   EXPECT_EQ(device, 0);
                                   ++dev_.stagers;
+                                  dev_.slots = slots;
                                   return std::make_unique<FakeStager>(&dev_);
                                 }});
   }
@@ -180,6 +184,45 @@ TEST_P(Staging, NoDriverMeansAClearError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.errnum(), ENODEV);
     EXPECT_EQ(e.path(), path);
+  }
+}
+
+TEST_P(Staging, StagingBytesSetsTheSlotsPerWorker) {
+  // DEEPIO_STAGING_BYTES is the staging memory of one worker: slots of block_size bytes, at
+  // least two, never more than queue_depth.
+  struct Case {
+    const char* value;  // nullptr: unset
+    std::size_t slots;
+  };
+  const std::string path = dir_.file("s");
+  test::put(path, pattern(4096, 9));
+  for (const Case c :
+       {Case{nullptr, 16}, Case{"4M", 4}, Case{"4194304", 4}, Case{"64M", 32}, Case{"64K", 2}, Case{"1g", 32}}) {
+    SCOPED_TRACE(c.value != nullptr ? c.value : "(unset)");
+    if (c.value != nullptr) {
+      ASSERT_EQ(::setenv("DEEPIO_STAGING_BYTES", c.value, 1), 0);
+    } else {
+      ::unsetenv("DEEPIO_STAGING_BYTES");
+    }
+    {
+      Handle h(opts({.block_size = 1 << 20, .queue_depth = 32, .intra_op_parallelism = 1}));
+      dev_.slots = 0;
+      EXPECT_EQ(h.sync_pread(dev_.memory.data(), 4096, path), 1u);
+      EXPECT_EQ(dev_.slots.load(), c.slots);
+    }
+    ::unsetenv("DEEPIO_STAGING_BYTES");
+  }
+  for (const char* bad : {"0", "lots", "-4M", "16MB", "2G", "32K", "99999999999999999999"}) {
+    SCOPED_TRACE(bad);
+    ASSERT_EQ(::setenv("DEEPIO_STAGING_BYTES", bad, 1), 0);
+    try {
+      Handle h(opts({}));
+      ADD_FAILURE() << "garbage accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.errnum(), EINVAL);
+      EXPECT_NE(std::string(e.what()).find("DEEPIO_STAGING_BYTES"), std::string::npos) << e.what();
+    }
+    ::unsetenv("DEEPIO_STAGING_BYTES");
   }
 }
 

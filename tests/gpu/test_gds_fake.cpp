@@ -136,14 +136,15 @@ TEST_F(FakeGds, PinnedBuffersAreUsedByBaseAndOffsetAndRangeChecked) {
   const std::string f = dir_.file("c.bin");
   const auto data = pattern(n, 4);
   put(f, data);
-  // A view inside the pinned buffer: cuFile gets the base and an offset.
-  ASSERT_EQ(h.sync_pread(dev + 100, 3000, f, 100), 1u);
+  // A view inside the pinned buffer: cuFile gets the base and an offset. The request is cut
+  // at the first page boundary (a block_size below a page becomes one page).
+  ASSERT_EQ(h.sync_pread(dev + 100, 8000, f, 100), 1u);
   std::uintptr_t last_base = 0;
   long last_off = 0;
   fake_symbol<void(std::uintptr_t*, long*)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_last_io")(&last_base, &last_off);
   EXPECT_EQ(last_base, reinterpret_cast<std::uintptr_t>(dev));
-  EXPECT_EQ(last_off, 100 + 2000);  // the third chunk
-  EXPECT_EQ(std::memcmp(dev + 100, data.data() + 100, 3000), 0);
+  EXPECT_EQ(last_off, 4096);  // the second request: [4096, 8100) of the file and of the buffer
+  EXPECT_EQ(std::memcmp(dev + 100, data.data() + 100, 8000), 0);
   // Crossing the end of the registration is refused at submission (DeepNVMe did not check).
   try {
     h.async_pread(dev + 8000, 500, f, 0);
