@@ -14,8 +14,9 @@
 // staged through bounce slots, so chunks never exceed a slot. A backend that takes any
 // alignment (GPUDirect Storage) gets the whole request as Direct segments: a short first
 // one up to the first page boundary, then page-aligned chunks (block_size rounded down to
-// pages) shared among the workers at chunk multiples, so no page is written by two workers. Many ranges of one file can
-// be planned as one operation (plan_ranges). Pure functions: no I/O, unit-tested directly.
+// pages) shared among the workers at chunk multiples, so no page is written by two workers.
+// Many ranges of one file can be planned as one operation (plan_ranges). Pure functions: no
+// I/O, unit-tested directly.
 #pragma once
 
 #include <cstddef>
