@@ -12,9 +12,13 @@
 # run ends inside 9 minutes): unpack the .debs, configure and build (RelWithDebInfo, no
 # -Werror, MPI off), probe the CUDA driver, the CUDA staging tests and `ctest -L gpu` on the
 # real driver (and again with cuFile disabled, and with CUDA disabled), pip install with the
-# test hooks, the GPU pytest files, the GPU file-access examples with --validate, and
-# bench/gpu_vs_host.py. Each step's log is $OUT/<step>.log; $OUT/summary.txt has one line per
-# step (PASS, FAIL, TIMEOUT or SKIP, seconds). Exit status 1 when any step did not pass.
+# test hooks, the GPU pytest files, the CUDA rows of the other pytest files (safetensors to
+# cuda, the comm engines on CUDA tensors: with MPI where the machine has mpicc), the GPU
+# file-access examples with --validate, bench/gpu_vs_host.py, and its read rows again with
+# three staging sizes (DEEPIO_STAGING_BYTES). Each step's log is $OUT/<step>.log, packed at the
+# end into $OUT/logs.tar.gz (the device tool brings back only a few files); $OUT/summary.txt
+# has one line per step (PASS, FAIL, TIMEOUT or SKIP, seconds). Exit status 1 when any step
+# did not pass.
 # Where no GPU is present, the probe step fails in seconds with the loader's reason and the
 # steps that need a GPU are skipped (and so counted as not passed): nothing waits on a device.
 #
@@ -32,6 +36,9 @@
 #   DEEPIO_GPU_CHECK_ROUNDS      bench rounds (default 3; fake: 2)
 #   DEEPIO_GPU_CHECK_EXAMPLE_MB  size of the examples' tensor in MiB (default 256; fake: 8)
 #   DEEPIO_GPU_CHECK_WORK        scratch folder on the disk under test (default /var/tmp/deepio-gpu-check)
+#   DEEPIO_GPU_CHECK_STEPS       run only these steps (space or comma separated; the steps they
+#                                need are not added: name them too); the others are listed as
+#                                "not selected" and do not fail the run
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,7 +47,7 @@ dry_run=0
 for a in "$@"; do
     case $a in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument '$a' (--dry-run, --help)" >&2; exit 2 ;;
     esac
 done
@@ -182,7 +189,7 @@ no_skips() {
 step_pytest_gpu() {
     mkdir -p "$WORK/pytest"
     (cd "$ROOT/tests" && PYTHONPATH="$SITE" DEEPIO_TEST_DIR="$WORK/pytest" \
-        python3 -m pytest -v -rs -p no:cacheprovider python/test_gpu_real.py) 2>&1 | tee "$WORK/pytest-gpu.out"
+        python3 -m pytest -v -rs -p no:cacheprovider python/test_gpu_real.py python/test_gpu_real_hygiene.py) 2>&1 | tee "$WORK/pytest-gpu.out"
     local rc=${PIPESTATUS[0]}
     ((rc == 0)) && no_skips "$WORK/pytest-gpu.out" '(SKIPPED|[0-9]+ skipped)'
 }
@@ -213,6 +220,32 @@ step_examples() {
     ((rc == 0)) && no_skips "$WORK/examples.out" 'skipped:'
 }
 
+# deepio with the comm library, where the machine can build it (mpicc): the CUDA rows of the
+# comm tests need deepio.comm. Without mpicc this step passes with nothing built, and the
+# pytest_cuda step lists those tests as skipped (with their reason).
+step_pip_mpi() {
+    rm -rf "$SITE-mpi"
+    if ! command -v mpicc >/dev/null; then
+        echo "no mpicc on this machine: deepio.comm not built; the comm tests will skip"
+        return 0
+    fi
+    set -x
+    python3 -m pip install --no-build-isolation --no-deps --no-index --target "$SITE-mpi" -Cbuild-dir="$B-py-mpi" \
+        -Ccmake.build-type=RelWithDebInfo -Ccmake.define.DEEPIO_WITH_MPI=ON -Ccmake.define.DEEPIO_WERROR=OFF \
+        -Ccmake.define.DEEPIO_TEST_HOOKS=ON "$ROOT"
+}
+
+# The CUDA rows of the other test files: skips are allowed here (an MPI-less machine cannot run
+# the comm ones) but every skip is listed with its reason (-rs) in the log.
+step_pytest_cuda() {
+    mkdir -p "$WORK/pytest"
+    local site=$SITE
+    [[ -d $SITE-mpi/deepio ]] && site=$SITE-mpi
+    cd "$ROOT/tests" && PYTHONPATH="$site" DEEPIO_TEST_DIR="$WORK/pytest" python3 -m pytest -v -rs \
+        -p no:cacheprovider python/test_safetensors.py::test_load_to_gpu \
+        python/test_comm_torchops.py -k "gpu or cuda or nccl"
+}
+
 step_bench() {
     local dir=$WORK/bench
     rm -rf "$dir" && mkdir -p "$dir" || return 1
@@ -224,8 +257,23 @@ step_bench() {
     return $rc
 }
 
+# The staged device read with 16 MiB (the default), 32 MiB and 64 MiB of staging per worker,
+# interleaved with the other read rows.
+step_bench_staging() {
+    local dir=$WORK/bench
+    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    set -x
+    PYTHONPATH="$SITE" python3 "$ROOT/bench/gpu_vs_host.py" --bench "$B/bench/gpu_bench" --dir "$dir" \
+        --size "$BENCH_SIZE" --rounds "$ROUNDS" --ops read --staging 32M,64M --allow-flagged \
+        --json "$OUT/bench-staging.json"
+    local rc=$?
+    rm -rf "$dir"
+    return $rc
+}
+
 export -f step_deps step_configure step_build step_probe step_staging ctest_gpu step_ctest_gpu \
-    step_ctest_nocufile step_ctest_nocuda step_pip no_skips step_pytest_gpu step_pytest_fake step_examples step_bench
+    step_ctest_nocufile step_ctest_nocuda step_pip no_skips step_pytest_gpu step_pytest_fake step_examples step_bench \
+    step_pip_mpi step_pytest_cuda step_bench_staging
 
 # name, most seconds, the steps it needs (comma-separated; "-" none), what it runs
 PROBE_NEEDS=-
@@ -239,9 +287,12 @@ STEPS=(
     "ctest_gpu 90 build,probe ctest -L gpu -E ^deepio_tests.gds\$"
     "ctest_nocufile 60 build,probe DEEPIO_CUFILE_LIBRARY=none ctest -L gpu"
     "pip 150 deps pip install --target $SITE with DEEPIO_TEST_HOOKS=ON"
-    "pytest_gpu 90 probe,pip pytest tests/python/test_gpu_real.py (no skips allowed on a GPU)"
+    "pytest_gpu 90 probe,pip pytest tests/python/test_gpu_real.py test_gpu_real_hygiene.py (no skips allowed on a GPU)"
     "examples 120 probe,pip examples/file_access run_load_tensor.sh/run_store_tensor.sh --validate (${EXAMPLE_MB} MiB)"
+    "pip_mpi 120 deps pip install --target $SITE-mpi with MPI (only where mpicc exists)"
+    "pytest_cuda 120 probe,pip,pip_mpi pytest the CUDA rows of test_safetensors.py, test_comm_torchops.py"
     "bench 200 build,probe bench/gpu_vs_host.py --size $BENCH_SIZE --rounds $ROUNDS"
+    "bench_staging 150 build,probe bench/gpu_vs_host.py --ops read --staging 32M,64M"
     "pytest_fake 90 pip pytest tests/python/test_gpu_fake.py test_gpu_cli.py"
     "ctest_nocuda 60 build DEEPIO_CUDA_LIBRARY=none ctest -L gpu (absence on a GPU machine)"
 )
@@ -269,10 +320,26 @@ head_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 ok() { [[ ${result[$1]:-} == PASS ]]; }
 
+# The fake mode's GPU: the fake driver and cuFile the build step makes (paths set now; the
+# steps that load them run after the build).
+if [[ $FAKE == 1 ]]; then
+    fake_dir=$ROOT/$B/tests/gpu
+    [[ $B == /* ]] && fake_dir=$B/tests/gpu
+    export DEEPIO_CUDA_LIBRARY=$fake_dir/libdeepio_fake_cuda.so DEEPIO_CUFILE_LIBRARY=$fake_dir/libdeepio_fake_cufile.so
+fi
+
+selected=" ${DEEPIO_GPU_CHECK_STEPS//,/ } "
+not_selected=0
 for s in "${STEPS[@]}"; do
     read -r name max needs what <<<"$s"
     log=$OUT/$name.log
     skip=""
+    if [[ -n ${DEEPIO_GPU_CHECK_STEPS:-} && $selected != *" $name "* ]]; then
+        result[$name]=PASS  # not run, and not holding back the steps that need it
+        printf '%-15s %-8s %6s  %s\n' "$name" - 0 "not selected (DEEPIO_GPU_CHECK_STEPS)" >>"$SUMMARY"
+        not_selected=$((not_selected + 1))
+        continue
+    fi
     IFS=, read -r -a wants <<<"$needs"
     for w in "${wants[@]}"; do
         [[ $w == - ]] || ok "$w" || { skip="$w did not pass"; break; }
@@ -321,19 +388,15 @@ for s in "${STEPS[@]}"; do
         export LD_LIBRARY_PATH=$DEPS/usr/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         export PKG_CONFIG_PATH=$DEPS/usr/lib/$arch/pkgconfig PKG_CONFIG_SYSROOT_DIR=$DEPS
     fi
-    if [[ $name == build && $r == PASS && $FAKE == 1 ]]; then
-        export DEEPIO_CUDA_LIBRARY=$ROOT/$B/tests/gpu/libdeepio_fake_cuda.so
-        export DEEPIO_CUFILE_LIBRARY=$ROOT/$B/tests/gpu/libdeepio_fake_cufile.so
-        [[ $B == /* ]] && export DEEPIO_CUDA_LIBRARY=$B/tests/gpu/libdeepio_fake_cuda.so \
-            DEEPIO_CUFILE_LIBRARY=$B/tests/gpu/libdeepio_fake_cufile.so
-    fi
 done
 
 total=$((SECONDS - start))
+ran=$((${#STEPS[@]} - not_selected))
 if ((failed)); then
-    echo "overall: FAIL ($failed of ${#STEPS[@]} steps did not pass) in ${total}s" >>"$SUMMARY"
+    echo "overall: FAIL ($failed of $ran steps did not pass) in ${total}s" >>"$SUMMARY"
 else
-    echo "overall: PASS (${#STEPS[@]} steps) in ${total}s" >>"$SUMMARY"
+    echo "overall: PASS ($ran steps) in ${total}s" >>"$SUMMARY"
 fi
+(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log) || echo "gpu-check: logs left unpacked in $OUT" >&2
 cat "$SUMMARY"
 ((failed == 0))
