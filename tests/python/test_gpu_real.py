@@ -87,10 +87,41 @@ def test_concurrent_gpu_and_cpu_ops_on_one_handle(tmp_dir):
     h.sync_pwrite(c, fc)
     og, oc = torch.zeros_like(g), torch.zeros_like(c)
     res = []
-    ts = [threading.Thread(target=lambda: res.append(h.sync_pread(og, fg))),
-          threading.Thread(target=lambda: res.append(h.sync_pread(oc, fc)))]
+    ts = [
+        threading.Thread(target=lambda: res.append(h.sync_pread(og, fg))),
+        threading.Thread(target=lambda: res.append(h.sync_pread(oc, fc))),
+    ]
     for t in ts:
         t.start()
     for t in ts:
         t.join(30)
     assert res == [1, 1] and torch.equal(og, g) and torch.equal(oc, c)
+
+
+@needs_gpu
+def test_deepio_save_of_cuda_tensors_loads_in_torch_and_deepio(tmp_dir):
+    # deepio.save's CUDA route: storages on the GPU, a view, a CPU tensor sharing the file, and a
+    # storage large enough to span several write buffers; torch.load and deepio.load (to the
+    # CPU and back to cuda) give the same tensors on the same devices.
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = torch.randn(5 << 20, device="cuda", generator=g)  # 20 MiB: more than one 16 MiB buffer
+    obj = {
+        "big": big,
+        "view": big[1000:3000],
+        "bf16": torch.randn(333, 7, device="cuda", generator=g).to(torch.bfloat16),
+        "cpu": torch.arange(100, dtype=torch.int64),
+        "scalar": torch.tensor(3.5, device="cuda"),
+    }
+    f = tmp_dir / "cuda.pt"
+    deepio.save(obj, f)
+    for loaded in (torch.load(f, weights_only=True), deepio.load(f, weights_only=True)):
+        assert set(loaded) == set(obj)
+        for k, v in obj.items():
+            assert loaded[k].device == v.device, k
+            assert torch.equal(loaded[k], v), k
+        assert loaded["view"].untyped_storage().data_ptr() == loaded["big"].untyped_storage().data_ptr()
+    on_cpu = deepio.load(f, map_location="cpu", weights_only=True)
+    assert all(t.device.type == "cpu" for t in on_cpu.values())
+    assert torch.equal(on_cpu["big"], big.cpu())
+    back = deepio.load(f, map_location="cuda", weights_only=True)
+    assert back["cpu"].is_cuda and torch.equal(back["cpu"].cpu(), obj["cpu"])
