@@ -13,6 +13,7 @@ did not make the engine slower: build the old commit in a worktree, then
     python3 bench/before_after.py --old /work/before/build/b/bench/engine_bench \\
         --new build/default/bench/engine_bench --pairs 7
 """
+
 import argparse
 import json
 import os
@@ -71,20 +72,24 @@ def main():
             run(args.old, 1, *argv, *common)  # warm-up: the virtual disk favours recent data
             run(args.new, 1, *argv, *common)
             for i in range(args.pairs):
-                for who in (("old", "new") if i % 2 == 0 else ("new", "old")):
+                for who in ("old", "new") if i % 2 == 0 else ("new", "old"):
                     got[who].append(run(getattr(args, who), args.passes, *argv, *common)[-1])
             results[name] = got
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     print(f"backend={args.backend} pairs={args.pairs} passes={args.passes} (last pass reported) dir={root}")
-    print(f"{'case':<27} {'old GiB/s':>10} {'new GiB/s':>10} {'new/old':>8} {'old range':>13} {'new range':>13} "
-          f"{'old CPU s/GiB':>14} {'new CPU s/GiB':>14}")
+    print(
+        f"{'case':<27} {'old GiB/s':>10} {'new GiB/s':>10} {'new/old':>8} {'old range':>13} {'new range':>13} "
+        f"{'old CPU s/GiB':>14} {'new CPU s/GiB':>14}"
+    )
     for name, got in results.items():
         og, oc, olo, ohi = medians(got["old"])
         ng, nc, nlo, nhi = medians(got["new"])
-        print(f"{name:<27} {og:>10.3f} {ng:>10.3f} {ng / og:>8.3f} {f'{olo:.2f}-{ohi:.2f}':>13} "
-              f"{f'{nlo:.2f}-{nhi:.2f}':>13} {oc:>14.3f} {nc:>14.3f}")
+        print(
+            f"{name:<27} {og:>10.3f} {ng:>10.3f} {ng / og:>8.3f} {f'{olo:.2f}-{ohi:.2f}':>13} "
+            f"{f'{nlo:.2f}-{nhi:.2f}':>13} {oc:>14.3f} {nc:>14.3f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

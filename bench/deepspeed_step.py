@@ -28,8 +28,16 @@ import time
 
 def child(args) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0", LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(args.port),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        LOCAL_SIZE="1",
+        CROSS_RANK="0",
+        CROSS_SIZE="1",
+    )
     import deepspeed
     import torch
 
@@ -49,8 +57,13 @@ def child(args) -> None:
             "stage": 3,
             "stage3_param_persistence_threshold": 0,
             "offload_param": {"device": "nvme", "nvme_path": args.folder, "buffer_count": 5, "buffer_size": numel},
-            "offload_optimizer": {"device": "nvme", "nvme_path": args.folder, "pipeline_read": args.pipelined,
-                                  "pipeline_write": args.pipelined, "buffer_count": 4},
+            "offload_optimizer": {
+                "device": "nvme",
+                "nvme_path": args.folder,
+                "pipeline_read": args.pipelined,
+                "pipeline_write": args.pipelined,
+                "buffer_count": 4,
+            },
         },
     }
     engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.Adam(net.parameters(), lr=1e-4), config=config)
@@ -92,8 +105,21 @@ def main() -> None:
             shutil.rmtree(args.folder, ignore_errors=True)
             os.makedirs(args.folder)
             env = dict(os.environ, DEEPIO_DEEPSPEED="1" if name == "deepio" else "0")
-            cmd = [sys.executable, __file__, "--child", "--folder", args.folder, "--steps", str(args.steps),
-                   "--layers", str(args.layers), "--width", str(args.width), "--port", str(29700 + i)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--folder",
+                args.folder,
+                "--steps",
+                str(args.steps),
+                "--layers",
+                str(args.layers),
+                "--width",
+                str(args.width),
+                "--port",
+                str(29700 + i),
+            ]
             if args.pipelined:
                 cmd.append("--pipelined")
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
@@ -104,8 +130,10 @@ def main() -> None:
             results[name].append((statistics.median(r["times"][1:]), statistics.median(r["cpus"][1:])))
     shutil.rmtree(args.folder, ignore_errors=True)
     params = args.layers * (args.width * args.width + args.width)
-    print(f"ZeRO-3, params + optimizer on NVMe ({'pipelined' if args.pipelined else 'plain'} swapper), "
-          f"{params / 1e6:.1f}M bf16 params, {args.pairs} pairs, median of steps 2..{args.steps}")
+    print(
+        f"ZeRO-3, params + optimizer on NVMe ({'pipelined' if args.pipelined else 'plain'} swapper), "
+        f"{params / 1e6:.1f}M bf16 params, {args.pairs} pairs, median of steps 2..{args.steps}"
+    )
     print(f"{'library':10} {'step s (median)':>16} {'range':>14} {'CPU s/step':>11}")
     med = {}
     for name, rows in results.items():

@@ -45,8 +45,13 @@ class Case:
 
     def __init__(self, name, op, folder, sizes, aio, torch):
         self.name = name
-        self.handle = op.aio_handle(aio["block_size"], aio["queue_depth"], aio["single_submit"],
-                                    aio["overlap_events"], aio["intra_op_parallelism"])
+        self.handle = op.aio_handle(
+            aio["block_size"],
+            aio["queue_depth"],
+            aio["single_submit"],
+            aio["overlap_events"],
+            aio["intra_op_parallelism"],
+        )
         example = torch.zeros(1, dtype=torch.float32)
         self.buffers = [self.handle.new_cpu_locked_tensor(n, example) for n in sizes]
         g = torch.Generator().manual_seed(len(name))
@@ -105,26 +110,37 @@ def main():
     from deepio import compat
 
     assert AsyncIOBuilder.__module__.startswith("deepspeed."), "run without DEEPIO_DEEPSPEED"
-    aio = {"block_size": args.block_size, "queue_depth": args.queue_depth, "single_submit": False,
-           "overlap_events": True, "intra_op_parallelism": args.intra_op_parallelism}
+    aio = {
+        "block_size": args.block_size,
+        "queue_depth": args.queue_depth,
+        "single_submit": False,
+        "overlap_events": True,
+        "intra_op_parallelism": args.intra_op_parallelism,
+    }
     # Tensor sizes: like a model's, uneven, 1 KiB-aligned element counts (DeepSpeed aligns them).
     total = args.total_mib << 20
     weights = [1 + (i * 7919) % 13 for i in range(args.tensors)]
     sizes = [max(256, total * w // sum(weights) // 4 // 256 * 256) for w in weights]
     os.makedirs(args.folder, exist_ok=True)
-    cases = [Case("deepspeed", AsyncIOBuilder().load(), args.folder, sizes, aio, torch),
-             Case("deepio", compat.AsyncIOBuilder().load(), args.folder, sizes, aio, torch)]
-    print(f"deepio {deepio.__version__} ({cases[1].handle.backend}), {args.tensors} tensors, "
-          f"{cases[0].nbytes / 2**20:.0f} MiB, aio {aio}, pairs {args.pairs}")
+    cases = [
+        Case("deepspeed", AsyncIOBuilder().load(), args.folder, sizes, aio, torch),
+        Case("deepio", compat.AsyncIOBuilder().load(), args.folder, sizes, aio, torch),
+    ]
+    print(
+        f"deepio {deepio.__version__} ({cases[1].handle.backend}), {args.tensors} tensors, "
+        f"{cases[0].nbytes / 2**20:.0f} MiB, aio {aio}, pairs {args.pairs}"
+    )
     results = {(c.name, k): [] for c in cases for k in ("out fresh", "out overwrite", "in")}
     for i in range(args.pairs):
-        for c in (cases if i % 2 == 0 else cases[::-1]):
+        for c in cases if i % 2 == 0 else cases[::-1]:
             c.fresh()
             results[(c.name, "out fresh")].append(c.swap_out(swap_out_tensors))
             results[(c.name, "out overwrite")].append(c.swap_out(swap_out_tensors))
             results[(c.name, "in")].append(c.swap_in(swap_in_tensors))
-    print(f"{'case':16} {'DeepSpeed GiB/s':>16} {'deepio GiB/s':>13} {'ratio':>6} "
-          f"{'DS CPU s/GiB':>13} {'deepio CPU s/GiB':>17}   ranges (GiB/s)")
+    print(
+        f"{'case':16} {'DeepSpeed GiB/s':>16} {'deepio GiB/s':>13} {'ratio':>6} "
+        f"{'DS CPU s/GiB':>13} {'deepio CPU s/GiB':>17}   ranges (GiB/s)"
+    )
     for k in ("out fresh", "out overwrite", "in"):
         row = []
         for c in cases:
@@ -132,8 +148,10 @@ def main():
             cpu = [u / (c.nbytes / GIB) for _, u in results[(c.name, k)]]
             row.append((statistics.median(gibs), statistics.median(cpu), min(gibs), max(gibs)))
         (dg, dc, dlo, dhi), (ng, nc, nlo, nhi) = row
-        print(f"swap-{k:11} {dg:16.3f} {ng:13.3f} {ng / dg:6.2f} {dc:13.3f} {nc:17.3f}   "
-              f"DS {dlo:.2f}-{dhi:.2f}, deepio {nlo:.2f}-{nhi:.2f}")
+        print(
+            f"swap-{k:11} {dg:16.3f} {ng:13.3f} {ng / dg:6.2f} {dc:13.3f} {nc:17.3f}   "
+            f"DS {dlo:.2f}-{dhi:.2f}, deepio {nlo:.2f}-{nhi:.2f}"
+        )
     for c in cases:
         shutil.rmtree(c.folder, ignore_errors=True)
 

@@ -29,6 +29,7 @@ Needs a CUDA driver (DEEPIO_CUDA_LIBRARY may name the fake one from tests/gpu to
 script itself; its figures mean nothing). Exits 1 when a row returned wrong bytes or a run
 failed, 3 when some row was flagged (--allow-flagged: 0).
 """
+
 import argparse
 import json
 import os
@@ -59,13 +60,27 @@ def one(bench, *args, env=None):
 def fio_ceiling(path, size, rw):
     if shutil.which("fio") is None:
         return None
-    out = subprocess.run(["fio", "--name=ceil", f"--filename={path}", f"--rw={rw}", "--bs=1M", "--iodepth=32",
-                          "--ioengine=io_uring", "--direct=1", f"--size={size}", "--end_fsync=1",
-                          "--output-format=json"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "fio",
+            "--name=ceil",
+            f"--filename={path}",
+            f"--rw={rw}",
+            "--bs=1M",
+            "--iodepth=32",
+            "--ioengine=io_uring",
+            "--direct=1",
+            f"--size={size}",
+            "--end_fsync=1",
+            "--output-format=json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         print(f"gpu_vs_host: fio {rw} failed, ceiling from gpu_bench --memory disk only: {out.stderr.strip()[:200]}")
         return None
-    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
     part = job["read" if rw == "read" else "write"]
     return part["io_bytes"] / GIB / (part["runtime"] / 1000.0) if part["runtime"] else None
 
@@ -79,13 +94,22 @@ def main():
     ap.add_argument("--block", type=int, default=1 << 20)
     ap.add_argument("--qd", type=int, default=32)
     ap.add_argument("--par", type=int, default=2)
-    ap.add_argument("--cold", default="auto", choices=["auto", "drop", "fadvise", "none"],
-                    help="how gpu_bench empties the page cache before each file row (default auto)")
-    ap.add_argument("--tolerance", type=float, default=0.10,
-                    help="a file row above ceiling * (1 + tolerance) is flagged (default 0.10)")
+    ap.add_argument(
+        "--cold",
+        default="auto",
+        choices=["auto", "drop", "fadvise", "none"],
+        help="how gpu_bench empties the page cache before each file row (default auto)",
+    )
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="a file row above ceiling * (1 + tolerance) is flagged (default 0.10)",
+    )
     ap.add_argument("--allow-flagged", action="store_true", help="exit 0 even when rows were flagged")
-    ap.add_argument("--staging", default="",
-                    help="comma-separated DEEPIO_STAGING_BYTES values, each an extra device@SIZE row")
+    ap.add_argument(
+        "--staging", default="", help="comma-separated DEEPIO_STAGING_BYTES values, each an extra device@SIZE row"
+    )
     ap.add_argument("--ops", default="read,write", help="read, write or read,write (default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -98,8 +122,20 @@ def main():
     root = args.dir or tempfile.mkdtemp(prefix="deepio-gpu-bench-", dir="/var/tmp")
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "tensor.bin")
-    common = ["--path", path, "--size", str(args.size), "--block", str(args.block), "--qd", str(args.qd),
-              "--par", str(args.par), "--cold", args.cold]
+    common = [
+        "--path",
+        path,
+        "--size",
+        str(args.size),
+        "--block",
+        str(args.block),
+        "--qd",
+        str(args.qd),
+        "--par",
+        str(args.par),
+        "--cold",
+        args.cold,
+    ]
     samples = {}
     try:
         one(args.bench, "--prepare", *common)
@@ -109,8 +145,9 @@ def main():
                 for mem in rows[k:] + rows[:k]:
                     memory, _, staging = mem.partition("@")
                     env = dict(os.environ, DEEPIO_STAGING_BYTES=staging) if staging else None
-                    s = one(args.bench, "--memory", memory, "--op", op, *common,
-                            *(["--verify"] if r == 0 else []), env=env)
+                    s = one(
+                        args.bench, "--memory", memory, "--op", op, *common, *(["--verify"] if r == 0 else []), env=env
+                    )
                     if s.get("verified") is False:
                         sys.exit(f"gpu_vs_host: {mem} {op} returned wrong bytes")
                     samples.setdefault((op, mem), []).append(s)
@@ -131,19 +168,28 @@ def main():
 
     colds = sorted({s["cold"] for ss in samples.values() for s in ss if s["cold"] != "n/a"})
     registered = all(s.get("host_registered") for ss in samples.values() for s in ss)
-    print(f"size={args.size} block={args.block} qd={args.qd} intra_op_parallelism={args.par} rounds={args.rounds} "
-          f"(interleaved, order rotating; medians)")
-    print("page cache: " + "; ".join(COLD_WORDS.get(c, c) for c in colds) +
-          "; residency checked with mincore() before each clock; writes end with fsync inside the clock")
-    print("host buffers: page-locked and " + ("CUDA-registered (cuMemHostRegister)" if registered else
-                                              "NOT CUDA-registered (pageable copies)"))
+    print(
+        f"size={args.size} block={args.block} qd={args.qd} intra_op_parallelism={args.par} rounds={args.rounds} "
+        f"(interleaved, order rotating; medians)"
+    )
+    print(
+        "page cache: "
+        + "; ".join(COLD_WORDS.get(c, c) for c in colds)
+        + "; residency checked with mincore() before each clock; writes end with fsync inside the clock"
+    )
+    print(
+        "host buffers: page-locked and "
+        + ("CUDA-registered (cuMemHostRegister)" if registered else "NOT CUDA-registered (pageable copies)")
+    )
     for op in ops:
         ss = table[(op, "disk")][2]
         how = "O_DIRECT" if all(s.get("direct") for s in ss) else "buffered (O_DIRECT refused)"
         f = f"{fio[op]:.3f} GiB/s" if fio[op] else "not run (fio not installed)"
-        print(f"disk ceiling ({op}): gpu_bench --memory disk {args.qd} threads x {args.block} B {how}: "
-              f"{table[(op, 'disk')][0]:.3f} GiB/s; fio io_uring 1M x QD32 direct: {f}; "
-              f"ceiling {ceiling[op]:.3f} GiB/s")
+        print(
+            f"disk ceiling ({op}): gpu_bench --memory disk {args.qd} threads x {args.block} B {how}: "
+            f"{table[(op, 'disk')][0]:.3f} GiB/s; fio io_uring 1M x QD32 direct: {f}; "
+            f"ceiling {ceiling[op]:.3f} GiB/s"
+        )
     print(f"{'op':<6} {'memory':<20} {'GiB/s':>8} {'CPU s/GiB':>10} {'vs host':>8} {'vs bounce':>10} {'vs disk':>8}")
     flagged = []
     for (op, mem), (gibs, cpu, ss) in table.items():
@@ -170,8 +216,16 @@ def main():
         print("FLAGGED " + f)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"samples": {f"{op}/{mem}": ss for (op, mem), ss in samples.items()},
-                       "ceiling": ceiling, "fio": fio, "flagged": flagged}, fh, indent=1)
+            json.dump(
+                {
+                    "samples": {f"{op}/{mem}": ss for (op, mem), ss in samples.items()},
+                    "ceiling": ceiling,
+                    "fio": fio,
+                    "flagged": flagged,
+                },
+                fh,
+                indent=1,
+            )
     if flagged and not args.allow_flagged:
         sys.exit(3)
 

@@ -25,8 +25,9 @@ def main():
     file_sz = os.path.getsize(args.input_file)
     h = deepio.aio_handle(**AIO_CONFIG)
     tensor = h.new_cpu_locked_tensor(file_sz, torch.empty(0, dtype=torch.uint8))
-    secs = timed_loop(lambda: file_read(args.input_file, h, tensor), args.loop,
-                      lambda: drop_page_cache(args.input_file))
+    secs = timed_loop(
+        lambda: file_read(args.input_file, h, tensor), args.loop, lambda: drop_page_cache(args.input_file)
+    )
     report(f"aio load_cpu ({h.backend})", file_sz, args.loop, secs)
 
     if args.validate:

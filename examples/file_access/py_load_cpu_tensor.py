@@ -1,6 +1,6 @@
 """Load a file into a CPU tensor with plain Python: what users write without deepio.
 
-    python py_load_cpu_tensor.py --input_file /local_nvme/data.bin [--loop 3]
+python py_load_cpu_tensor.py --input_file /local_nvme/data.bin [--loop 3]
 """
 
 import os

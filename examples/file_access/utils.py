@@ -19,11 +19,15 @@ AIO_CONFIG = dict(block_size=1024**2, queue_depth=128, single_submit=True, overl
 
 def parse_read_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--input_file", default=None, type=str, required=True,
-                        help="File on NVMe device that will read as input.")
+    parser.add_argument(
+        "--input_file", default=None, type=str, required=True, help="File on NVMe device that will read as input."
+    )
     parser.add_argument("--loop", type=int, default=3, help="The number of times to repeat the operation (default 3).")
-    parser.add_argument("--validate", action="store_true",
-                        help="Run validation step that compares tensor value against Python file read")
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="Run validation step that compares tensor value against Python file read",
+    )
     args = parser.parse_args()
     if not os.path.isfile(args.input_file):
         parser.error(f"--input_file {args.input_file}: no such file")
@@ -37,8 +41,11 @@ def parse_write_arguments() -> argparse.Namespace:
     parser.add_argument("--nvme_folder", default=None, type=str, required=True, help="NVMe folder for file write.")
     parser.add_argument("--mb_size", type=int, default=1024, help="Size of tensor to save in MB (default 1024).")
     parser.add_argument("--loop", type=int, default=3, help="The number of times to repeat the operation (default 3).")
-    parser.add_argument("--validate", action="store_true",
-                        help="Run validation step that compares tensor value against Python file read")
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="Run validation step that compares tensor value against Python file read",
+    )
     args = parser.parse_args()
     if not os.path.isdir(args.nvme_folder):
         parser.error(f"--nvme_folder {args.nvme_folder}: no such folder")

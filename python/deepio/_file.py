@@ -15,6 +15,7 @@ from ._errors import describe, with_name
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
+
 def _engine_handle(handle: Any) -> Any:
     """The engine handle under ``handle`` (an aio_handle, or a raw _deepio.Handle); None for
     the process's default engine (deepio._engine), looked up at each use so that a File opened

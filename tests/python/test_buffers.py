@@ -20,8 +20,23 @@ def h():
 
 
 @needs_torch
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-                                   "float64", "complex64", "complex128", "bool"])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+        "bool",
+    ],
+)
 def test_torch_dtypes_roundtrip(h, dtype, tmp_dir):
     import torch
 
@@ -125,8 +140,10 @@ def test_dlpack_only_producer(h, tmp_dir):
 
 @needs_numpy
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 7])
-@pytest.mark.parametrize("size,offset,skew", [(1, 0, 0), (511, 1, 3), (4096, 4096, 0), (4097, 4095, 1),
-                                              (100_003, 12_345, 7), (262_144, 512, 0)])
+@pytest.mark.parametrize(
+    "size,offset,skew",
+    [(1, 0, 0), (511, 1, 3), (4096, 4096, 0), (4097, 4095, 1), (100_003, 12_345, 7), (262_144, 512, 0)],
+)
 def test_unaligned_sizes_offsets_addresses(parallelism, size, offset, skew, tmp_dir):
     """Sizes not divisible by the parallelism or 512, odd offsets and buffer addresses:
     byte-identical to os.pread/os.pwrite."""
@@ -138,12 +155,12 @@ def test_unaligned_sizes_offsets_addresses(parallelism, size, offset, skew, tmp_
     with open(path, "wb") as f:
         f.write(base)
     backing = np.empty(size + 64, np.uint8)
-    buf = backing[skew:skew + size]
+    buf = backing[skew : skew + size]
     assert h.sync_pread(buf, path, offset) == 1
-    assert buf.tobytes() == base[offset:offset + size]
+    assert buf.tobytes() == base[offset : offset + size]
     new = np.frombuffer(os.urandom(size), np.uint8)
     buf[:] = new
     assert h.sync_pwrite(buf, path, offset) == 1
-    expected = base[:offset] + new.tobytes() + base[offset + size:]
+    expected = base[:offset] + new.tobytes() + base[offset + size :]
     with open(path, "rb") as f:
         assert f.read() == expected  # nothing before or after the range changed

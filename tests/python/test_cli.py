@@ -36,6 +36,7 @@ def _find_cli() -> str | None:
 CLI = _find_cli()
 pytestmark = pytest.mark.skipif(CLI is None, reason="the deepio command is not built (set DEEPIO_CLI)")
 
+
 @pytest.fixture
 def tmp_dir():
     base = Path(os.environ.get("DEEPIO_TEST_DIR") or "/var/tmp")
@@ -110,8 +111,19 @@ def test_info_text_and_json(tmp_dir):
 
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_ds_io_lines_parse(tmp_dir, op):
-    args = ["bench", "--folder", str(tmp_dir), "--io_size", "1M", "--block_size", "256K", "--queue_depth", "4",
-            "--loops", "2"]
+    args = [
+        "bench",
+        "--folder",
+        str(tmp_dir),
+        "--io_size",
+        "1M",
+        "--block_size",
+        "256K",
+        "--queue_depth",
+        "4",
+        "--loops",
+        "2",
+    ]
     if op == "read":
         args += ["--read", "--validate"]
     r = run(*args)
@@ -137,28 +149,74 @@ def test_ds_io_multi_process_and_mapping(tmp_dir):
     assert "Configuring 2 process to folder mapping" in r.stdout
     assert len(ds_io_lines(r.stdout)) == 4
     assert (a / "_aio_read_524288.pt.1_0").exists()
-    r = run("bench", "--folder_to_device_mapping", f"{a}:0", f"{b}:1", "--io_size", "512K", "--loops", "1",
-            "--different_file_each_iteration", "--warmup_loops", "0")
+    r = run(
+        "bench",
+        "--folder_to_device_mapping",
+        f"{a}:0",
+        f"{b}:1",
+        "--io_size",
+        "512K",
+        "--loops",
+        "1",
+        "--different_file_each_iteration",
+        "--warmup_loops",
+        "0",
+    )
     assert r.returncode == 0, r.stderr
     assert f"[1]: process 1 <----> {b}" in r.stdout
     assert (b / "_aio_write_524288.pt.1_0").exists()
 
 
-DS_IO_JSON_KEYS = {"schema", "version", "op", "io_size", "processes", "mpi", "loops", "warmup_loops", "config",
-                   "task_latency_sec", "task_gib_per_sec", "e2e_latency_sec", "e2e_gib_per_sec", "bytes",
-                   "cpu_sec_per_gib", "io", "processes_detail",
-                   "gpu"}  # added by issue 11 (bench --gpu); tests/python/test_gpu_cli.py checks it
+DS_IO_JSON_KEYS = {
+    "schema",
+    "version",
+    "op",
+    "io_size",
+    "processes",
+    "mpi",
+    "loops",
+    "warmup_loops",
+    "config",
+    "task_latency_sec",
+    "task_gib_per_sec",
+    "e2e_latency_sec",
+    "e2e_gib_per_sec",
+    "bytes",
+    "cpu_sec_per_gib",
+    "io",
+    "processes_detail",
+    "gpu",
+}  # added by issue 11 (bench --gpu); tests/python/test_gpu_cli.py checks it
 
 
 def test_ds_io_json_schema(tmp_dir):
-    r = run("bench", "--folder", str(tmp_dir), "--io_size", "1M", "--loops", "1", "--json", "--io_parallel", "2",
-            "--single_submit", "--sequential_requests")
+    r = run(
+        "bench",
+        "--folder",
+        str(tmp_dir),
+        "--io_size",
+        "1M",
+        "--loops",
+        "1",
+        "--json",
+        "--io_parallel",
+        "2",
+        "--single_submit",
+        "--sequential_requests",
+    )
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert set(j) == DS_IO_JSON_KEYS
     assert j["schema"] == "deepio.bench.ds_io/1" and j["op"] == "write" and j["bytes"] == 2**20
-    assert j["config"] == {"block_size": 2**20, "queue_depth": 32, "single_submit": True, "overlap_events": False,
-                           "intra_op_parallelism": 2, "backend": j["config"]["backend"], "direct_io": "auto"}
+    assert j["config"] == {
+        "block_size": 2**20,
+        "queue_depth": 32,
+        "single_submit": True,
+        "overlap_events": False,
+        "intra_op_parallelism": 2,
+        "backend": j["config"]["backend"],
+        "direct_io": "auto",
+    }
     assert j["config"]["backend"] in ("io_uring", "libaio", "threads")
     assert set(j["io"]) == {"bytes_direct", "bytes_bounced", "bytes_buffered", "direct_refused", "summary"}
     assert j["io"]["bytes_direct"] + j["io"]["bytes_bounced"] + j["io"]["bytes_buffered"] >= 2**20
@@ -166,19 +224,54 @@ def test_ds_io_json_schema(tmp_dir):
 
 # ---------------------------------------------------------------------------------- comparison mode
 
-COMPARE_KEYS = {"schema", "version", "folder", "filesystem", "direct_io", "size_bytes", "size_reason", "runs",
-                "page_locked", "memlock_limit_bytes", "config", "ceiling", "results",
-                "gpu",  # added by issue 11 (GPU rows)
-                "device"}  # added by issue 15 (the queue limits that make a ceiling segment-friendly or not)
-RESULT_KEYS = {"op", "engine", "label", "gib_per_sec", "samples_gib_per_sec", "speedup_vs_naive",
-               "percent_of_ceiling", "cpu_sec_per_gib", "io_path", "verified",
-               "flagged", "flag",  # added by issue 11 (figures above the disk ceiling)
-               "vs_ceiling"}  # added by issue 25 (below / at_ceiling / above / none)
+COMPARE_KEYS = {
+    "schema",
+    "version",
+    "folder",
+    "filesystem",
+    "direct_io",
+    "size_bytes",
+    "size_reason",
+    "runs",
+    "page_locked",
+    "memlock_limit_bytes",
+    "config",
+    "ceiling",
+    "results",
+    "gpu",  # added by issue 11 (GPU rows)
+    "device",
+}  # added by issue 15 (the queue limits that make a ceiling segment-friendly or not)
+RESULT_KEYS = {
+    "op",
+    "engine",
+    "label",
+    "gib_per_sec",
+    "samples_gib_per_sec",
+    "speedup_vs_naive",
+    "percent_of_ceiling",
+    "cpu_sec_per_gib",
+    "io_path",
+    "verified",
+    "flagged",
+    "flag",  # added by issue 11 (figures above the disk ceiling)
+    "vs_ceiling",
+}  # added by issue 25 (below / at_ceiling / above / none)
 # Issue 15: "write" (a fresh file) and "overwrite" (in place) are separate rows; the ceiling says
 # what its buffers were; percent_of_ceiling is null for a figure above the ceiling (flagged).
 # Issue 25: only a figure beyond every ceiling sample by more than the noise margin is flagged.
-CEILING_KEYS = {"source", "description", "fio_write_command", "fio_read_command", "note", "buffers", "buffers_detail",
-                "hugepages_reserved", "noise_floor", "preallocated", "deepio_preallocated_writes"}
+CEILING_KEYS = {
+    "source",
+    "description",
+    "fio_write_command",
+    "fio_read_command",
+    "note",
+    "buffers",
+    "buffers_detail",
+    "hugepages_reserved",
+    "noise_floor",
+    "preallocated",
+    "deepio_preallocated_writes",
+}
 OPS = ("write", "overwrite", "read")
 ABOVE = "above every ceiling sample ("
 
@@ -203,7 +296,8 @@ def splits_a_1m_request(device: dict) -> bool:
 
 def check_rows(j: dict, runs: int) -> None:
     assert [(x["op"], x["engine"]) for x in j["results"]] == [
-        (op, e) for op in OPS for e in ("deepio", "naive", "ceiling")]
+        (op, e) for op in OPS for e in ("deepio", "naive", "ceiling")
+    ]
     for x in j["results"]:
         assert set(x) == RESULT_KEYS
         assert len(x["samples_gib_per_sec"]) == runs and x["gib_per_sec"] > 0
@@ -274,7 +368,8 @@ def test_compare_text_table(tmp_dir):
     assert "vs naive" in r.stdout and "vs ceiling" in r.stdout and "CPU s/GiB" in r.stdout
     rows = TABLE_ROW.findall(r.stdout)
     assert [(op, engine.split()[0]) for op, engine, *_ in rows] == [
-        (op, e) for op in OPS for e in ("deepio", "naive", "raw")], r.stdout
+        (op, e) for op in OPS for e in ("deepio", "naive", "raw")
+    ], r.stdout
     for op, engine, _gib, _, pct, _, path in rows:
         if pct == "above":
             assert path.startswith("FLAGGED: "), path
@@ -290,13 +385,25 @@ def slow_fio(folder: Path) -> Path:
     """A stand-in for fio on PATH whose every job reports 4 MiB in 100 s: a ceiling that every
     real figure is above. No real device can be made that slow on demand, and this is the case
     the flag exists for (a ceiling measured wrong)."""
-    report = {"fio version": "fio-3.33", "jobs": [
-        {"jobname": "deepio-ceiling", "usr_cpu": 1.0, "sys_cpu": 1.0, "job_runtime": 100000,
-         "read": {"io_bytes": 4 * 2**20, "runtime": 100000}, "write": {"io_bytes": 4 * 2**20, "runtime": 100000}}]}
+    report = {
+        "fio version": "fio-3.33",
+        "jobs": [
+            {
+                "jobname": "deepio-ceiling",
+                "usr_cpu": 1.0,
+                "sys_cpu": 1.0,
+                "job_runtime": 100000,
+                "read": {"io_bytes": 4 * 2**20, "runtime": 100000},
+                "write": {"io_bytes": 4 * 2**20, "runtime": 100000},
+            }
+        ],
+    }
     (folder / "report.json").write_text(json.dumps(report))
     fio = folder / "fio"
-    fio.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fio-3.33; exit 0; }}\n"
-                   f"echo \"$@\" >> '{folder}/calls'\ncat '{folder}/report.json'\n")
+    fio.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo fio-3.33; exit 0; }}\n'
+        f"echo \"$@\" >> '{folder}/calls'\ncat '{folder}/report.json'\n"
+    )
     fio.chmod(0o755)
     return fio
 
@@ -340,7 +447,8 @@ def test_figures_above_the_ceiling_are_flagged(tmp_dir, reserve):
     assert_hugepages_back(before)
     rows = TABLE_ROW.findall(text.stdout)
     assert {(op, pct) for op, engine, _, _, pct, _, _ in rows if not engine.startswith("fio")} == {
-        (op, "above") for op in OPS}, text.stdout
+        (op, "above") for op in OPS
+    }, text.stdout
     assert " read: deepio " in text.stdout and "x the naive copy, FLAGGED: " + ABOVE in text.stdout
     assert all(int(p) <= 100 for p in re.findall(r"(\d+)%", text.stdout)), text.stdout  # no 177%, no 369%
 
@@ -348,8 +456,14 @@ def test_figures_above_the_ceiling_are_flagged(tmp_dir, reserve):
 # ---------------------------------------------------------------------------------- tune
 
 # DeepSpeed's runtime/swap_tensor/aio_config.py: the keys of the "aio" section and their types.
-AIO_KEYS = {"block_size": int, "queue_depth": int, "intra_op_parallelism": int, "single_submit": bool,
-            "overlap_events": bool, "use_gds": bool}
+AIO_KEYS = {
+    "block_size": int,
+    "queue_depth": int,
+    "intra_op_parallelism": int,
+    "single_submit": bool,
+    "overlap_events": bool,
+    "use_gds": bool,
+}
 
 
 def check_aio_section(doc: dict) -> dict:
@@ -362,8 +476,13 @@ def check_aio_section(doc: dict) -> dict:
     return aio
 
 
-SMALL_SPACE = {"block_size": ["256K", "1M"], "queue_depth": [4, 16], "io_parallel": [1, 2],
-               "sequential_requests": [False, True], "single_submit": [False]}
+SMALL_SPACE = {
+    "block_size": ["256K", "1M"],
+    "queue_depth": [4, 16],
+    "io_parallel": [1, 2],
+    "sequential_requests": [False, True],
+    "single_submit": [False],
+}
 
 
 @pytest.mark.parametrize("mode", ["search", "exhaustive"])
@@ -373,8 +492,19 @@ def test_tune_output_is_deepspeed_aio_section(tmp_dir, mode):
     work = tmp_dir / "nvme"
     work.mkdir()
     out, chart = tmp_dir / "aio.json", tmp_dir / "tune.svg"
-    args = ["tune", "--nvme_dir", str(work), "--io_size", "2M", "--sweep_config", str(space), "--output", str(out),
-            "--chart", str(chart)]
+    args = [
+        "tune",
+        "--nvme_dir",
+        str(work),
+        "--io_size",
+        "2M",
+        "--sweep_config",
+        str(space),
+        "--output",
+        str(out),
+        "--chart",
+        str(chart),
+    ]
     if mode == "exhaustive":
         args.append("--exhaustive")
     r = run(*args, timeout=120)
@@ -391,10 +521,29 @@ def test_tune_output_is_deepspeed_aio_section(tmp_dir, mode):
 
 def test_tune_json_counts(tmp_dir):
     space = tmp_dir / "space.json"
-    space.write_text(json.dumps({"block_size": ["256K"], "queue_depth": [4, 8], "io_parallel": [1],
-                                 "sequential_requests": [False], "single_submit": [False, True]}))
-    r = run("tune", "--nvme_dir", str(tmp_dir), "--io_size", "1M", "--sweep_config", str(space), "--exhaustive",
-            "--json", "--no_write")
+    space.write_text(
+        json.dumps(
+            {
+                "block_size": ["256K"],
+                "queue_depth": [4, 8],
+                "io_parallel": [1],
+                "sequential_requests": [False],
+                "single_submit": [False, True],
+            }
+        )
+    )
+    r = run(
+        "tune",
+        "--nvme_dir",
+        str(tmp_dir),
+        "--io_size",
+        "1M",
+        "--sweep_config",
+        str(space),
+        "--exhaustive",
+        "--json",
+        "--no_write",
+    )
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["schema"] == "deepio.tune/1" and j["mode"] == "exhaustive"
@@ -405,11 +554,30 @@ def test_tune_json_counts(tmp_dir):
 
 def test_tune_log_dir_matches_ds_nvme_tune(tmp_dir):
     space = tmp_dir / "space.json"
-    space.write_text(json.dumps({"block_size": ["1M"], "queue_depth": [8], "io_parallel": [2],
-                                 "sequential_requests": [False], "single_submit": [False]}))
+    space.write_text(
+        json.dumps(
+            {
+                "block_size": ["1M"],
+                "queue_depth": [8],
+                "io_parallel": [2],
+                "sequential_requests": [False],
+                "single_submit": [False],
+            }
+        )
+    )
     logs = tmp_dir / "logs"
-    r = run("tune", "--nvme_dir", str(tmp_dir), "--io_size", "2M", "--sweep_config", str(space), "--exhaustive",
-            "--log_dir", str(logs))
+    r = run(
+        "tune",
+        "--nvme_dir",
+        str(tmp_dir),
+        "--io_size",
+        "2M",
+        "--sweep_config",
+        str(space),
+        "--exhaustive",
+        "--log_dir",
+        str(logs),
+    )
     assert r.returncode == 0, r.stderr
     for op in ("read", "write"):
         f = logs / f"_aio_bench_{op}_logs" / f"{op}_block_overlap_ftd1_d8_bs1M_p2.txt"
@@ -454,22 +622,45 @@ def test_bad_inputs_bench(tmp_dir, a_file):
     bad("bench", "--folder_to_device_mapping", "nocolon", "--io_size", "1M", expect=["is not FOLDER:DEVICE_ID"])
     # Issue 25: a new user who wanted a smaller main job is told which flag that is.
     bad("bench", "--io_size", "1M", expect=["--io_size selects ds_io mode, which needs --folder", "give --size 1M"])
-    bad("bench", "--io_size", "1M", "--folder", d, "--folder_to_device_mapping", f"{d}:0",
-        expect=["exactly one of --folder or --folder_to_device_mapping"])
+    bad(
+        "bench",
+        "--io_size",
+        "1M",
+        "--folder",
+        d,
+        "--folder_to_device_mapping",
+        f"{d}:0",
+        expect=["exactly one of --folder or --folder_to_device_mapping"],
+    )
     bad("bench", "--folder", d, "--io_size", "1M", "--direct_io", "maybe", expect=["--direct_io: 'maybe'"])
     bad("bench", "--folder", d, "--io_size", "1M", "--direct", "maybe", expect=["--direct_io: 'maybe'"])
     bad("bench", "--folder", d, "--io_size", "1M", "--gds", expect=["--use_gds requires --gpu"])
     bad("bench", "--read", expect=["--read is a ds_io-mode flag"])
-    bad("bench", "--folder", d, "--io_size", "1M", "--no_hugepage_reserve",
-        expect=["--no_hugepage_reserve belongs to the comparison mode"])
+    bad(
+        "bench",
+        "--folder",
+        d,
+        "--io_size",
+        "1M",
+        "--no_hugepage_reserve",
+        expect=["--no_hugepage_reserve belongs to the comparison mode"],
+    )
     bad("bench", "--folder", d, "--size", "1M", "--block_size", "8M", expect=["--size (1M) is smaller"])
     bad("bench", "--backend", "floppy", "--folder", d, expect=["--backend: 'floppy'"])
     bad("frobnicate", expect=["unknown command 'frobnicate'"])
 
 
 def test_bad_inputs_are_collected(tmp_dir):
-    bad("bench", "--bogus", "--io_size", "M", "--folder", "/nonexistent/deepio", "--use_gds",
-        expect=["unknown flag --bogus", "'M' is not a size", "does not exist", "--use_gds requires --gpu"])
+    bad(
+        "bench",
+        "--bogus",
+        "--io_size",
+        "M",
+        "--folder",
+        "/nonexistent/deepio",
+        "--use_gds",
+        expect=["unknown flag --bogus", "'M' is not a size", "does not exist", "--use_gds requires --gpu"],
+    )
 
 
 def test_bad_inputs_tune(tmp_dir):

@@ -14,7 +14,7 @@ from conftest import needs_numpy, needs_torch
 from deepio.compat import AsyncIOBuilder, PinMemoryBuilder
 
 # Written the way DeepSpeed's tutorial and swappers use DeepNVMe; only the import differs.
-DEEPSPEED_STYLE = textwrap.dedent('''
+DEEPSPEED_STYLE = textwrap.dedent("""
     import os, sys
     import torch
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -76,16 +76,22 @@ DEEPSPEED_STYLE = textwrap.dedent('''
     assert aio_op.deepspeed_memcpy(dst, params[2][:100]) == 0
     assert torch.equal(dst, params[2][:100])
     print("deepspeed-style script OK")
-''')
+""")
 
 
 @needs_torch
 def test_deepspeed_style_script_runs_with_one_import_changed(tmp_dir):
-    script = DEEPSPEED_STYLE.replace("from deepspeed.ops.op_builder import AsyncIOBuilder",
-                                     "from deepio.compat import AsyncIOBuilder")
+    script = DEEPSPEED_STYLE.replace(
+        "from deepspeed.ops.op_builder import AsyncIOBuilder", "from deepio.compat import AsyncIOBuilder"
+    )
     assert script != DEEPSPEED_STYLE
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_dir)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "deepspeed-style script OK"
     assert r.stderr == ""  # nothing printed by the library
@@ -106,10 +112,27 @@ def test_builders():
 def test_deepnvme_method_set():
     """Every method DeepNVMe's aio_handle exposes exists (reference §1.3–§1.8)."""
     h = AsyncIOBuilder().load().aio_handle()
-    for name in ("get_block_size", "get_queue_depth", "get_single_submit", "get_overlap_events",
-                 "get_intra_op_parallelism", "get_thread_count", "get_alignment", "read", "write", "pread",
-                 "pwrite", "sync_pread", "sync_pwrite", "async_pread", "async_pwrite", "wait",
-                 "new_cpu_locked_tensor", "free_cpu_locked_tensor", "is_pinned"):
+    for name in (
+        "get_block_size",
+        "get_queue_depth",
+        "get_single_submit",
+        "get_overlap_events",
+        "get_intra_op_parallelism",
+        "get_thread_count",
+        "get_alignment",
+        "read",
+        "write",
+        "pread",
+        "pwrite",
+        "sync_pread",
+        "sync_pwrite",
+        "async_pread",
+        "async_pwrite",
+        "wait",
+        "new_cpu_locked_tensor",
+        "free_cpu_locked_tensor",
+        "is_pinned",
+    ):
         assert callable(getattr(h, name)), name
 
 
@@ -123,11 +146,18 @@ def test_memcpy_checks_sizes():
 
 
 def test_import_does_not_import_torch():
-    r = subprocess.run([sys.executable, "-c",
-                        "import sys, deepio, deepio.compat; h = deepio.aio_handle(); "
-                        "b = bytearray(8); h.wait(); print('torch' in sys.modules, 'numpy' in sys.modules)"],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, deepio, deepio.compat; h = deepio.aio_handle(); "
+            "b = bytearray(8); h.wait(); print('torch' in sys.modules, 'numpy' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]
 

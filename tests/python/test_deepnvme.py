@@ -20,8 +20,15 @@ PARALLELISM = 2
 BUFFERS = [
     pytest.param("torch", "plain", marks=needs_torch, id="torch-plain"),
     pytest.param("torch", "locked", marks=needs_torch, id="torch-locked"),
-    pytest.param("torch", "pinned", id="torch-pinned", marks=[needs_torch, pytest.mark.skipif(
-        not TORCH_PINNED, reason="torch cannot pin host memory here (no CUDA runtime)")]),
+    pytest.param(
+        "torch",
+        "pinned",
+        id="torch-pinned",
+        marks=[
+            needs_torch,
+            pytest.mark.skipif(not TORCH_PINNED, reason="torch cannot pin host memory here (no CUDA runtime)"),
+        ],
+    ),
     pytest.param("numpy", "plain", marks=needs_numpy, id="numpy-plain"),
     pytest.param("numpy", "locked", marks=needs_numpy, id="numpy-locked"),
 ]
@@ -48,13 +55,24 @@ def _free(h, buf, kind):
 
 def test_getters_and_defaults():
     h = deepio.aio_handle()
-    assert (h.get_block_size(), h.get_queue_depth(), h.get_single_submit(), h.get_overlap_events(),
-            h.get_intra_op_parallelism()) == (1048576, 128, False, False, 1)
+    assert (
+        h.get_block_size(),
+        h.get_queue_depth(),
+        h.get_single_submit(),
+        h.get_overlap_events(),
+        h.get_intra_op_parallelism(),
+    ) == (1048576, 128, False, False, 1)
     assert h.get_alignment() == 512
     assert h.get_thread_count() == 1
     h2 = deepio.aio_handle(4096, 8, True, True, 3)
-    assert (h2.get_block_size(), h2.get_queue_depth(), h2.get_single_submit(), h2.get_overlap_events(),
-            h2.get_intra_op_parallelism(), h2.get_alignment()) == (4096, 8, True, True, 3, 1536)
+    assert (
+        h2.get_block_size(),
+        h2.get_queue_depth(),
+        h2.get_single_submit(),
+        h2.get_overlap_events(),
+        h2.get_intra_op_parallelism(),
+        h2.get_alignment(),
+    ) == (4096, 8, True, True, 3, 1536)
     # the tutorial's spelling
     assert deepio.aio_handle(num_threads=4).get_intra_op_parallelism() == 4
     assert deepio.aio_handle(thread_count=2).get_thread_count() == 2
@@ -151,7 +169,7 @@ class TestAsyncFileOffset:
         expected = b""
         offset = 0
         for size in sizes:
-            part = buf[offset:offset + size]
+            part = buf[offset : offset + size]
             if use_fd:
                 fd = os.open(path, os.O_DIRECT | os.O_CREAT | os.O_WRONLY, 0o600)
                 try:
@@ -162,7 +180,7 @@ class TestAsyncFileOffset:
             else:
                 assert h.async_pwrite(buffer=part, filename=str(path), file_offset=offset) == 0
                 assert h.wait() == 1
-            expected += data[offset:offset + size]
+            expected += data[offset : offset + size]
             offset += size
             assert path.read_bytes() == expected  # no truncation, earlier data kept
         del part
@@ -177,7 +195,7 @@ class TestAsyncFileOffset:
         for size in sizes:
             view = buf[0:size]  # narrow(buf, 0, size)
             assert h.sync_pread(view, str(path), offset) == 1
-            assert as_bytes(view) == data[offset:offset + size]
+            assert as_bytes(view) == data[offset : offset + size]
             offset += size
         del view
         _free(h, buf, kind)
@@ -191,10 +209,10 @@ def test_pread_pwrite_validate_and_async_flags(framework, tmp_dir):
     buf = make_buffer(framework, IO_SIZE)
     fill(buf, data)
     path = str(tmp_dir / "p.bin")
-    assert h.pwrite(buf, path, True, False) == 1              # sync, validated
-    assert h.pwrite(buf, path, False, True, IO_SIZE) == 0     # async at an offset
+    assert h.pwrite(buf, path, True, False) == 1  # sync, validated
+    assert h.pwrite(buf, path, False, True, IO_SIZE) == 0  # async at an offset
     assert h.wait() == 1
-    assert h.pwrite(buf, path, True, True, 0) == 0            # async, validated at wait()
+    assert h.pwrite(buf, path, True, True, 0) == 0  # async, validated at wait()
     assert h.wait() == 1
     assert os.path.getsize(path) == 2 * IO_SIZE
     out = make_buffer(framework, IO_SIZE)

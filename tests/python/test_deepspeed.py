@@ -28,8 +28,10 @@ HERE = Path(__file__).resolve().parent
 HAVE = importlib.util.find_spec("deepspeed") is not None and importlib.util.find_spec("torch") is not None
 _MISSING = {name for name in ("deepspeed", "torch") if importlib.util.find_spec(name) is None}
 if _MISSING and ("deepspeed" in REQUIRED or _MISSING & REQUIRED):
-    raise RuntimeError(f"DEEPIO_REQUIRE names {sorted(REQUIRED)}, but {sorted(_MISSING)} is not installed "
-                       "(scripts/test.sh installs them)")
+    raise RuntimeError(
+        f"DEEPIO_REQUIRE names {sorted(REQUIRED)}, but {sorted(_MISSING)} is not installed "
+        "(scripts/test.sh installs them)"
+    )
 pytestmark = pytest.mark.skipif(not HAVE, reason="DeepSpeed and torch are not installed")
 
 # Where the wheel put deepio-deepspeed.pth: in a site directory the interpreter processes it at

@@ -29,11 +29,17 @@ pytestmark = needs_numpy  # every test here uses NumPy buffers; torch ones live 
 
 
 def _child(script: str, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
 
 
 # ------------------------------------------------------------------------------ end of file
+
 
 @pytest.mark.parametrize("how", ["sync_pread", "async_pread", "read", "pread"])
 def test_read_past_end_of_file(how, random_file):
@@ -85,6 +91,7 @@ def test_file_truncated_under_a_read_is_an_error(random_file, fault):
 
 
 # -------------------------------------------------------------------------- open failures
+
 
 @pytest.mark.parametrize("method", ["sync_pread", "async_pread", "read"])
 def test_missing_file(method, tmp_dir):
@@ -170,6 +177,7 @@ def test_injected_open_failure(tmp_dir, fault):
 
 
 # ------------------------------------------------------------------- transfer failures
+
 
 def test_file_size_limit_gives_efbig(tmp_dir):
     """RLIMIT_FSIZE (in a child, with SIGXFSZ ignored): writing past it is EFBIG, with the
@@ -287,6 +295,7 @@ def test_injected_short_transfers_are_finished(backend, point, random_file, tmp_
 
 # ------------------------------------------------------------------------- bad arguments
 
+
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError):
         deepio.aio_handle(0)
@@ -341,16 +350,19 @@ def test_bad_io_arguments(random_file):
     assert h.pending() == 0
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"block_size": 0}, "block_size"),
-    ({"block_size": -4096}, "block_size"),
-    ({"queue_depth": -1}, "queue_depth"),
-    ({"queue_depth": 65537}, "queue_depth"),
-    ({"intra_op_parallelism": 0}, "intra_op_parallelism"),
-    ({"num_threads": 1025}, "intra_op_parallelism"),  # DeepNVMe's older name, same check
-    ({"backend": "spdk"}, "backend"),
-    ({"direct_io": "maybe"}, "direct_io"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": -4096}, "block_size"),
+        ({"queue_depth": -1}, "queue_depth"),
+        ({"queue_depth": 65537}, "queue_depth"),
+        ({"intra_op_parallelism": 0}, "intra_op_parallelism"),
+        ({"num_threads": 1025}, "intra_op_parallelism"),  # DeepNVMe's older name, same check
+        ({"backend": "spdk"}, "backend"),
+        ({"direct_io": "maybe"}, "direct_io"),
+    ],
+)
 def test_bad_options_are_einval_value_errors(kwargs, name):
     """The engine checks options once; its EINVAL reaches Python as deepio.InvalidArgumentError,
     both a ValueError and an OSError, naming the parameter and the value as written."""
@@ -376,8 +388,9 @@ def test_bad_options_positional_like_deepnvme():
     assert deepio.aio_handle(1, 8, False, False, 1024, backend="threads").get_intra_op_parallelism() == 1024
 
 
-@pytest.mark.parametrize("call", ["async_pread", "async_pwrite", "sync_pread", "sync_pwrite", "read", "write",
-                                  "pread", "pwrite", "fd"])
+@pytest.mark.parametrize(
+    "call", ["async_pread", "async_pwrite", "sync_pread", "sync_pwrite", "read", "write", "pread", "pwrite", "fd"]
+)
 def test_negative_offset_is_einval_value_error(call, random_file):
     path, data = random_file(4096)
     h = deepio.aio_handle(backend="threads")

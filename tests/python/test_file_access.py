@@ -23,8 +23,7 @@ HAS_GPU = torch is not None and torch.cuda.is_available()
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHON=sys.executable)
-    return subprocess.run(["bash", str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=240,
-                          env=env)
+    return subprocess.run(["bash", str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_load_examples_validate(tmp_dir):
@@ -53,8 +52,12 @@ def test_store_examples_validate(tmp_dir):
 
 
 def test_bad_arguments(tmp_dir):
-    r = subprocess.run([sys.executable, str(EXAMPLES / "py_load_cpu_tensor.py"), "--input_file",
-                        str(tmp_dir / "missing.bin")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / "py_load_cpu_tensor.py"), "--input_file", str(tmp_dir / "missing.bin")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     r = run_script("run_store_tensor.sh", str(tmp_dir / "missing"))
     assert r.returncode == 2 and "folder not found" in r.stderr

@@ -38,7 +38,7 @@ def test_file_roundtrip(framework, direct_io, tmp_dir):
     assert f.closed
     with deepio.File(str(path), "rb") as f:
         dst = make_buffer(framework, len(data))
-        futs = [f.pread(dst[i:i + 4096], i) for i in range(0, len(data), 4096)]
+        futs = [f.pread(dst[i : i + 4096], i) for i in range(0, len(data), 4096)]
         assert sum(x.result() for x in futs) == len(data)
         assert as_bytes(dst) == data
         assert f.read_into(dst[:7], 3) == 7

@@ -50,8 +50,11 @@ def test_gpu_flags_without_cuda(args):
     folder = tempfile.mkdtemp()
     args = [args[0], "--nvme_dir" if args[0] == "tune" else "--folder", folder, *args[1:]]
     try:
-        one_error(run(args, DEEPIO_CUDA_LIBRARY="none", DEEPIO_CUFILE_LIBRARY="none"),
-                  "--gpu: no usable CUDA driver", "DEEPIO_CUDA_LIBRARY=none")
+        one_error(
+            run(args, DEEPIO_CUDA_LIBRARY="none", DEEPIO_CUFILE_LIBRARY="none"),
+            "--gpu: no usable CUDA driver",
+            "DEEPIO_CUDA_LIBRARY=none",
+        )
     finally:
         os.rmdir(folder)
 
@@ -74,7 +77,7 @@ def ds_io_lines(out, op):
                 head = f"{kind} {op} {what} = "
                 if line.startswith(head):
                     assert line.endswith(f" {unit}"), line
-                    got[f"{kind} {what}"] = float(line[len(head):-len(unit) - 1])
+                    got[f"{kind} {what}"] = float(line[len(head) : -len(unit) - 1])
     assert sorted(got) == ["E2E Latency", "E2E Speed", "Task Latency", "Task Speed"], out
     assert all(v > 0 for v in got.values()), got
     return got
@@ -83,8 +86,23 @@ def ds_io_lines(out, op):
 @pytest.mark.parametrize("gds", [False, True], ids=["staged", "gds"])
 @pytest.mark.parametrize("read", [False, True], ids=["write", "read"])
 def test_ds_io_gpu_modes_run_and_validate(fakes, tmp_path, gds, read):
-    args = ["bench", "--folder", str(tmp_path), "--io_size", "2M", "--block_size", "256K", "--loops", "2",
-            "--gpu", "--validate"] + (["--use_gds"] if gds else []) + (["--read"] if read else [])
+    args = (
+        [
+            "bench",
+            "--folder",
+            str(tmp_path),
+            "--io_size",
+            "2M",
+            "--block_size",
+            "256K",
+            "--loops",
+            "2",
+            "--gpu",
+            "--validate",
+        ]
+        + (["--use_gds"] if gds else [])
+        + (["--read"] if read else [])
+    )
     r = run(args, **fake_env(fakes))
     assert r.returncode == 0, (r.stdout, r.stderr)
     out = r.stdout
@@ -101,8 +119,10 @@ def test_ds_io_gpu_modes_run_and_validate(fakes, tmp_path, gds, read):
 
 
 def test_ds_io_use_gds_without_cufile_stages_and_says_so(fakes, tmp_path):
-    r = run(["bench", "--folder", str(tmp_path), "--io_size", "1M", "--gpu", "--use_gds", "--validate", "--json"],
-            **fake_env(fakes, cufile=False))
+    r = run(
+        ["bench", "--folder", str(tmp_path), "--io_size", "1M", "--gpu", "--use_gds", "--validate", "--json"],
+        **fake_env(fakes, cufile=False),
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     assert doc["gpu"]["use_gds"] is True
@@ -114,19 +134,24 @@ def test_ds_io_gpu_processes_each_on_its_device(fakes, tmp_path):
     # Two forked processes on device 0 (the fake has one): CUDA is probed in a child first, so
     # the forked workers start with an uninitialised driver, as the real one requires.
     f = str(tmp_path)
-    r = run(["bench", "--folder_to_device_mapping", f"{f}:0", f"{f}:0", "--io_size", "1M", "--gpu", "--read",
-             "--validate"], **fake_env(fakes))
+    r = run(
+        ["bench", "--folder_to_device_mapping", f"{f}:0", f"{f}:0", "--io_size", "1M", "--gpu", "--read", "--validate"],
+        **fake_env(fakes),
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "[0]: gpu 0 <----> " in r.stdout and "[1]: gpu 0 <----> " in r.stdout
     ds_io_lines(r.stdout, "Read")
     # ds_io's rule: a mapped device that does not exist is an argument error.
-    one_error(run(["bench", "--folder", f, "--multi_process", "2", "--io_size", "1M", "--gpu"], **fake_env(fakes)),
-              "--multi_process: device 1 does not exist (1 CUDA device(s))")
+    one_error(
+        run(["bench", "--folder", f, "--multi_process", "2", "--io_size", "1M", "--gpu"], **fake_env(fakes)),
+        "--multi_process: device 1 does not exist (1 CUDA device(s))",
+    )
 
 
 def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
-    r = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"],
-            **fake_env(fakes))
+    r = run(
+        ["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"], **fake_env(fakes)
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     assert doc["schema"] == "deepio.bench.compare/3"
@@ -151,8 +176,12 @@ def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
     text = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio"], **fake_env(fakes))
     assert text.returncode == 0, text.stderr
     assert "gpu: CUDA driver 12040, device 0 of 1" in text.stdout
-    for label in ("GPU staged (aio_handle)", "GPU gds (gds)", "host->device copy (ceiling)",
-                  "device->host copy (ceiling)"):
+    for label in (
+        "GPU staged (aio_handle)",
+        "GPU gds (gds)",
+        "host->device copy (ceiling)",
+        "device->host copy (ceiling)",
+    ):
         assert label in text.stdout, text.stdout
     assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
 
@@ -164,11 +193,26 @@ def no_memory_driver(fakes, out):
     if cc is None:
         pytest.skip("no C compiler for the out-of-memory driver")
     src, lib = out / "nomem.c", out / "libnomem_cuda.so"
-    src.write_text('__attribute__((visibility("default"))) int cuMemAlloc_v2(unsigned long long* p, '
-                   'unsigned long n) { (void)p; (void)n; return 2; }\n')
+    src.write_text(
+        '__attribute__((visibility("default"))) int cuMemAlloc_v2(unsigned long long* p, '
+        "unsigned long n) { (void)p; (void)n; return 2; }\n"
+    )
     fake_dir = fakes[0].parent
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-Wl,--no-as-needed", f"-L{fake_dir}",
-                    "-ldeepio_fake_cuda", f"-Wl,-rpath,{fake_dir}"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(src),
+            "-Wl,--no-as-needed",
+            f"-L{fake_dir}",
+            "-ldeepio_fake_cuda",
+            f"-Wl,-rpath,{fake_dir}",
+        ],
+        check=True,
+    )
     return lib
 
 
@@ -194,18 +238,41 @@ def test_ds_io_gpu_validate_checks_the_device_bytes(fakes, tmp_path):
     src, lib = tmp_path / "corrupt.c", tmp_path / "libcorrupt_cuda.so"
     src.write_text(CORRUPT_DTOH)
     fake_dir = fakes[0].parent
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-Wl,--no-as-needed", f"-L{fake_dir}",
-                    "-ldeepio_fake_cuda", f"-Wl,-rpath,{fake_dir}", "-ldl"], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(src),
+            "-Wl,--no-as-needed",
+            f"-L{fake_dir}",
+            "-ldeepio_fake_cuda",
+            f"-Wl,-rpath,{fake_dir}",
+            "-ldl",
+        ],
+        check=True,
+    )
     work = tmp_path / "work"
     work.mkdir()
     for extra in ([], ["--read"], ["--use_gds"]):
-        r = run(["bench", "--folder", str(work), "--io_size", "1M", "--gpu", "--validate", *extra],
-                DEEPIO_CUDA_LIBRARY=str(lib), DEEPIO_CUFILE_LIBRARY=str(fakes[1]))
+        r = run(
+            ["bench", "--folder", str(work), "--io_size", "1M", "--gpu", "--validate", *extra],
+            DEEPIO_CUDA_LIBRARY=str(lib),
+            DEEPIO_CUFILE_LIBRARY=str(fakes[1]),
+        )
         assert r.returncode == 1, (extra, r.stdout, r.stderr)
         assert "validation failed" in r.stderr and "differs from the buffer at byte 100" in r.stderr, r.stderr
         # Without --validate nothing copies back: the same run succeeds.
-        assert run(["bench", "--folder", str(work), "--io_size", "1M", "--gpu", *extra],
-                   DEEPIO_CUDA_LIBRARY=str(lib), DEEPIO_CUFILE_LIBRARY=str(fakes[1])).returncode == 0
+        assert (
+            run(
+                ["bench", "--folder", str(work), "--io_size", "1M", "--gpu", *extra],
+                DEEPIO_CUDA_LIBRARY=str(lib),
+                DEEPIO_CUFILE_LIBRARY=str(fakes[1]),
+            ).returncode
+            == 0
+        )
 
 
 def test_gpu_set_up_failure_drops_the_rows_or_fails_when_asked_for(fakes, tmp_path):
@@ -230,8 +297,11 @@ def test_gpu_set_up_failure_drops_the_rows_or_fails_when_asked_for(fakes, tmp_pa
 
 
 def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):
-    r = run(["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"],
-            DEEPIO_CUDA_LIBRARY="none", DEEPIO_CUFILE_LIBRARY="none")
+    r = run(
+        ["bench", "--folder", str(tmp_path), "--size", "16M", "--runs", "1", "--no_fio", "--json"],
+        DEEPIO_CUDA_LIBRARY="none",
+        DEEPIO_CUFILE_LIBRARY="none",
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     assert doc["gpu"]["available"] is False and doc["gpu"]["rows"] is False
@@ -240,5 +310,8 @@ def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):
 
 
 def test_tune_gpu_points_at_bench(fakes, tmp_path):
-    one_error(run(["tune", "--nvme_dir", str(tmp_path), "--gpu"], **fake_env(fakes)),
-              "--gpu: GPU runs are not in deepio tune yet", "deepio bench --io_size ... --gpu")
+    one_error(
+        run(["tune", "--nvme_dir", str(tmp_path), "--gpu"], **fake_env(fakes)),
+        "--gpu: GPU runs are not in deepio tune yet",
+        "deepio bench --io_size ... --gpu",
+    )

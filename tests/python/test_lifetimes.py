@@ -95,7 +95,8 @@ def test_handle_dropped_with_pending_ops_finishes_them(tmp_dir, fault):
     assert all(r() is None for r in refs)
     for i in range(4):
         assert (tmp_dir / f"f{i}.bin").read_bytes() == np.random.default_rng(i).integers(
-            0, 256, 20000, dtype=np.uint8).tobytes()
+            0, 256, 20000, dtype=np.uint8
+        ).tobytes()
 
 
 def test_handle_dropped_with_failed_ops_warns(random_file, fault):

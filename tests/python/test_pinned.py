@@ -37,7 +37,7 @@ N = 4096
 
 
 def _narrow(t, start, length):
-    return t[start:start + length]
+    return t[start : start + length]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
@@ -84,8 +84,17 @@ def test_locked_tensor_kind_dtype_alignment():
     import torch
 
     h = deepio.aio_handle()
-    for dtype in (torch.uint8, torch.int16, torch.float32, torch.float64, torch.bfloat16, torch.float16,
-                  torch.bool, torch.complex64, torch.int64):
+    for dtype in (
+        torch.uint8,
+        torch.int16,
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.float16,
+        torch.bool,
+        torch.complex64,
+        torch.int64,
+    ):
         ex = torch.zeros(3, dtype=dtype)
         t = h.new_cpu_locked_tensor(1000, ex)
         assert isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == (1000,) and t.device.type == "cpu"
@@ -188,8 +197,13 @@ def test_unlocked_fallback_warns(tmp_dir):
         assert h.free_cpu_locked_tensor(a)
         print("ok")
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
 

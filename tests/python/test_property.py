@@ -75,7 +75,7 @@ def test_random_io_matches_os_pread_pwrite(tmp_dir, shape, seq, seed):
             committed = len(shadow)
             continue
         backing = np.empty(size + 64, np.uint8)
-        buf = backing[skew:skew + size]
+        buf = backing[skew : skew + size]
         if kind.endswith("write"):
             # deepio does not order overlapping async ops (neither does DeepNVMe): keep
             # queued writes disjoint from each other and from queued reads
@@ -109,7 +109,7 @@ def test_random_io_matches_os_pread_pwrite(tmp_dir, shape, seq, seed):
                 with pytest.raises(deepio.EndOfFileError):
                     (h.sync_pread if kind == "read" else h.async_pread)(buf, path, offset)
                 continue
-            expected = bytes(shadow[offset:offset + size])
+            expected = bytes(shadow[offset : offset + size])
             if kind == "read":
                 assert h.sync_pread(buf, path, offset) >= 1
                 assert buf.tobytes() == expected

@@ -1,4 +1,5 @@
 """The README's Python example runs as written (with its file path pointed at a temp folder)."""
+
 import pathlib
 import re
 

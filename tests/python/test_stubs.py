@@ -70,4 +70,3 @@ def test_shipped_stub_matches_the_extension(name, tmp_path):
             )
         )
         pytest.fail(f"python/deepio/{name}.pyi is out of date; regenerate it with {REGENERATE}.\n{diff}")
-

@@ -44,8 +44,9 @@ def _peer_runs_during(call, attempts=32) -> bool:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("method", ["pread", "pwrite", "sync_pread", "sync_pwrite", "wait", "read", "write",
-                                    "new_cpu_locked_tensor"])
+@pytest.mark.parametrize(
+    "method", ["pread", "pwrite", "sync_pread", "sync_pwrite", "wait", "read", "write", "new_cpu_locked_tensor"]
+)
 def test_blocking_call_releases_gil(framework, method, random_file):
     h = deepio.aio_handle(4096, 2, True, True, 2)
     path, data = random_file(SIZE)
