@@ -104,7 +104,8 @@ class Staging : public test::BackendTest {
                                   EXPECT_EQ(device, 0);
                                   ++dev_.stagers;
                                   return std::make_unique<FakeStager>(&dev_);
-                                }});
+                                },
+                                {}});
   }
   void TearDown() override {
     detail::set_device_support({});
@@ -170,7 +171,7 @@ TEST_P(Staging, CopyFailureFailsTheOpAfterEverythingFinished) {
 }
 
 TEST_P(Staging, NoDriverMeansAClearError) {
-  detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; }, {}});
+  detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; }, {}, {}});
   Handle h(opts({}));
   const std::string path = dir_.file("x");
   test::put(path, pattern(10000, 1));
