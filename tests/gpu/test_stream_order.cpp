@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "deepio/deepio.hpp"
+#include "deepio/gpu.hpp"
 #include "gpu/cuda.hpp"
 #include "gpu_support.hpp"
 
@@ -236,6 +237,31 @@ TEST_P(FakeEnvStreams, HostMemoryIgnoresTheStream) {
   EXPECT_EQ(h.async_pwrite(data.data(), data.size(), dir_.file("h.bin"), 0, junk).get(), data.size());
   EXPECT_EQ(slurp(dir_.file("h.bin")), data);
   EXPECT_EQ(waits_(), waits);
+}
+
+// cuFile transfers follow no stream: GdsHandle's route workers wait for the producer's event
+// on their own thread before the first chunk (the fake cuFile reads and writes the device
+// memory directly, so an early transfer sees or is overwritten by the wrong bytes).
+TEST_P(FakeEnvStreams, CuFileRouteWaitsForTheProducer) {
+  const std::size_t n = 10 * 4096 + 17;
+  GdsHandle h({.block_size = 4096, .intra_op_parallelism = 2});
+  ASSERT_EQ(h.mode(), "gds") << h.mode_reason();
+  void* dev = device_alloc(n);
+  const std::string path = dir_.file("g.bin");
+  produce(dev, 0x6A, n);
+  const auto t0 = Clock::now();
+  Future w = h.async_pwrite(dev, n, path, 0, after_producer());
+  const auto submit = Clock::now() - t0;
+  EXPECT_EQ(w.get(), n);
+  EXPECT_LT(submit, std::chrono::microseconds(kLateUs / 2)) << "the submission waited for the producer";
+  EXPECT_EQ(first_difference(slurp(path), bytes(0x6A, n)), "none");
+  EXPECT_GT(h.gds_stats().bytes_cufile, 0u) << "went through cuFile";
+
+  const auto data = pattern(n, 5);
+  put(path, data);
+  produce(dev, 0x6B, n);
+  EXPECT_EQ(h.async_pread(dev, n, path, 0, after_producer()).get(), n);
+  EXPECT_EQ(first_difference(device_bytes(dev, n), data), "none");
 }
 
 INSTANTIATE_TEST_SUITE_P(Producers, FakeEnvStreams, testing::Values(Producer::Legacy, Producer::NonBlocking), name_of);
