@@ -534,8 +534,9 @@ EXPORT CUresult V2(cuMemcpyDtoHAsync)(void* d, CUdeviceptr s, size_t n, void* st
   return copy_async(d, (const void*)(uintptr_t)s, n, st);
 }
 EXPORT CUresult V2(cuMemHostRegister)(void* p, size_t n, unsigned int f) { return host_register(p, n, f); }
-/* As the real driver: returns at once; the stream's queued work still runs (here: the
- * stream's thread finishes it, then ends; the slot is reused only after that). */
+/* The real driver returns at once and finishes the stream's queued work later; here the call
+ * waits for the stream's thread to finish it and end (no caller relies on the difference).
+ * The slot is reused only after that. */
 EXPORT CUresult V2(cuStreamDestroy)(void* handle) {
   const int slot = stream_slot(handle);
   if (slot <= 0) return 400;
