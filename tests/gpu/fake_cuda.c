@@ -24,7 +24,9 @@
  *     that, when the stream reaches it, sleeps delay_us and then sets nbytes at ptr to byte
  *     (a producer whose work is still queued); returns 0 or a CUresult.
  *   deepio_fake_cuda_set_copy_delay_us(us): each asynchronous copy takes at least us.
- *   deepio_fake_cuda_stream_waits(): how many cuStreamWaitEvent calls were made. */
+ *   deepio_fake_cuda_stream_waits(): how many cuStreamWaitEvent calls were made.
+ * cuMemcpyDtoDAsync_v2 and cuMemsetD8Async (stream ops too) are exported for tests that play a
+ * producer the same way on the real driver; deepio does not use them. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <pthread.h>
 #include <time.h>
@@ -532,6 +534,19 @@ EXPORT CUresult V2(cuMemcpyDtoHAsync)(void* d, CUdeviceptr s, size_t n, void* st
   NEEDS_CONTEXT();
   if (!deepio_fake_cuda_find((uintptr_t)s, n, NULL, NULL)) return 1;
   return copy_async(d, (const void*)(uintptr_t)s, n, st);
+}
+/* Not used by deepio; tests play a producer with them on either driver. */
+EXPORT CUresult V2(cuMemcpyDtoDAsync)(CUdeviceptr d, CUdeviceptr s, size_t n, void* st) {
+  CHECK("cuMemcpyDtoD");
+  NEEDS_CONTEXT();
+  if (!deepio_fake_cuda_find((uintptr_t)d, n, NULL, NULL) || !deepio_fake_cuda_find((uintptr_t)s, n, NULL, NULL)) {
+    return 1;
+  }
+  return copy_async((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n, st);
+}
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char value, size_t n, void* st) {
+  NEEDS_CONTEXT();
+  return deepio_fake_cuda_enqueue_fill(st, (uintptr_t)d, value, n, 0);
 }
 EXPORT CUresult V2(cuMemHostRegister)(void* p, size_t n, unsigned int f) { return host_register(p, n, f); }
 /* The real driver returns at once and finishes the stream's queued work later; here the call
