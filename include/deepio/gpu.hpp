@@ -56,6 +56,14 @@ struct GpuInfo {
 /// what deepio::Handle will stage as device memory.
 [[nodiscard]] DEEPIO_API int device_of(const void* p) noexcept;
 
+/// A CUDA stream deepio owns on `device` (non-blocking, in the device's primary context; made
+/// on first use, kept for the life of the process), for DLPack's stream exchange: give it to
+/// a producer's `__dlpack__(stream=...)`, which orders the producer's pending work before it,
+/// then pass it as OpOptions::stream. Throws deepio::Error (ENOTSUP or ENODEV without a usable
+/// driver, EIO when the driver refuses) and deepio::InvalidArgument for a device the driver
+/// does not have. Thread-safe.
+[[nodiscard]] DEEPIO_API std::uintptr_t consumer_stream(int device);
+
 /// How a GdsHandle moves data.
 enum class GdsMode {
   Auto,    ///< cuFile where it accepts the file; else (no cuFile, driver refuses, file system

@@ -109,6 +109,18 @@ struct OpOptions {
   /// operation with that errno and the file's name; the write itself may then be partly on
   /// disk. Not done when the write itself failed. HandleStats::synced counts the syncs.
   bool fsync = false;
+  /// Device (GPU) memory only; ignored for host memory. The CUDA stream whose work, queued
+  /// before this call, produces a write's source or still uses a read's destination: a
+  /// CUstream as an integer, 0 (or 1, CU_STREAM_LEGACY) for the legacy default stream, 2 for
+  /// the per-thread default stream; it must belong to the device's primary context (as torch,
+  /// CuPy and JAX streams do). At submission, on the calling thread, the engine records an
+  /// event on that stream; its copies wait for the event on their own stream
+  /// (cuStreamWaitEvent) before the device-to-host copies of a write and the host-to-device
+  /// copies of a read. The caller never waits: work queued on the stream after the call may
+  /// run concurrently with the transfer (do not touch the buffer there until it completes).
+  /// A failure to record the event throws deepio::Error (EIO, the driver's error name) at
+  /// submission. Unset: no ordering; the caller finishes the producer's work first.
+  std::optional<std::uintptr_t> stream;
 };
 
 /// What collect() took over: the operations it collected, their failures, their keep-alives.

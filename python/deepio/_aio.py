@@ -98,9 +98,12 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     CUDA tensors (torch ``is_cuda``, or any DLPack producer reporting kDLCUDA) are read and
     written through pinned host staging slots, disk reads overlapped with host-to-device
-    copies; after ``wait()`` the data is in device memory, visible to every stream. A torch
-    CUDA tensor's current stream is synchronized at submission. Without a usable CUDA
-    driver such buffers raise TypeError saying why (see ``deepio.gpu_info()``).
+    copies; after ``wait()`` the data is in device memory, visible to every stream. The copies
+    are ordered after the producer's work by a handshake on the device, never by stalling
+    the caller: an event recorded at submission on torch's current stream (torch tensors) or
+    DLPack's stream exchange (``__dlpack__(stream=...)``, other producers), which deepio's
+    copy streams wait for. Without a usable CUDA driver such buffers raise TypeError saying
+    why (see ``deepio.gpu_info()``).
 
     Thread-safe: any method may be called from several threads. Buffers passed to
     asynchronous calls are kept alive by the handle until ``wait()`` collects them; do not
@@ -177,7 +180,6 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def read(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
         """Reads ``buffer.nbytes`` bytes at ``file_offset`` into ``buffer``; returns 0.
         Blocks (GIL released); does not wait for other pending operations."""
-        _buffers.sync_producer_stream(buffer)
         self._h.sync(False, buffer, filename, file_offset, False)
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
@@ -189,7 +191,6 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         """Writes ``buffer`` at ``file_offset`` (creating the file, never truncating it);
         returns 0. Blocks (GIL released); does not wait for other pending operations.
         ``fsync=True``: returns once the data is on stable storage (fdatasync)."""
-        _buffers.sync_producer_stream(buffer)
         self._h.sync(True, buffer, filename, file_offset, False, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
@@ -287,7 +288,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         releases the GIL once and returns; the files are opened off the calling thread, so
         a file that cannot be opened, or a read past its end, is reported by wait() (the
         first failure raised, the others in its ``other_errors``), not here."""
-        _sync_streams(buffers)
+        _check_buffer_list(buffers)
         return cast(int, self._h.submit_batch(False, buffers, files, file_offsets))
 
     def async_pwrite_batch(
@@ -301,7 +302,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         """Queues one write per buffer in a single call (creating files, never truncating);
         returns how many were queued. Arguments and failures as for async_pread_batch.
         ``fsync=True``: each write completes once fdatasync made it durable (see async_pwrite)."""
-        _sync_streams(buffers)
+        _check_buffer_list(buffers)
         fsync = _bool_arg("fsync", fsync)
         return cast(int, self._h.submit_batch(True, buffers, files, file_offsets, False, fsync))
 
@@ -358,7 +359,6 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def _ranges(
         self, write: bool, buffer: Any, file: FileArg, file_offsets: Any, sizes: Any, buffer_offsets: Any, fsync: Any
     ) -> int:
-        _buffers.sync_producer_stream(buffer)
         return cast(
             int,
             self._h.submit_ranges(
@@ -465,14 +465,12 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     # ---------------------------------------------------------------------------- helpers
     def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any, fsync: Any = False) -> int:
-        _buffers.sync_producer_stream(buffer)
         n = self._h.sync(write, buffer, file, offset, True, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, file, offset)
         return n
 
     def _async(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any, fsync: Any = False) -> int:
-        _buffers.sync_producer_stream(buffer)
         self._h.submit(write, buffer, file, offset, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._to_validate.append((buffer, file, offset))
@@ -532,22 +530,10 @@ def _index_array(values: Any) -> Any:
     return values
 
 
-def _sync_streams(buffers: Sequence[Any]) -> None:
+def _check_buffer_list(buffers: Sequence[Any]) -> None:
     # A tensor or array is itself a sequence (of rows): refuse it rather than write its rows.
     if not isinstance(buffers, (list, tuple)):
         raise TypeError(f"buffers must be a list or tuple of buffers, not {type(buffers).__qualname__}")
-    # Once per CUDA device of the batch (see _buffers.sync_producer_stream). Only torch
-    # tensors can be CUDA tensors here: without torch imported (or without a tensor in the
-    # batch) this costs one type test per buffer, not a function call.
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    tensor = torch.Tensor
-    seen = set()
-    for b in buffers:
-        if isinstance(b, tensor) and b.is_cuda and b.device not in seen:
-            seen.add(b.device)
-            _buffers.sync_producer_stream(b)
 
 
 def _nbytes(buffer: Any) -> int:

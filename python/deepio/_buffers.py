@@ -45,14 +45,6 @@ def is_device_buffer(obj: Any) -> bool:
         return False
 
 
-def sync_producer_stream(obj: Any) -> None:
-    """Orders deepio's copies after the work queued on a torch CUDA tensor: deepio copies on
-    its own CUDA stream, so kernels still writing a source (or reading a destination) on the
-    caller's current stream must finish first. Other producers: the caller's job."""
-    if is_torch_cuda(obj):
-        sys.modules["torch"].cuda.current_stream(obj.device).synchronize()
-
-
 def is_numpy_array(obj: Any) -> bool:
     np = sys.modules.get("numpy")
     return np is not None and isinstance(obj, np.ndarray)

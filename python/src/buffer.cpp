@@ -280,6 +280,33 @@ Buffer import_buffer(nb::handle obj, bool writable, const char* role, bool allow
   return buf;
 }
 
+void order_after_producer(nb::handle obj, Buffer* buf) {
+  if (buf->device < 0 || buf->nbytes == 0) return;
+  if (PyObject* cls = torch_tensor_type(); cls != nullptr && PyObject_IsInstance(obj.ptr(), cls) == 1) {
+    // torch.cuda.current_stream(device).cuda_stream: a lookup, no synchronization.
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+    if (torch != nullptr) {
+      nb::object stream = nb::borrow(torch).attr("cuda").attr("current_stream")(buf->device);
+      buf->stream = nb::cast<std::uintptr_t>(stream.attr("cuda_stream"));
+      return;
+    }
+  }
+  if (!nb::hasattr(obj, "__dlpack__")) return;
+  std::uintptr_t s = 0;
+  {
+    nb::gil_scoped_release release;  // the first call makes the stream
+    s = consumer_stream(buf->device);
+  }
+  try {
+    // The capsule is dropped unconsumed (its deleter runs): only the ordering is wanted.
+    obj.attr("__dlpack__")(nb::arg("stream") = s);
+    buf->stream = s;
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    buf->stream = 0;  // the plain export (stream=None) orders before the legacy default stream
+  }
+}
+
 bool import_view(nb::handle obj, bool writable, std::deque<Py_buffer>* out) {
   if (PyObject_CheckBuffer(obj.ptr()) == 0) return false;
   Py_buffer& v = out->emplace_back();

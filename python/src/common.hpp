@@ -39,6 +39,9 @@ struct Buffer {
   void* data = nullptr;
   std::size_t nbytes = 0;
   int device = -1;  ///< CUDA device ordinal for device memory (allow_device only); -1: host
+  /// Device memory: the stream the transfer is ordered after (OpOptions::stream), set by
+  /// order_after_producer(); unset for host memory.
+  std::optional<std::uintptr_t> stream;
 };
 
 /// Imports `obj` through DLPack or the buffer protocol without ever copying. `writable`: the
@@ -51,6 +54,16 @@ struct Buffer {
 /// the driver does not know the address). Only for callers that hand the pointer to an engine
 /// that stages device memory (deepio::Handle, deepio::GdsHandle): never dereference it.
 Buffer import_buffer(nb::handle obj, bool writable, const char* role = "buffer", bool allow_device = false);
+
+/// The ordering handshake with the producer of a device buffer (`buf` imported from `obj`;
+/// nothing for host memory or an empty buffer): sets buf->stream, without waiting for anything.
+/// A torch tensor: torch's current stream on its device (`cuda_stream`; 0, the legacy default
+/// stream, for torch's default stream). Another DLPack producer: DLPack's stream exchange,
+/// `obj.__dlpack__(stream=S)` with S = deepio::consumer_stream(device), which orders the
+/// producer's pending work before S; a producer without the `stream` keyword (TypeError) is
+/// taken to have ordered it before the legacy default stream, as DLPack prescribes for the
+/// plain export. Raises what the producer or the driver raises.
+void order_after_producer(nb::handle obj, Buffer* buf);
 
 /// The buffers of a batch submitted without futures, one keep-alive shared by all its
 /// operations (the last one collected releases them all). `views`: contiguous buffer-protocol

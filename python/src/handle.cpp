@@ -127,12 +127,14 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
                  std::size_t* nbytes = nullptr, bool fsync = false) {
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
   const Target t = parse_target(file);
+  order_after_producer(buffer, buf.get());
   // A negative offset arrives as a huge one, which the engine refuses naming the value.
   const auto offset = static_cast<std::uint64_t>(file_offset);
   OpOptions op;
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.detached = detached;
   op.fsync = fsync;
+  op.stream = buf->stream;
   void* p = buf->data;
   const std::size_t n = buf->nbytes;
   Future fut = submit_released(write, n != 0 ? std::optional<Request>(Request{offset, n}) : std::nullopt, [&] {
@@ -393,8 +395,10 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
       r.nbytes = static_cast<std::size_t>(shared_keep->views.back().len);
     } else {
       auto b = std::make_shared<Buffer>(import_buffer(bufs_in[i], !write, "buffer", /*allow_device=*/true));
+      order_after_producer(bufs_in[i], b.get());
       r.buffer = b->data;
       r.nbytes = b->nbytes;
+      r.op.stream = b->stream;
       if (futures) {
         r.op.keep_alive = b;
         keep.push_back(std::move(b));
@@ -481,10 +485,12 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
   }
   // A negative file offset arrives as a huge one, which the engine refuses naming the value.
   for (std::size_t i = 0; i < n; ++i) ranges[i].file_offset = static_cast<std::uint64_t>(offs[i]);
+  order_after_producer(buffer, buf.get());
   OpOptions op;
   op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.fsync = fsync;
   op.detached = future;
+  op.stream = buf->stream;
   void* p = buf->data;
   const std::size_t nb = buf->nbytes;
   Future fut = submit_released(

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/stager.hpp"
 #include "memory/regions.hpp"
 #include "platform/fd.hpp"
 #include "platform/status.hpp"
@@ -109,6 +110,10 @@ class OpState : public std::enable_shared_from_this<OpState> {
   /// device() reset to -1). Set before dispatch; counted in the device_ops_* counters.
   [[nodiscard]] bool on_device() const noexcept { return on_device_; }
   void set_on_device(bool on) noexcept { on_device_ = on; }
+  /// What the op's device copies must come after (OpOptions::stream), or null. Set before
+  /// dispatch; held until the op is destroyed, so every slice's worker can order on it.
+  [[nodiscard]] const DeviceFence* fence() const noexcept { return fence_.get(); }
+  void set_fence(std::shared_ptr<DeviceFence> fence) noexcept { fence_ = std::move(fence); }
   /// The locked allocation holding the whole buffer (id 0: none). Set before dispatch.
   [[nodiscard]] const LockedRegion& region() const noexcept { return region_; }
   void set_region(const LockedRegion& region) noexcept { region_ = region; }
@@ -233,6 +238,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   int borrowed_source_ = -1;  // caller's descriptor, reopened without O_DIRECT when needed
   int device_ = -1;
   bool on_device_ = false;
+  std::shared_ptr<DeviceFence> fence_;
   SyncRunner* sync_ = nullptr;
   LockedRegion region_;
 

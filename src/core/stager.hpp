@@ -7,16 +7,34 @@
 //   reads:  from_staging(slot, dst) starts  after the slot's disk read completed;
 //           done(slot) / wait(slot)         the slot is reused only after the copy is done,
 //                                           and the operation completes only after all its copies.
+// Ordering against the producer (issue 26): an op on device memory may carry a DeviceFence,
+// recorded at submission on the caller's stream (OpOptions::stream). Before the first copy of
+// an op's slice, the worker calls order_after(fence): every copy the stager starts later
+// (device-to-host for writes, host-to-device for reads) runs after the work that stream had
+// queued at submission. The caller's thread never waits for it.
 // Errors are returned as Status (errno EIO with the driver's message).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
 #include "platform/status.hpp"
 
 namespace deepio::detail {
+
+/// The point of a producer's stream an op must come after (a CUDA event recorded on it at
+/// submission). Shared by the op's slices; destroyed with the op. Thread-safe.
+class DeviceFence {
+ public:
+  virtual ~DeviceFence() = default;
+  /// The driver's handle of the point (a CUevent), for stagers that order their stream on it.
+  [[nodiscard]] virtual void* handle() const noexcept = 0;
+  /// Blocks the calling thread until the work before the point has finished (for transfers
+  /// no stream orders: cuFile, host imitations). Returns the driver's error, if any.
+  virtual Status wait() const = 0;
+};
 
 class DeviceStager {
  public:
@@ -28,7 +46,16 @@ class DeviceStager {
   virtual bool done(int slot) = 0;
   /// Blocks until the slot's copy has finished; returns its error, if any.
   virtual Status wait(int slot) = 0;
+  /// Every copy started after this call runs after the fence's work (see the file comment).
+  /// A stager with a stream makes its stream wait (cuStreamWaitEvent) and returns at once;
+  /// the default blocks the calling worker thread in fence.wait().
+  virtual Status order_after(const DeviceFence& fence) { return fence.wait(); }
 };
+
+/// Records a fence on `stream` (a CUstream as an integer: 0 or 1 the legacy default stream,
+/// 2 the per-thread default stream) of device `device`, on the calling thread. nullptr and
+/// *why when the driver refuses.
+using FenceFactory = std::function<std::shared_ptr<DeviceFence>(int device, std::uintptr_t stream, Status* why)>;
 
 /// Makes the stager for memory on `device` with `slots` staging slots; nullptr + *why when it
 /// cannot (no driver).

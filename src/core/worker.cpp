@@ -25,6 +25,7 @@ struct Active {
   std::size_t seg = 0;    // next segment to issue from
   std::uint64_t pos = 0;  // bytes of segments[seg] already issued
   std::size_t outstanding = 0;
+  bool ordered = false;  // the op's fence (if any) was honoured before this slice's first copy
   [[nodiscard]] bool issued_all() const { return seg >= task.segments.size(); }
 };
 
@@ -218,6 +219,15 @@ struct Worker::Impl {
       }
       s.req.buf = s.user;
       if (a.task.direct_device) s.req.driver_file = a.task.driver_file.get();
+      if (a.task.direct_device && !a.ordered && op.fence() != nullptr) {
+        // A route's transfers (cuFile) follow no stream: this worker waits for the producer.
+        if (Status fs = op.fence()->wait(); !fs.ok()) {
+          fs.path = op.path();
+          op.fail(std::move(fs));
+          continue;
+        }
+        a.ordered = true;
+      }
       if (!staged) s.req.region = op.region();
       if (op.device() >= 0 || s.req.driver_file != nullptr) {
         w.counters_->device_requests.fetch_add(1, std::memory_order_relaxed);
@@ -235,6 +245,17 @@ struct Worker::Impl {
             why.path = op.path();
             op.fail(std::move(why));
             continue;
+          }
+          if (!a.ordered && op.fence() != nullptr) {
+            // Before this slice's first copy, either way: a write's device-to-host copy must
+            // see what the producer wrote, a read's host-to-device copy must not overtake
+            // what the producer still does with the destination.
+            if (Status os = st->order_after(*op.fence()); !os.ok()) {
+              os.path = op.path();
+              op.fail(std::move(os));
+              continue;
+            }
+            a.ordered = true;
           }
         }
         if (free_bounce.empty()) {

@@ -5,19 +5,32 @@
 // register_staging() page-locks the worker's bounce arena with cuMemHostRegister so copies are
 // real DMA. Destruction synchronizes the stream, destroys events and stream, unregisters the
 // arena and releases the context (the arena outlives the stager: see Worker::Impl).
-// Ordering: device→host copies (writes) are synchronous per chunk; host→device copies
+// Ordering against the producer: an op submitted with OpOptions::stream carries a CudaFence,
+// an event recorded on the caller's stream, on the caller's thread, in the device's primary
+// context (events come from a per-device pool, so a submission costs a record, not a create).
+// Before a slice's first copy the worker calls order_after(): cuStreamWaitEvent on this
+// stager's stream, so the copies wait on the device and no thread blocks; every later copy on
+// the stream is ordered after the producer's work too (conservative, never wrong).
+// Ordering of the copies: device→host copies (writes) are synchronous per chunk; host→device copies
 // (reads) are queued on the stream with an event per slot, and the worker reuses a slot or
 // completes an op only after the slot's event completed, so after wait() the bytes are in
 // device memory and visible to every stream. Errors: every CUresult is checked and becomes
 // a Status (EIO, ENOMEM) carrying the driver's error name.
 #include "engine/cuda_stager.hpp"
 
+#include "deepio/error.hpp"
+#include "deepio/gpu.hpp"
+
 #include <dlfcn.h>
 #include <link.h>
 
-#include <cstddef>
-#include <string_view>
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda.hpp"
@@ -106,6 +119,14 @@ class CudaStager final : public DeviceStager {
     return {};
   }
 
+  Status order_after(const DeviceFence& fence) override {
+    api_->cuCtxSetCurrent(ctx_);
+    if (CUresult r = api_->cuStreamWaitEvent(stream_, static_cast<CUevent>(fence.handle()), 0); r != CUDA_SUCCESS) {
+      return cuda_status(api_, r, "cuStreamWaitEvent on the producer's event");
+    }
+    return {};
+  }
+
   bool done(int slot) override {
     Event& e = events_.at(static_cast<std::size_t>(slot));
     if (!e.pending) return true;
@@ -146,6 +167,151 @@ class CudaStager final : public DeviceStager {
   void* registered_ = nullptr;
   std::vector<Event> events_;
 };
+
+// Events for fences of one device of one driver, and the device's primary context they live
+// in (retained once). Lives for the rest of the process once made: fences may be destroyed on
+// any thread at any time, including at exit, and the driver must not be called then; the
+// context reference and the events are left to the driver's teardown on purpose.
+class FencePool {
+ public:
+  FencePool(const CudaApi& api, int device) : api_(api), device_(device) {}
+
+  // Records a fence on `stream` on the calling thread, in the primary context, restoring
+  // the thread's current context afterwards.
+  std::shared_ptr<DeviceFence> record(std::uintptr_t stream, Status* why);
+
+  // The stream deepio owns on the device for DLPack's stream exchange (deepio::consumer_stream):
+  // non-blocking, made on first use, kept for the life of the process.
+  CUstream consumer_stream(Status* why);
+
+  void give_back(CUevent e) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(e);
+  }
+  const CudaApi& api() const { return api_; }
+  CUcontext context() const { return ctx_; }
+
+ private:
+  const CudaApi api_;  // a copy: a test's load_cuda() object may go before the pool
+  const int device_;
+  std::mutex mutex_;
+  CUcontext ctx_ = nullptr;      // guarded by mutex_ until set
+  std::vector<CUevent> free_;    // guarded by mutex_
+  CUstream consumer_ = nullptr;  // guarded by mutex_
+
+  // Under mutex_: retains the primary context once.
+  Status retain_locked();
+};
+
+class CudaFence final : public DeviceFence {
+ public:
+  CudaFence(FencePool* pool, CUevent event) : pool_(pool), event_(event) {}
+  ~CudaFence() override { pool_->give_back(event_); }
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+
+  [[nodiscard]] void* handle() const noexcept override { return event_; }
+  Status wait() const override {
+    const CudaApi& api = pool_->api();
+    CUcontext prev = nullptr;
+    api.cuCtxGetCurrent(&prev);
+    if (prev != pool_->context()) api.cuCtxSetCurrent(pool_->context());
+    const CUresult r = api.cuEventSynchronize(event_);
+    if (prev != pool_->context()) api.cuCtxSetCurrent(prev);
+    if (r != CUDA_SUCCESS) return cuda_status(&api, r, "waiting for the producer's stream");
+    return {};
+  }
+
+ private:
+  FencePool* pool_;
+  CUevent event_;
+};
+
+Status FencePool::retain_locked() {
+  if (ctx_ != nullptr) return {};
+  CUdevice dev = 0;
+  if (CUresult r = api_.cuDeviceGet(&dev, device_); r != CUDA_SUCCESS) return cuda_status(&api_, r, "cuDeviceGet");
+  if (CUresult r = api_.cuDevicePrimaryCtxRetain(&ctx_, dev); r != CUDA_SUCCESS) {
+    ctx_ = nullptr;
+    return cuda_status(&api_, r, "cuDevicePrimaryCtxRetain");
+  }
+  return {};
+}
+
+CUstream FencePool::consumer_stream(Status* why) {
+  std::lock_guard lock(mutex_);
+  if (consumer_ != nullptr) return consumer_;
+  if (*why = retain_locked(); !why->ok()) return nullptr;
+  CUcontext prev = nullptr;
+  api_.cuCtxGetCurrent(&prev);
+  api_.cuCtxSetCurrent(ctx_);
+  CUstream s = nullptr;
+  const CUresult r = api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  api_.cuCtxSetCurrent(prev);
+  if (r != CUDA_SUCCESS) {
+    *why = cuda_status(&api_, r, "cuStreamCreate for DLPack's stream exchange");
+    return nullptr;
+  }
+  consumer_ = s;
+  return s;
+}
+
+std::shared_ptr<DeviceFence> FencePool::record(std::uintptr_t stream, Status* why) {
+  CUevent e = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (*why = retain_locked(); !why->ok()) return nullptr;
+    if (!free_.empty()) {
+      e = free_.back();
+      free_.pop_back();
+    }
+  }
+  CUcontext prev = nullptr;
+  api_.cuCtxGetCurrent(&prev);
+  const bool switched = prev != ctx_;
+  if (switched) api_.cuCtxSetCurrent(ctx_);
+  CUresult r = CUDA_SUCCESS;
+  if (e == nullptr) r = api_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) {
+    *why = cuda_status(&api_, r, "cuEventCreate for the producer's stream");
+  } else if (r = api_.cuEventRecord(e, reinterpret_cast<CUstream>(stream)); r != CUDA_SUCCESS) {
+    *why = cuda_status(&api_, r, "cuEventRecord on the producer's stream");
+  }
+  if (switched) api_.cuCtxSetCurrent(prev);
+  if (r != CUDA_SUCCESS) {
+    if (e != nullptr) give_back(e);
+    return nullptr;
+  }
+  try {
+    return std::make_shared<CudaFence>(this, e);
+  } catch (...) {
+    give_back(e);
+    throw;
+  }
+}
+
+// The pool for (driver, device), made on first use. Keyed by the driver's cuInit address,
+// which names the loaded library even when a test's CudaApi object has gone.
+FencePool& fence_pool(const CudaApi* api, int device) {
+  static std::mutex mutex;
+  static auto* pools = new std::map<std::pair<std::uintptr_t, int>, FencePool*>();  // never freed: see FencePool
+  const auto key = std::make_pair(reinterpret_cast<std::uintptr_t>(api->cuInit), device);
+  std::lock_guard lock(mutex);
+  auto it = pools->find(key);
+  if (it == pools->end()) it = pools->emplace(key, new FencePool(*api, device)).first;
+  return *it->second;
+}
+
+FenceFactory fence_factory(const CudaApi* api) {
+  return [api](int device, std::uintptr_t stream, Status* why) -> std::shared_ptr<DeviceFence> {
+    const CudaApi* a = api;
+    if (a == nullptr) {
+      a = cuda(why);
+      if (a == nullptr) return nullptr;
+    }
+    return fence_pool(a, device).record(stream, why);
+  };
+}
 
 // True once the process itself has loaded the CUDA driver: before that no pointer can be
 // device memory, and deepio must not be the one to pay for cuInit. Called on every
@@ -224,6 +390,7 @@ DeviceSupport cuda_device_support() {
     if (!st->init(why).ok()) return nullptr;
     return st;
   };
+  s.make_fence = fence_factory(nullptr);
   return s;
 }
 
@@ -238,7 +405,26 @@ DeviceSupport cuda_device_support(const CudaApi* api) {
     if (!st->init(why).ok()) return nullptr;
     return st;
   };
+  s.make_fence = fence_factory(api);
   return s;
 }
 
 }  // namespace deepio::detail
+
+namespace deepio {
+
+std::uintptr_t consumer_stream(int device) {
+  using namespace detail;
+  Status why;
+  const gpu::CudaApi* api = gpu::cuda(&why);
+  if (api == nullptr) throw_error(why.errnum, why.message);
+  if (device < 0 || device >= api->device_count) {
+    throw InvalidArgument("consumer_stream: no CUDA device " + std::to_string(device) + " (the driver has " +
+                          std::to_string(api->device_count) + ")");
+  }
+  gpu::CUstream s = fence_pool(api, device).consumer_stream(&why);
+  if (s == nullptr) throw_error(why.errnum, why.message);
+  return reinterpret_cast<std::uintptr_t>(s);
+}
+
+}  // namespace deepio

@@ -17,7 +17,7 @@ DeviceSupport default_support() {
   return cuda_device_support();
 #else
   // Built without the GPU layer: every pointer is host memory.
-  return DeviceSupport{[](const void*) { return -1; }, {}};
+  return DeviceSupport{[](const void*) { return -1; }, {}, {}};
 #endif
 }
 }  // namespace

@@ -15,6 +15,9 @@ struct DeviceSupport {
   /// The device ordinal that owns `p`, or -1 for host memory. Must be cheap and thread-safe.
   std::function<int(const void* p)> classify;
   StagerFactory make_stager;
+  /// For ops with OpOptions::stream on device memory; empty: the stream is not used (no
+  /// driver that can order copies, e.g. a test's host imitation).
+  FenceFactory make_fence;
 };
 
 /// The support handles use; read once per handle at construction.

@@ -126,6 +126,14 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
   }
   if (nbytes > 0) op->set_device(device_.classify(buf));
   op->set_on_device(op->device() >= 0);
+  if (op->on_device() && op_options.stream && device_.make_fence) {
+    // The handshake with the producer (OpOptions::stream): an event recorded here, on the
+    // caller's thread, that the workers' copies wait for on their own streams.
+    Status why;
+    auto fence = device_.make_fence(op->device(), *op_options.stream, &why);
+    if (!fence) throw_error(why.errnum, why.message, op->path(), file_offset, nbytes);
+    op->set_fence(std::move(fence));
+  }
   // Only io_uring registers buffers; the lookup is skipped for the others.
   if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, extent));
   return op;

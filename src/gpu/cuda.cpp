@@ -64,6 +64,7 @@ std::string resolve_all(const Library& lib, CudaApi* api) {
   resolve(lib, "cuMemHostUnregister", &api->cuMemHostUnregister, &missing);
   resolve(lib, "cuGetErrorString", &api->cuGetErrorString, &missing);
   resolve(lib, "cuGetErrorName", &api->cuGetErrorName, &missing);
+  resolve(lib, "cuStreamWaitEvent", &api->cuStreamWaitEvent, &missing);
   return missing;
 }
 

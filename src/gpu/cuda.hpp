@@ -101,6 +101,8 @@ struct CudaApi {
   CUresult (*cuMemHostUnregister)(void* p) = nullptr;
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
   CUresult (*cuGetErrorName)(CUresult error, const char** name) = nullptr;
+  // Added for stream-ordered staging (issue 26): keep new entry points at the end.
+  CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags) = nullptr;
 
   std::string library;     ///< the file dlopen() accepted
   int driver_version = 0;  ///< cuDriverGetVersion, e.g. 12040

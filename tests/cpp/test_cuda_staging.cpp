@@ -4,6 +4,8 @@
 // Run without that variable on a GPU machine, the first two tests use the real driver.
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -141,6 +143,67 @@ TEST_F(CudaStaging, DriverCopyErrorsSurfaceWithTheirName) {
   }
   set_result(nullptr, 0, 0);
   EXPECT_EQ(h.sync_pread(dev, n, path), 1u) << "the handle stays usable";
+}
+
+// The producer handshake (OpOptions::stream) on whichever driver runs this: the real one on a
+// GPU machine (scripts/gpu-check.sh, step "staging"), the fake here. The producer's stream is
+// kept busy (the real driver: a chain of large device-to-device copies, ~100 ms on an H100;
+// the fake: a late fill), then sets the buffer with cuMemsetD8Async. A write ordered after it
+// must write what it set; a read into it must end with the file's bytes, not the memset's.
+TEST_F(CudaStaging, ProducerStreamOrdersTheStagedCopies) {
+  using Memset = CUresult(CUdeviceptr, unsigned char, std::size_t, CUstream);
+  using DtoD = CUresult(CUdeviceptr, CUdeviceptr, std::size_t, CUstream);
+  using Fill = CUresult(void*, std::uintptr_t, int, std::size_t, long);
+  void* lib = ::dlopen(api_->library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto* memset_async = reinterpret_cast<Memset*>(::dlsym(lib, "cuMemsetD8Async"));
+  auto* dtod_async = reinterpret_cast<DtoD*>(::dlsym(lib, "cuMemcpyDtoDAsync_v2"));
+  auto* fake_fill = reinterpret_cast<Fill*>(::dlsym(lib, "deepio_fake_cuda_enqueue_fill"));
+  ::dlclose(lib);
+  ASSERT_NE(memset_async, nullptr);
+  ASSERT_NE(dtod_async, nullptr);
+  const std::size_t busy_bytes = fake_fill != nullptr ? 4096 : std::size_t{512} << 20;
+  const auto scratch_a = reinterpret_cast<CUdeviceptr>(device_alloc(busy_bytes));
+  const auto scratch_b = reinterpret_cast<CUdeviceptr>(device_alloc(busy_bytes));
+  const std::size_t n = (4 << 20) + 4097;
+  void* dev = device_alloc(n);
+  const auto d = reinterpret_cast<CUdeviceptr>(dev);
+  const auto data = pattern(n, 77);
+  CUstream side = nullptr;
+  ASSERT_EQ(api_->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2});
+  for (CUstream producer : {CUstream{nullptr}, side}) {
+    SCOPED_TRACE(producer == nullptr ? "legacy default stream" : "non-blocking stream");
+    auto keep_busy = [&] {
+      if (fake_fill != nullptr) {
+        ASSERT_EQ(fake_fill(producer, scratch_a, 1, busy_bytes, 200'000), CUDA_SUCCESS);
+        return;
+      }
+      for (int i = 0; i < 100; ++i) ASSERT_EQ(dtod_async(scratch_b, scratch_a, busy_bytes, producer), CUDA_SUCCESS);
+    };
+    OpOptions after;
+    after.stream = reinterpret_cast<std::uintptr_t>(producer);
+    ASSERT_EQ(memset_async(d, 0, n, producer), CUDA_SUCCESS);
+    ASSERT_EQ(api_->cuStreamSynchronize(producer), CUDA_SUCCESS);
+
+    keep_busy();
+    ASSERT_EQ(memset_async(d, 0x5C, n, producer), CUDA_SUCCESS);
+    const std::string path = dir_.file("order.bin");
+    EXPECT_EQ(h.async_pwrite(dev, n, path, 0, after).get(), n);
+    const auto file = slurp(path);
+    EXPECT_EQ(std::count(file.begin(), file.end(), std::byte{0x5C}), static_cast<std::ptrdiff_t>(n))
+        << "the write staged the memory before the producer set it";
+
+    test::put(path, data);
+    keep_busy();
+    ASSERT_EQ(memset_async(d, 0x77, n, producer), CUDA_SUCCESS);
+    EXPECT_EQ(h.async_pread(dev, n, path, 0, after).get(), n);
+    ASSERT_EQ(api_->cuStreamSynchronize(producer), CUDA_SUCCESS);
+    std::vector<std::byte> back(n);
+    ASSERT_EQ(api_->cuMemcpyDtoH(back.data(), d, n), CUDA_SUCCESS);
+    EXPECT_TRUE(back == data) << "the producer's memset overwrote the read";
+  }
+  EXPECT_EQ(api_->cuStreamDestroy(side), CUDA_SUCCESS);
 }
 
 }  // namespace

@@ -108,7 +108,8 @@ class Staging : public test::BackendTest {
                                   ++dev_.stagers;
                                   dev_.slots = slots;
                                   return std::make_unique<FakeStager>(&dev_);
-                                }});
+                                },
+                                {}});
   }
   void TearDown() override {
     detail::set_device_support({});
@@ -174,7 +175,7 @@ TEST_P(Staging, CopyFailureFailsTheOpAfterEverythingFinished) {
 }
 
 TEST_P(Staging, NoDriverMeansAClearError) {
-  detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; }, {}});
+  detail::set_device_support({[this](const void* p) { return dev_.owns(p) ? 0 : -1; }, {}, {}});
   Handle h(opts({}));
   const std::string path = dir_.file("x");
   test::put(path, pattern(10000, 1));

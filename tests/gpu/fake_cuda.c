@@ -9,8 +9,27 @@
  *     once, after `after` more successful calls; name NULL clears.
  *   deepio_fake_cuda_set_device_count(n), deepio_fake_cuda_live_allocations(),
  *   deepio_fake_cuda_find(ptr, size, &base, &nbytes) (used by the fake cuFile),
- *   deepio_fake_cuda_adopt_all(on): every address but registered host memory is device memory. */
+ *   deepio_fake_cuda_adopt_all(on): every address but registered host memory is device memory.
+ *
+ * Streams are asynchronous, as on a GPU (the part that shows ordering bugs): every stream,
+ * and the legacy default stream (handle 0, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2 all
+ * name it here), has its own worker thread that runs the stream's work in order, later than
+ * the call that queued it: cuMemcpy{HtoD,DtoH}Async copy when the stream reaches them (after
+ * the copy delay, deepio_fake_cuda_set_copy_delay_us), cuEventRecord marks the point an event
+ * completes at, cuStreamWaitEvent makes a stream wait until that point of the other stream.
+ * cuStreamSynchronize, cuEventSynchronize and cuEventQuery answer accordingly. The synchronous
+ * cuMemcpyHtoD/DtoH first wait for the legacy stream, as the real ones do. Not modelled: the
+ * implicit synchronisation of blocking streams with the legacy stream.
+ *   deepio_fake_cuda_enqueue_fill(stream, ptr, byte, nbytes, delay_us): a "kernel" on `stream`
+ *     that, when the stream reaches it, sleeps delay_us and then sets nbytes at ptr to byte
+ *     (a producer whose work is still queued); returns 0 or a CUresult.
+ *   deepio_fake_cuda_set_copy_delay_us(us): each asynchronous copy takes at least us.
+ *   deepio_fake_cuda_stream_waits(): how many cuStreamWaitEvent calls were made.
+ * cuMemcpyDtoDAsync_v2 and cuMemsetD8Async (stream ops too) are exported for tests that play a
+ * producer the same way on the real driver; deepio does not use them. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <pthread.h>
+#include <time.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -280,10 +299,12 @@ static CUresult free_impl(CUdeviceptr p) {
   free((void*)(uintptr_t)p);
   return 0;
 }
+static CUresult legacy_sync(void);
 static CUresult htod(CUdeviceptr dst, const void* src, size_t n) {
   CHECK("cuMemcpyHtoD");
   NEEDS_CONTEXT();
   if (!deepio_fake_cuda_find((uintptr_t)dst, n, NULL, NULL)) return 1;
+  legacy_sync();
   memcpy((void*)(uintptr_t)dst, src, n);
   return 0;
 }
@@ -291,6 +312,7 @@ static CUresult dtoh(void* dst, CUdeviceptr src, size_t n) {
   CHECK("cuMemcpyDtoH");
   NEEDS_CONTEXT();
   if (!deepio_fake_cuda_find((uintptr_t)src, n, NULL, NULL)) return 1;
+  legacy_sync();
   memcpy(dst, (const void*)(uintptr_t)src, n);
   return 0;
 }
@@ -302,15 +324,192 @@ static CUresult host_register(void* p, size_t n, unsigned int flags) {
   return record((uintptr_t)p, n, 1) ? 0 : 2;
 }
 
-struct object {
+/* ---- streams and events ----
+ * Guarded by qlock; qcond is broadcast whenever a stream's work advances or is queued.
+ * A stream is a slot of `streams` (slot 0: the legacy default stream), never freed: an event
+ * remembers (slot, generation, position), so an event recorded on a destroyed stream (whose
+ * work was finished before its slot was reused) reads as complete instead of touching freed
+ * memory. A handle given out is &streams[i]. */
+enum { MAX_STREAMS = 256, OP_COPY = 1, OP_FILL = 2, OP_WAIT = 3 };
+struct op {
   int kind;
+  void* dst;
+  const void* src;
+  size_t nbytes;
+  int byte;
+  long delay_us;
+  int wait_slot; /* OP_WAIT: until streams[wait_slot] (of wait_gen) has done wait_target ops */
+  unsigned wait_gen;
+  unsigned long long wait_target;
+  struct op* next;
 };
-static CUresult object_create(void** out, int kind) {
-  struct object* o = malloc(sizeof *o);
-  if (o == NULL) return 2;
-  o->kind = kind;
-  *out = o;
+struct stream {
+  int used;
+  unsigned gen;
+  int stopping;
+  int has_thread;
+  pthread_t thread;
+  unsigned long long queued; /* ops ever queued */
+  unsigned long long done;   /* ops ever finished, in order */
+  struct op* head;
+  struct op* tail;
+};
+struct event {
+  int kind;
+  int recorded;
+  int slot;
+  unsigned gen;
+  unsigned long long target;
+};
+static struct stream streams[MAX_STREAMS];
+static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
+static long copy_delay_us; /* guarded by qlock */
+static long stream_waits;  /* guarded by qlock */
+
+static void sleep_us(long us) {
+  if (us <= 0) return;
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* Under qlock: whether streams[slot] of generation gen has finished its first target ops. */
+static int reached(int slot, unsigned gen, unsigned long long target) {
+  const struct stream* s = &streams[slot];
+  return s->gen != gen || s->done >= target;
+}
+
+static void* stream_main(void* arg) {
+  struct stream* s = arg;
+  pthread_mutex_lock(&qlock);
+  for (;;) {
+    struct op* o = s->head;
+    if (o == NULL) {
+      if (s->stopping) break;
+      pthread_cond_wait(&qcond, &qlock);
+      continue;
+    }
+    if (o->kind == OP_WAIT && !reached(o->wait_slot, o->wait_gen, o->wait_target)) {
+      pthread_cond_wait(&qcond, &qlock);
+      continue;
+    }
+    const long delay = o->kind == OP_COPY ? copy_delay_us : o->delay_us;
+    pthread_mutex_unlock(&qlock);
+    sleep_us(delay);
+    if (o->kind == OP_COPY) memcpy(o->dst, o->src, o->nbytes);
+    if (o->kind == OP_FILL) memset(o->dst, o->byte, o->nbytes);
+    pthread_mutex_lock(&qlock);
+    s->head = o->next;
+    if (s->head == NULL) s->tail = NULL;
+    ++s->done;
+    free(o);
+    pthread_cond_broadcast(&qcond);
+  }
+  pthread_mutex_unlock(&qlock);
+  return NULL;
+}
+
+/* The slot a stream handle names: 0 for the legacy/per-thread default handles, -1 for junk. */
+static int stream_slot(void* handle) {
+  const uintptr_t h = (uintptr_t)handle;
+  if (h <= 2) return 0;
+  const uintptr_t first = (uintptr_t)&streams[0];
+  if (h < first || h >= (uintptr_t)&streams[MAX_STREAMS] || (h - first) % sizeof(struct stream) != 0) return -1;
+  return (int)((h - first) / sizeof(struct stream));
+}
+
+/* Under qlock: starts the stream's thread on first use (the legacy stream's runs for the life
+ * of the process, detached). */
+static int ensure_thread(int slot) {
+  struct stream* s = &streams[slot];
+  if (s->has_thread) return 0;
+  if (pthread_create(&s->thread, NULL, stream_main, s) != 0) return 2;
+  if (slot == 0) pthread_detach(s->thread);
+  s->has_thread = 1;
   return 0;
+}
+
+/* Queues o on the stream `handle`; frees o and returns a CUresult on failure. */
+static CUresult enqueue(void* handle, struct op* o) {
+  const int slot = stream_slot(handle);
+  if (slot < 0) {
+    free(o);
+    return 400; /* CUDA_ERROR_INVALID_HANDLE */
+  }
+  pthread_mutex_lock(&qlock);
+  struct stream* s = &streams[slot];
+  if (slot != 0 && !s->used) {
+    pthread_mutex_unlock(&qlock);
+    free(o);
+    return 400;
+  }
+  if (ensure_thread(slot) != 0) {
+    pthread_mutex_unlock(&qlock);
+    free(o);
+    return 2;
+  }
+  o->next = NULL;
+  if (s->tail != NULL) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  ++s->queued;
+  pthread_cond_broadcast(&qcond);
+  pthread_mutex_unlock(&qlock);
+  return 0;
+}
+
+static struct op* new_op(int kind) {
+  struct op* o = calloc(1, sizeof *o);
+  if (o != NULL) o->kind = kind;
+  return o;
+}
+
+/* Waits until the stream has run everything queued on it so far. */
+static CUresult stream_sync(void* handle) {
+  const int slot = stream_slot(handle);
+  if (slot < 0) return 400;
+  pthread_mutex_lock(&qlock);
+  struct stream* s = &streams[slot];
+  const unsigned gen = s->gen;
+  const unsigned long long target = s->queued;
+  while (!reached(slot, gen, target)) pthread_cond_wait(&qcond, &qlock);
+  pthread_mutex_unlock(&qlock);
+  return 0;
+}
+static CUresult legacy_sync(void) { return stream_sync(NULL); }
+
+static CUresult copy_async(void* dst, const void* src, size_t n, void* stream) {
+  struct op* o = new_op(OP_COPY);
+  if (o == NULL) return 2;
+  o->dst = dst;
+  o->src = src;
+  o->nbytes = n;
+  return enqueue(stream, o);
+}
+
+EXPORT CUresult deepio_fake_cuda_enqueue_fill(void* stream, uintptr_t ptr, int byte, size_t nbytes, long delay_us) {
+  if (!deepio_fake_cuda_find(ptr, nbytes, NULL, NULL)) return 1;
+  struct op* o = new_op(OP_FILL);
+  if (o == NULL) return 2;
+  o->dst = (void*)ptr;
+  o->byte = byte;
+  o->nbytes = nbytes;
+  o->delay_us = delay_us;
+  return enqueue(stream, o);
+}
+
+EXPORT void deepio_fake_cuda_set_copy_delay_us(long us) {
+  pthread_mutex_lock(&qlock);
+  copy_delay_us = us;
+  pthread_mutex_unlock(&qlock);
+}
+
+EXPORT long deepio_fake_cuda_stream_waits(void) {
+  pthread_mutex_lock(&qlock);
+  const long n = stream_waits;
+  pthread_mutex_unlock(&qlock);
+  return n;
 }
 
 #ifdef FAKE_CUDA_OLD
@@ -325,16 +524,57 @@ EXPORT CUresult V2(cuMemFree)(CUdeviceptr p) { return free_impl(p); }
 EXPORT CUresult V2(cuMemcpyHtoD)(CUdeviceptr d, const void* s, size_t n) { return htod(d, s, n); }
 EXPORT CUresult V2(cuMemcpyDtoH)(void* d, CUdeviceptr s, size_t n) { return dtoh(d, s, n); }
 EXPORT CUresult V2(cuMemcpyHtoDAsync)(CUdeviceptr d, const void* s, size_t n, void* st) {
-  (void)st;
-  return htod(d, s, n);
+  CHECK("cuMemcpyHtoD");
+  NEEDS_CONTEXT();
+  if (!deepio_fake_cuda_find((uintptr_t)d, n, NULL, NULL)) return 1;
+  return copy_async((void*)(uintptr_t)d, s, n, st);
 }
 EXPORT CUresult V2(cuMemcpyDtoHAsync)(void* d, CUdeviceptr s, size_t n, void* st) {
-  (void)st;
-  return dtoh(d, s, n);
+  CHECK("cuMemcpyDtoH");
+  NEEDS_CONTEXT();
+  if (!deepio_fake_cuda_find((uintptr_t)s, n, NULL, NULL)) return 1;
+  return copy_async(d, (const void*)(uintptr_t)s, n, st);
+}
+/* Not used by deepio; tests play a producer with them on either driver. */
+EXPORT CUresult V2(cuMemcpyDtoDAsync)(CUdeviceptr d, CUdeviceptr s, size_t n, void* st) {
+  CHECK("cuMemcpyDtoD");
+  NEEDS_CONTEXT();
+  if (!deepio_fake_cuda_find((uintptr_t)d, n, NULL, NULL) || !deepio_fake_cuda_find((uintptr_t)s, n, NULL, NULL)) {
+    return 1;
+  }
+  return copy_async((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n, st);
+}
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char value, size_t n, void* st) {
+  NEEDS_CONTEXT();
+  return deepio_fake_cuda_enqueue_fill(st, (uintptr_t)d, value, n, 0);
 }
 EXPORT CUresult V2(cuMemHostRegister)(void* p, size_t n, unsigned int f) { return host_register(p, n, f); }
-EXPORT CUresult V2(cuStreamDestroy)(void* s) {
-  free(s);
+/* The real driver returns at once and finishes the stream's queued work later; here the call
+ * waits for the stream's thread to finish it and end (no caller relies on the difference).
+ * The slot is reused only after that. */
+EXPORT CUresult V2(cuStreamDestroy)(void* handle) {
+  const int slot = stream_slot(handle);
+  if (slot <= 0) return 400;
+  pthread_mutex_lock(&qlock);
+  struct stream* s = &streams[slot];
+  if (!s->used) {
+    pthread_mutex_unlock(&qlock);
+    return 400;
+  }
+  const int joined = s->has_thread;
+  const pthread_t thread = s->thread;
+  s->stopping = 1;
+  pthread_cond_broadcast(&qcond);
+  pthread_mutex_unlock(&qlock);
+  if (joined) pthread_join(thread, NULL);
+  pthread_mutex_lock(&qlock);
+  ++s->gen; /* events recorded on it now read as complete */
+  s->used = 0;
+  s->stopping = 0;
+  s->has_thread = 0;
+  s->queued = s->done = 0;
+  pthread_cond_broadcast(&qcond);
+  pthread_mutex_unlock(&qlock);
   return 0;
 }
 EXPORT CUresult V2(cuEventDestroy)(void* e) {
@@ -347,42 +587,95 @@ EXPORT CUresult cuMemHostUnregister(void* p) {
   NEEDS_CONTEXT();
   return forget((uintptr_t)p, 1) ? 0 : 713;
 }
-EXPORT CUresult cuStreamCreate(void** s, unsigned int flags) {
+EXPORT CUresult cuStreamCreate(void** out, unsigned int flags) {
   (void)flags;
   CHECK("cuStreamCreate");
   NEEDS_CONTEXT();
-  return object_create(s, 1);
+  pthread_mutex_lock(&qlock);
+  for (int i = 1; i < MAX_STREAMS; ++i) {
+    if (!streams[i].used) {
+      streams[i].used = 1;
+      *out = &streams[i];
+      pthread_mutex_unlock(&qlock);
+      return 0;
+    }
+  }
+  pthread_mutex_unlock(&qlock);
+  return 2;
 }
 EXPORT CUresult cuStreamSynchronize(void* s) {
-  (void)s;
   CHECK("cuStreamSynchronize");
   NEEDS_CONTEXT();
-  return 0;
+  return stream_sync(s);
 }
-EXPORT CUresult cuEventCreate(void** e, unsigned int flags) {
+EXPORT CUresult cuEventCreate(void** out, unsigned int flags) {
   (void)flags;
   CHECK("cuEventCreate");
   NEEDS_CONTEXT();
-  return object_create(e, 2);
+  struct event* e = calloc(1, sizeof *e);
+  if (e == NULL) return 2;
+  e->kind = 2;
+  *out = e;
+  return 0;
 }
-EXPORT CUresult cuEventRecord(void* e, void* s) {
-  (void)e;
-  (void)s;
+EXPORT CUresult cuEventRecord(void* ev, void* handle) {
   CHECK("cuEventRecord");
   NEEDS_CONTEXT();
+  struct event* e = ev;
+  const int slot = stream_slot(handle);
+  if (e == NULL || slot < 0) return 400;
+  pthread_mutex_lock(&qlock);
+  if (slot != 0 && !streams[slot].used) {
+    pthread_mutex_unlock(&qlock);
+    return 400;
+  }
+  e->recorded = 1;
+  e->slot = slot;
+  e->gen = streams[slot].gen;
+  e->target = streams[slot].queued;
+  pthread_mutex_unlock(&qlock);
   return 0;
 }
-EXPORT CUresult cuEventQuery(void* e) {
-  (void)e;
+/* Under qlock. An event never recorded counts as complete, as on the real driver. */
+static int event_done(const struct event* e) { return !e->recorded || reached(e->slot, e->gen, e->target); }
+EXPORT CUresult cuEventQuery(void* ev) {
   CHECK("cuEventQuery");
   NEEDS_CONTEXT();
-  return 0;
+  if (ev == NULL) return 400;
+  pthread_mutex_lock(&qlock);
+  const int done = event_done(ev);
+  pthread_mutex_unlock(&qlock);
+  return done ? 0 : 600;
 }
-EXPORT CUresult cuEventSynchronize(void* e) {
-  (void)e;
+EXPORT CUresult cuEventSynchronize(void* ev) {
   CHECK("cuEventSynchronize");
   NEEDS_CONTEXT();
+  if (ev == NULL) return 400;
+  pthread_mutex_lock(&qlock);
+  while (!event_done(ev)) pthread_cond_wait(&qcond, &qlock);
+  pthread_mutex_unlock(&qlock);
   return 0;
+}
+EXPORT CUresult cuStreamWaitEvent(void* handle, void* ev, unsigned int flags) {
+  CHECK("cuStreamWaitEvent");
+  NEEDS_CONTEXT();
+  const struct event* e = ev;
+  if (e == NULL || flags != 0) return 1;
+  struct op* o = new_op(OP_WAIT);
+  if (o == NULL) return 2;
+  pthread_mutex_lock(&qlock);
+  ++stream_waits;
+  if (e->recorded) {
+    o->wait_slot = e->slot;
+    o->wait_gen = e->gen;
+    o->wait_target = e->target;
+  } else {
+    o->wait_slot = 0; /* never recorded: nothing to wait for */
+    o->wait_gen = streams[0].gen;
+    o->wait_target = 0;
+  }
+  pthread_mutex_unlock(&qlock);
+  return enqueue(handle, o);
 }
 EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {
   switch (r) {

@@ -119,6 +119,7 @@ TEST_F(FakeCuda, CopiesStreamsAndEventsThroughTheShim) {
   ASSERT_EQ(api_->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
   ASSERT_EQ(api_->cuMemcpyHtoDAsync(d, src.data(), src.size(), s), CUDA_SUCCESS);
   ASSERT_EQ(api_->cuEventRecord(e, s), CUDA_SUCCESS);
+  ASSERT_EQ(api_->cuEventSynchronize(e), CUDA_SUCCESS);
   EXPECT_EQ(api_->cuEventQuery(e), CUDA_SUCCESS);
   ASSERT_EQ(api_->cuMemcpyDtoHAsync(back.data(), d, back.size(), s), CUDA_SUCCESS);
   ASSERT_EQ(api_->cuStreamSynchronize(s), CUDA_SUCCESS);

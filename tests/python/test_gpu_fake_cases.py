@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import random
+import time
 
 import pytest
 
@@ -276,6 +277,139 @@ def test_device_buffers_still_refused_where_cpu_memory_is_needed(dev, tmp):
     (tmp / "v").write_bytes(b"a" * 16)
     with pytest.raises(TypeError, match="validate=True needs a torch tensor"):
         h.sync_pread(buf, str(tmp / "v")) and h.read(buf, str(tmp / "v"), True)
+
+
+# --------------------------------------------------------- stream order by handshake (issue 26)
+
+LATE_US = 300_000  # how late a producer's fill runs on the fake's streams
+
+
+class StreamProducer(FakeCudaTensor):
+    """A producer with work queued on its own stream, speaking DLPack's stream exchange as
+    CuPy does: ``__dlpack__(stream=S)`` records an event on its stream and makes S wait for
+    it. ``streams`` records what it was asked."""
+
+    def __init__(self, cuda: FakeCuda, nbytes: int) -> None:
+        super().__init__(cuda, nbytes)
+        lib = cuda.lib
+        lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+        lib.cuEventDestroy_v2.argtypes = [ctypes.c_void_p]
+        lib.deepio_fake_cuda_enqueue_fill.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_long
+        ]
+        cuda._current()
+        self.stream = ctypes.c_void_p()
+        assert lib.cuStreamCreate(ctypes.byref(self.stream), 1) == 0  # CU_STREAM_NON_BLOCKING
+        self.streams: list = []
+
+    def fill_late(self, byte: int) -> None:
+        """A "kernel" on the producer's stream that writes every byte, LATE_US from now."""
+        assert self.cuda.lib.deepio_fake_cuda_enqueue_fill(self.stream, self.ptr, byte, self.nbytes, LATE_US) == 0
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.streams.append(stream)
+        if stream is not None and stream != -1:
+            lib = self.cuda.lib
+            self.cuda._current()
+            e = ctypes.c_void_p()
+            assert lib.cuEventCreate(ctypes.byref(e), 2) == 0
+            assert lib.cuEventRecord(e, self.stream) == 0
+            assert lib.cuStreamWaitEvent(stream, e, 0) == 0
+            assert lib.cuEventDestroy_v2(e) == 0
+        return super().__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def settle(self) -> bytes:
+        """The bytes once the producer's stream is idle."""
+        self.cuda._current()
+        assert self.cuda.lib.cuStreamSynchronize(self.stream) == 0
+        return self.read()
+
+    def free(self) -> None:
+        self.settle()
+        assert self.cuda.lib.cuStreamDestroy_v2(self.stream) == 0
+        super().free()
+
+
+class PlainProducer(FakeCudaTensor):
+    """A producer whose ``__dlpack__`` takes no ``stream``: its work is on the legacy default
+    stream, which is what DLPack's plain export promises to order before."""
+
+    def __dlpack__(self, *, max_version=None, dl_device=None, copy=None):
+        return super().__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+
+
+@pytest.fixture
+def producer(cuda):
+    made = []
+
+    def make(nbytes: int) -> StreamProducer:
+        t = StreamProducer(cuda, nbytes)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.free()
+
+
+@needs_fake
+def test_device_write_is_ordered_after_the_producer_without_a_stall(producer, tmp):
+    n = (1 << 20) + 4097
+    src = producer(n)
+    src.fill_late(0x5C)
+    f = tmp / "w.bin"
+    h = deepio.aio_handle(block_size=65536, queue_depth=4, intra_op_parallelism=2)
+    t0 = time.monotonic()
+    assert h.async_pwrite(src, str(f)) == 0
+    submit = time.monotonic() - t0
+    assert h.wait() == 1
+    assert f.read_bytes() == b"\x5c" * n, "the staged copy saw the memory before the producer's fill"
+    assert submit < LATE_US / 2e6, f"the submission waited for the producer ({submit:.3f} s)"
+    asked = [s for s in src.streams if s is not None]
+    assert len(asked) == 1 and asked[0] > 2, f"one stream exchange with deepio's own stream: {src.streams}"
+
+
+@needs_fake
+def test_device_read_lands_after_the_producer(producer, tmp):
+    n = (1 << 20) + 4097
+    data = rand(n)
+    f = tmp / "r.bin"
+    f.write_bytes(data)
+    dst = producer(n)
+    dst.fill_late(0x77)
+    h = deepio.aio_handle(block_size=65536, queue_depth=4, intra_op_parallelism=2)
+    assert h.sync_pread(dst, str(f)) == 1
+    assert dst.settle() == data, "the producer's late fill overwrote the read"
+    # The same through a batch and a ranged read.
+    dst.fill_late(0x78)
+    assert h.async_pread_batch([dst], str(f)) == 1
+    assert h.wait() == 1
+    assert dst.settle() == data
+    dst.fill_late(0x79)
+    h.async_pread_ranges(dst, str(f), [0, n // 2], [n // 2, n - n // 2], [0, n // 2])
+    assert h.wait() == 1
+    assert dst.settle() == data
+
+
+@needs_fake
+def test_producer_without_stream_keyword_is_ordered_on_the_legacy_stream(cuda, tmp):
+    n = 300_000
+    src = PlainProducer(cuda, n)
+    cuda.lib.deepio_fake_cuda_enqueue_fill.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_long
+    ]
+    try:
+        assert cuda.lib.deepio_fake_cuda_enqueue_fill(None, src.ptr, 0x21, n, LATE_US) == 0
+        f = tmp / "p.bin"
+        assert deepio.aio_handle().sync_pwrite(src, str(f)) == 1
+        assert f.read_bytes() == b"\x21" * n
+    finally:
+        src.free()
 
 
 # ------------------------------------------------------------------------------ gds_handle

@@ -118,9 +118,7 @@ class Writer(_EngineFile):
         return self._base % _WINDOW_ALIGN
 
     def _write_device(self, b: Any) -> int:
-        from .._buffers import sync_producer_stream
-
-        sync_producer_stream(b)
+        # Ordered after the producer's stream by the engine's handshake (no stall here).
         return self._write_in_place(b, int(getattr(b, "nbytes", 0)))
 
     def _write_in_place(self, b: Any, nbytes: int) -> int:

@@ -114,8 +114,6 @@ def _runs(head: bytes, plan: list[tuple[Any, int]]) -> list[tuple[int, Any]]:
             continue
         close_run()
         run_, run_at, run_end = [], base + off + n, base + off + n
-        if src.is_cuda:
-            torch.cuda.current_stream(src.device).synchronize()
         out.append((base + off, src))
     close_run()
     return out
