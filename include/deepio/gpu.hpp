@@ -51,9 +51,9 @@ struct GpuInfo {
 [[nodiscard]] DEEPIO_API GpuInfo gpu_info() noexcept;
 
 /// The CUDA device ordinal that owns `p` (cuPointerGetAttribute), or -1 when `p` is not CUDA
-/// device memory or no CUDA driver is usable. Loads the driver on first use. Never throws;
-/// thread-safe. Bindings use it to check that a buffer a framework calls device memory is
-/// what deepio::Handle will stage as device memory.
+/// device memory or no CUDA driver is usable. Loads
+/// the driver on first use. Never throws; thread-safe. Bindings use it to check that a buffer
+/// a framework calls device memory is what deepio::Handle will stage as device memory.
 [[nodiscard]] DEEPIO_API int device_of(const void* p) noexcept;
 
 /// How a GdsHandle moves data.
@@ -147,7 +147,9 @@ struct GdsParts;
 /// the last one closes it (after deregistering every buffer still pinned); nothing is written
 /// to the working directory and nothing exits the process.
 ///
-/// Thread safety: every member function may be called from several threads at once.
+/// Thread safety: every member function may be called from several threads at once. No call
+/// changes the calling thread's current CUDA context: what needs one pushes the buffer's
+/// device's primary context and pops it before returning (or throwing).
 /// Buffer lifetime: as Handle's. cuFile transfers are not ordered with CUDA streams: finish
 /// kernels writing a source buffer before submitting it, and read results only after the
 /// operation completed.

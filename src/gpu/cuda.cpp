@@ -45,6 +45,8 @@ std::string resolve_all(const Library& lib, CudaApi* api) {
   resolve(lib, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease, &missing);
   resolve(lib, "cuCtxSetCurrent", &api->cuCtxSetCurrent, &missing);
   resolve(lib, "cuCtxGetCurrent", &api->cuCtxGetCurrent, &missing);
+  resolve(lib, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent, &missing);
+  resolve(lib, "cuCtxPopCurrent_v2", &api->cuCtxPopCurrent, &missing);
   resolve(lib, "cuPointerGetAttribute", &api->cuPointerGetAttribute, &missing);
   resolve(lib, "cuMemcpyHtoDAsync_v2", &api->cuMemcpyHtoDAsync, &missing);
   resolve(lib, "cuMemcpyDtoHAsync_v2", &api->cuMemcpyDtoHAsync, &missing);
@@ -172,5 +174,22 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
 }
 
 DevicePointer classify(const void* p) noexcept { return classify(cuda(nullptr), p); }
+
+Status ScopedContext::enter(const CudaApi* api, CUcontext ctx, ScopedContext* out) {
+  out->reset();
+  CUcontext current = nullptr;
+  if (api->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return Status::success();
+  const CUresult r = api->cuCtxPushCurrent(ctx);
+  if (r != CUDA_SUCCESS) return cuda_status(api, r, "cuCtxPushCurrent");
+  out->api_ = api;
+  return Status::success();
+}
+
+void ScopedContext::reset() noexcept {
+  if (api_ == nullptr) return;
+  CUcontext popped = nullptr;
+  (void)api_->cuCtxPopCurrent(&popped);  // a failed pop leaves nothing to undo
+  api_ = nullptr;
+}
 
 }  // namespace deepio::detail::gpu

@@ -59,7 +59,14 @@ TEST(FakeEnv, PublicGdsHandleRoundTrip) {
   void* dev = h.new_pinned_device_buffer(n);
   const auto data = pattern(n, 21);
   const CudaApi* api = cuda(nullptr);
-  ASSERT_EQ(api->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  {
+    // The handle leaves the thread's context as it found it (none): the copy holds its own.
+    CUcontext current = nullptr;
+    EXPECT_EQ(api->cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    EXPECT_EQ(current, nullptr);
+    deepio::gputest::CurrentContext ctx(api);
+    ASSERT_EQ(api->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  }
   EXPECT_TRUE(classify(dev).is_device);
   const std::string f = dir.file("env.bin");
   EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);

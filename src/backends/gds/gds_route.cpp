@@ -134,9 +134,13 @@ GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi
 
 GdsRoute::~GdsRoute() {
   // Release the driver with a context current (cuFileBufDeregister of leftover pins may need
-  // one), then the retained primary contexts.
-  if (!contexts_.empty()) (void)cuda_->cuCtxSetCurrent(contexts_.begin()->second);
-  driver_.reset();
+  // one) and the destroying thread's own context restored after, then the primary contexts
+  // this route retained (once each), and only those.
+  {
+    ScopedContext guard;
+    if (!contexts_.empty()) (void)ScopedContext::enter(cuda_, contexts_.begin()->second, &guard);
+    driver_.reset();
+  }
   for (auto& [ordinal, ctx] : contexts_) {
     CUdevice dev = 0;
     if (cuda_->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS) (void)cuda_->cuDevicePrimaryCtxRelease(dev);
@@ -147,25 +151,38 @@ std::unique_ptr<Backend> GdsRoute::make_backend() { return std::make_unique<GdsB
 
 BufferRegistry& GdsRoute::registry() noexcept { return cufile_ != nullptr ? cufile_->buffers : staging_registry(); }
 
+Status GdsRoute::context(int ordinal, CUcontext* out) {
+  std::lock_guard lock(contexts_mutex_);
+  auto it = contexts_.find(ordinal);
+  if (it != contexts_.end()) {
+    *out = it->second;
+    return Status::success();
+  }
+  CUdevice dev = 0;
+  CUresult r = cuda_->cuDeviceGet(&dev, ordinal);
+  if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  r = cuda_->cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDevicePrimaryCtxRetain");
+  contexts_.emplace(ordinal, ctx);
+  *out = ctx;
+  return Status::success();
+}
+
 Status GdsRoute::make_current(int ordinal) {
   CUcontext ctx = nullptr;
-  {
-    std::lock_guard lock(contexts_mutex_);
-    auto it = contexts_.find(ordinal);
-    if (it != contexts_.end()) {
-      ctx = it->second;
-    } else {
-      CUdevice dev = 0;
-      CUresult r = cuda_->cuDeviceGet(&dev, ordinal);
-      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDeviceGet");
-      r = cuda_->cuDevicePrimaryCtxRetain(&ctx, dev);
-      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDevicePrimaryCtxRetain");
-      contexts_.emplace(ordinal, ctx);
-    }
-  }
+  Status st = context(ordinal, &ctx);
+  if (!st.ok()) return st;
   const CUresult r = cuda_->cuCtxSetCurrent(ctx);
   if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuCtxSetCurrent");
   return Status::success();
+}
+
+Status GdsRoute::enter(int ordinal, ScopedContext* guard) {
+  CUcontext ctx = nullptr;
+  Status st = context(ordinal, &ctx);
+  if (!st.ok()) return st;
+  return ScopedContext::enter(cuda_, ctx, guard);
 }
 
 void GdsRoute::note_pin_refused(const std::string& why) {
@@ -216,7 +233,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     *out = std::move(file);  // staged; the buffer stays marked in use until the op completes
     return Status::success();
   }
-  Status st = make_current(what.device);
+  ScopedContext guard;
+  Status st = enter(what.device, &guard);
   if (!st.ok())
     return Status::failure(st.errnum, std::string(verb) + ": " + st.message, path, what.file_offset, what.nbytes);
   CUfileDescr_t descr{};
@@ -242,7 +260,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
 
 void GdsRoute::release(CUfileHandle_t fh, int ordinal, BufferRegistry* reg, std::uintptr_t key) noexcept {
   if (fh != nullptr) {
-    (void)make_current(ordinal);
+    ScopedContext guard;
+    (void)enter(ordinal, &guard);
     cufile_->cuFileHandleDeregister(fh);
   }
   if (reg != nullptr) {
@@ -274,7 +293,8 @@ bool GdsRoute::pin(void* p, std::size_t nbytes) {
   entry.nbytes = nbytes;
   entry.ordinal = where.ordinal;
   if (cufile_ != nullptr) {
-    Status st = make_current(where.ordinal);
+    ScopedContext guard;
+    Status st = enter(where.ordinal, &guard);
     if (!st.ok()) throw_error(st.errnum, "pin_device_buffer: " + st.message);
     const CUfileError_t e = cufile_->cuFileBufRegister(p, nbytes, 0);
     if (e.err == CU_FILE_SUCCESS) {
@@ -302,7 +322,8 @@ bool GdsRoute::unpin(void* p) {
                            hex(it->first) + " still in flight");
   }
   if (it->second.cufile_registered) {
-    Status st = make_current(it->second.ordinal);
+    ScopedContext guard;
+    Status st = enter(it->second.ordinal, &guard);
     if (!st.ok()) throw_error(st.errnum, "unpin_device_buffer: " + st.message);
     const CUfileError_t e = cufile_->cuFileBufDeregister(p);
     if (e.err != CU_FILE_SUCCESS) {
@@ -316,7 +337,8 @@ bool GdsRoute::unpin(void* p) {
 
 void* GdsRoute::new_pinned(std::size_t nbytes, int device) {
   if (nbytes == 0) throw_error(EINVAL, "new_pinned_device_buffer: nbytes is 0");
-  Status st = make_current(device);
+  ScopedContext guard;
+  Status st = enter(device, &guard);
   if (!st.ok()) throw_error(st.errnum, "new_pinned_device_buffer: " + st.message);
   CUdeviceptr ptr = 0;
   const CUresult r = cuda_->cuMemAlloc(&ptr, nbytes);
@@ -337,7 +359,8 @@ void* GdsRoute::new_pinned(std::size_t nbytes, int device) {
 bool GdsRoute::free_pinned(void* p) {
   const DevicePointer where = classify(cuda_, p);
   if (!unpin(p)) return false;
-  if (where.is_device) (void)make_current(where.ordinal);
+  ScopedContext guard;
+  if (where.is_device) (void)enter(where.ordinal, &guard);
   const CUresult r = cuda_->cuMemFree(static_cast<CUdeviceptr>(address(p)));
   if (r != CUDA_SUCCESS) {
     const Status st = cuda_status(cuda_, r, "cuMemFree");

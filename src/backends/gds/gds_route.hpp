@@ -21,6 +21,12 @@
 // results become -errno with the cuFile error name kept for the failure message
 // (take_error_text). Short transfers are returned as they are: the worker resubmits the rest.
 //
+// Contexts: worker threads are the route's own and keep a context current. Every driver or
+// cuFile call on any other thread (bind, release, pin/unpin/new_pinned/free_pinned, the
+// destructor) runs under a ScopedContext (enter()), so the caller's current context is the
+// same before and after, on every path. The primary contexts are retained once per route per
+// device and released, exactly those, by the destructor.
+//
 // Thread safety: bind(), pin/unpin and the mode accessors may be called from any thread;
 // contexts_ is guarded by contexts_mutex_, the mode by mode_mutex_, registry entries by the
 // registry's mutex.
@@ -64,13 +70,18 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   [[nodiscard]] std::uint64_t pins_refused() const noexcept { return pins_refused_.load(); }
   [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
 
-  /// Makes the primary context of `ordinal` current on the calling thread (retained once).
+  /// Makes the primary context of `ordinal` (retained once per route) current on the calling
+  /// thread and leaves it there: for the route's own worker threads only.
   Status make_current(int ordinal);
+  /// Pushes the primary context of `ordinal` on the calling thread until *guard ends: for every
+  /// driver call made on a caller's thread, whose own context is then restored.
+  Status enter(int ordinal, ScopedContext* guard);
   /// Ends a registration made by bind(): deregisters the cuFile handle, releases the buffer.
   void release(CUfileHandle_t fh, int ordinal, BufferRegistry* registry, std::uintptr_t key) noexcept;
 
  private:
   BufferRegistry& registry() noexcept;
+  Status context(int ordinal, CUcontext* out);
   void note_fallback(const std::string& why);
   void note_pin_refused(const std::string& why);
 
