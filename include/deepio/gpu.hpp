@@ -51,10 +51,16 @@ struct GpuInfo {
 [[nodiscard]] DEEPIO_API GpuInfo gpu_info() noexcept;
 
 /// The CUDA device ordinal that owns `p` (cuPointerGetAttribute), or -1 when `p` is not CUDA
-/// device memory or no CUDA driver is usable. Loads
+/// device memory (managed memory is not: see is_managed) or no CUDA driver is usable. Loads
 /// the driver on first use. Never throws; thread-safe. Bindings use it to check that a buffer
 /// a framework calls device memory is what deepio::Handle will stage as device memory.
 [[nodiscard]] DEEPIO_API int device_of(const void* p) noexcept;
+
+/// Whether `p` is CUDA managed memory (cuMemAllocManaged / cudaMallocManaged). Managed memory
+/// is host-addressable, and deepio reads and writes it as host memory (never staged, never
+/// cuFile), whatever a framework calls it. false without a usable driver. Never throws;
+/// thread-safe.
+[[nodiscard]] DEEPIO_API bool is_managed(const void* p) noexcept;
 
 /// How a GdsHandle moves data.
 enum class GdsMode {

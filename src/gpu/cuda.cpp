@@ -164,6 +164,8 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
       memory_type != CU_MEMORYTYPE_DEVICE) {
     return out;
   }
+  // Managed memory reports MEMORY_TYPE DEVICE but is host-addressable: host memory to deepio.
+  if (is_managed(api, p)) return out;
   int ordinal = -1;
   if (api->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != CUDA_SUCCESS) {
     return out;
@@ -174,6 +176,14 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
 }
 
 DevicePointer classify(const void* p) noexcept { return classify(cuda(nullptr), p); }
+
+bool is_managed(const CudaApi* api, const void* p) noexcept {
+  if (api == nullptr || p == nullptr) return false;
+  // IS_MANAGED is a bool: read into a zeroed int, so a driver writing one byte reads right.
+  unsigned int managed = 0;
+  const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+  return api->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, address) == CUDA_SUCCESS && managed != 0;
+}
 
 Status ScopedContext::enter(const CudaApi* api, CUcontext ctx, ScopedContext* out) {
   out->reset();

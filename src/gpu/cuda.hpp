@@ -59,6 +59,7 @@ inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_CONTEXT = 1;
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // data: unsigned int
+inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_IS_MANAGED = 8;      // data: bool
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;  // data: int
 
 inline constexpr unsigned int CU_MEMORYTYPE_HOST = 1;
@@ -141,11 +142,15 @@ struct DevicePointer {
   int ordinal = -1;  ///< the device holding the memory; -1 when not device memory
 };
 
-/// Whether p is CUDA device memory (cuPointerGetAttribute MEMORY_TYPE == DEVICE; managed
-/// memory reports DEVICE too) and on which device. {false, -1} for host memory, unknown
-/// pointers, or when no driver is loaded. Never throws; thread-safe.
+/// Whether p is CUDA device memory (cuPointerGetAttribute MEMORY_TYPE == DEVICE) and on which
+/// device. {false, -1} for host memory, unknown pointers, or when no driver is loaded. Managed
+/// memory (cuMemAllocManaged; IS_MANAGED) is host-addressable, so it is host memory here:
+/// plain pread/pwrite, never staged, never cuFile. Never throws; thread-safe.
 DevicePointer classify(const void* p) noexcept;
 DevicePointer classify(const CudaApi* api, const void* p) noexcept;
+
+/// Whether p is CUDA managed memory (IS_MANAGED). false when unknown or without a driver.
+bool is_managed(const CudaApi* api, const void* p) noexcept;
 
 /// Makes a context current on the calling thread for the guard's lifetime: enter() pushes it
 /// (cuCtxPushCurrent_v2) unless it is current already, and the destructor (or reset()) pops it

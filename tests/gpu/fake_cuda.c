@@ -13,9 +13,10 @@
  *
  * Contexts: device d (d < 8) has one primary context; each thread has a context stack
  * (cuCtxPushCurrent_v2/cuCtxPopCurrent_v2; cuCtxSetCurrent replaces its top), the current
- * context being its top. Memory allocated (cuMemAlloc_v2) while device d's
+ * context being its top. Memory allocated (cuMemAlloc_v2, cuMemAllocManaged) while device d's
  * context is current belongs to device d: cuPointerGetAttribute answers DEVICE_ORDINAL d and
- * CONTEXT d's primary context. */
+ * CONTEXT d's primary context, and IS_MANAGED for managed memory (whose MEMORY_TYPE is
+ * DEVICE, as the real driver reports it). */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,7 +33,8 @@ struct alloc {
   uintptr_t base;
   size_t nbytes;
   int host_registered;
-  int device; /* the device whose context was current when it was made */
+  int device;  /* the device whose context was current when it was made */
+  int managed; /* cuMemAllocManaged */
 };
 static struct alloc allocs[MAX_ALLOCS];
 static int device_count = 1;
@@ -179,6 +181,7 @@ static int record(uintptr_t base, size_t n, int host) {
       allocs[i].nbytes = n;
       allocs[i].host_registered = host;
       allocs[i].device = current_device();
+      allocs[i].managed = 0;
       ok = 1;
       break;
     }
@@ -317,10 +320,12 @@ EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr
     pthread_mutex_lock(&lock);
     const int host = i >= 0 && allocs[i].host_registered;
     const int device = i >= 0 ? allocs[i].device : 0;
+    const int managed = i >= 0 && allocs[i].managed;
     pthread_mutex_unlock(&lock);
     switch (attribute) {
       case 1: *(void**)data = &ctx_storage[device]; return 0; /* CONTEXT */
       case 2: *(unsigned int*)data = host ? 1 : 2; return 0;  /* MEMORY_TYPE: HOST, DEVICE */
+      case 8: *(_Bool*)data = managed; return 0;              /* IS_MANAGED: a bool */
       case 9: *(int*)data = device; return 0;                 /* DEVICE_ORDINAL */
       default: return 1;
     }
@@ -453,7 +458,7 @@ EXPORT CUresult cuEventSynchronize(void* e) {
   NEEDS_CONTEXT();
   return 0;
 }
-/* ---- context stack ---- */
+/* ---- context stack, managed memory ---- */
 EXPORT CUresult V2(cuCtxPushCurrent)(void* ctx) {
   CHECK("cuCtxPushCurrent");
   if (ctx == NULL) return 1;
@@ -474,6 +479,18 @@ EXPORT CUresult V2(cuCtxPopCurrent)(void** ctx) {
 EXPORT int deepio_fake_cuda_context_depth(void) {
   struct ctx_stack* st = my_stack(0);
   return st != NULL ? st->depth : 0;
+}
+/* Managed memory: host-addressable; MEMORY_TYPE DEVICE and IS_MANAGED as the real driver. */
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t n, unsigned int flags) {
+  (void)flags;
+  CUresult r = alloc_impl(p, n);
+  if (r != 0) return r;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base == (uintptr_t)*p && !allocs[i].host_registered) allocs[i].managed = 1;
+  }
+  pthread_mutex_unlock(&lock);
+  return 0;
 }
 
 EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {

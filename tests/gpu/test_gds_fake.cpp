@@ -541,4 +541,37 @@ TEST_F(FakeGds, NvfsAbsentMeansCuFileCompatibilityMode) {
   EXPECT_NE(h.mode_reason().find("compatibility mode"), std::string::npos) << h.mode_reason();
 }
 
+// Managed memory is host-addressable: a GdsHandle reads and writes it in place like host
+// memory (no cuFile, no staging) and refuses to pin it as device memory.
+TEST_F(FakeGds, ManagedMemoryIsReadAndWrittenInPlace) {
+  auto alloc_managed = fake_symbol<CUresult(CUdeviceptr*, std::size_t, unsigned int)>(DEEPIO_FAKE_CUDA,
+                                                                                      "cuMemAllocManaged");
+  const std::size_t n = 3 * 4096 + 5;
+  CUdeviceptr d = 0;
+  ASSERT_EQ(alloc_managed(&d, n, 1 /* CU_MEM_ATTACH_GLOBAL */), CUDA_SUCCESS);
+  auto* m = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(d));
+  const auto data = pattern(n, 77);
+  std::memcpy(m, data.data(), n);
+  auto h = handle({.block_size = 4096});
+  const std::string f = dir_.file("managed.bin");
+  EXPECT_EQ(h.sync_pwrite(m, n, f, 0), 1u);
+  EXPECT_EQ(slurp(f), data);
+  std::memset(m, 0, n);
+  EXPECT_EQ(h.sync_pread(m, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(m, data.data(), n), 0);
+  const auto st = h.gds_stats();
+  EXPECT_EQ(st.ops_completed, 0u) << "not a device operation";
+  EXPECT_EQ(st.bytes_cufile, 0u);
+  EXPECT_EQ(st.bytes_staged, 0u);
+  EXPECT_EQ(fake_stats().io_calls, 0);
+  EXPECT_EQ(h.stats().ops_completed, 2u);
+  try {
+    (void)h.pin_device_buffer(m, n);
+    ADD_FAILURE() << "managed memory pinned as device memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+  }
+  device_free(m);
+}
+
 }  // namespace
