@@ -125,7 +125,10 @@ struct GdsStats {
   std::uint64_t bytes_cufile = 0;    ///< moved by cuFileRead/cuFileWrite
   std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies
   std::uint64_t files_fallback = 0;  ///< operations cuFile refused and Auto staged instead
-  std::uint64_t pins_refused = 0;    ///< pin_device_buffer calls cuFile refused and Auto kept unregistered
+  /// Of files_fallback, those on a file system cuFile had refused before: staged without a
+  /// cuFileHandleRegister call (one refusal per file system and handle).
+  std::uint64_t registrations_skipped = 0;
+  std::uint64_t pins_refused = 0;  ///< pin_device_buffer calls cuFile refused and Auto kept unregistered
 };
 
 namespace detail {

@@ -92,6 +92,7 @@ class PyGds final : public PyHandle {
     d["bytes_staged"] = s.bytes_staged;
     d["files_fallback"] = s.files_fallback;
     d["pins_refused"] = s.pins_refused;
+    d["registrations_skipped"] = s.registrations_skipped;
     return d;
   }
 

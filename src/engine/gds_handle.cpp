@@ -75,6 +75,7 @@ GdsStats GdsHandle::gds_stats() const noexcept {
   s.bytes_staged = c.bytes_staged.load();
   s.files_fallback = route_->files_fallback();
   s.pins_refused = route_->pins_refused();
+  s.registrations_skipped = route_->registrations_skipped();
   return s;
 }
 

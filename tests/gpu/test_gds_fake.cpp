@@ -541,6 +541,84 @@ TEST_F(FakeGds, NvfsAbsentMeansCuFileCompatibilityMode) {
   EXPECT_NE(h.mode_reason().find("compatibility mode"), std::string::npos) << h.mode_reason();
 }
 
+long register_calls() { return fake_symbol<long()>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_handle_register_calls")(); }
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// Without nvidia-fs every cuFileHandleRegister is refused the same way: after the first
+// refusal, files on that file system are staged without asking cuFile again, and the reason is
+// said once.
+TEST_F(FakeGds, ARefusedFileSystemIsAskedOnce) {
+  control("deepio_fake_cufile_fail_register", CU_FILE_HANDLE_NOT_REGISTERED);
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 10000;
+  std::byte* dev = device_alloc(n);
+  const int files = 5;
+  for (int i = 0; i < files; ++i) {
+    const auto data = pattern(n, 40 + static_cast<std::uint32_t>(i));
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+    const std::string f = dir_.file("fs" + std::to_string(i) + ".bin");
+    EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+    EXPECT_EQ(slurp(f), data);
+    std::memset(dev, 0, n);
+    EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+    EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  }
+  EXPECT_EQ(register_calls(), 1) << "one registration attempt for one file system";
+  const auto st = h.gds_stats();
+  EXPECT_EQ(st.files_fallback, 2u * files);
+  EXPECT_EQ(st.registrations_skipped, 2u * files - 1);
+  EXPECT_EQ(st.bytes_staged, 2u * files * n);
+  EXPECT_EQ(st.bytes_cufile, 0u);
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_EQ(occurrences(h.mode_reason(), "CU_FILE_HANDLE_NOT_REGISTERED"), 1u) << h.mode_reason();
+  EXPECT_NE(h.mode_reason().find("file system"), std::string::npos) << h.mode_reason();
+
+  // CuFile mode never stages, so it is never told "not this file system": it asks each time.
+  auto strict = handle({.mode = GdsMode::CuFile});
+  const std::string f = dir_.file("fs0.bin");
+  for (int i = 0; i < 2; ++i) EXPECT_THROW(strict.async_pread(dev, n, f, 0), Error);
+  EXPECT_EQ(register_calls(), 3);
+  device_free(dev);
+}
+
+// cuFile writes cufile.log into the working directory unless told otherwise: the handle that
+// opens the driver points it at a file of deepio's choosing, unless the user chose one.
+TEST_F(FakeGds, CuFileLogLeavesTheWorkingDirectoryUnlessTheUserChose) {
+  auto param = [] {
+    const char* v = fake_symbol<const char*(int)>(DEEPIO_FAKE_CUFILE,
+                                                  "deepio_fake_cufile_param_string")(CUFILE_PARAM_ENV_LOGFILE_PATH);
+    return v != nullptr ? std::string(v) : std::string("(unset)");
+  };
+  const char* saved = std::getenv("CUFILE_LOGFILE_PATH");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("CUFILE_LOGFILE_PATH");
+  {
+    auto h = handle();
+    const std::string log = param();
+    EXPECT_EQ(log, cufile_log_path());
+    EXPECT_NE(log.find("/deepio-cufile-" + std::to_string(::getuid()) + ".log"), std::string::npos) << log;
+    EXPECT_EQ(log.find(std::filesystem::current_path().string() + "/cufile.log"), std::string::npos) << log;
+    EXPECT_EQ(h.mode(), "gds") << h.mode_reason();
+  }
+  control("deepio_fake_cufile_reset");
+  ::setenv("CUFILE_LOGFILE_PATH", "/nonexistent/user-chosen.log", 1);
+  {
+    auto h = handle();
+    EXPECT_EQ(cufile_log_path(), "");
+    EXPECT_EQ(param(), "(unset)") << "the user's CUFILE_LOGFILE_PATH is cuFile's to read";
+  }
+  if (saved != nullptr) {
+    ::setenv("CUFILE_LOGFILE_PATH", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("CUFILE_LOGFILE_PATH");
+  }
+}
+
 // Managed memory is host-addressable: a GdsHandle reads and writes it in place like host
 // memory (no cuFile, no staging) and refuses to pin it as device memory.
 TEST_F(FakeGds, ManagedMemoryIsReadAndWrittenInPlace) {

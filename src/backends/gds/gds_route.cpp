@@ -1,5 +1,7 @@
 #include "backends/gds/gds_route.hpp"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -233,6 +235,23 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     *out = std::move(file);  // staged; the buffer stays marked in use until the op completes
     return Status::success();
   }
+  // A file system cuFile already refused (Auto): staged without asking cuFile again.
+  struct stat sb {};
+  const bool fs_known = mode_setting_ == GdsMode::Auto && ::fstat(what.fd, &sb) == 0;
+  if (fs_known) {
+    std::string refused;
+    {
+      std::lock_guard lock(refused_mutex_);
+      auto it = refused_fs_.find(sb.st_dev);
+      if (it != refused_fs_.end()) refused = it->second;
+    }
+    if (!refused.empty()) {
+      registrations_skipped_.fetch_add(1, std::memory_order_relaxed);
+      note_fallback(refused);
+      *out = std::move(file);
+      return Status::success();
+    }
+  }
   ScopedContext guard;
   Status st = enter(what.device, &guard);
   if (!st.ok())
@@ -248,7 +267,18 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     if (mode_setting_ != GdsMode::Auto || !cufile_gds_unusable(e.err)) {
       return Status::failure(rs.errnum, std::string(verb) + ": " + rs.message, path, what.file_offset, what.nbytes);
     }
-    note_fallback(rs.message + " for '" + path + "': staged through host memory");
+    std::string why = rs.message + " for '" + path + "'";
+    if (fs_known) {
+      // Remembered per file system: every later file on it is staged without a registration
+      // attempt (each would fail the same way, and on some drivers log the failure).
+      why += ": files on its file system (device " + std::to_string(major(sb.st_dev)) + ":" +
+             std::to_string(minor(sb.st_dev)) + ") are staged through host memory";
+      std::lock_guard lock(refused_mutex_);
+      refused_fs_.emplace(sb.st_dev, why);
+    } else {
+      why += ": staged through host memory";
+    }
+    note_fallback(why);
     *out = std::move(file);
     return Status::success();
   }

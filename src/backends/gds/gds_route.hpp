@@ -11,7 +11,9 @@
 // in use, and registers the file with cuFileHandleRegister. A refusal that means "GDS cannot
 // serve this file here" (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine
 // without nvidia-fs, among others) makes the operation staged in Auto mode (recorded in
-// mode_reason() and files_fallback) and is an error in CuFile mode. A buffer registration
+// mode_reason() and files_fallback) and is an error in CuFile mode. In Auto such a refusal is
+// remembered for the file's file system (st_dev): later files there are staged without a
+// registration attempt (registrations_skipped). A buffer registration
 // refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile)
 // ends when the engine drops it: after the operation's last request, before its descriptor closes.
 //
@@ -31,6 +33,8 @@
 // contexts_ is guarded by contexts_mutex_, the mode by mode_mutex_, registry entries by the
 // registry's mutex.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -68,6 +72,7 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   [[nodiscard]] std::string mode_reason() const;
   [[nodiscard]] std::uint64_t files_fallback() const noexcept { return files_fallback_.load(); }
   [[nodiscard]] std::uint64_t pins_refused() const noexcept { return pins_refused_.load(); }
+  [[nodiscard]] std::uint64_t registrations_skipped() const noexcept { return registrations_skipped_.load(); }
   [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
 
   /// Makes the primary context of `ordinal` (retained once per route) current on the calling
@@ -97,7 +102,13 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   std::mutex contexts_mutex_;
   std::map<int, CUcontext> contexts_;  // retained primary contexts, guarded by contexts_mutex_
 
+  std::mutex refused_mutex_;
+  // File systems (st_dev) whose files cuFile refused in Auto, with the reason: never asked
+  // again. Guarded by refused_mutex_.
+  std::map<dev_t, std::string> refused_fs_;
+
   std::atomic<std::uint64_t> files_fallback_{0};
+  std::atomic<std::uint64_t> registrations_skipped_{0};
   std::atomic<std::uint64_t> pins_refused_{0};
 };
 
