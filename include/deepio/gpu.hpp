@@ -123,11 +123,14 @@ struct GdsStats {
   std::uint64_t ops_failed = 0;      ///< of those, the failed ones
   std::uint64_t chunks = 0;          ///< requests cut for operations on device memory (cuFile or staged)
   std::uint64_t bytes_cufile = 0;    ///< moved by cuFileRead/cuFileWrite
-  std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies
+  std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies (io_fallbacks' too)
   std::uint64_t files_fallback = 0;  ///< operations cuFile refused and Auto staged instead
   /// Of files_fallback, those on a file system cuFile had refused before: staged without a
   /// cuFileHandleRegister call (one refusal per file system and handle).
   std::uint64_t registrations_skipped = 0;
+  /// Requests whose cuFileRead/cuFileWrite failed with a cuFile error and that Auto staged
+  /// instead (with the rest of their operation): the operation succeeds if staging does.
+  std::uint64_t io_fallbacks = 0;
   std::uint64_t pins_refused = 0;  ///< pin_device_buffer calls cuFile refused and Auto kept unregistered
 };
 

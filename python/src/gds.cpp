@@ -93,6 +93,7 @@ class PyGds final : public PyHandle {
     d["files_fallback"] = s.files_fallback;
     d["pins_refused"] = s.pins_refused;
     d["registrations_skipped"] = s.registrations_skipped;
+    d["io_fallbacks"] = s.io_fallbacks;
     return d;
   }
 

@@ -20,7 +20,9 @@
  *                                              max_concurrency, registered_buffers, handles
  *   deepio_fake_cufile_last_io(&base, &offset) base pointer and buffer offset of the last I/O
  *   deepio_fake_cufile_handle_register_calls() cuFileHandleRegister calls since the last reset
- *   deepio_fake_cufile_param_string(param)     what cuFileSetParameterString staged (NULL: never) */
+ *   deepio_fake_cufile_param_string(param)     what cuFileSetParameterString staged (NULL: never)
+ *   deepio_fake_cufile_keep_direct(on)         leave O_DIRECT on registered descriptors (as the
+ *                                              real library needs it; fake reads then fail) */
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -75,6 +77,7 @@ static unsigned delay_us;
 static unsigned nvfs_major = 2;
 static size_t max_direct_kib;
 static long register_calls;
+static int keep_direct;
 enum { MAX_STRING_PARAMS = 4 };
 static char string_params[MAX_STRING_PARAMS][512];
 static int string_params_set[MAX_STRING_PARAMS];
@@ -94,6 +97,7 @@ EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_lock(&lock);
   opens = closes = refs = io_calls = max_io_seen = concurrency = max_concurrency = handles = 0;
   register_calls = 0;
+  keep_direct = 0;
   memset(string_params_set, 0, sizeof string_params_set);
   memset(bufs, 0, sizeof bufs);
   register_err = open_err = bufregister_err = 0;
@@ -239,7 +243,10 @@ EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
   int fl = fcntl(d->handle.fd, F_GETFL);
   if (fl < 0) return err(5022);
   /* Host memory from malloc cannot take O_DIRECT; the fake serves the file buffered. */
-  if (fl & O_DIRECT) (void)fcntl(d->handle.fd, F_SETFL, fl & ~O_DIRECT);
+  pthread_mutex_lock(&lock);
+  int keep = keep_direct;
+  pthread_mutex_unlock(&lock);
+  if ((fl & O_DIRECT) && !keep) (void)fcntl(d->handle.fd, F_SETFL, fl & ~O_DIRECT);
   struct handle* h = malloc(sizeof *h);
   if (h == NULL) return err(5030);
   h->fd = d->handle.fd;
@@ -272,6 +279,11 @@ EXPORT CUfileError_t cuFileSetParameterBool(int param, _Bool value) {
   bool_params[param] = value ? 1 : 0;
   pthread_mutex_unlock(&lock);
   return ok();
+}
+EXPORT void deepio_fake_cufile_keep_direct(int on) {
+  pthread_mutex_lock(&lock);
+  keep_direct = on;
+  pthread_mutex_unlock(&lock);
 }
 EXPORT long deepio_fake_cufile_handle_register_calls(void) {
   pthread_mutex_lock(&lock);

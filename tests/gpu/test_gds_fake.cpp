@@ -433,7 +433,7 @@ TEST_F(FakeGds, PosixErrorFromCuFileReachesWaitWithContext) {
 }
 
 TEST_F(FakeGds, CuFileErrorCodeIsNamed) {
-  auto h = handle();
+  auto h = handle({.mode = GdsMode::CuFile});  // Auto would stage instead (below)
   std::byte* dev = device_alloc(100);
   control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_CUDA_DRIVER_ERROR), 0, 0);
   try {
@@ -443,6 +443,90 @@ TEST_F(FakeGds, CuFileErrorCodeIsNamed) {
     EXPECT_EQ(e.errnum(), EIO);
     EXPECT_NE(e.message().find("cuFileWrite: CU_FILE_CUDA_DRIVER_ERROR"), std::string::npos) << e.what();
   }
+  device_free(dev);
+}
+
+// A cuFile error at I/O time in Auto does not fail the operation: that request and the rest
+// of its operation are staged through host memory, counted and explained. A file system error
+// (-1 with errno) is not a cuFile refusal and still fails (PosixErrorFromCuFileReachesWait...).
+TEST_F(FakeGds, CuFileErrorAtIoTimeIsStagedInAuto) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 1});
+  const std::size_t n = 5 * 4096 + 321;
+  const auto data = pattern(n, 55);
+  const std::string f = dir_.file("iofallback.bin");
+  put(f, data);
+  std::byte* dev = device_alloc(n);
+  control("deepio_fake_cufile_fail_io", 0, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 2);  // third read
+  EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  auto st = h.gds_stats();
+  EXPECT_EQ(st.ops_failed, 0u);
+  EXPECT_EQ(st.io_fallbacks, 4u) << "the failed request and the three after it";
+  EXPECT_EQ(st.bytes_cufile, 2u * 4096);
+  EXPECT_EQ(st.bytes_staged, n - 2u * 4096);
+  EXPECT_EQ(fake_stats().io_calls, 3) << "cuFile is not asked again for that operation";
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("cuFileRead: CU_FILE_IO_NOT_SUPPORTED"), std::string::npos) << h.mode_reason();
+
+  // Writes too; the next operation tries cuFile again.
+  const auto data2 = pattern(n, 56);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data2.data(), n), CUDA_SUCCESS);
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_CUDA_DRIVER_ERROR), 0, 0);
+  EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+  EXPECT_EQ(slurp(f), data2);
+  st = h.gds_stats();
+  EXPECT_EQ(st.io_fallbacks, 4u + 6u);
+  EXPECT_EQ(st.ops_failed, 0u);
+  EXPECT_EQ(fake_stats().io_calls, 4);
+  EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  EXPECT_EQ(fake_stats().io_calls, 4 + 6);
+  EXPECT_EQ(std::memcmp(dev, data2.data(), n), 0);
+
+  // A staged request that fails fails the operation, naming its own error and the cuFile one.
+  fake_symbol<void(const char*, CUresult, int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_result")(
+      "cuMemcpyDtoH", CUDA_ERROR_ILLEGAL_ADDRESS, 0);
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_INTERNAL_ERROR), 0, 0);
+  try {
+    h.sync_pwrite(dev, n, f, 0);
+    ADD_FAILURE() << "a failed staged write was lost";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), f);
+    EXPECT_NE(e.message().find("cuMemcpyDtoH"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("after cuFileWrite: CU_FILE_INTERNAL_ERROR"), std::string::npos) << e.what();
+  }
+  fake_symbol<void(const char*, CUresult, int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_result")(nullptr, 0, 0);
+  EXPECT_EQ(h.gds_stats().ops_failed, 1u);
+  EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+// Real cuFile needs O_DIRECT descriptors: the staged fallback reads and writes through the
+// same file reopened without O_DIRECT, at any offset and length, into unaligned memory.
+TEST_F(FakeGds, CuFileErrorAtIoTimeIsStagedOnAnODirectDescriptor) {
+  control("deepio_fake_cufile_keep_direct", 1);
+  // One worker: every request after the failing first one is staged (with two, the other
+  // worker's cuFileWrite could reach the O_DIRECT descriptor first and fail for real).
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 1});
+  const std::size_t n = 3 * 4096 + 999;
+  const auto data = pattern(n, 57);
+  std::byte* dev = device_alloc(n + 1);
+  std::byte* odd = dev + 1;  // no alignment O_DIRECT would accept
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(odd), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("direct.bin");
+  put(f, std::vector<std::byte>(n + 700, std::byte{0}));
+  if (h.options().direct_io == DirectIo::Off) GTEST_SKIP() << "direct I/O switched off";
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 0);
+  EXPECT_EQ(h.sync_pwrite(odd, n, f, 333), 1u);
+  auto expect = std::vector<std::byte>(n + 700, std::byte{0});
+  std::memcpy(expect.data() + 333, data.data(), n);
+  EXPECT_EQ(slurp(f), expect);
+  std::memset(odd, 0, n);
+  control("deepio_fake_cufile_fail_io", 0, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 0);
+  EXPECT_EQ(h.sync_pread(odd, n, f, 333), 1u);
+  EXPECT_EQ(std::memcmp(odd, data.data(), n), 0);
+  EXPECT_EQ(h.gds_stats().ops_failed, 0u);
+  EXPECT_GE(h.gds_stats().io_fallbacks, 2u);
   device_free(dev);
 }
 

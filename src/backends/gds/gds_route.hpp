@@ -21,7 +21,10 @@
 // pool's): submit() runs each request with the worker thread's CUDA context current for the
 // buffer's device and queues the result; reap() hands the results back. Negative cuFile
 // results become -errno with the cuFile error name kept for the failure message
-// (take_error_text). Short transfers are returned as they are: the worker resubmits the rest.
+// (take_error_text), except in Auto, where a cuFile error code (not -1 + errno) makes the
+// backend stage that request and the rest of its operation itself (host bounce buffer,
+// pread/pwrite on a descriptor without O_DIRECT, synchronous copies; io_fallbacks). Short
+// transfers are returned as they are: the worker resubmits the rest.
 //
 // Contexts: worker threads are the route's own and keep a context current. Every driver or
 // cuFile call on any other thread (bind, release, pin/unpin/new_pinned/free_pinned, the
@@ -73,6 +76,17 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   [[nodiscard]] std::uint64_t files_fallback() const noexcept { return files_fallback_.load(); }
   [[nodiscard]] std::uint64_t pins_refused() const noexcept { return pins_refused_.load(); }
   [[nodiscard]] std::uint64_t registrations_skipped() const noexcept { return registrations_skipped_.load(); }
+  /// Requests staged by the backend after cuFileRead/cuFileWrite failed (Auto), and their bytes.
+  [[nodiscard]] std::uint64_t io_fallbacks() const noexcept { return io_fallbacks_.load(); }
+  [[nodiscard]] std::uint64_t io_fallback_bytes() const noexcept { return io_fallback_bytes_.load(); }
+  /// Whether a cuFile error at I/O time is answered by staging (Auto) rather than failing.
+  [[nodiscard]] bool stages_failed_io() const noexcept { return mode_setting_ == GdsMode::Auto; }
+  /// Records why the backend staged requests (once per distinct reason; the mode becomes compat).
+  void note_io_fallback(const std::string& why);
+  void count_io_fallback(std::uint64_t nbytes) noexcept {
+    io_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    io_fallback_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+  }
   [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
 
   /// Makes the primary context of `ordinal` (retained once per route) current on the calling
@@ -109,6 +123,8 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
 
   std::atomic<std::uint64_t> files_fallback_{0};
   std::atomic<std::uint64_t> registrations_skipped_{0};
+  std::atomic<std::uint64_t> io_fallbacks_{0};
+  std::atomic<std::uint64_t> io_fallback_bytes_{0};
   std::atomic<std::uint64_t> pins_refused_{0};
 };
 
