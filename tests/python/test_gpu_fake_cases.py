@@ -474,15 +474,25 @@ def test_gds_cufile_read_error_raises(dev, tmp):
         lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)  # (reset() would also forget the open driver)
     assert ei.value.errno == errno.EIO
     assert ei.value.filename == str(tmp / "e")
-    # cuFile's own error code on a write.
+    # cuFile's own error code on a write: an error in mode "cufile" ...
+    strict = deepio.gds_handle(block_size=65536, mode="cufile")
     lib.deepio_fake_cufile_fail_io(1, -5011, 0, 0)  # CU_FILE_CUDA_DRIVER_ERROR
     try:
         with pytest.raises(OSError, match="CU_FILE_CUDA_DRIVER_ERROR"):
-            h.sync_pwrite(buf, str(tmp / "f"))
+            strict.sync_pwrite(buf, str(tmp / "f"))
     finally:
         lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)
     assert h.sync_pread(buf, str(tmp / "e")) == 1
     assert buf.read() == data
+    # ... and in "auto" the request is staged instead, counted and explained.
+    lib.deepio_fake_cufile_fail_io(1, -5011, 0, 0)
+    try:
+        assert h.sync_pwrite(buf, str(tmp / "f")) == 1
+    finally:
+        lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)
+    assert (tmp / "f").read_bytes() == data
+    assert h.stats()["gds"]["io_fallbacks"] >= 1
+    assert "CU_FILE_CUDA_DRIVER_ERROR" in h.mode_reason
 
 
 @needs_cufile
