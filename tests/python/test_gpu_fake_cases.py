@@ -587,3 +587,29 @@ def test_no_cuda_device_buffers_are_refused_with_the_reason(tmp):
     with pytest.raises(TypeError, match="cannot use the CUDA driver"):
         deepio.aio_handle().sync_pwrite(p, str(tmp / "n"))
     assert not (tmp / "n").exists()
+
+
+@needs_fake
+def test_managed_memory_labelled_cuda_is_read_in_place(cuda, tmp):
+    # CUDA managed memory is host-addressable: deepio reads and writes it as host memory, even
+    # when a framework (torch with a managed allocator) labels it kDLCUDA rather than
+    # kDLCUDAManaged; nothing is staged and cuFile is never asked.
+    n = 100_000
+    cuda.lib.cuMemAllocManaged.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_uint]
+    cuda._current()
+    p = ctypes.c_uint64()
+    assert cuda.lib.cuMemAllocManaged(ctypes.byref(p), n, 1) == 0  # CU_MEM_ATTACH_GLOBAL
+    try:
+        t = FakeCudaTensor(cuda, n, p.value)
+        data = rand(n)
+        (tmp / "m").write_bytes(data)
+        for h in (deepio.aio_handle(), deepio.gds_handle()):
+            ctypes.memset(p.value, 0, n)
+            assert h.sync_pread(t, str(tmp / "m")) == 1
+            assert ctypes.string_at(p.value, n) == data
+            assert h.sync_pwrite(t, str(tmp / "m2")) == 1
+            assert (tmp / "m2").read_bytes() == data
+        assert h.stats()["gds"]["ops_completed"] == 0, "not device memory"
+        assert h.stats()["gds"]["bytes_staged"] == 0
+    finally:
+        cuda.free(p.value)
