@@ -51,9 +51,9 @@ struct GpuInfo {
 [[nodiscard]] DEEPIO_API GpuInfo gpu_info() noexcept;
 
 /// The CUDA device ordinal that owns `p` (cuPointerGetAttribute), or -1 when `p` is not CUDA
-/// device memory or no CUDA driver is usable. Loads the driver on first use. Never throws;
-/// thread-safe. Bindings use it to check that a buffer a framework calls device memory is
-/// what deepio::Handle will stage as device memory.
+/// device memory (managed memory is not: see is_managed) or no CUDA driver is usable. Loads
+/// the driver on first use. Never throws; thread-safe. Bindings use it to check that a buffer
+/// a framework calls device memory is what deepio::Handle will stage as device memory.
 [[nodiscard]] DEEPIO_API int device_of(const void* p) noexcept;
 
 /// A CUDA stream deepio owns on `device` (non-blocking, in the device's primary context; made
@@ -63,6 +63,12 @@ struct GpuInfo {
 /// driver, EIO when the driver refuses) and deepio::InvalidArgument for a device the driver
 /// does not have. Thread-safe.
 [[nodiscard]] DEEPIO_API std::uintptr_t consumer_stream(int device);
+
+/// Whether `p` is CUDA managed memory (cuMemAllocManaged / cudaMallocManaged). Managed memory
+/// is host-addressable, and deepio reads and writes it as host memory (never staged, never
+/// cuFile), whatever a framework calls it. false without a usable driver. Never throws;
+/// thread-safe.
+[[nodiscard]] DEEPIO_API bool is_managed(const void* p) noexcept;
 
 /// How a GdsHandle moves data.
 enum class GdsMode {
@@ -125,9 +131,15 @@ struct GdsStats {
   std::uint64_t ops_failed = 0;      ///< of those, the failed ones
   std::uint64_t chunks = 0;          ///< requests cut for operations on device memory (cuFile or staged)
   std::uint64_t bytes_cufile = 0;    ///< moved by cuFileRead/cuFileWrite
-  std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies
+  std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies (io_fallbacks' too)
   std::uint64_t files_fallback = 0;  ///< operations cuFile refused and Auto staged instead
-  std::uint64_t pins_refused = 0;    ///< pin_device_buffer calls cuFile refused and Auto kept unregistered
+  /// Of files_fallback, those on a file system cuFile had refused before: staged without a
+  /// cuFileHandleRegister call (one refusal per file system and handle).
+  std::uint64_t registrations_skipped = 0;
+  /// Requests whose cuFileRead/cuFileWrite failed with a cuFile error and that Auto staged
+  /// instead (with the rest of their operation): the operation succeeds if staging does.
+  std::uint64_t io_fallbacks = 0;
+  std::uint64_t pins_refused = 0;  ///< pin_device_buffer calls cuFile refused and Auto kept unregistered
 };
 
 namespace detail {
@@ -155,7 +167,9 @@ struct GdsParts;
 /// the last one closes it (after deregistering every buffer still pinned); nothing is written
 /// to the working directory and nothing exits the process.
 ///
-/// Thread safety: every member function may be called from several threads at once.
+/// Thread safety: every member function may be called from several threads at once. No call
+/// changes the calling thread's current CUDA context: what needs one pushes the buffer's
+/// device's primary context and pops it before returning (or throwing).
 /// Buffer lifetime: as Handle's. cuFile transfers are not ordered with CUDA streams: finish
 /// kernels writing a source buffer before submitting it, and read results only after the
 /// operation completed.

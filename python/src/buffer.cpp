@@ -104,7 +104,9 @@ PyObject* torch_tensor_type() {
 
 // Checks that the CUDA driver deepio loads agrees that `p` is device memory (the engine
 // decides host/device with that driver: a device pointer it took for host memory would be
-// dereferenced). Returns the device ordinal; raises TypeError naming the reason otherwise.
+// dereferenced). Returns the device ordinal, or -1 for CUDA managed memory a framework calls
+// CUDA memory (host-addressable: host memory to deepio, as kDLCUDAManaged is); raises
+// TypeError naming the reason otherwise.
 int require_device(const void* p, std::size_t nbytes, int dlpack_ordinal, const char* role) {
   if (nbytes == 0) return dlpack_ordinal < 0 ? 0 : dlpack_ordinal;  // nothing is ever touched
   int dev = -1;
@@ -113,6 +115,7 @@ int require_device(const void* p, std::size_t nbytes, int dlpack_ordinal, const 
     dev = device_of(p);
   }
   if (dev >= 0) return dev;
+  if (is_managed(p)) return -1;
   std::string why;
   if (!cuda_usable(&why)) {
     throw nb::type_error(

@@ -92,6 +92,8 @@ class PyGds final : public PyHandle {
     d["bytes_staged"] = s.bytes_staged;
     d["files_fallback"] = s.files_fallback;
     d["pins_refused"] = s.pins_refused;
+    d["registrations_skipped"] = s.registrations_skipped;
+    d["io_fallbacks"] = s.io_fallbacks;
     return d;
   }
 

@@ -71,10 +71,16 @@ GdsStats GdsHandle::gds_stats() const noexcept {
   s.ops_completed = c.device_ops_completed.load();
   s.ops_failed = c.device_ops_failed.load();
   s.chunks = c.device_requests.load();
-  s.bytes_cufile = c.bytes_gds.load();
-  s.bytes_staged = c.bytes_staged.load();
+  // The engine counts what its route's backend moved as cuFile's; the backend's own staging
+  // after a cuFile failure is moved to the staged side.
+  const std::uint64_t io_staged = route_->io_fallback_bytes();
+  const std::uint64_t by_route = c.bytes_gds.load();
+  s.bytes_cufile = by_route > io_staged ? by_route - io_staged : 0;
+  s.bytes_staged = c.bytes_staged.load() + io_staged;
   s.files_fallback = route_->files_fallback();
   s.pins_refused = route_->pins_refused();
+  s.registrations_skipped = route_->registrations_skipped();
+  s.io_fallbacks = route_->io_fallbacks();
   return s;
 }
 

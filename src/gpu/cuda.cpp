@@ -45,6 +45,8 @@ std::string resolve_all(const Library& lib, CudaApi* api) {
   resolve(lib, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease, &missing);
   resolve(lib, "cuCtxSetCurrent", &api->cuCtxSetCurrent, &missing);
   resolve(lib, "cuCtxGetCurrent", &api->cuCtxGetCurrent, &missing);
+  resolve(lib, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent, &missing);
+  resolve(lib, "cuCtxPopCurrent_v2", &api->cuCtxPopCurrent, &missing);
   resolve(lib, "cuPointerGetAttribute", &api->cuPointerGetAttribute, &missing);
   resolve(lib, "cuMemcpyHtoDAsync_v2", &api->cuMemcpyHtoDAsync, &missing);
   resolve(lib, "cuMemcpyDtoHAsync_v2", &api->cuMemcpyDtoHAsync, &missing);
@@ -163,6 +165,8 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
       memory_type != CU_MEMORYTYPE_DEVICE) {
     return out;
   }
+  // Managed memory reports MEMORY_TYPE DEVICE but is host-addressable: host memory to deepio.
+  if (is_managed(api, p)) return out;
   int ordinal = -1;
   if (api->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) != CUDA_SUCCESS) {
     return out;
@@ -173,5 +177,30 @@ DevicePointer classify(const CudaApi* api, const void* p) noexcept {
 }
 
 DevicePointer classify(const void* p) noexcept { return classify(cuda(nullptr), p); }
+
+bool is_managed(const CudaApi* api, const void* p) noexcept {
+  if (api == nullptr || p == nullptr) return false;
+  // IS_MANAGED is a bool: read into a zeroed int, so a driver writing one byte reads right.
+  unsigned int managed = 0;
+  const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+  return api->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, address) == CUDA_SUCCESS && managed != 0;
+}
+
+Status ScopedContext::enter(const CudaApi* api, CUcontext ctx, ScopedContext* out) {
+  out->reset();
+  CUcontext current = nullptr;
+  if (api->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return Status::success();
+  const CUresult r = api->cuCtxPushCurrent(ctx);
+  if (r != CUDA_SUCCESS) return cuda_status(api, r, "cuCtxPushCurrent");
+  out->api_ = api;
+  return Status::success();
+}
+
+void ScopedContext::reset() noexcept {
+  if (api_ == nullptr) return;
+  CUcontext popped = nullptr;
+  (void)api_->cuCtxPopCurrent(&popped);  // a failed pop leaves nothing to undo
+  api_ = nullptr;
+}
 
 }  // namespace deepio::detail::gpu

@@ -10,8 +10,13 @@
 // ABI notes: the names resolved are those cuda.h maps the API to when neither
 // CUDA_API_PER_THREAD_DEFAULT_STREAM nor an old API version is requested: `_v2` for
 // cuMemAlloc, cuMemFree, cuMemcpy{HtoD,DtoH}[Async], cuMemHostRegister, cuStreamDestroy,
-// cuEventDestroy and cuDevicePrimaryCtxRelease; the plain name elsewhere. Copies on a stream
-// use the legacy default-stream semantics of those names.
+// cuEventDestroy, cuDevicePrimaryCtxRelease and cuCtx{Push,Pop}Current; the plain name elsewhere.
+// Copies on a stream use the legacy default-stream semantics of those names.
+//
+// Contexts: deepio never leaves a context current on a thread it does not own. A driver call
+// made on a caller's thread that needs one runs under a ScopedContext, which pushes the
+// context (cuCtxPushCurrent_v2) and pops it again on every path; deepio's own worker threads
+// keep a context current between requests.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +59,7 @@ inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_CONTEXT = 1;
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;     // data: unsigned int
+inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_IS_MANAGED = 8;      // data: bool
 inline constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;  // data: int
 
 inline constexpr unsigned int CU_MEMORYTYPE_HOST = 1;
@@ -80,6 +86,8 @@ struct CudaApi {
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice device) = nullptr;  // _v2
   CUresult (*cuCtxSetCurrent)(CUcontext ctx) = nullptr;
   CUresult (*cuCtxGetCurrent)(CUcontext* ctx) = nullptr;
+  CUresult (*cuCtxPushCurrent)(CUcontext ctx) = nullptr;  // _v2
+  CUresult (*cuCtxPopCurrent)(CUcontext* ctx) = nullptr;  // _v2
   CUresult (*cuPointerGetAttribute)(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void* src, std::size_t nbytes,
                                 CUstream stream) = nullptr;  // _v2
@@ -136,10 +144,42 @@ struct DevicePointer {
   int ordinal = -1;  ///< the device holding the memory; -1 when not device memory
 };
 
-/// Whether p is CUDA device memory (cuPointerGetAttribute MEMORY_TYPE == DEVICE; managed
-/// memory reports DEVICE too) and on which device. {false, -1} for host memory, unknown
-/// pointers, or when no driver is loaded. Never throws; thread-safe.
+/// Whether p is CUDA device memory (cuPointerGetAttribute MEMORY_TYPE == DEVICE) and on which
+/// device. {false, -1} for host memory, unknown pointers, or when no driver is loaded. Managed
+/// memory (cuMemAllocManaged; IS_MANAGED) is host-addressable, so it is host memory here:
+/// plain pread/pwrite, never staged, never cuFile. Never throws; thread-safe.
 DevicePointer classify(const void* p) noexcept;
 DevicePointer classify(const CudaApi* api, const void* p) noexcept;
+
+/// Whether p is CUDA managed memory (IS_MANAGED). false when unknown or without a driver.
+bool is_managed(const CudaApi* api, const void* p) noexcept;
+
+/// Makes a context current on the calling thread for the guard's lifetime: enter() pushes it
+/// (cuCtxPushCurrent_v2) unless it is current already, and the destructor (or reset()) pops it
+/// (cuCtxPopCurrent_v2), so the thread's own context, or none, is current again afterwards, on
+/// every path. Move-only; use on one thread. Nested guards restore in reverse order.
+class ScopedContext {
+ public:
+  ScopedContext() = default;
+  /// Pushes ctx on the calling thread. A failed push leaves the thread as it was.
+  static Status enter(const CudaApi* api, CUcontext ctx, ScopedContext* out);
+  ~ScopedContext() { reset(); }
+  ScopedContext(ScopedContext&& other) noexcept : api_(other.api_) { other.api_ = nullptr; }
+  ScopedContext& operator=(ScopedContext&& other) noexcept {
+    if (this != &other) {
+      reset();
+      api_ = other.api_;
+      other.api_ = nullptr;
+    }
+    return *this;
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  /// Restores the thread's previous context now (nothing when nothing was pushed).
+  void reset() noexcept;
+
+ private:
+  const CudaApi* api_ = nullptr;  // set while a push is to be undone
+};
 
 }  // namespace deepio::detail::gpu

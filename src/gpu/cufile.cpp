@@ -99,6 +99,7 @@ std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates,
   resolve(lib, "cuFileGetVersion", &api->cuFileGetVersion, &optional_missing);
   resolve(lib, "cuFileSetParameterBool", &api->cuFileSetParameterBool, &optional_missing);
   resolve(lib, "cuFileGetParameterBool", &api->cuFileGetParameterBool, &optional_missing);
+  resolve(lib, "cuFileSetParameterString", &api->cuFileSetParameterString, &optional_missing);
   if (why != nullptr) *why = Status::success();
   return api;
 }
@@ -112,6 +113,14 @@ Global& global() noexcept {
 }
 
 }  // namespace
+
+std::string cufile_log_path() {
+  const char* user = std::getenv("CUFILE_LOGFILE_PATH");
+  if (user != nullptr && *user != '\0') return {};
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  return dir + "/deepio-cufile-" + std::to_string(::getuid()) + ".log";
+}
 
 bool nvidia_fs_loaded() noexcept { return ::access("/proc/driver/nvidia-fs/version", F_OK) == 0; }
 
@@ -199,6 +208,15 @@ Status DriverRef::acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t m
       } else if (const CUfileError_t p = api->cuFileSetParameterBool(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE, true);
                  p.err != CU_FILE_SUCCESS) {
         note = "cuFile refused to allow its compatibility mode: " + cufile_error_text(cuda_api, p);
+      }
+    }
+    // cuFile writes cufile.log into the working directory unless told otherwise: pointed
+    // elsewhere unless the user chose (CUFILE_LOGFILE_PATH). A refusal only costs the note.
+    if (const std::string log = cufile_log_path(); !log.empty() && api->cuFileSetParameterString != nullptr) {
+      if (const CUfileError_t p = api->cuFileSetParameterString(CUFILE_PARAM_ENV_LOGFILE_PATH, log.c_str());
+          p.err != CU_FILE_SUCCESS) {
+        note += (note.empty() ? "" : "; ") + std::string("cuFile refused the log file ") + log + ": " +
+                cufile_error_text(cuda_api, p);
       }
     }
     const CUfileError_t e = api->cuFileDriverOpen();

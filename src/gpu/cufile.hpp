@@ -5,7 +5,10 @@
 // process; it does NOT open the cuFile driver. The driver is opened by the first
 // DriverRef and closed when the last one goes (cuFileDriverClose_v2, the reference-counting
 // close, where the library exports it). Nothing here writes a configuration file, sets an
-// environment variable, prints or exits.
+// environment variable, prints or exits. cuFile's own log (cufile.log, in the working
+// directory by default) is pointed at $TMPDIR/deepio-cufile-<uid>.log (/tmp without TMPDIR)
+// before the driver opens, through the parameter API, unless the user set
+// CUFILE_LOGFILE_PATH or the library lacks cuFileSetParameterString.
 //
 // Error conventions of cuFile: control calls return CUfileError_t {err, cu_err}; err is 0 or
 // 5000 + n (CUfileOpError), and cu_err carries the CUDA result when err is
@@ -90,6 +93,8 @@ struct CUfileDrvProps_t {
 inline constexpr unsigned int CU_FILE_NVME_P2P_SUPPORTED_BIT = 11;  // dstatusflags bit
 // CUFileBoolConfigParameter_t values used here.
 inline constexpr int CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE = 1;
+// CUFileStringConfigParameter_t values used here: the log file (what CUFILE_LOGFILE_PATH sets).
+inline constexpr int CUFILE_PARAM_ENV_LOGFILE_PATH = 1;
 
 /// Device buffers pinned for GPUDirect Storage (cuFileBufRegister), keyed by base address.
 /// The lookup is a range check: a view inside a registration resolves to its base and offset.
@@ -121,8 +126,9 @@ struct CuFileApi {
   CUfileError_t (*cuFileDriverGetProperties)(CUfileDrvProps_t* props) = nullptr;  // optional
   CUfileError_t (*cuFileGetVersion)(int* version) = nullptr;                      // optional
   /// cuFile's parameter API (libcufile >= 1.7): parameters are staged before the driver opens.
-  CUfileError_t (*cuFileSetParameterBool)(int param, bool value) = nullptr;   // optional
-  CUfileError_t (*cuFileGetParameterBool)(int param, bool* value) = nullptr;  // optional
+  CUfileError_t (*cuFileSetParameterBool)(int param, bool value) = nullptr;           // optional
+  CUfileError_t (*cuFileGetParameterBool)(int param, bool* value) = nullptr;          // optional
+  CUfileError_t (*cuFileSetParameterString)(int param, const char* value) = nullptr;  // optional
 
   std::string library;
   bool close_is_v2 = false;  ///< cuFileDriverClose_v2 found (reference-counting close)
@@ -177,7 +183,8 @@ class DriverRef {
   DriverRef() = default;
   /// Opens (or shares) the driver of `api`. On failure returns a Status with the cuFile error.
   /// The opening reference may first ask cuFile to allow its compatibility mode
-  /// (cuFileSetParameterBool, where the library has it); the answer goes to driver_note.
+  /// (cuFileSetParameterBool, where the library has it); the answer goes to driver_note. It
+  /// also points cuFile's log out of the working directory (cufile_log_path()).
   static Status acquire(CuFileApi* api, const CudaApi* cuda_api, std::size_t max_direct_io_kib, DriverRef* out,
                         bool allow_compat = false);
   ~DriverRef() { reset(); }
@@ -199,6 +206,10 @@ class DriverRef {
  private:
   CuFileApi* api_ = nullptr;
 };
+
+/// Where deepio points cuFile's log when the user has not: "" when CUFILE_LOGFILE_PATH is set
+/// (non-empty), else $TMPDIR/deepio-cufile-<uid>.log, /tmp when TMPDIR is unset or empty.
+std::string cufile_log_path();
 
 /// Whether the nvidia-fs kernel module is loaded (/proc/driver/nvidia-fs/version).
 bool nvidia_fs_loaded() noexcept;

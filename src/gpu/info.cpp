@@ -12,6 +12,8 @@ int device_of(const void* p) noexcept {
   return d.is_device ? d.ordinal : -1;
 }
 
+bool is_managed(const void* p) noexcept { return detail::gpu::is_managed(detail::gpu::cuda(nullptr), p); }
+
 GpuInfo gpu_info() noexcept {
   GpuInfo info;
   try {

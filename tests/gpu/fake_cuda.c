@@ -1,6 +1,6 @@
 /* A fake CUDA driver with host-memory semantics, for testing deepio's loader and GDS engine
- * without a GPU. "Device" memory is malloc'd and recorded in a table; copies are memcpy;
- * streams and events are trivial; cuPointerGetAttribute answers from the table. Exports the
+ * without a GPU. "Device" memory is malloc'd and recorded in a table; copies are memcpy (the
+ * asynchronous ones late, on per-stream threads: below); cuPointerGetAttribute answers from the table. Exports the
  * versioned names libcuda.so.1 exports (cuMemAlloc_v2, ...). Built with -DFAKE_CUDA_OLD it
  * exports only unversioned names, like a driver too old for deepio.
  *
@@ -10,6 +10,13 @@
  *   deepio_fake_cuda_set_device_count(n), deepio_fake_cuda_live_allocations(),
  *   deepio_fake_cuda_find(ptr, size, &base, &nbytes) (used by the fake cuFile),
  *   deepio_fake_cuda_adopt_all(on): every address but registered host memory is device memory.
+ *
+ * Contexts: device d (d < 8) has one primary context; each thread has a context stack
+ * (cuCtxPushCurrent_v2/cuCtxPopCurrent_v2; cuCtxSetCurrent replaces its top), the current
+ * context being its top. Memory allocated (cuMemAlloc_v2, cuMemAllocManaged) while device d's
+ * context is current belongs to device d: cuPointerGetAttribute answers DEVICE_ORDINAL d and
+ * CONTEXT d's primary context, and IS_MANAGED for managed memory (whose MEMORY_TYPE is
+ * DEVICE, as the real driver reports it).
  *
  * Streams are asynchronous, as on a GPU (the part that shows ordering bugs): every stream,
  * and the legacy default stream (handle 0, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2 all
@@ -45,29 +52,79 @@ struct alloc {
   uintptr_t base;
   size_t nbytes;
   int host_registered;
+  int device;  /* the device whose context was current when it was made */
+  int managed; /* cuMemAllocManaged */
 };
 static struct alloc allocs[MAX_ALLOCS];
 static int device_count = 1;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char fail_name[64];
 static CUresult fail_result;
 static int fail_after;
 static int ctx_storage[8];
 static int ctx_refs[8];
-/* The per-thread current context, kept with pthread keys rather than __thread: a dlopen'ed
+/* The per-thread context stack, found through a pthread key rather than __thread: a dlopen'ed
  * library's dynamic TLS is what LeakSanitizer's exit-time scan mis-walks with this toolchain
  * (GCC 12, glibc 2.36: "Tracer caught signal 11" on a bogus DTLS range, depending on the
- * binary's layout), which failed the ASan run of tests that passed. */
+ * binary's layout), which failed the ASan run of tests that passed. The stacks live in a static
+ * table (nothing for LeakSanitizer to miss); the key holds slot + 1 and frees the slot when
+ * the thread exits. */
+enum { MAX_THREADS = 1024, MAX_DEPTH = 16 };
+struct ctx_stack {
+  int used;
+  int depth;
+  void* ctx[MAX_DEPTH];
+};
+static struct ctx_stack stacks[MAX_THREADS]; /* guarded by lock for `used` */
 static pthread_key_t ctx_key;
 static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
-static void make_ctx_key(void) { (void)pthread_key_create(&ctx_key, NULL); }
-static void* get_current_ctx(void) {
-  pthread_once(&ctx_once, make_ctx_key);
-  return pthread_getspecific(ctx_key);
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static void free_stack(void* v) {
+  pthread_mutex_lock(&lock);
+  stacks[(uintptr_t)v - 1].used = 0;
+  pthread_mutex_unlock(&lock);
 }
-static void set_current_ctx(void* ctx) {
+static void make_ctx_key(void) { (void)pthread_key_create(&ctx_key, free_stack); }
+/* The calling thread's stack; NULL when it has none and `create` is 0 (or the table is full). */
+static struct ctx_stack* my_stack(int create) {
   pthread_once(&ctx_once, make_ctx_key);
-  (void)pthread_setspecific(ctx_key, ctx);
+  uintptr_t v = (uintptr_t)pthread_getspecific(ctx_key);
+  if (v != 0) return &stacks[v - 1];
+  if (!create) return NULL;
+  struct ctx_stack* st = NULL;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_THREADS; ++i) {
+    if (!stacks[i].used) {
+      stacks[i].used = 1;
+      stacks[i].depth = 0;
+      st = &stacks[i];
+      (void)pthread_setspecific(ctx_key, (void*)(uintptr_t)(i + 1));
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return st;
+}
+static void* get_current_ctx(void) {
+  struct ctx_stack* st = my_stack(0);
+  return st != NULL && st->depth > 0 ? st->ctx[st->depth - 1] : NULL;
+}
+/* The device whose primary context is current (0 when none is). */
+static int current_device(void) {
+  int* c = (int*)get_current_ctx();
+  return c >= &ctx_storage[0] && c < &ctx_storage[8] ? (int)(c - ctx_storage) : 0;
+}
+/* cuCtxSetCurrent: replaces the top of the stack; NULL pops it. 0, or 2 when out of slots. */
+static int set_current_ctx(void* ctx) {
+  struct ctx_stack* st = my_stack(ctx != NULL);
+  if (st == NULL) return ctx == NULL ? 0 : 2;
+  if (ctx == NULL) {
+    if (st->depth > 0) --st->depth;
+  } else if (st->depth == 0) {
+    st->ctx[st->depth++] = ctx;
+  } else {
+    st->ctx[st->depth - 1] = ctx;
+  }
+  return 0;
 }
 
 static CUresult injected(const char* name) {
@@ -142,6 +199,8 @@ static int record(uintptr_t base, size_t n, int host) {
       allocs[i].base = base;
       allocs[i].nbytes = n;
       allocs[i].host_registered = host;
+      allocs[i].device = current_device();
+      allocs[i].managed = 0;
       ok = 1;
       break;
     }
@@ -253,27 +312,42 @@ static CUresult primary_release(int dev) {
 }
 EXPORT CUresult cuCtxSetCurrent(void* ctx) {
   CHECK("cuCtxSetCurrent");
-  set_current_ctx(ctx);
-  return 0;
+  return set_current_ctx(ctx);
 }
 EXPORT CUresult cuCtxGetCurrent(void** ctx) {
   *ctx = get_current_ctx();
   return 0;
 }
+/* The allocation holding p: its index in allocs, or -1. */
+static int find_alloc(uintptr_t p) {
+  int found = -1;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base != 0 && p >= allocs[i].base && p < allocs[i].base + allocs[i].nbytes) {
+      found = i;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return found;
+}
 EXPORT CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
   CHECK("cuPointerGetAttribute");
   const uintptr_t p = (uintptr_t)ptr;
-  if (deepio_fake_cuda_find(p, 0, NULL, NULL)) {
-    if (attribute == 2) *(unsigned int*)data = 2; /* MEMORY_TYPE: DEVICE */
-    else if (attribute == 9) *(int*)data = 0;     /* DEVICE_ORDINAL */
-    else return 1;
-    return 0;
-  }
-  if (find_host(p)) {
-    if (attribute == 2) *(unsigned int*)data = 1; /* HOST */
-    else if (attribute == 9) *(int*)data = 0;
-    else return 1;
-    return 0;
+  if (deepio_fake_cuda_find(p, 0, NULL, NULL) || find_host(p)) {
+    const int i = find_alloc(p); /* -1: adopted by deepio_fake_cuda_adopt_all (device 0) */
+    pthread_mutex_lock(&lock);
+    const int host = i >= 0 && allocs[i].host_registered;
+    const int device = i >= 0 ? allocs[i].device : 0;
+    const int managed = i >= 0 && allocs[i].managed;
+    pthread_mutex_unlock(&lock);
+    switch (attribute) {
+      case 1: *(void**)data = &ctx_storage[device]; return 0; /* CONTEXT */
+      case 2: *(unsigned int*)data = host ? 1 : 2; return 0;  /* MEMORY_TYPE: HOST, DEVICE */
+      case 8: *(_Bool*)data = managed; return 0;              /* IS_MANAGED: a bool */
+      case 9: *(int*)data = device; return 0;                 /* DEVICE_ORDINAL */
+      default: return 1;
+    }
   }
   return 1; /* CUDA_ERROR_INVALID_VALUE: memory unknown to CUDA */
 }
@@ -677,6 +751,41 @@ EXPORT CUresult cuStreamWaitEvent(void* handle, void* ev, unsigned int flags) {
   pthread_mutex_unlock(&qlock);
   return enqueue(handle, o);
 }
+/* ---- context stack, managed memory ---- */
+EXPORT CUresult V2(cuCtxPushCurrent)(void* ctx) {
+  CHECK("cuCtxPushCurrent");
+  if (ctx == NULL) return 1;
+  struct ctx_stack* st = my_stack(1);
+  if (st == NULL || st->depth == MAX_DEPTH) return 2;
+  st->ctx[st->depth++] = ctx;
+  return 0;
+}
+EXPORT CUresult V2(cuCtxPopCurrent)(void** ctx) {
+  CHECK("cuCtxPopCurrent");
+  struct ctx_stack* st = my_stack(0);
+  if (st == NULL || st->depth == 0) return 201;
+  void* top = st->ctx[--st->depth];
+  if (ctx != NULL) *ctx = top;
+  return 0;
+}
+/* The calling thread's context stack depth (tests: nothing left pushed). */
+EXPORT int deepio_fake_cuda_context_depth(void) {
+  struct ctx_stack* st = my_stack(0);
+  return st != NULL ? st->depth : 0;
+}
+/* Managed memory: host-addressable; MEMORY_TYPE DEVICE and IS_MANAGED as the real driver. */
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t n, unsigned int flags) {
+  (void)flags;
+  CUresult r = alloc_impl(p, n);
+  if (r != 0) return r;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < MAX_ALLOCS; ++i) {
+    if (allocs[i].base == (uintptr_t)*p && !allocs[i].host_registered) allocs[i].managed = 1;
+  }
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
 EXPORT CUresult cuGetErrorName(CUresult r, const char** s) {
   switch (r) {
     case 0: *s = "CUDA_SUCCESS"; return 0;

@@ -18,7 +18,11 @@
  *   deepio_fake_cufile_nvfs_major(v)           nvfs.major_version reported by GetProperties
  *   deepio_fake_cufile_stats(out[8])           opens, closes, open_refs, io_calls, max_io,
  *                                              max_concurrency, registered_buffers, handles
- *   deepio_fake_cufile_last_io(&base, &offset) base pointer and buffer offset of the last I/O */
+ *   deepio_fake_cufile_last_io(&base, &offset) base pointer and buffer offset of the last I/O
+ *   deepio_fake_cufile_handle_register_calls() cuFileHandleRegister calls since the last reset
+ *   deepio_fake_cufile_param_string(param)     what cuFileSetParameterString staged (NULL: never)
+ *   deepio_fake_cufile_keep_direct(on)         leave O_DIRECT on registered descriptors (as the
+ *                                              real library needs it; fake reads then fail) */
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -72,6 +76,11 @@ static size_t max_io;
 static unsigned delay_us;
 static unsigned nvfs_major = 2;
 static size_t max_direct_kib;
+static long register_calls;
+static int keep_direct;
+enum { MAX_STRING_PARAMS = 4 };
+static char string_params[MAX_STRING_PARAMS][512];
+static int string_params_set[MAX_STRING_PARAMS];
 static uintptr_t last_base;
 static long last_offset;
 
@@ -87,6 +96,9 @@ static CUfileError_t err(int code) {
 EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_lock(&lock);
   opens = closes = refs = io_calls = max_io_seen = concurrency = max_concurrency = handles = 0;
+  register_calls = 0;
+  keep_direct = 0;
+  memset(string_params_set, 0, sizeof string_params_set);
   memset(bufs, 0, sizeof bufs);
   register_err = open_err = bufregister_err = 0;
   for (int i = 0; i < MAX_PARAMS; ++i) bool_params[i] = -1;
@@ -219,6 +231,9 @@ struct handle {
 };
 
 EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
+  pthread_mutex_lock(&lock);
+  ++register_calls;
+  pthread_mutex_unlock(&lock);
   if (!driver_open()) return err(5001);
   pthread_mutex_lock(&lock);
   int e = register_err;
@@ -228,7 +243,10 @@ EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
   int fl = fcntl(d->handle.fd, F_GETFL);
   if (fl < 0) return err(5022);
   /* Host memory from malloc cannot take O_DIRECT; the fake serves the file buffered. */
-  if (fl & O_DIRECT) (void)fcntl(d->handle.fd, F_SETFL, fl & ~O_DIRECT);
+  pthread_mutex_lock(&lock);
+  int keep = keep_direct;
+  pthread_mutex_unlock(&lock);
+  if ((fl & O_DIRECT) && !keep) (void)fcntl(d->handle.fd, F_SETFL, fl & ~O_DIRECT);
   struct handle* h = malloc(sizeof *h);
   if (h == NULL) return err(5030);
   h->fd = d->handle.fd;
@@ -261,6 +279,35 @@ EXPORT CUfileError_t cuFileSetParameterBool(int param, _Bool value) {
   bool_params[param] = value ? 1 : 0;
   pthread_mutex_unlock(&lock);
   return ok();
+}
+EXPORT void deepio_fake_cufile_keep_direct(int on) {
+  pthread_mutex_lock(&lock);
+  keep_direct = on;
+  pthread_mutex_unlock(&lock);
+}
+EXPORT long deepio_fake_cufile_handle_register_calls(void) {
+  pthread_mutex_lock(&lock);
+  long n = register_calls;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+/* String parameters (CUFileStringConfigParameter_t: 0 logging level, 1 log file path, 2 log
+ * directory), staged before the driver opens like the bool ones. The returned text stays valid
+ * until the next reset or set. */
+EXPORT CUfileError_t cuFileSetParameterString(int param, const char* value) {
+  if (param < 0 || param >= MAX_STRING_PARAMS || value == NULL || strlen(value) >= 512) return err(5022);
+  if (driver_open()) return err(5026);
+  pthread_mutex_lock(&lock);
+  strcpy(string_params[param], value);
+  string_params_set[param] = 1;
+  pthread_mutex_unlock(&lock);
+  return ok();
+}
+EXPORT const char* deepio_fake_cufile_param_string(int param) {
+  pthread_mutex_lock(&lock);
+  const char* v = param >= 0 && param < MAX_STRING_PARAMS && string_params_set[param] ? string_params[param] : NULL;
+  pthread_mutex_unlock(&lock);
+  return v;
 }
 EXPORT CUfileError_t cuFileGetParameterBool(int param, _Bool* value) {
   if (param < 0 || param >= MAX_PARAMS || value == NULL) return err(5022);

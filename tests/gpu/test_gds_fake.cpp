@@ -434,7 +434,7 @@ TEST_F(FakeGds, PosixErrorFromCuFileReachesWaitWithContext) {
 }
 
 TEST_F(FakeGds, CuFileErrorCodeIsNamed) {
-  auto h = handle();
+  auto h = handle({.mode = GdsMode::CuFile});  // Auto would stage instead (below)
   std::byte* dev = device_alloc(100);
   control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_CUDA_DRIVER_ERROR), 0, 0);
   try {
@@ -444,6 +444,90 @@ TEST_F(FakeGds, CuFileErrorCodeIsNamed) {
     EXPECT_EQ(e.errnum(), EIO);
     EXPECT_NE(e.message().find("cuFileWrite: CU_FILE_CUDA_DRIVER_ERROR"), std::string::npos) << e.what();
   }
+  device_free(dev);
+}
+
+// A cuFile error at I/O time in Auto does not fail the operation: that request and the rest
+// of its operation are staged through host memory, counted and explained. A file system error
+// (-1 with errno) is not a cuFile refusal and still fails (PosixErrorFromCuFileReachesWait...).
+TEST_F(FakeGds, CuFileErrorAtIoTimeIsStagedInAuto) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 1});
+  const std::size_t n = 5 * 4096 + 321;
+  const auto data = pattern(n, 55);
+  const std::string f = dir_.file("iofallback.bin");
+  put(f, data);
+  std::byte* dev = device_alloc(n);
+  control("deepio_fake_cufile_fail_io", 0, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 2);  // third read
+  EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  auto st = h.gds_stats();
+  EXPECT_EQ(st.ops_failed, 0u);
+  EXPECT_EQ(st.io_fallbacks, 4u) << "the failed request and the three after it";
+  EXPECT_EQ(st.bytes_cufile, 2u * 4096);
+  EXPECT_EQ(st.bytes_staged, n - 2u * 4096);
+  EXPECT_EQ(fake_stats().io_calls, 3) << "cuFile is not asked again for that operation";
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_NE(h.mode_reason().find("cuFileRead: CU_FILE_IO_NOT_SUPPORTED"), std::string::npos) << h.mode_reason();
+
+  // Writes too; the next operation tries cuFile again.
+  const auto data2 = pattern(n, 56);
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data2.data(), n), CUDA_SUCCESS);
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_CUDA_DRIVER_ERROR), 0, 0);
+  EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+  EXPECT_EQ(slurp(f), data2);
+  st = h.gds_stats();
+  EXPECT_EQ(st.io_fallbacks, 4u + 6u);
+  EXPECT_EQ(st.ops_failed, 0u);
+  EXPECT_EQ(fake_stats().io_calls, 4);
+  EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  EXPECT_EQ(fake_stats().io_calls, 4 + 6);
+  EXPECT_EQ(std::memcmp(dev, data2.data(), n), 0);
+
+  // A staged request that fails fails the operation, naming its own error and the cuFile one.
+  fake_symbol<void(const char*, CUresult, int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_result")(
+      "cuMemcpyDtoH", CUDA_ERROR_ILLEGAL_ADDRESS, 0);
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_INTERNAL_ERROR), 0, 0);
+  try {
+    h.sync_pwrite(dev, n, f, 0);
+    ADD_FAILURE() << "a failed staged write was lost";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.path(), f);
+    EXPECT_NE(e.message().find("cuMemcpyDtoH"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("after cuFileWrite: CU_FILE_INTERNAL_ERROR"), std::string::npos) << e.what();
+  }
+  fake_symbol<void(const char*, CUresult, int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_set_result")(nullptr, 0, 0);
+  EXPECT_EQ(h.gds_stats().ops_failed, 1u);
+  EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+// Real cuFile needs O_DIRECT descriptors: the staged fallback reads and writes through the
+// same file reopened without O_DIRECT, at any offset and length, into unaligned memory.
+TEST_F(FakeGds, CuFileErrorAtIoTimeIsStagedOnAnODirectDescriptor) {
+  control("deepio_fake_cufile_keep_direct", 1);
+  // One worker: every request after the failing first one is staged (with two, the other
+  // worker's cuFileWrite could reach the O_DIRECT descriptor first and fail for real).
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 1});
+  const std::size_t n = 3 * 4096 + 999;
+  const auto data = pattern(n, 57);
+  std::byte* dev = device_alloc(n + 1);
+  std::byte* odd = dev + 1;  // no alignment O_DIRECT would accept
+  ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(odd), data.data(), n), CUDA_SUCCESS);
+  const std::string f = dir_.file("direct.bin");
+  put(f, std::vector<std::byte>(n + 700, std::byte{0}));
+  if (h.options().direct_io == DirectIo::Off) GTEST_SKIP() << "direct I/O switched off";
+  control("deepio_fake_cufile_fail_io", 1, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 0);
+  EXPECT_EQ(h.sync_pwrite(odd, n, f, 333), 1u);
+  auto expect = std::vector<std::byte>(n + 700, std::byte{0});
+  std::memcpy(expect.data() + 333, data.data(), n);
+  EXPECT_EQ(slurp(f), expect);
+  std::memset(odd, 0, n);
+  control("deepio_fake_cufile_fail_io", 0, static_cast<long>(-CU_FILE_IO_NOT_SUPPORTED), 0, 0);
+  EXPECT_EQ(h.sync_pread(odd, n, f, 333), 1u);
+  EXPECT_EQ(std::memcmp(odd, data.data(), n), 0);
+  EXPECT_EQ(h.gds_stats().ops_failed, 0u);
+  EXPECT_GE(h.gds_stats().io_fallbacks, 2u);
   device_free(dev);
 }
 
@@ -540,6 +624,117 @@ TEST_F(FakeGds, NvfsAbsentMeansCuFileCompatibilityMode) {
   if (nvidia_fs_loaded()) GTEST_SKIP() << "nvidia-fs is loaded on this machine";
   EXPECT_EQ(h.mode(), "compat");
   EXPECT_NE(h.mode_reason().find("compatibility mode"), std::string::npos) << h.mode_reason();
+}
+
+long register_calls() { return fake_symbol<long()>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_handle_register_calls")(); }
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// Without nvidia-fs every cuFileHandleRegister is refused the same way: after the first
+// refusal, files on that file system are staged without asking cuFile again, and the reason is
+// said once.
+TEST_F(FakeGds, ARefusedFileSystemIsAskedOnce) {
+  control("deepio_fake_cufile_fail_register", CU_FILE_HANDLE_NOT_REGISTERED);
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 10000;
+  std::byte* dev = device_alloc(n);
+  const int files = 5;
+  for (int i = 0; i < files; ++i) {
+    const auto data = pattern(n, 40 + static_cast<std::uint32_t>(i));
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+    const std::string f = dir_.file("fs" + std::to_string(i) + ".bin");
+    EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+    EXPECT_EQ(slurp(f), data);
+    std::memset(dev, 0, n);
+    EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+    EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  }
+  EXPECT_EQ(register_calls(), 1) << "one registration attempt for one file system";
+  const auto st = h.gds_stats();
+  EXPECT_EQ(st.files_fallback, 2u * files);
+  EXPECT_EQ(st.registrations_skipped, 2u * files - 1);
+  EXPECT_EQ(st.bytes_staged, 2u * files * n);
+  EXPECT_EQ(st.bytes_cufile, 0u);
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_EQ(occurrences(h.mode_reason(), "CU_FILE_HANDLE_NOT_REGISTERED"), 1u) << h.mode_reason();
+  EXPECT_NE(h.mode_reason().find("file system"), std::string::npos) << h.mode_reason();
+
+  // CuFile mode never stages, so it is never told "not this file system": it asks each time.
+  auto strict = handle({.mode = GdsMode::CuFile});
+  const std::string f = dir_.file("fs0.bin");
+  for (int i = 0; i < 2; ++i) EXPECT_THROW(strict.async_pread(dev, n, f, 0), Error);
+  EXPECT_EQ(register_calls(), 3);
+  device_free(dev);
+}
+
+// cuFile writes cufile.log into the working directory unless told otherwise: the handle that
+// opens the driver points it at a file of deepio's choosing, unless the user chose one.
+TEST_F(FakeGds, CuFileLogLeavesTheWorkingDirectoryUnlessTheUserChose) {
+  auto param = [] {
+    const char* v = fake_symbol<const char*(int)>(DEEPIO_FAKE_CUFILE,
+                                                  "deepio_fake_cufile_param_string")(CUFILE_PARAM_ENV_LOGFILE_PATH);
+    return v != nullptr ? std::string(v) : std::string("(unset)");
+  };
+  const char* saved = std::getenv("CUFILE_LOGFILE_PATH");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("CUFILE_LOGFILE_PATH");
+  {
+    auto h = handle();
+    const std::string log = param();
+    EXPECT_EQ(log, cufile_log_path());
+    EXPECT_NE(log.find("/deepio-cufile-" + std::to_string(::getuid()) + ".log"), std::string::npos) << log;
+    EXPECT_EQ(log.find(std::filesystem::current_path().string() + "/cufile.log"), std::string::npos) << log;
+    EXPECT_EQ(h.mode(), "gds") << h.mode_reason();
+  }
+  control("deepio_fake_cufile_reset");
+  ::setenv("CUFILE_LOGFILE_PATH", "/nonexistent/user-chosen.log", 1);
+  {
+    auto h = handle();
+    EXPECT_EQ(cufile_log_path(), "");
+    EXPECT_EQ(param(), "(unset)") << "the user's CUFILE_LOGFILE_PATH is cuFile's to read";
+  }
+  if (saved != nullptr) {
+    ::setenv("CUFILE_LOGFILE_PATH", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("CUFILE_LOGFILE_PATH");
+  }
+}
+
+// Managed memory is host-addressable: a GdsHandle reads and writes it in place like host
+// memory (no cuFile, no staging) and refuses to pin it as device memory.
+TEST_F(FakeGds, ManagedMemoryIsReadAndWrittenInPlace) {
+  auto alloc_managed = fake_symbol<CUresult(CUdeviceptr*, std::size_t, unsigned int)>(DEEPIO_FAKE_CUDA,
+                                                                                      "cuMemAllocManaged");
+  const std::size_t n = 3 * 4096 + 5;
+  CUdeviceptr d = 0;
+  ASSERT_EQ(alloc_managed(&d, n, 1 /* CU_MEM_ATTACH_GLOBAL */), CUDA_SUCCESS);
+  auto* m = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(d));
+  const auto data = pattern(n, 77);
+  std::memcpy(m, data.data(), n);
+  auto h = handle({.block_size = 4096});
+  const std::string f = dir_.file("managed.bin");
+  EXPECT_EQ(h.sync_pwrite(m, n, f, 0), 1u);
+  EXPECT_EQ(slurp(f), data);
+  std::memset(m, 0, n);
+  EXPECT_EQ(h.sync_pread(m, n, f, 0), 1u);
+  EXPECT_EQ(std::memcmp(m, data.data(), n), 0);
+  const auto st = h.gds_stats();
+  EXPECT_EQ(st.ops_completed, 0u) << "not a device operation";
+  EXPECT_EQ(st.bytes_cufile, 0u);
+  EXPECT_EQ(st.bytes_staged, 0u);
+  EXPECT_EQ(fake_stats().io_calls, 0);
+  EXPECT_EQ(h.stats().ops_completed, 2u);
+  try {
+    (void)h.pin_device_buffer(m, n);
+    ADD_FAILURE() << "managed memory pinned as device memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EINVAL);
+  }
+  device_free(m);
 }
 
 }  // namespace

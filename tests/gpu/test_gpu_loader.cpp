@@ -107,6 +107,28 @@ TEST_F(FakeCuda, ClassifyTellsDeviceFromHostMemory) {
   EXPECT_FALSE(classify(api_.get(), p).is_device);
 }
 
+// Managed memory reports MEMORY_TYPE DEVICE (as with the real driver) but is host-addressable:
+// deepio classifies it as host memory, so it is read and written in place, never staged.
+TEST_F(FakeCuda, ClassifySaysManagedMemoryIsHostMemory) {
+  deepio::gputest::CurrentContext ctx(api_.get());
+  auto alloc_managed = fake_symbol<CUresult(CUdeviceptr*, std::size_t, unsigned int)>(DEEPIO_FAKE_CUDA,
+                                                                                      "cuMemAllocManaged");
+  CUdeviceptr d = 0;
+  ASSERT_EQ(alloc_managed(&d, 4096, 1 /* CU_MEM_ATTACH_GLOBAL */), CUDA_SUCCESS);
+  unsigned int type = 0;
+  ASSERT_EQ(api_->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d), CUDA_SUCCESS);
+  EXPECT_EQ(type, CU_MEMORYTYPE_DEVICE) << "the fake reports managed memory as the driver does";
+  void* p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d));
+  EXPECT_FALSE(classify(api_.get(), p).is_device);
+  EXPECT_EQ(classify(api_.get(), p).ordinal, -1);
+  EXPECT_FALSE(classify(api_.get(), static_cast<char*>(p) + 100).is_device);
+  CUdeviceptr plain = 0;
+  ASSERT_EQ(api_->cuMemAlloc(&plain, 64), CUDA_SUCCESS);
+  EXPECT_TRUE(classify(api_.get(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(plain))).is_device);
+  EXPECT_EQ(api_->cuMemFree(plain), CUDA_SUCCESS);
+  EXPECT_EQ(api_->cuMemFree(d), CUDA_SUCCESS);
+}
+
 TEST_F(FakeCuda, CopiesStreamsAndEventsThroughTheShim) {
   deepio::gputest::CurrentContext ctx(api_.get());
   CUdeviceptr d = 0;

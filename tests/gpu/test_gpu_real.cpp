@@ -2,6 +2,9 @@
 // where cuda() is null. Also the FakeEnv.* tests, run by the deepio_gpu_tests.fake_env ctest
 // entry with DEEPIO_CUDA_LIBRARY / DEEPIO_CUFILE_LIBRARY pointing at the fakes: they check the
 // process-wide loaders and the public GdsHandle constructor end to end.
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -59,7 +62,14 @@ TEST(FakeEnv, PublicGdsHandleRoundTrip) {
   void* dev = h.new_pinned_device_buffer(n);
   const auto data = pattern(n, 21);
   const CudaApi* api = cuda(nullptr);
-  ASSERT_EQ(api->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  {
+    // The handle leaves the thread's context as it found it (none): the copy holds its own.
+    CUcontext current = nullptr;
+    EXPECT_EQ(api->cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    EXPECT_EQ(current, nullptr);
+    deepio::gputest::CurrentContext ctx(api);
+    ASSERT_EQ(api->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+  }
   EXPECT_TRUE(classify(dev).is_device);
   const std::string f = dir.file("env.bin");
   EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
@@ -121,6 +131,7 @@ TEST_P(RealGds, WriteThenReadBackThroughPinnedAndUnpinnedBuffers) {
   const CudaApi* api = real_cuda();
   TempDir dir;
   GdsHandle h({.block_size = 256 << 10, .queue_depth = 2, .intra_op_parallelism = 2, .mode = GetParam()});
+  deepio::gputest::CurrentContext ctx(api);  // the test's own copies need one; the handle keeps none
   for (const std::size_t n : {std::size_t{1} << 20, (std::size_t{1} << 20) + 4097, std::size_t{777}}) {
     const auto data = pattern(n, static_cast<std::uint32_t>(n));
     void* src = h.new_pinned_device_buffer(n);
@@ -149,6 +160,94 @@ TEST_P(RealGds, WriteThenReadBackThroughPinnedAndUnpinnedBuffers) {
     EXPECT_TRUE(h.free_pinned_device_buffer(src));
   }
   std::printf("[ mode %s ] %s\n", h.mode().c_str(), h.mode_reason().c_str());
+}
+
+// On the real driver: GdsHandle's calls leave the calling thread's context as they found it
+// (none, and device 0's primary context), cuCtxPushCurrent_v2/cuCtxPopCurrent_v2 resolve and
+// behave as the fake's; managed memory is host memory; no cufile.log in the working directory.
+TEST(RealGpu, ContextsRestoredManagedMemoryIsHostNoLogInTheWorkingDirectory) {
+  NEED_GPU();
+  const CudaApi* api = real_cuda();
+  TempDir dir;
+  const std::size_t n = (1 << 20) + 4097;
+  const auto data = pattern(n, 99);
+  auto current = [&] {
+    CUcontext c = reinterpret_cast<CUcontext>(1);
+    EXPECT_EQ(api->cuCtxGetCurrent(&c), CUDA_SUCCESS);
+    return c;
+  };
+  CUcontext primary = nullptr;
+  ASSERT_EQ(api->cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+  for (const bool with_context : {false, true}) {
+    std::thread([&] {
+      if (with_context) {
+        ASSERT_EQ(api->cuCtxSetCurrent(primary), CUDA_SUCCESS);
+      }
+      const CUcontext mine = with_context ? primary : nullptr;
+      {
+        GdsHandle h({.block_size = 256 << 10, .intra_op_parallelism = 2});
+        EXPECT_EQ(current(), mine) << "construction";
+        void* p = h.new_pinned_device_buffer(n);
+        EXPECT_EQ(current(), mine) << "new_pinned_device_buffer";
+        {
+          ScopedContext g;
+          ASSERT_TRUE(ScopedContext::enter(api, primary, &g).ok());
+          ASSERT_EQ(api->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(p), data.data(), n), CUDA_SUCCESS);
+        }
+        EXPECT_EQ(current(), mine) << "ScopedContext";
+        const std::string f = dir.file(with_context ? "ctx1" : "ctx0");
+        EXPECT_EQ(h.sync_pwrite(p, n, f, 0), 1u);
+        EXPECT_EQ(current(), mine) << "sync_pwrite";
+        EXPECT_EQ(slurp(f), data) << h.mode_reason();
+        EXPECT_EQ(h.sync_pread(p, n, f, 0), 1u);
+        EXPECT_EQ(current(), mine) << "sync_pread";
+        EXPECT_TRUE(h.unpin_device_buffer(p));
+        EXPECT_EQ(current(), mine) << "unpin";
+        EXPECT_TRUE(h.pin_device_buffer(p, n));
+        EXPECT_EQ(current(), mine) << "pin";
+        EXPECT_TRUE(h.free_pinned_device_buffer(p));
+        EXPECT_EQ(current(), mine) << "free_pinned_device_buffer";
+        std::printf("[ mode %s ] %s\n[ stats ] files_fallback %llu registrations_skipped %llu io_fallbacks %llu\n",
+                    h.mode().c_str(), h.mode_reason().c_str(),
+                    static_cast<unsigned long long>(h.gds_stats().files_fallback),
+                    static_cast<unsigned long long>(h.gds_stats().registrations_skipped),
+                    static_cast<unsigned long long>(h.gds_stats().io_fallbacks));
+      }
+      EXPECT_EQ(current(), mine) << "destruction";
+      if (with_context) {
+        EXPECT_EQ(api->cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+      }
+    }).join();
+  }
+  EXPECT_EQ(::access("cufile.log", F_OK), -1) << "cuFile wrote cufile.log into the working directory";
+  const std::string log = cufile_log_path();
+  std::printf("[ cufile log ] %s %s\n", log.c_str(), ::access(log.c_str(), F_OK) == 0 ? "exists" : "absent");
+
+  // Managed memory (small: never more than the card has free) is host memory to deepio.
+  void* libcuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  auto* alloc_managed = libcuda != nullptr ? reinterpret_cast<CUresult (*)(CUdeviceptr*, std::size_t, unsigned int)>(
+                                                 ::dlsym(libcuda, "cuMemAllocManaged"))
+                                           : nullptr;
+  if (alloc_managed != nullptr) {
+    deepio::gputest::CurrentContext ctx(api);
+    CUdeviceptr m = 0;
+    ASSERT_EQ(alloc_managed(&m, 1 << 20, 1 /* CU_MEM_ATTACH_GLOBAL */), CUDA_SUCCESS);
+    void* mp = reinterpret_cast<void*>(static_cast<std::uintptr_t>(m));
+    unsigned int type = 0;
+    EXPECT_EQ(api->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, m), CUDA_SUCCESS);
+    std::printf("[ managed ] MEMORY_TYPE %u\n", type);
+    EXPECT_TRUE(is_managed(api, mp));
+    EXPECT_FALSE(classify(mp).is_device);
+    std::memcpy(mp, data.data(), 1 << 20);  // host-addressable
+    GdsHandle h;
+    const std::string f = dir.file("managed");
+    EXPECT_EQ(h.sync_pwrite(mp, 1 << 20, f, 0), 1u);
+    EXPECT_EQ(h.gds_stats().ops_completed, 0u);
+    EXPECT_EQ(slurp(f), std::vector<std::byte>(data.begin(), data.begin() + (1 << 20)));
+    EXPECT_EQ(api->cuMemFree(m), CUDA_SUCCESS);
+  }
+  if (libcuda != nullptr) ::dlclose(libcuda);
+  EXPECT_EQ(api->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, RealGds, ::testing::Values(GdsMode::Auto, GdsMode::Compat), [](const auto& param_info) {

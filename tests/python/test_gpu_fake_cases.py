@@ -608,15 +608,25 @@ def test_gds_cufile_read_error_raises(dev, tmp):
         lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)  # (reset() would also forget the open driver)
     assert ei.value.errno == errno.EIO
     assert ei.value.filename == str(tmp / "e")
-    # cuFile's own error code on a write.
+    # cuFile's own error code on a write: an error in mode "cufile" ...
+    strict = deepio.gds_handle(block_size=65536, mode="cufile")
     lib.deepio_fake_cufile_fail_io(1, -5011, 0, 0)  # CU_FILE_CUDA_DRIVER_ERROR
     try:
         with pytest.raises(OSError, match="CU_FILE_CUDA_DRIVER_ERROR"):
-            h.sync_pwrite(buf, str(tmp / "f"))
+            strict.sync_pwrite(buf, str(tmp / "f"))
     finally:
         lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)
     assert h.sync_pread(buf, str(tmp / "e")) == 1
     assert buf.read() == data
+    # ... and in "auto" the request is staged instead, counted and explained.
+    lib.deepio_fake_cufile_fail_io(1, -5011, 0, 0)
+    try:
+        assert h.sync_pwrite(buf, str(tmp / "f")) == 1
+    finally:
+        lib.deepio_fake_cufile_fail_io(-1, 0, 0, 0)
+    assert (tmp / "f").read_bytes() == data
+    assert h.stats()["gds"]["io_fallbacks"] >= 1
+    assert "CU_FILE_CUDA_DRIVER_ERROR" in h.mode_reason
 
 
 @needs_cufile
@@ -711,3 +721,29 @@ def test_no_cuda_device_buffers_are_refused_with_the_reason(tmp):
     with pytest.raises(TypeError, match="cannot use the CUDA driver"):
         deepio.aio_handle().sync_pwrite(p, str(tmp / "n"))
     assert not (tmp / "n").exists()
+
+
+@needs_fake
+def test_managed_memory_labelled_cuda_is_read_in_place(cuda, tmp):
+    # CUDA managed memory is host-addressable: deepio reads and writes it as host memory, even
+    # when a framework (torch with a managed allocator) labels it kDLCUDA rather than
+    # kDLCUDAManaged; nothing is staged and cuFile is never asked.
+    n = 100_000
+    cuda.lib.cuMemAllocManaged.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_uint]
+    cuda._current()
+    p = ctypes.c_uint64()
+    assert cuda.lib.cuMemAllocManaged(ctypes.byref(p), n, 1) == 0  # CU_MEM_ATTACH_GLOBAL
+    try:
+        t = FakeCudaTensor(cuda, n, p.value)
+        data = rand(n)
+        (tmp / "m").write_bytes(data)
+        for h in (deepio.aio_handle(), deepio.gds_handle()):
+            ctypes.memset(p.value, 0, n)
+            assert h.sync_pread(t, str(tmp / "m")) == 1
+            assert ctypes.string_at(p.value, n) == data
+            assert h.sync_pwrite(t, str(tmp / "m2")) == 1
+            assert (tmp / "m2").read_bytes() == data
+        assert h.stats()["gds"]["ops_completed"] == 0, "not device memory"
+        assert h.stats()["gds"]["bytes_staged"] == 0
+    finally:
+        cuda.free(p.value)

@@ -1,10 +1,15 @@
 #include "backends/gds/gds_route.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <unordered_map>
+#include <vector>
 
 #include "backends/sync_backend.hpp"
 
@@ -28,24 +33,73 @@ std::string hex(std::uintptr_t v) {
 }
 
 // One operation's registration: the cuFile handle of its file (null when staged) and the
-// pinned buffer it uses (if any). Ends the registration when the engine drops it.
+// pinned buffer it uses (if any). Ends the registration when the engine drops it. After a
+// cuFile failure at I/O time (Auto), the route's backend stages the operation's remaining
+// requests itself, through a descriptor without O_DIRECT made here on first use.
 class GdsFile final : public DriverFile {
  public:
-  GdsFile(GdsRoute* route, int ordinal) : route_(route), ordinal_(ordinal) {}
-  ~GdsFile() override { route_->release(fh, ordinal_, registry, registry_key); }
+  GdsFile(GdsRoute* route, int ordinal, int fd) : route_(route), ordinal_(ordinal), fd_(fd) {}
+  ~GdsFile() override {
+    route_->release(fh, ordinal_, registry, registry_key);
+    if (buffered_fd_ >= 0) ::close(buffered_fd_);
+  }
   GdsFile(const GdsFile&) = delete;
   GdsFile& operator=(const GdsFile&) = delete;
 
   [[nodiscard]] int ordinal() const noexcept { return ordinal_; }
 
+  /// A descriptor of the file for pread/pwrite at any offset into any buffer: the engine's own
+  /// when it lacks O_DIRECT, else the same file reopened without it (kept until the end).
+  Status posix_fd(int* out) const {
+    std::lock_guard lock(fd_mutex_);
+    if (buffered_fd_ >= 0) {
+      *out = buffered_fd_;
+      return Status::success();
+    }
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0) {
+      const int e = errno;
+      return Status::failure(e, std::string("fcntl(F_GETFL): ") + std::strerror(e));
+    }
+    if ((flags & O_DIRECT) == 0) {
+      *out = fd_;
+      return Status::success();
+    }
+    const std::string self = "/proc/self/fd/" + std::to_string(fd_);
+    const int fd = ::open(self.c_str(), (flags & O_ACCMODE) | O_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      return Status::failure(e, std::string("reopening the file without O_DIRECT: ") + std::strerror(e));
+    }
+    buffered_fd_ = fd;
+    *out = fd;
+    return Status::success();
+  }
+
   CUfileHandle_t fh = nullptr;
   std::uintptr_t base = 0;  ///< registered buffer base, 0: unregistered (cuFile bounces)
   BufferRegistry* registry = nullptr;
   std::uintptr_t registry_key = 0;
+  /// Set by the backend when cuFile failed on this operation: its other requests are staged.
+  mutable std::atomic<bool> staged_io{false};
+
+  /// The cuFile error that made the operation staged (for the messages of staged failures).
+  void set_cause(std::string why) const {
+    std::lock_guard lock(fd_mutex_);
+    cause_ = std::move(why);
+  }
+  [[nodiscard]] std::string cause() const {
+    std::lock_guard lock(fd_mutex_);
+    return cause_;
+  }
 
  private:
   GdsRoute* route_;
   int ordinal_;
+  int fd_;  // the engine's descriptor (outlives this object)
+  mutable std::mutex fd_mutex_;
+  mutable int buffered_fd_ = -1;  // guarded by fd_mutex_
+  mutable std::string cause_;     // guarded by fd_mutex_
 };
 
 // The synchronous cuFile backend of one route worker.
@@ -76,6 +130,7 @@ class GdsBackend final : public SyncBackend {
       if (!st.ok()) return fail(r, std::move(st));
       current_ = f.ordinal();
     }
+    if (f.staged_io.load(std::memory_order_relaxed)) return staged(r, f);
     const std::uintptr_t p = address(r.buf);
     const std::uintptr_t base = f.base != 0 ? f.base : p;
     const auto base_offset = static_cast<off_t>(p - base);
@@ -86,13 +141,69 @@ class GdsBackend final : public SyncBackend {
                               : api_->cuFileRead(f.fh, reinterpret_cast<void*>(base), r.len, file_offset, base_offset);
     const int saved = errno;
     if (n >= 0) return n;
-    return fail(r, cufile_io_status(route_->cuda(), n, saved, r.write ? "cuFileWrite" : "cuFileRead"));
+    Status st = cufile_io_status(route_->cuda(), n, saved, r.write ? "cuFileWrite" : "cuFileRead");
+    // A cuFile error (not a file system errno) in Auto: this request, and the rest of its
+    // operation, are staged through host memory instead of failing the operation. A failure
+    // of the staged request is reported as such, naming the cuFile error that led to it.
+    if (n != -1 && route_->stages_failed_io()) {
+      f.set_cause(st.message);
+      f.staged_io.store(true, std::memory_order_relaxed);
+      route_->note_io_fallback(st.message + ": requests staged through host memory");
+      return staged(r, f);
+    }
+    return fail(r, std::move(st));
+  }
+
+  // One request through host memory, on this worker thread (whose context is the buffer's):
+  // device -> host copy and pwrite, or pread and host -> device copy. Returns the byte count
+  // (short counts go back to the worker, which resubmits the rest) or -errno.
+  std::int64_t staged(const Request& r, const GdsFile& f) {
+    const char* verb = r.write ? "staged pwrite" : "staged pread";
+    const std::string cause = f.cause();
+    const std::string after = cause.empty() ? std::string() : " (after " + cause + ")";
+    int fd = -1;
+    Status st = f.posix_fd(&fd);
+    if (!st.ok()) return fail(r, Status::failure(st.errnum, std::string(verb) + ": " + st.message + after));
+    if (bounce_.size() < r.len) {
+      try {
+        bounce_.resize(r.len);
+      } catch (const std::bad_alloc&) {
+        return fail(r, Status::failure(ENOMEM, std::string(verb) + ": no memory for a staging buffer" + after));
+      }
+    }
+    const CudaApi* cu = route_->cuda();
+    const auto dev = static_cast<CUdeviceptr>(address(r.buf));
+    ssize_t n = 0;
+    if (r.write) {
+      if (const CUresult c = cu->cuMemcpyDtoH(bounce_.data(), dev, r.len); c != CUDA_SUCCESS) {
+        Status cs = cuda_status(cu, c, "cuMemcpyDtoH (staged write)");
+        cs.message += after;
+        return fail(r, std::move(cs));
+      }
+      n = ::pwrite(fd, bounce_.data(), r.len, static_cast<off_t>(r.offset));
+    } else {
+      n = ::pread(fd, bounce_.data(), r.len, static_cast<off_t>(r.offset));
+    }
+    if (n < 0) {
+      const int e = errno;
+      return fail(r, Status::failure(e, std::string(verb) + ": " + std::strerror(e) + after));
+    }
+    if (!r.write && n > 0) {
+      if (const CUresult c = cu->cuMemcpyHtoD(dev, bounce_.data(), static_cast<std::size_t>(n)); c != CUDA_SUCCESS) {
+        Status cs = cuda_status(cu, c, "cuMemcpyHtoD (staged read)");
+        cs.message += after;
+        return fail(r, std::move(cs));
+      }
+    }
+    route_->count_io_fallback(static_cast<std::uint64_t>(n));
+    return n;
   }
 
   std::shared_ptr<GdsRoute> route_;
   CuFileApi* api_;
   int current_ = -1;  // device whose context is current on this worker thread
   std::unordered_map<std::uint64_t, std::string> errors_;
+  std::vector<std::byte> bounce_;  // host memory for staged requests, grown on first use
 };
 
 }  // namespace
@@ -134,9 +245,13 @@ GdsRoute::GdsRoute(const GdsOptions& options, const CudaApi* cuda_api, CuFileApi
 
 GdsRoute::~GdsRoute() {
   // Release the driver with a context current (cuFileBufDeregister of leftover pins may need
-  // one), then the retained primary contexts.
-  if (!contexts_.empty()) (void)cuda_->cuCtxSetCurrent(contexts_.begin()->second);
-  driver_.reset();
+  // one) and the destroying thread's own context restored after, then the primary contexts
+  // this route retained (once each), and only those.
+  {
+    ScopedContext guard;
+    if (!contexts_.empty()) (void)ScopedContext::enter(cuda_, contexts_.begin()->second, &guard);
+    driver_.reset();
+  }
   for (auto& [ordinal, ctx] : contexts_) {
     CUdevice dev = 0;
     if (cuda_->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS) (void)cuda_->cuDevicePrimaryCtxRelease(dev);
@@ -147,25 +262,38 @@ std::unique_ptr<Backend> GdsRoute::make_backend() { return std::make_unique<GdsB
 
 BufferRegistry& GdsRoute::registry() noexcept { return cufile_ != nullptr ? cufile_->buffers : staging_registry(); }
 
+Status GdsRoute::context(int ordinal, CUcontext* out) {
+  std::lock_guard lock(contexts_mutex_);
+  auto it = contexts_.find(ordinal);
+  if (it != contexts_.end()) {
+    *out = it->second;
+    return Status::success();
+  }
+  CUdevice dev = 0;
+  CUresult r = cuda_->cuDeviceGet(&dev, ordinal);
+  if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  r = cuda_->cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDevicePrimaryCtxRetain");
+  contexts_.emplace(ordinal, ctx);
+  *out = ctx;
+  return Status::success();
+}
+
 Status GdsRoute::make_current(int ordinal) {
   CUcontext ctx = nullptr;
-  {
-    std::lock_guard lock(contexts_mutex_);
-    auto it = contexts_.find(ordinal);
-    if (it != contexts_.end()) {
-      ctx = it->second;
-    } else {
-      CUdevice dev = 0;
-      CUresult r = cuda_->cuDeviceGet(&dev, ordinal);
-      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDeviceGet");
-      r = cuda_->cuDevicePrimaryCtxRetain(&ctx, dev);
-      if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuDevicePrimaryCtxRetain");
-      contexts_.emplace(ordinal, ctx);
-    }
-  }
+  Status st = context(ordinal, &ctx);
+  if (!st.ok()) return st;
   const CUresult r = cuda_->cuCtxSetCurrent(ctx);
   if (r != CUDA_SUCCESS) return cuda_status(cuda_, r, "cuCtxSetCurrent");
   return Status::success();
+}
+
+Status GdsRoute::enter(int ordinal, ScopedContext* guard) {
+  CUcontext ctx = nullptr;
+  Status st = context(ordinal, &ctx);
+  if (!st.ok()) return st;
+  return ScopedContext::enter(cuda_, ctx, guard);
 }
 
 void GdsRoute::note_pin_refused(const std::string& why) {
@@ -173,6 +301,12 @@ void GdsRoute::note_pin_refused(const std::string& why) {
   const std::string text = why + ": pinned buffers are used unregistered";
   std::lock_guard lock(mode_mutex_);
   if (mode_reason_.find(text) == std::string::npos) mode_reason_ += (mode_reason_.empty() ? "" : "; ") + text;
+}
+
+void GdsRoute::note_io_fallback(const std::string& why) {
+  std::lock_guard lock(mode_mutex_);
+  if (gds_ || mode_reason_.find(why) == std::string::npos) mode_reason_ += (mode_reason_.empty() ? "" : "; ") + why;
+  gds_ = false;
 }
 
 void GdsRoute::note_fallback(const std::string& why) {
@@ -186,7 +320,7 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
   const char* verb = what.write ? "GDS write" : "GDS read";
   const std::string& path = *what.path;
   const std::uintptr_t p = address(what.buf);
-  auto file = std::make_shared<GdsFile>(this, what.device);
+  auto file = std::make_shared<GdsFile>(this, what.device, what.fd);
   *staged = true;
 
   // Registration lookup, range-checked (DeepNVMe only checked the base).
@@ -216,7 +350,25 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     *out = std::move(file);  // staged; the buffer stays marked in use until the op completes
     return Status::success();
   }
-  Status st = make_current(what.device);
+  // A file system cuFile already refused (Auto): staged without asking cuFile again.
+  struct stat sb {};
+  const bool fs_known = mode_setting_ == GdsMode::Auto && ::fstat(what.fd, &sb) == 0;
+  if (fs_known) {
+    std::string refused;
+    {
+      std::lock_guard lock(refused_mutex_);
+      auto it = refused_fs_.find(sb.st_dev);
+      if (it != refused_fs_.end()) refused = it->second;
+    }
+    if (!refused.empty()) {
+      registrations_skipped_.fetch_add(1, std::memory_order_relaxed);
+      note_fallback(refused);
+      *out = std::move(file);
+      return Status::success();
+    }
+  }
+  ScopedContext guard;
+  Status st = enter(what.device, &guard);
   if (!st.ok())
     return Status::failure(st.errnum, std::string(verb) + ": " + st.message, path, what.file_offset, what.nbytes);
   CUfileDescr_t descr{};
@@ -230,7 +382,18 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     if (mode_setting_ != GdsMode::Auto || !cufile_gds_unusable(e.err)) {
       return Status::failure(rs.errnum, std::string(verb) + ": " + rs.message, path, what.file_offset, what.nbytes);
     }
-    note_fallback(rs.message + " for '" + path + "': staged through host memory");
+    std::string why = rs.message + " for '" + path + "'";
+    if (fs_known) {
+      // Remembered per file system: every later file on it is staged without a registration
+      // attempt (each would fail the same way, and on some drivers log the failure).
+      why += ": files on its file system (device " + std::to_string(major(sb.st_dev)) + ":" +
+             std::to_string(minor(sb.st_dev)) + ") are staged through host memory";
+      std::lock_guard lock(refused_mutex_);
+      refused_fs_.emplace(sb.st_dev, why);
+    } else {
+      why += ": staged through host memory";
+    }
+    note_fallback(why);
     *out = std::move(file);
     return Status::success();
   }
@@ -242,7 +405,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
 
 void GdsRoute::release(CUfileHandle_t fh, int ordinal, BufferRegistry* reg, std::uintptr_t key) noexcept {
   if (fh != nullptr) {
-    (void)make_current(ordinal);
+    ScopedContext guard;
+    (void)enter(ordinal, &guard);
     cufile_->cuFileHandleDeregister(fh);
   }
   if (reg != nullptr) {
@@ -274,7 +438,8 @@ bool GdsRoute::pin(void* p, std::size_t nbytes) {
   entry.nbytes = nbytes;
   entry.ordinal = where.ordinal;
   if (cufile_ != nullptr) {
-    Status st = make_current(where.ordinal);
+    ScopedContext guard;
+    Status st = enter(where.ordinal, &guard);
     if (!st.ok()) throw_error(st.errnum, "pin_device_buffer: " + st.message);
     const CUfileError_t e = cufile_->cuFileBufRegister(p, nbytes, 0);
     if (e.err == CU_FILE_SUCCESS) {
@@ -302,7 +467,8 @@ bool GdsRoute::unpin(void* p) {
                            hex(it->first) + " still in flight");
   }
   if (it->second.cufile_registered) {
-    Status st = make_current(it->second.ordinal);
+    ScopedContext guard;
+    Status st = enter(it->second.ordinal, &guard);
     if (!st.ok()) throw_error(st.errnum, "unpin_device_buffer: " + st.message);
     const CUfileError_t e = cufile_->cuFileBufDeregister(p);
     if (e.err != CU_FILE_SUCCESS) {
@@ -316,7 +482,8 @@ bool GdsRoute::unpin(void* p) {
 
 void* GdsRoute::new_pinned(std::size_t nbytes, int device) {
   if (nbytes == 0) throw_error(EINVAL, "new_pinned_device_buffer: nbytes is 0");
-  Status st = make_current(device);
+  ScopedContext guard;
+  Status st = enter(device, &guard);
   if (!st.ok()) throw_error(st.errnum, "new_pinned_device_buffer: " + st.message);
   CUdeviceptr ptr = 0;
   const CUresult r = cuda_->cuMemAlloc(&ptr, nbytes);
@@ -337,7 +504,8 @@ void* GdsRoute::new_pinned(std::size_t nbytes, int device) {
 bool GdsRoute::free_pinned(void* p) {
   const DevicePointer where = classify(cuda_, p);
   if (!unpin(p)) return false;
-  if (where.is_device) (void)make_current(where.ordinal);
+  ScopedContext guard;
+  if (where.is_device) (void)enter(where.ordinal, &guard);
   const CUresult r = cuda_->cuMemFree(static_cast<CUdeviceptr>(address(p)));
   if (r != CUDA_SUCCESS) {
     const Status st = cuda_status(cuda_, r, "cuMemFree");

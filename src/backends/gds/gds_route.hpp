@@ -11,7 +11,9 @@
 // in use, and registers the file with cuFileHandleRegister. A refusal that means "GDS cannot
 // serve this file here" (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine
 // without nvidia-fs, among others) makes the operation staged in Auto mode (recorded in
-// mode_reason() and files_fallback) and is an error in CuFile mode. A buffer registration
+// mode_reason() and files_fallback) and is an error in CuFile mode. In Auto such a refusal is
+// remembered for the file's file system (st_dev): later files there are staged without a
+// registration attempt (registrations_skipped). A buffer registration
 // refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile)
 // ends when the engine drops it: after the operation's last request, before its descriptor closes.
 //
@@ -19,12 +21,23 @@
 // pool's): submit() runs each request with the worker thread's CUDA context current for the
 // buffer's device and queues the result; reap() hands the results back. Negative cuFile
 // results become -errno with the cuFile error name kept for the failure message
-// (take_error_text). Short transfers are returned as they are: the worker resubmits the rest.
+// (take_error_text), except in Auto, where a cuFile error code (not -1 + errno) makes the
+// backend stage that request and the rest of its operation itself (host bounce buffer,
+// pread/pwrite on a descriptor without O_DIRECT, synchronous copies; io_fallbacks). Short
+// transfers are returned as they are: the worker resubmits the rest.
+//
+// Contexts: worker threads are the route's own and keep a context current. Every driver or
+// cuFile call on any other thread (bind, release, pin/unpin/new_pinned/free_pinned, the
+// destructor) runs under a ScopedContext (enter()), so the caller's current context is the
+// same before and after, on every path. The primary contexts are retained once per route per
+// device and released, exactly those, by the destructor.
 //
 // Thread safety: bind(), pin/unpin and the mode accessors may be called from any thread;
 // contexts_ is guarded by contexts_mutex_, the mode by mode_mutex_, registry entries by the
 // registry's mutex.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -62,15 +75,32 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   [[nodiscard]] std::string mode_reason() const;
   [[nodiscard]] std::uint64_t files_fallback() const noexcept { return files_fallback_.load(); }
   [[nodiscard]] std::uint64_t pins_refused() const noexcept { return pins_refused_.load(); }
+  [[nodiscard]] std::uint64_t registrations_skipped() const noexcept { return registrations_skipped_.load(); }
+  /// Requests staged by the backend after cuFileRead/cuFileWrite failed (Auto), and their bytes.
+  [[nodiscard]] std::uint64_t io_fallbacks() const noexcept { return io_fallbacks_.load(); }
+  [[nodiscard]] std::uint64_t io_fallback_bytes() const noexcept { return io_fallback_bytes_.load(); }
+  /// Whether a cuFile error at I/O time is answered by staging (Auto) rather than failing.
+  [[nodiscard]] bool stages_failed_io() const noexcept { return mode_setting_ == GdsMode::Auto; }
+  /// Records why the backend staged requests (once per distinct reason; the mode becomes compat).
+  void note_io_fallback(const std::string& why);
+  void count_io_fallback(std::uint64_t nbytes) noexcept {
+    io_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    io_fallback_bytes_.fetch_add(nbytes, std::memory_order_relaxed);
+  }
   [[nodiscard]] const CudaApi* cuda() const noexcept { return cuda_; }
 
-  /// Makes the primary context of `ordinal` current on the calling thread (retained once).
+  /// Makes the primary context of `ordinal` (retained once per route) current on the calling
+  /// thread and leaves it there: for the route's own worker threads only.
   Status make_current(int ordinal);
+  /// Pushes the primary context of `ordinal` on the calling thread until *guard ends: for every
+  /// driver call made on a caller's thread, whose own context is then restored.
+  Status enter(int ordinal, ScopedContext* guard);
   /// Ends a registration made by bind(): deregisters the cuFile handle, releases the buffer.
   void release(CUfileHandle_t fh, int ordinal, BufferRegistry* registry, std::uintptr_t key) noexcept;
 
  private:
   BufferRegistry& registry() noexcept;
+  Status context(int ordinal, CUcontext* out);
   void note_fallback(const std::string& why);
   void note_pin_refused(const std::string& why);
 
@@ -86,7 +116,15 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   std::mutex contexts_mutex_;
   std::map<int, CUcontext> contexts_;  // retained primary contexts, guarded by contexts_mutex_
 
+  std::mutex refused_mutex_;
+  // File systems (st_dev) whose files cuFile refused in Auto, with the reason: never asked
+  // again. Guarded by refused_mutex_.
+  std::map<dev_t, std::string> refused_fs_;
+
   std::atomic<std::uint64_t> files_fallback_{0};
+  std::atomic<std::uint64_t> registrations_skipped_{0};
+  std::atomic<std::uint64_t> io_fallbacks_{0};
+  std::atomic<std::uint64_t> io_fallback_bytes_{0};
   std::atomic<std::uint64_t> pins_refused_{0};
 };
 
