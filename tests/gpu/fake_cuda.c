@@ -1,8 +1,8 @@
 /* A fake CUDA driver with host-memory semantics, for testing deepio's loader and GDS engine
  * without a GPU. "Device" memory is malloc'd and recorded in a table; copies are memcpy (the
- * asynchronous ones late, on per-stream threads: below); cuPointerGetAttribute answers from the table. Exports the
- * versioned names libcuda.so.1 exports (cuMemAlloc_v2, ...). Built with -DFAKE_CUDA_OLD it
- * exports only unversioned names, like a driver too old for deepio.
+ * asynchronous ones late, on per-stream threads: below); cuPointerGetAttribute answers from
+ * the table. Exports the versioned names libcuda.so.1 exports (cuMemAlloc_v2, ...). Built
+ * with -DFAKE_CUDA_OLD it exports only unversioned names, like a driver too old for deepio.
  *
  * Test controls (resolved by tests with dlsym):
  *   deepio_fake_cuda_set_result(name, result, after): the entry point `name` returns `result`

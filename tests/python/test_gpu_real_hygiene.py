@@ -9,6 +9,7 @@ file in its ``pytest_gpu`` step, where a skip counts as a failure.
   buffer's context on its own threads, or pushes and pops it).
 * CUDA managed memory (CuPy's ``malloc_managed``) is host-addressable: both handles move it
   as host memory (no staging, no cuFile), and the bytes arrive.
+* A file system cuFile refuses is asked once, not per operation.
 * A producer on a side stream: ``async_pwrite`` of a tensor that a kernel on the current
   (side) stream is still writing returns without waiting for the kernel, and the file gets
   the kernel's bytes.
@@ -168,3 +169,26 @@ def test_side_stream_producer_is_not_stalled_and_its_bytes_are_written(tmp_dir):
         data = fh.read()
     assert len(data) == n and data.count(7) == n, "the file does not hold the producer's bytes"
     assert submitted < 0.25, f"async_pwrite waited {submitted:.3f} s for the producer's stream (a stall)"
+
+
+@needs_gpu
+def test_a_refused_file_system_is_asked_once(tmp_dir):
+    # Where cuFile refuses the file system (no nvidia-fs: 5027), the first file's refusal is
+    # remembered: the other files are staged without asking cuFile again. Where cuFile accepts
+    # (GDS proper), nothing is refused and nothing is skipped.
+    t = torch.randint(0, 255, (N,), dtype=torch.uint8, device="cuda")
+    h = deepio.gds_handle(1 << 20, 8, False, False, 2)
+    files = [str(tmp_dir / f"f{i}.bin") for i in range(4)]
+    for f in files:
+        assert h.sync_pwrite(t, f) == 1
+    out = torch.empty_like(t)
+    for f in files:
+        assert h.sync_pread(out, f) == 1
+        assert torch.equal(out, t)
+    g = h.stats()["gds"]
+    if g["files_fallback"] == 0:
+        assert g["registrations_skipped"] == 0 and g["bytes_cufile"] == 2 * len(files) * N, g
+    else:
+        assert g["files_fallback"] == 2 * len(files), g
+        assert g["registrations_skipped"] == 2 * len(files) - 1, f"cuFile was asked again: {g}"
+        assert h.mode == "compat" and h.mode_reason, h.mode_reason
