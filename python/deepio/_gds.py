@@ -86,7 +86,7 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
 
     @property
     def mode(self) -> str:
-        """"gds" (GPUDirect Storage proper) or "compat" (staged through host memory, by
+        """ "gds" (GPUDirect Storage proper) or "compat" (staged through host memory, by
         cuFile's compatibility mode or by deepio); turns "compat" once a file was staged."""
         return self._g.mode
 

@@ -40,8 +40,17 @@ def build_fakes(out: Path) -> tuple[Path, Path]:
         r2 = r1
         if r1.returncode == 0:
             r2 = subprocess.run(
-                [cc, *flags, "-o", str(cufile), str(src / "fake_cufile.c"), f"-L{out}", "-ldeepio_fake_cuda",
-                 f"-Wl,-rpath,{out}", "-lpthread"],
+                [
+                    cc,
+                    *flags,
+                    "-o",
+                    str(cufile),
+                    str(src / "fake_cufile.c"),
+                    f"-L{out}",
+                    "-ldeepio_fake_cuda",
+                    f"-Wl,-rpath,{out}",
+                    "-lpthread",
+                ],
                 capture_output=True,
                 text=True,
             )

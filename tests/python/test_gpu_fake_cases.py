@@ -300,7 +300,11 @@ class StreamProducer(FakeCudaTensor):
         lib.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
         lib.cuEventDestroy_v2.argtypes = [ctypes.c_void_p]
         lib.deepio_fake_cuda_enqueue_fill.argtypes = [
-            ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_long
+            ctypes.c_void_p,
+            ctypes.c_uint64,
+            ctypes.c_int,
+            ctypes.c_size_t,
+            ctypes.c_long,
         ]
         cuda._current()
         self.stream = ctypes.c_void_p()
@@ -401,7 +405,11 @@ def test_producer_without_stream_keyword_is_ordered_on_the_legacy_stream(cuda, t
     n = 300_000
     src = PlainProducer(cuda, n)
     cuda.lib.deepio_fake_cuda_enqueue_fill.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_size_t, ctypes.c_long
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_long,
     ]
     try:
         assert cuda.lib.deepio_fake_cuda_enqueue_fill(None, src.ptr, 0x21, n, LATE_US) == 0
