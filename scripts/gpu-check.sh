@@ -289,12 +289,12 @@ STEPS=(
     "pip 150 deps pip install --target $SITE with DEEPIO_TEST_HOOKS=ON"
     "pytest_gpu 90 probe,pip pytest tests/python/test_gpu_real.py test_gpu_real_hygiene.py (no skips allowed on a GPU)"
     "examples 120 probe,pip examples/file_access run_load_tensor.sh/run_store_tensor.sh --validate (${EXAMPLE_MB} MiB)"
-    "pip_mpi 120 deps pip install --target $SITE-mpi with MPI (only where mpicc exists)"
-    "pytest_cuda 120 probe,pip,pip_mpi pytest the CUDA rows of test_safetensors.py, test_comm_torchops.py"
     "bench 200 build,probe bench/gpu_vs_host.py --size $BENCH_SIZE --rounds $ROUNDS"
     "bench_staging 150 build,probe bench/gpu_vs_host.py --ops read --staging 32M,64M"
     "pytest_fake 90 pip pytest tests/python/test_gpu_fake.py test_gpu_cli.py"
     "ctest_nocuda 60 build DEEPIO_CUDA_LIBRARY=none ctest -L gpu (absence on a GPU machine)"
+    "pip_mpi 120 deps pip install --target $SITE-mpi with MPI (only where mpicc exists)"
+    "pytest_cuda 120 probe,pip,pip_mpi pytest the CUDA rows of test_safetensors.py, test_comm_torchops.py"
 )
 
 if ((dry_run)); then
