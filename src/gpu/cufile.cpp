@@ -68,6 +68,9 @@ int op_error_errno(CUfileOpError e) noexcept {
 }
 
 std::unique_ptr<CuFileApi> load_from(const std::vector<std::string>& candidates, Status* why) {
+  // libcufile may read where its log goes when it starts, before any parameter call can move
+  // it: the environment variable it documents is set first (never overwriting the user's).
+  if (const std::string log = cufile_log_path(); !log.empty()) (void)::setenv("CUFILE_LOGFILE_PATH", log.c_str(), 0);
   Library lib;
   Status st = open_library(candidates, &lib);
   if (!st.ok()) {
@@ -115,11 +118,12 @@ Global& global() noexcept {
 }  // namespace
 
 std::string cufile_log_path() {
-  const char* user = std::getenv("CUFILE_LOGFILE_PATH");
-  if (user != nullptr && *user != '\0') return {};
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
-  return dir + "/deepio-cufile-" + std::to_string(::getuid()) + ".log";
+  std::string ours = dir + "/deepio-cufile-" + std::to_string(::getuid()) + ".log";
+  const char* set = std::getenv("CUFILE_LOGFILE_PATH");
+  if (set != nullptr && *set != '\0' && ours != set) return {};
+  return ours;
 }
 
 bool nvidia_fs_loaded() noexcept { return ::access("/proc/driver/nvidia-fs/version", F_OK) == 0; }

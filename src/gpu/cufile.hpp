@@ -4,11 +4,14 @@
 // cufile() loads libcufile.so.0 (then libcufile.so, or DEEPIO_CUFILE_LIBRARY) once per
 // process; it does NOT open the cuFile driver. The driver is opened by the first
 // DriverRef and closed when the last one goes (cuFileDriverClose_v2, the reference-counting
-// close, where the library exports it). Nothing here writes a configuration file, sets an
-// environment variable, prints or exits. cuFile's own log (cufile.log, in the working
-// directory by default) is pointed at $TMPDIR/deepio-cufile-<uid>.log (/tmp without TMPDIR)
-// before the driver opens, through the parameter API, unless the user set
-// CUFILE_LOGFILE_PATH or the library lacks cuFileSetParameterString.
+// close, where the library exports it). Nothing here writes a configuration file, prints or
+// exits. cuFile's own log (cufile.log, in the working directory by default) is pointed at
+// $TMPDIR/deepio-cufile-<uid>.log (/tmp without TMPDIR) unless the user set
+// CUFILE_LOGFILE_PATH, twice over: the process-wide loader sets CUFILE_LOGFILE_PATH to it
+// before libcufile is opened (setenv without overwriting: the one environment change deepio
+// makes, because on the H100 machine of 2026-11-26 the parameter API alone left cufile.log in
+// the working directory), and the first DriverRef passes it to cuFileSetParameterString
+// before the driver opens.
 //
 // Error conventions of cuFile: control calls return CUfileError_t {err, cu_err}; err is 0 or
 // 5000 + n (CUfileOpError), and cu_err carries the CUDA result when err is
@@ -207,8 +210,9 @@ class DriverRef {
   CuFileApi* api_ = nullptr;
 };
 
-/// Where deepio points cuFile's log when the user has not: "" when CUFILE_LOGFILE_PATH is set
-/// (non-empty), else $TMPDIR/deepio-cufile-<uid>.log, /tmp when TMPDIR is unset or empty.
+/// Where deepio points cuFile's log when the user has not: $TMPDIR/deepio-cufile-<uid>.log
+/// (/tmp when TMPDIR is unset or empty); "" when CUFILE_LOGFILE_PATH is set (non-empty) to
+/// anything else (the user's choice).
 std::string cufile_log_path();
 
 /// Whether the nvidia-fs kernel module is loaded (/proc/driver/nvidia-fs/version).

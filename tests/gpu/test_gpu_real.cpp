@@ -76,6 +76,11 @@ TEST(FakeEnv, PublicGdsHandleRoundTrip) {
   EXPECT_EQ(slurp(f), data);
   EXPECT_EQ(h.gds_stats().bytes_cufile, n);
   EXPECT_TRUE(h.free_pinned_device_buffer(dev));
+  // The process-wide loader set cuFile's log file before opening the library (the user sets
+  // no CUFILE_LOGFILE_PATH in this test's environment), out of the working directory.
+  const char* log = std::getenv("CUFILE_LOGFILE_PATH");
+  ASSERT_NE(log, nullptr) << "CUFILE_LOGFILE_PATH not set before libcufile was opened";
+  EXPECT_EQ(std::string(log), cufile_log_path());
 }
 
 // ---- Real GPU ----
