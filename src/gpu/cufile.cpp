@@ -248,14 +248,16 @@ void DriverRef::reset() noexcept {
   std::lock_guard lock(api->driver_mutex);
   if (--api->driver_refs != 0) return;
   {
-    // Registrations do not survive the driver: release them first, as cuFile requires.
+    // cuFile's registrations do not survive its driver: released first, as cuFile requires.
+    // The buffers stay pinned in deepio's registry (and Python keeps their tensors) until
+    // unpinned: a handle made later finds them, and pin_device_buffer registers them again.
     std::lock_guard reg_lock(api->buffers.mutex);
     for (auto& [base, entry] : api->buffers.entries) {
       if (entry.cufile_registered) {
         (void)api->cuFileBufDeregister(reinterpret_cast<const void*>(base));
+        entry.cufile_registered = false;
       }
     }
-    api->buffers.entries.clear();
   }
   // A close error leaves nothing to do: the library is unusable either way.
   (void)api->cuFileDriverClose();

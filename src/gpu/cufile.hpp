@@ -180,7 +180,8 @@ bool cufile_gds_unusable(CUfileOpError err) noexcept;
 
 /// One reference to the opened cuFile driver. The first reference opens it (and, if
 /// max_direct_io_kib > 0, sets the maximum direct I/O size, tolerating refusal); the last one
-/// deregisters every buffer still in api->buffers, then closes it. Move-only; thread-safe.
+/// deregisters from cuFile every buffer still in api->buffers (the entries stay, marked
+/// unregistered, until unpinned), then closes it. Move-only; thread-safe.
 class DriverRef {
  public:
   DriverRef() = default;

@@ -218,10 +218,26 @@ TEST_F(FakeGds, DriverOpensOnceAndClosesWithTheLastHandleDeregisteringLeftovers)
   EXPECT_EQ(s.opens, 1);
   EXPECT_EQ(s.closes, 1);
   EXPECT_EQ(s.refs, 0);
-  EXPECT_EQ(s.buffers, 0);
-  EXPECT_TRUE(cufile_->buffers.entries.empty());
+  EXPECT_EQ(s.buffers, 0) << "cuFile's registration ends with its driver";
+  // ... but the buffer stays pinned in deepio's registry until unpinned (Python keeps the
+  // tensor alive as long): a later handle finds it, and pinning it again registers it again.
+  ASSERT_EQ(cufile_->buffers.entries.size(), 1u);
+  EXPECT_FALSE(cufile_->buffers.entries.begin()->second.cufile_registered);
   EXPECT_EQ(fake_symbol<int(int)>(DEEPIO_FAKE_CUDA, "deepio_fake_cuda_context_refs")(0), refs_before)
       << "the handles released every context they retained";
+  {
+    auto c = handle();
+    EXPECT_TRUE(c.pin_device_buffer(dev, 4096));
+    EXPECT_EQ(fake_stats().buffers, 1) << "registered again with the reopened driver";
+    const std::string f = dir_.file("again.bin");
+    const auto data = pattern(4096, 8);
+    put(f, data);
+    EXPECT_EQ(c.sync_pread(dev, 4096, f, 0), 1u);
+    EXPECT_EQ(c.gds_stats().bytes_cufile, 4096u);
+    EXPECT_TRUE(c.unpin_device_buffer(dev)) << "still pinned after the driver closed";
+    EXPECT_EQ(fake_stats().buffers, 0);
+  }
+  EXPECT_TRUE(cufile_->buffers.entries.empty());
   device_free(dev);
 }
 

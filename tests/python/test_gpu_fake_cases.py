@@ -480,6 +480,28 @@ def test_gds_sync_and_async(dev, tmp, nbytes, pinned):
 
 
 @needs_fake
+def test_a_pinned_tensor_stays_pinned_after_every_handle_closed(dev, tmp):
+    # Pins are process-wide and end at unpin: the last handle's close ends cuFile's
+    # registration (its driver closes), not deepio's pin, so the tensor deepio keeps alive and
+    # the registry agree; a later handle unpins it, and re-pinning registers it with cuFile again.
+    data = rand(3 * 4096 + 5)
+    src = dev(len(data), data)
+    h = deepio.gds_handle(block_size=65536)
+    assert h.pin_device_tensor(src) is True
+    h.close()
+    h2 = deepio.gds_handle(block_size=65536)
+    assert h2.pin_device_tensor(src) is True  # the same pin: registered again, not an overlap
+    f = tmp / "p.bin"
+    assert h2.sync_pwrite(src, str(f)) == 1
+    assert f.read_bytes() == data
+    if MODE == "fake" and h2.mode == "gds":
+        assert h2.stats()["gds"]["bytes_cufile"] == len(data)
+    assert h2.unpin_device_tensor(src) is True, "the pin did not survive the first handle"
+    assert h2.unpin_device_tensor(src) is False
+    h2.close()
+
+
+@needs_fake
 @pytest.mark.parametrize("queue", [2, 3])
 def test_gds_async_queue(dev, tmp, queue):
     h = deepio.gds_handle(block_size=65536, intra_op_parallelism=2)

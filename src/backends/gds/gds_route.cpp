@@ -424,7 +424,16 @@ bool GdsRoute::pin(void* p, std::size_t nbytes) {
   BufferRegistry& reg = registry();
   std::lock_guard lock(reg.mutex);
   auto next = reg.entries.lower_bound(a);
-  if (next != reg.entries.end() && next->first == a && next->second.nbytes == nbytes) return true;
+  if (next != reg.entries.end() && next->first == a && next->second.nbytes == nbytes) {
+    // Pinned already. Kept from before the cuFile driver last closed, it is registered again.
+    if (cufile_ != nullptr && !next->second.cufile_registered && next->second.in_flight == 0) {
+      ScopedContext guard;
+      if (enter(where.ordinal, &guard).ok() && cufile_->cuFileBufRegister(p, nbytes, 0).err == CU_FILE_SUCCESS) {
+        next->second.cufile_registered = true;
+      }
+    }
+    return true;
+  }
   if (next != reg.entries.end() && next->first < a + nbytes) {
     throw_error(EEXIST, "pin_device_buffer: " + hex(a) + " overlaps pinned buffer " + hex(next->first));
   }

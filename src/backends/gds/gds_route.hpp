@@ -3,8 +3,10 @@
 //
 // Lifecycle: a GdsRoute belongs to one GdsHandle. Its constructor decides the mode: Compat
 // never uses cuFile; Auto and CuFile take a DriverRef (the first one in the process opens the
-// cuFile driver, the last one closes it after deregistering leftover buffers). Auto falls back
-// to staging when cuFile is missing or its driver cannot be opened; CuFile throws instead.
+// cuFile driver, the last one closes it after deregistering leftover buffers from cuFile;
+// they stay pinned in the registry until unpinned, and a later pin registers them again).
+// Auto falls back to staging when cuFile is missing or its driver cannot be opened; CuFile
+// throws instead.
 // Opening the driver first asks cuFile to allow its compatibility mode (its parameter API; no
 // file written, no environment changed). bind() (DeviceRoute) runs per operation on device
 // memory: it range-checks the buffer against the pinned registrations, marks the registration
