@@ -1,0 +1,24 @@
+"""deepio.dcp: ``torch.distributed.checkpoint`` storage through deepio's engine.
+
+``FileSystemWriter`` and ``FileSystemReader`` are drop-in replacements for torch's (same
+arguments, same folder of ``.distcp`` data files and ``.metadata``, byte-identical items:
+torch's reader loads what deepio writes and the other way round)::
+
+    import torch.distributed.checkpoint as dcp
+    import deepio.dcp
+    dcp.save(state_dict, storage_writer=deepio.dcp.FileSystemWriter("/nvme/step100"))
+    dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader("/nvme/step100"))
+
+Data files are written and read through the engine (``_writer``, ``_reader``: each module's
+docstring says what is still torch's code); ``.metadata`` goes in place last and durably, so a
+save killed midway leaves a folder that ``dcp.load`` refuses rather than half-loads. Importing
+this package imports torch.distributed.checkpoint (``import deepio`` does not). See
+docs/checkpoints.md, "Distributed checkpoint (DCP)".
+"""
+
+from __future__ import annotations
+
+from ._reader import READ_BATCH_BYTES, FileSystemReader
+from ._writer import FileSystemWriter
+
+__all__ = ["FileSystemReader", "FileSystemWriter", "READ_BATCH_BYTES"]

@@ -1,0 +1,153 @@
+"""``deepio.dcp.FileSystemReader``: torch.distributed.checkpoint's FileSystemReader whose data
+files are read through deepio's engine.
+
+What is torch's and what is deepio's. Planning, ``set_up_storage_reader`` and the metadata's
+unpickling are torch's. ``read_metadata`` first makes sure there is a ``.metadata`` at all: a
+folder without one (a save killed before it finished: deepio's writer puts the metadata in
+place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is deepio's:
+
+- per data file, one ``deepio.File`` (direct I/O where the file system takes it); every
+  item's bytes (its ``_StorageInfo`` range) are read with positional reads through the
+  process's default engine, many in flight at once (up to ``READ_BATCH_BYTES`` of them, in
+  file order), into fresh host memory;
+- a file shorter than an item's range is refused before anything is read, and a read that
+  comes back short after that, with ``deepio.CorruptFileError`` naming the file, the item's
+  fully qualified name and the byte range;
+- from memory, each tensor record is parsed by ``torch.load`` (``weights_only=True``,
+  ``map_location="cpu"``: torch's zip reader over the bytes read; no file I/O), narrowed to
+  the requested piece and copied into the destination tensor as torch does; a bytes item
+  goes to ``planner.load_bytes`` as an ``io.BytesIO``. Items saved with stream extensions are
+  undone by torch's transforms over the bytes read.
+
+Thread-safety: one reader per load, as torch's.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from typing import Any, cast
+
+import torch
+
+from .._errors import CorruptFileError
+from .._file import File, Future
+from ..checkpoint._zip import _MemoryFile
+from . import _torchapi as T
+
+#: Bytes of items read ahead of being loaded (one item larger than this is read alone).
+READ_BATCH_BYTES = 256 << 20
+
+
+def _item_name(req: Any) -> str:
+    idx = req.storage_index
+    return f"{idx.fqn!r}" + (f" (chunk at {list(idx.offset)})" if idx.offset is not None else "")
+
+
+class FileSystemReader(T.FileSystemReader):
+    """``torch.distributed.checkpoint.FileSystemReader`` through deepio's engine (see the
+    module). Same arguments as torch's: ``path`` and the experimental ``_extension_registry``.
+    Reads checkpoints written by torch's FileSystemWriter and by deepio.dcp's alike. Use it as
+    torch's: ``dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader(path))``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
+        if not os.path.exists(path):
+            folder = os.fspath(self.path)
+            what = "does not exist" if not os.path.isdir(folder) else "has no metadata file"
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"deepio.dcp: no checkpoint at {folder!r}: the folder {what} ({os.path.basename(path)}); "
+                "a save killed before it finished leaves its data files without one, and such a "
+                "checkpoint is incomplete",
+                path,
+            )
+        return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for relative_path, reqs in per_file.items():
+            self._read_file(os.fspath(self.fs.concat_path(self.path, relative_path)), reqs, planner)
+        fut: torch.futures.Future[None] = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_file(self, path: str, reqs: list[Any], planner: Any) -> None:
+        with File(path, "r") as f:
+            size = f.size()
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                if info.offset + info.length > size:
+                    raise CorruptFileError(
+                        path,
+                        f"truncated: item {_item_name(req)} is stored at bytes [{info.offset}, "
+                        f"{info.offset + info.length}) but the file has {size} bytes",
+                    )
+            reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+            start = 0
+            while start < len(reqs):
+                end, nbytes = start, 0
+                while end < len(reqs) and (end == start or nbytes < READ_BATCH_BYTES):
+                    nbytes += self.storage_data[reqs[end].storage_index].length
+                    end += 1
+                self._read_batch(f, path, reqs[start:end], planner)
+                start = end
+
+    def _read_batch(self, f: File, path: str, reqs: list[Any], planner: Any) -> None:
+        """Reads the items of ``reqs`` (each stored range once), all in flight, then loads
+        them. Every read is waited for before anything is raised."""
+        bufs: dict[Any, torch.Tensor] = {}
+        futs: list[tuple[Future, Any, Any]] = []
+        first: BaseException | None = None
+        try:
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                if req.storage_index in bufs:
+                    continue
+                buf = torch.empty(info.length, dtype=torch.uint8)
+                bufs[req.storage_index] = buf
+                if info.length:
+                    futs.append((f.pread(buf, info.offset), req, info))
+        except BaseException as e:  # Ctrl-C: no read may outlive its buffer
+            first = e
+        for fut, req, info in futs:
+            try:
+                got = fut.result()
+            except BaseException as e:
+                first = first or e
+                continue
+            if got != info.length and first is None:
+                first = CorruptFileError(
+                    path,
+                    f"truncated: item {_item_name(req)} is stored at bytes [{info.offset}, "
+                    f"{info.offset + info.length}) but only {got} of its {info.length} bytes could be read",
+                )
+        if first is not None:
+            raise first
+        for req in reqs:
+            self._load_item(req, bufs[req.storage_index], planner)
+
+    def _load_item(self, req: Any, buf: torch.Tensor, planner: Any) -> None:
+        info = self.storage_data[req.storage_index]
+        raw = memoryview(cast(Any, buf.numpy())) if buf.numel() else memoryview(b"")
+        stream: Any = _MemoryFile(raw)
+        if info.transform_descriptors:
+            stream = self.transforms.transform_load_stream(req, info.transform_descriptors, io.BytesIO(raw))
+            if req.type != T.LoadItemType.BYTE_IO and not stream.seekable():
+                stream = io.BytesIO(stream.read(-1))
+        if req.type == T.LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(stream.read(-1)))
+            return
+        tensor = cast(torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True))
+        tensor = T.narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise ValueError(
+                f"deepio.dcp: item {_item_name(req)}: the checkpoint holds a piece of size "
+                f"{tuple(tensor.size())}, the destination is {tuple(target.size())}"
+            )
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
