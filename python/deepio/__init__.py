@@ -27,6 +27,9 @@ Failures raise ``OSError`` subclasses
 before a fork used in the child: ``ForkedHandleError``). A failure nobody can collect any
 more (a dropped Future, a finalizer) emits ``UnobservedFailureWarning``: never silently.
 See docs/python.md and docs/checkpoints.md.
+
+``deepio.dcp`` (torch.distributed.checkpoint storage through the engine) is imported on first
+use: ``import deepio`` never imports torch.distributed.
 """
 
 from __future__ import annotations
@@ -69,6 +72,16 @@ __all__ = [
     "locked_memory_stats",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Subpackages that import heavy optional modules load on first use (deepio.dcp imports
+    # torch.distributed.checkpoint).
+    if name == "dcp":
+        import importlib
+
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def info(path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None = None) -> dict[str, Any]:

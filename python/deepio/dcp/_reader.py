@@ -78,15 +78,16 @@ class FileSystemReader(T.FileSystemReader):
     def _read_file(self, path: str, reqs: list[Any], planner: Any) -> None:
         with File(path, "r") as f:
             size = f.size()
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if info.offset + info.length > size:
-                    raise CorruptFileError(
-                        path,
-                        f"truncated: item {_item_name(req)} is stored at bytes [{info.offset}, "
-                        f"{info.offset + info.length}) but the file has {size} bytes",
-                    )
             reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+            past = [r for r in reqs if self._end(r) > size]
+            if past:
+                info = self.storage_data[past[0].storage_index]
+                more = f" ({len(past) - 1} more items past its end)" if len(past) > 1 else ""
+                raise CorruptFileError(
+                    path,
+                    f"truncated: item {_item_name(past[0])} is stored at bytes [{info.offset}, "
+                    f"{info.offset + info.length}) but the file has {size} bytes{more}",
+                )
             start = 0
             while start < len(reqs):
                 end, nbytes = start, 0
@@ -95,6 +96,10 @@ class FileSystemReader(T.FileSystemReader):
                     end += 1
                 self._read_batch(f, path, reqs[start:end], planner)
                 start = end
+
+    def _end(self, req: Any) -> int:
+        info = self.storage_data[req.storage_index]
+        return int(info.offset + info.length)
 
     def _read_batch(self, f: File, path: str, reqs: list[Any], planner: Any) -> None:
         """Reads the items of ``reqs`` (each stored range once), all in flight, then loads

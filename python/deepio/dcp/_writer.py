@@ -31,6 +31,7 @@ by size); the engine is shared and thread-safe. The first failure of any thread 
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -134,8 +135,10 @@ class FileSystemWriter(T.FileSystemWriter):
         self.fs.mkdir(self.path)
         if self._metadata_exists() and not self.overwrite:
             raise FileExistsError(
+                errno.EEXIST,
                 f"deepio.dcp: {os.fspath(self.path)!r} holds a checkpoint already (its .metadata exists) "
-                "and the writer was made with overwrite=False"
+                "and the writer was made with overwrite=False",
+                os.fspath(self.path),
             )
         if not self.use_collectives:
             self._clear_old_metadata()  # every rank its own __{rank}.metadata

@@ -1,0 +1,261 @@
+"""deepio.dcp: torch.distributed.checkpoint's FileSystemWriter/Reader through the engine.
+
+Real saves and loads with dcp.save/dcp.load (no process group: one process; and two ranks
+over gloo in dcp_program.py), checked value by value and against torch's own storage classes
+byte for byte, plus the crash-safety promises: metadata last, overwrite=False, a folder without
+metadata (a save killed with SIGKILL) and a truncated data file refused with clear errors.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import require_module
+
+dcp = require_module("torch.distributed.checkpoint", "torch")
+import torch  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+import deepio  # noqa: E402
+import deepio.dcp  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+def _state(fill: bool = True) -> dict:
+    """A nested state dict: tensors of several dtypes, views DCP must make contiguous (a
+    transposed one; a slice of a larger storage), an empty tensor, objects, and an
+    optimizer-like part."""
+    g = torch.Generator().manual_seed(1)
+
+    def t(x: torch.Tensor) -> torch.Tensor:
+        return x if fill else torch.zeros_like(x)
+
+    big = torch.randn(64, 32, generator=g)
+    return {
+        "model": {
+            "f32": t(torch.randn(17, 5, generator=g)),
+            "f16": t(torch.randn(33, generator=g).half()),
+            "bf16": t(torch.randn(4, 4, generator=g).bfloat16()),
+            "i64": t(torch.arange(-50, 50, dtype=torch.int64)),
+            "i8": t(torch.arange(-100, 100, 3, dtype=torch.int8)),
+            "u8": t(torch.arange(0, 250, 7, dtype=torch.uint8)),
+            "bool": t(torch.arange(10) % 3 == 0),
+            "c64": t(torch.randn(6, dtype=torch.complex64, generator=g)),
+            "f64": t(torch.randn(3, 3, 3, dtype=torch.float64, generator=g)),
+            "transposed": t(torch.randn(7, 9, generator=g).t()),
+            "slice": t(big[10:20, 3:8]),  # a view of part of a larger storage
+            "empty": t(torch.empty(0, 4)),
+        },
+        "optim": {
+            "state": {
+                "0": {"step": t(torch.tensor(12.0)), "exp_avg": t(torch.randn(17, 5, generator=g))},
+                "1": {"step": t(torch.tensor(12.0)), "exp_avg_sq": t(torch.rand(33, generator=g))},
+            },
+            "param_groups": [{"lr": 0.01 if fill else 0.0, "betas": (0.9, 0.999), "params": ["0", "1"]}],
+        },
+        "epoch": 3 if fill else 0,
+        "name": "run-7" if fill else "",
+        "blob": {"bytes": b"\x00\x01deepio" if fill else b"", "list": [1, 2.5, "x"] if fill else []},
+    }
+
+
+def _assert_same(got, want, where: str = "") -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), where
+        assert got.dtype == want.dtype and got.shape == want.shape, f"{where}: {got.dtype}{got.shape}"
+        assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), where
+    elif isinstance(want, dict):
+        assert set(got) == set(want), where
+        for k in want:
+            _assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)) and any(isinstance(x, (dict, torch.Tensor)) for x in want):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_same(a, b, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def _cause(excinfo: pytest.ExceptionInfo) -> BaseException:
+    """The exception a rank raised, from dcp's CheckpointException (or the exception itself)."""
+    e = excinfo.value
+    if isinstance(e, CheckpointException):
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
+def _data_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.distcp"))}
+
+
+@pytest.mark.parametrize("single_file_per_rank", [True, False])
+@pytest.mark.parametrize("sync_files", [True, False])
+def test_round_trip(tmp_dir, single_file_per_rank, sync_files):
+    want = _state()
+    writer = deepio.dcp.FileSystemWriter(
+        tmp_dir / "ck", single_file_per_rank=single_file_per_rank, sync_files=sync_files
+    )
+    dcp.save(_state(), storage_writer=writer)
+    names = sorted(os.listdir(tmp_dir / "ck"))
+    assert ".metadata" in names and not [n for n in names if "tmp" in n], names
+    assert (len(names) == 2) == single_file_per_rank, names
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    _assert_same(out, want)
+
+
+@pytest.mark.parametrize("thread_count", [1, 3])
+def test_files_are_torchs(tmp_dir, thread_count):
+    """deepio's writer writes the data files torch's writes, byte for byte (and so the same
+    items); each reader loads the other's checkpoint."""
+    dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d", thread_count=thread_count))
+    dcp.save(_state(), storage_writer=dcp.FileSystemWriter(tmp_dir / "t", thread_count=thread_count))
+    ours, theirs = _data_files(tmp_dir / "d"), _data_files(tmp_dir / "t")
+    assert len(ours) == thread_count and ours == theirs
+    for reader in (dcp.FileSystemReader(tmp_dir / "d"), deepio.dcp.FileSystemReader(tmp_dir / "t")):
+        out = _state(fill=False)
+        dcp.load(out, storage_reader=reader)
+        _assert_same(out, _state())
+
+
+def test_partial_load_and_bigger_tensors(tmp_dir):
+    """Tensors across the engine's request size (1 MiB) and the reader's batches; a load of
+    a subset of the keys reads only those."""
+    sd = {f"t{i}": torch.randn((1 << 18) + 3 * i) for i in range(6)}
+    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    old = deepio.dcp._reader.READ_BATCH_BYTES
+    deepio.dcp._reader.READ_BATCH_BYTES = 1 << 20  # several batches
+    try:
+        out = {k: torch.empty_like(v) for k, v in sd.items() if k in ("t1", "t4", "t5")}
+        dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    finally:
+        deepio.dcp._reader.READ_BATCH_BYTES = old
+    for k, v in out.items():
+        assert torch.equal(v, sd[k]), k
+
+
+def test_overwrite_false_refuses_existing(tmp_dir):
+    dcp.save({"a": torch.ones(3)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    before = _data_files(tmp_dir / "ck")
+    with pytest.raises(CheckpointException) as info:
+        dcp.save({"a": torch.zeros(3)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck", overwrite=False))
+    e = _cause(info)
+    assert isinstance(e, FileExistsError) and "overwrite=False" in str(e) and e.filename == str(tmp_dir / "ck")
+    assert _data_files(tmp_dir / "ck") == before  # nothing written
+
+
+def test_overwrite_true_replaces(tmp_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in (1.0, 2.0):
+            dcp.save({"a": torch.full((3,), value)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    out = {"a": torch.zeros(3)}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    assert torch.equal(out["a"], torch.full((3,), 2.0))
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+
+def test_failed_overwrite_leaves_no_checkpoint(tmp_dir):
+    """A save over an old checkpoint that fails once data files are being rewritten leaves a
+    folder load refuses, not the old metadata over new data (what torch's writer leaves)."""
+    dcp.save({"a": torch.ones(4), "b": torch.ones(4)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    bad = {"a": torch.zeros(4), "b": torch.zeros(4), "z": _Unpicklable()}
+    with pytest.raises(CheckpointException, match="cannot pickle this"):
+        dcp.save(bad, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck", single_file_per_rank=False))
+    assert not (tmp_dir / "ck" / ".metadata").exists()
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"a": torch.empty(4)}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    assert "no checkpoint at" in str(_cause(info))
+
+
+def test_killed_save_is_refused(tmp_dir):
+    """A save killed with SIGKILL mid-way (over an older checkpoint) leaves data files and no
+    metadata; dcp.load refuses the folder, saying why."""
+    folder = tmp_dir / "ck"
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore", str(HERE / "dcp_program.py"), "killed", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+    assert list(folder.glob("*.distcp")) and not (folder / ".metadata").exists()
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"a": torch.empty(1 << 20)}, storage_reader=dcp.FileSystemReader(folder))  # torch's too
+    # dcp.load tries the global .metadata, then the rank's own, and reports both failures
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"a": torch.empty(1 << 20)}, storage_reader=deepio.dcp.FileSystemReader(folder))
+    message = str(_cause(info))
+    assert f"no checkpoint at {str(folder)!r}: the folder has no metadata file (.metadata)" in message
+    assert "a save killed before it finished" in message
+
+
+def test_missing_folder_is_refused(tmp_dir):
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"a": torch.empty(1)}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "nothing"))
+    assert f"no checkpoint at {str(tmp_dir / 'nothing')!r}: the folder does not exist" in str(_cause(info))
+
+
+@pytest.mark.parametrize("keep", [0, 100, -1])
+def test_truncated_data_file_is_refused(tmp_dir, keep):
+    sd = {"a": torch.arange(1000.0), "b": torch.arange(10)}
+    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    data = tmp_dir / "ck" / "__0_0.distcp"
+    size = data.stat().st_size
+    os.truncate(data, size + keep if keep < 0 else keep)
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(
+            {k: torch.empty_like(v) for k, v in sd.items()}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck")
+        )
+    e = _cause(info)
+    assert isinstance(e, deepio.CorruptFileError) and e.filename == str(data)
+    assert "truncated: item '" in str(e) and f"has {os.path.getsize(data)} bytes" in str(e)
+
+
+def test_two_ranks_gloo(tmp_dir):
+    """Two processes over gloo: DTensors sharded over both ranks, tensors of each rank's own,
+    shared values; loaded back in the same layout, resharded, and crosswise with torch's
+    classes (dcp_program.py checks every value). The data files equal torch's, and one process
+    without a process group loads the sharded tensor whole."""
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore", str(HERE / "dcp_program.py"), "ranks", str(tmp_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0 and "ranks OK" in r.stdout, r.stdout + r.stderr
+    ours, theirs = _data_files(tmp_dir / "deepio"), _data_files(tmp_dir / "torch")
+    assert sorted(ours) == ["__0_0.distcp", "__1_0.distcp"] and ours == theirs
+    out = {
+        "model": {"w": torch.zeros(8, 6), "b": torch.zeros(8, 6, dtype=torch.bfloat16)},
+        "own1": torch.zeros(5, dtype=torch.int64),
+    }
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "deepio"))
+    full = torch.arange(48, dtype=torch.float32).reshape(8, 6)
+    assert torch.equal(out["model"]["w"], full - 5)
+    assert torch.equal(out["model"]["b"], full.bfloat16() - 5)
+    assert torch.equal(out["own1"], torch.ones(5, dtype=torch.int64))
+
+
+def test_import_deepio_leaves_dcp_alone():
+    code = (
+        "import sys, deepio\n"
+        "assert 'torch.distributed.checkpoint' not in sys.modules\n"
+        "print(deepio.dcp.FileSystemWriter.__module__)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "deepio.dcp._writer", r.stderr
