@@ -144,6 +144,15 @@ def test_partial_load_and_bigger_tensors(tmp_dir):
         assert torch.equal(v, sd[k]), k
 
 
+def test_async_save(tmp_dir):
+    """torch's async_save (staging on a thread) with deepio's writer."""
+    fut = dcp.async_save(_state(), storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    fut.result()
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    _assert_same(out, _state())
+
+
 def test_overwrite_false_refuses_existing(tmp_dir):
     dcp.save({"a": torch.ones(3)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     before = _data_files(tmp_dir / "ck")
