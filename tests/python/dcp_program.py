@@ -30,7 +30,9 @@ WORLD = 2
 
 
 def _full(dtype: torch.dtype) -> torch.Tensor:
-    return torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6).to(dtype) - 5
+    # Shards above deepio.dcp's 8 KiB: their bytes go straight into the destinations where a
+    # piece is one run of bytes (Shard(0), Replicate), through a whole-item read elsewhere.
+    return torch.arange(256 * 48, dtype=torch.float32).reshape(256, 48).to(dtype) - 5
 
 
 def _rank(rank: int, folder: str) -> None:
@@ -43,7 +45,7 @@ def _rank(rank: int, folder: str) -> None:
 
         def state(fill: bool, placement: list) -> dict:
             def dt(dtype: torch.dtype) -> torch.Tensor:
-                src = _full(dtype) if fill else torch.zeros(8, 6, dtype=dtype)
+                src = _full(dtype) if fill else torch.zeros(256, 48, dtype=dtype)
                 return distribute_tensor(src, mesh, placement)
 
             return {

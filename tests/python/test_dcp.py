@@ -8,6 +8,7 @@ metadata (a save killed with SIGKILL) and a truncated data file refused with cle
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import deepio  # noqa: E402
 import deepio.dcp  # noqa: E402
+from deepio.dcp import _record  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -250,11 +252,11 @@ def test_two_ranks_gloo(tmp_dir):
     ours, theirs = _data_files(tmp_dir / "deepio"), _data_files(tmp_dir / "torch")
     assert sorted(ours) == ["__0_0.distcp", "__1_0.distcp"] and ours == theirs
     out = {
-        "model": {"w": torch.zeros(8, 6), "b": torch.zeros(8, 6, dtype=torch.bfloat16)},
+        "model": {"w": torch.zeros(256, 48), "b": torch.zeros(256, 48, dtype=torch.bfloat16)},
         "own1": torch.zeros(5, dtype=torch.int64),
     }
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "deepio"))
-    full = torch.arange(48, dtype=torch.float32).reshape(8, 6)
+    full = torch.arange(256 * 48, dtype=torch.float32).reshape(256, 48)
     assert torch.equal(out["model"]["w"], full - 5)
     assert torch.equal(out["model"]["b"], full.bfloat16() - 5)
     assert torch.equal(out["own1"], torch.ones(5, dtype=torch.int64))
@@ -268,3 +270,48 @@ def test_import_deepio_leaves_dcp_alone():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "deepio.dcp._writer", r.stderr
+
+
+def _saved(obj) -> bytes:
+    b = io.BytesIO()
+    torch.save(obj, b)
+    return b.getvalue()
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.complex64]
+)
+def test_record_layout_finds_the_storage(dtype):
+    """_record.layout, from a DCP tensor item's first and last 4 KiB (torch.save of the
+    tensor), finds the storage's bytes; piece() finds each narrowing that is one run of them
+    and refuses the others."""
+    t = (torch.arange(64 * 40) % 2 == 0) if dtype == torch.bool else (torch.arange(64 * 40) % 120).to(dtype)
+    t = t.reshape(64, 40)
+    blob = _saved(t)
+    lay = _record.layout(blob[:4096], blob[-4096:], len(blob))
+    assert lay is not None and lay.dtype == dtype and lay.size == (64, 40) and lay.storage_offset == 0
+    assert blob[lay.data_start : lay.data_start + lay.data_nbytes] == _raw(t)
+    runs = [((0, 0), (64, 40)), ((5, 0), (7, 40)), ((9, 3), (1, 30)), ((63, 39), (1, 1)), ((3, 0), (0, 40))]
+    for (o0, o1), (n0, n1) in runs:
+        where = _record.piece(lay, (o0, o1), (n0, n1))
+        assert where is not None, (o0, o1, n0, n1)
+        assert blob[where[0] : where[0] + where[1]] == _raw(t[o0 : o0 + n0, o1 : o1 + n1])
+    for offsets, lengths in [((5, 3), (2, 30)), ((0, 0), (64, 39)), ((60, 0), (5, 40)), ((0,), (64,))]:
+        assert _record.piece(lay, offsets, lengths) is None, (offsets, lengths)
+
+
+def test_record_layout_refuses_what_it_does_not_know():
+    big = torch.arange(4096.0)
+    transposed = _record.layout(*(lambda b: (b[:4096], b[-4096:], len(b)))(_saved(big.reshape(64, 64).t())))
+    assert transposed is not None and _record.piece(transposed, (0, 0), (64, 64)) is None  # strides say no
+    for blob in (_saved({"a": big}), _saved([big, big]), os.urandom(20000), b"PK" * 10000):
+        assert _record.layout(blob[:4096], blob[-4096:], len(blob)) is None
+    shifted = _saved(big[100:])  # a view past its storage's start (DCP clones such views first)
+    lay = _record.layout(shifted[:4096], shifted[-4096:], len(shifted))
+    assert lay is not None and lay.storage_offset == 100
+    where = _record.piece(lay, (0,), (3996,))
+    assert where is not None and shifted[where[0] : where[0] + where[1]] == _raw(big[100:])

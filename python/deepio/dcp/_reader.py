@@ -34,10 +34,15 @@ import torch
 from .._errors import CorruptFileError
 from .._file import File, Future
 from ..checkpoint._zip import _MemoryFile
+from . import _record
 from . import _torchapi as T
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
+#: A tensor item's first and last bytes read to find its layout (_record.layout); an item of
+#: at most both is read whole.
+HEAD_BYTES = 4096
+TAIL_BYTES = 4096
 
 
 def _item_name(req: Any) -> str:
@@ -102,38 +107,113 @@ class FileSystemReader(T.FileSystemReader):
         return int(info.offset + info.length)
 
     def _read_batch(self, f: File, path: str, reqs: list[Any], planner: Any) -> None:
-        """Reads the items of ``reqs`` (each stored range once), all in flight, then loads
-        them. Every read is waited for before anything is raised."""
-        bufs: dict[Any, torch.Tensor] = {}
-        futs: list[tuple[Future, Any, Any]] = []
-        first: BaseException | None = None
+        """Loads the items of ``reqs``: the first and last bytes of each large tensor item
+        (its zip's local headers, data.pkl and directory), then each piece a request wants
+        straight into its destination where ``_record`` says it is one run of bytes; every
+        other item whole into host memory. Every read is waited for before anything is
+        raised."""
+        whole: dict[Any, torch.Tensor] = {}  # storage_index -> the item's bytes
+        ends: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # storage_index -> (head, tail)
+        reads: list[tuple[Future, Any, int]] = []
+        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, reads))
+        self._collect(path, reads, first)
+        direct: list[tuple[Any, torch.Tensor]] = []
+        first = self._submitting(reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads))
+        self._collect(path, reads, first)
+        for req, target in direct:
+            planner.commit_tensor(req, target)
+        done = {id(req) for req, _ in direct}
+        for req in reqs:
+            if id(req) not in done:
+                self._load_item(req, whole[req.storage_index], planner)
+
+    @staticmethod
+    def _submitting(reads: list[Any], submit: Any) -> BaseException | None:
         try:
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if req.storage_index in bufs:
-                    continue
-                buf = torch.empty(info.length, dtype=torch.uint8)
-                bufs[req.storage_index] = buf
-                if info.length:
-                    futs.append((f.pread(buf, info.offset), req, info))
+            submit()
         except BaseException as e:  # Ctrl-C: no read may outlive its buffer
-            first = e
-        for fut, req, info in futs:
+            return e
+        return None
+
+    def _read(self, f: File, reads: list[Any], buf: torch.Tensor, at: int, req: Any) -> None:
+        if buf.nbytes:
+            reads.append((f.pread(buf, at), req, at))
+
+    def _start_ends(self, f: File, reqs: list[Any], whole: dict, ends: dict, reads: list[Any]) -> None:
+        for req in reqs:
+            idx = req.storage_index
+            if idx in whole or idx in ends:
+                continue
+            info = self.storage_data[idx]
+            large = info.length > HEAD_BYTES + TAIL_BYTES
+            if req.type == T.LoadItemType.BYTE_IO or info.transform_descriptors or not large:
+                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
+                self._read(f, reads, whole[idx], info.offset, req)
+                continue
+            head, tail = torch.empty(HEAD_BYTES, dtype=torch.uint8), torch.empty(TAIL_BYTES, dtype=torch.uint8)
+            ends[idx] = (head, tail)
+            self._read(f, reads, head, info.offset, req)
+            self._read(f, reads, tail, info.offset + info.length - TAIL_BYTES, req)
+
+    def _start_pieces(
+        self, f: File, reqs: list[Any], ends: dict, whole: dict, direct: list[Any], planner: Any, reads: list[Any]
+    ) -> None:
+        layouts = {
+            idx: _record.layout(h.numpy().tobytes(), t.numpy().tobytes(), self.storage_data[idx].length)
+            for idx, (h, t) in ends.items()
+        }
+        for req in reqs:
+            idx = req.storage_index
+            lay = layouts.get(idx)
+            if idx in whole or idx not in layouts:
+                continue
+            info = self.storage_data[idx]
+            target = self._destination(req, lay, planner)
+            if target is not None:
+                direct.append((req, target[0]))
+                self._read(f, reads, target[0], info.offset + target[1], req)
+            else:
+                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
+                self._read(f, reads, whole[idx], info.offset, req)
+
+    @staticmethod
+    def _destination(req: Any, lay: _record.Layout | None, planner: Any) -> tuple[torch.Tensor, int] | None:
+        """The destination tensor of ``req`` and where its bytes start in the item, where the
+        piece is one run of the stored bytes and the destination a contiguous host tensor of
+        the stored dtype and the piece's shape: the bytes then go straight into it."""
+        if lay is None:
+            return None
+        where = _record.piece(lay, req.storage_offsets, req.lengths)
+        if where is None:
+            return None
+        target = planner.resolve_tensor(req).detach()
+        fits = (
+            target.device.type == "cpu"
+            and target.dtype == lay.dtype
+            and tuple(target.shape) == tuple(int(n) for n in req.lengths)
+            and target.is_contiguous()
+            and target.nbytes == where[1]
+        )
+        return (target, where[0]) if fits else None
+
+    @staticmethod
+    def _collect(path: str, reads: list[tuple[Future, Any, int]], first: BaseException | None) -> None:
+        """Waits for every read of ``reads`` (emptied) and raises ``first``, a read's error or
+        ``CorruptFileError`` for a short read."""
+        for fut, req, at in reads:
             try:
                 got = fut.result()
             except BaseException as e:
                 first = first or e
                 continue
-            if got != info.length and first is None:
+            if got != fut.nbytes and first is None:
                 first = CorruptFileError(
                     path,
-                    f"truncated: item {_item_name(req)} is stored at bytes [{info.offset}, "
-                    f"{info.offset + info.length}) but only {got} of its {info.length} bytes could be read",
+                    f"truncated: item {_item_name(req)}: only {got} of the {fut.nbytes} bytes at {at} could be read",
                 )
+        reads.clear()
         if first is not None:
             raise first
-        for req in reqs:
-            self._load_item(req, bufs[req.storage_index], planner)
 
     def _load_item(self, req: Any, buf: torch.Tensor, planner: Any) -> None:
         info = self.storage_data[req.storage_index]

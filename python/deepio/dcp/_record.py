@@ -1,0 +1,187 @@
+"""Where a DCP tensor item's bytes lie: the layout of ``torch.save(tensor)`` (a small zip that
+DCP stores per tensor item) from the item's first and last bytes, and which bytes of the
+stored tensor a load's piece of it covers.
+
+``layout(head, tail, length)`` gives a ``Layout`` (dtype, size, stride, storage offset, and
+the item-relative range of the storage's bytes) from ``head`` (the item's first bytes) and
+``tail`` (its last bytes: the zip's central directory, which holds the records' sizes: torch's
+zip writer leaves them out of the local headers). It returns None for anything else than one
+dense little-endian tensor over one stored record whose data.pkl and local headers lie in
+``head`` and whose directory lies in ``tail``: the caller then reads the whole item and lets
+torch.load rebuild it. The pickle is read by an unpickler that knows only torch's tensor
+rebuild function, torch's storage classes and OrderedDict (anything else: None), so nothing
+from the file runs. ``piece(layout, offsets, lengths)`` gives the (start, nbytes) of the bytes
+a contiguous piece covers, or None where the piece is not one run of bytes.
+
+Pure functions: no I/O, no state; thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import warnings
+import zipfile
+from typing import IO, Any, NamedTuple, cast
+
+import torch
+
+from ..checkpoint._zip import _data_start
+
+
+class Layout(NamedTuple):
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int  # elements
+    data_start: int  # the storage's first byte, from the item's start
+    data_nbytes: int
+
+
+class _Sparse(io.RawIOBase):
+    """An item of ``length`` bytes of which only ``head`` (at 0) and ``tail`` (at the end) are
+    known, for zipfile's reader; reading elsewhere raises ``zipfile.BadZipFile``."""
+
+    def __init__(self, head: bytes, tail: bytes, length: int) -> None:
+        super().__init__()
+        self._head, self._tail, self._len, self._pos = head, tail, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._pos = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._len}[whence] + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(len(dest), self._len - self._pos))
+        start, end = self._pos, self._pos + n
+        tail_at = self._len - len(self._tail)
+        if end <= len(self._head):
+            dest[:n] = self._head[start:end]
+        elif start >= tail_at:
+            dest[:n] = self._tail[start - tail_at : end - tail_at]
+        else:
+            raise zipfile.BadZipFile("outside the bytes read")
+        self._pos = end
+        return n
+
+
+def _storage_dtypes() -> dict[str, torch.dtype]:
+    """torch's typed storage classes by name (FloatStorage, ...) and their dtypes, read once
+    (each class's ``dtype`` warns that TypedStorage is deprecated)."""
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in dir(torch):
+            dtype = getattr(getattr(torch, name, None), "dtype", None) if name.endswith("Storage") else None
+            if isinstance(dtype, torch.dtype):
+                out[name] = dtype
+    return out
+
+
+_STORAGE_DTYPES = _storage_dtypes()
+
+
+class _Storage(NamedTuple):
+    dtype: torch.dtype
+    key: str
+    numel: int
+
+
+def _rebuild(storage: Any, storage_offset: int, size: Any, stride: Any, *rest: Any) -> tuple[Any, ...]:
+    return (storage, int(storage_offset), tuple(int(s) for s in size), tuple(int(s) for s in stride), rest)
+
+
+class _LayoutUnpickler(pickle.Unpickler):
+    """data.pkl of torch.save(tensor): only what a dense tensor needs is known."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]  # the persistent id then carries the dtype
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage" or pid[3] != "cpu":
+            raise pickle.UnpicklingError("not a CPU storage")
+        if not isinstance(pid[1], torch.dtype):
+            raise pickle.UnpicklingError("not a typed storage")
+        return _Storage(pid[1], str(pid[2]), int(pid[4]))
+
+
+def layout(head: bytes, tail: bytes, length: int) -> Layout | None:
+    try:
+        with zipfile.ZipFile(cast(IO[bytes], _Sparse(head, tail, length))) as z:
+            # torch names records "<archive folder>/<name>": data.pkl, byteorder, data/<key>
+            infos = {i.filename.split("/", 1)[-1]: i for i in z.infolist()}
+        pkl, order = infos.get("data.pkl"), infos.get("byteorder")
+        if pkl is None or pkl.compress_type != zipfile.ZIP_STORED:
+            return None
+        start = _data_start(pkl.header_offset, head[pkl.header_offset : pkl.header_offset + 30])
+        if start + pkl.file_size > len(head):
+            return None
+        if order is not None:
+            at = _data_start(order.header_offset, head[order.header_offset : order.header_offset + 30])
+            if head[at : at + order.file_size] != b"little":
+                return None
+        obj = _LayoutUnpickler(io.BytesIO(head[start : start + pkl.file_size])).load()
+        storage, offset, size, stride, _ = obj
+        if not isinstance(storage, _Storage):
+            return None
+        rec = infos.get(f"data/{storage.key}")
+        if rec is None or rec.compress_type != zipfile.ZIP_STORED:
+            return None
+        data = _data_start(rec.header_offset, head[rec.header_offset : rec.header_offset + 30])
+        nbytes = storage.numel * torch.empty((), dtype=storage.dtype).element_size()
+        if rec.file_size != nbytes or data + nbytes > length:
+            return None
+        return Layout(storage.dtype, size, stride, offset, data, nbytes)
+    except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, EOFError):
+        return None
+
+
+def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(size):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def piece(lay: Layout, offsets: Any, lengths: Any) -> tuple[int, int] | None:
+    """(start from the item's first byte, nbytes) of the stored tensor's piece at ``offsets``
+    with ``lengths`` (a load's narrowing of it), where the tensor is row-major and the piece is
+    one run of its bytes: every dimension after the last narrowed one whole, every one before
+    it of length 1. None otherwise (and for a piece outside the tensor)."""
+    size, offsets, lengths = lay.size, [int(o) for o in offsets], [int(n) for n in lengths]
+    if len(offsets) != len(size) or len(lengths) != len(size):
+        return None
+    if any(o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, lengths, size)):
+        return None
+    if lay.stride != _contiguous_strides(size) and any(n > 1 for n in size):
+        return None
+    narrowed = [d for d in range(len(size)) if lengths[d] != size[d]]
+    if narrowed and any(lengths[d] != 1 for d in range(narrowed[-1])):
+        return None
+    item = torch.empty((), dtype=lay.dtype).element_size()
+    first = lay.storage_offset + sum(o * st for o, st in zip(offsets, _contiguous_strides(size)))
+    numel = 1
+    for n in lengths:
+        numel *= n
+    start, nbytes = first * item, numel * item
+    if start + nbytes > lay.data_nbytes:
+        return None
+    return lay.data_start + start, nbytes
