@@ -6,18 +6,24 @@ unpickling are torch's. ``read_metadata`` first makes sure there is a ``.metadat
 folder without one (a save killed before it finished: deepio's writer puts the metadata in
 place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is deepio's:
 
-- per data file, one ``deepio.File`` (direct I/O where the file system takes it); every
-  item's bytes (its ``_StorageInfo`` range) are read with positional reads through the
-  process's default engine, many in flight at once (up to ``READ_BATCH_BYTES`` of them, in
-  file order), into fresh host memory;
+- per data file, one ``deepio.File`` (direct I/O where the file system takes it), read with
+  positional reads through the process's default engine, all of a batch in flight at once
+  (up to ``READ_BATCH_BYTES`` of items, in file order);
 - a file shorter than an item's range is refused before anything is read, and a read that
   comes back short after that, with ``deepio.CorruptFileError`` naming the file, the item's
   fully qualified name and the byte range;
-- from memory, each tensor record is parsed by ``torch.load`` (``weights_only=True``,
+- a tensor item of more than ``HEAD_BYTES + TAIL_BYTES`` has those first and last bytes read
+  (torch.save's local headers, data.pkl and zip directory: ``_record.layout``); where the
+  requested piece is one run of the stored bytes (``_record.piece``: the whole tensor, whole
+  rows) and the destination a contiguous host tensor of the stored dtype and the piece's
+  shape, the piece is read straight into the destination: no copy, no torch.load;
+- every other item (small ones, bytes items, column pieces, transposed tensors, device or
+  other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
+  a tensor record is rebuilt by ``torch.load`` (``weights_only=True``,
   ``map_location="cpu"``: torch's zip reader over the bytes read; no file I/O), narrowed to
-  the requested piece and copied into the destination tensor as torch does; a bytes item
-  goes to ``planner.load_bytes`` as an ``io.BytesIO``. Items saved with stream extensions are
-  undone by torch's transforms over the bytes read.
+  the requested piece and copied into the destination as torch does; a bytes item goes to
+  ``planner.load_bytes`` as an ``io.BytesIO``; stream extensions are undone by torch's
+  transforms over the bytes read.
 
 Thread-safety: one reader per load, as torch's.
 """
