@@ -8,6 +8,7 @@ metadata (a save killed with SIGKILL) and a truncated data file refused with cle
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -191,6 +192,39 @@ def test_failed_overwrite_leaves_no_checkpoint(tmp_dir):
     with pytest.raises(CheckpointException) as info:
         dcp.load({"a": torch.empty(4)}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
     assert "no checkpoint at" in str(_cause(info))
+
+
+def test_write_error_mid_save_leaves_no_checkpoint(tmp_dir, fault):
+    """An EIO from the engine on a data file's write (test hooks) fails dcp.save with that
+    OSError naming the data file, after the old .metadata is gone: load refuses the folder."""
+    dcp.save({"t0": torch.ones(4)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    fault("write", errno=errno.EIO, after=2, path_contains=".distcp")
+    with pytest.raises(CheckpointException) as info:
+        sd = {f"t{i}": torch.randn(1 << 20) for i in range(4)}
+        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    e = _cause(info)
+    assert isinstance(e, OSError) and e.errno == errno.EIO and e.filename == str(tmp_dir / "ck" / "__0_0.distcp")
+    assert not (tmp_dir / "ck" / ".metadata").exists()
+
+
+def test_read_errors_at_load(tmp_dir, fault):
+    """An EIO on a read of a data file is the OSError naming it (every read waited for first);
+    a short transfer is read on by the engine, not an error."""
+    sd = {f"t{i}": torch.randn(1 << 18) for i in range(4)}
+    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    data = str(tmp_dir / "ck" / "__0_0.distcp")
+    fault("read", errno=errno.EIO, after=3)
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(
+            {k: torch.empty_like(v) for k, v in sd.items()}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck")
+        )
+    e = _cause(info)
+    assert isinstance(e, OSError) and e.errno == errno.EIO and e.filename == data
+    fault("read", short=100, after=3)  # the engine reads the rest again: no error
+    out = {k: torch.empty_like(v) for k, v in sd.items()}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    for k, v in sd.items():
+        assert torch.equal(out[k], v), k
 
 
 def test_killed_save_is_refused(tmp_dir):
