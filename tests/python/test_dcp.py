@@ -131,18 +131,14 @@ def test_files_are_torchs(tmp_dir, thread_count):
         _assert_same(out, _state())
 
 
-def test_partial_load_and_bigger_tensors(tmp_dir):
+def test_partial_load_and_bigger_tensors(tmp_dir, monkeypatch):
     """Tensors across the engine's request size (1 MiB) and the reader's batches; a load of
     a subset of the keys reads only those."""
     sd = {f"t{i}": torch.randn((1 << 18) + 3 * i) for i in range(6)}
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
-    old = deepio.dcp._reader.READ_BATCH_BYTES
-    deepio.dcp._reader.READ_BATCH_BYTES = 1 << 20  # several batches
-    try:
-        out = {k: torch.empty_like(v) for k, v in sd.items() if k in ("t1", "t4", "t5")}
-        dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
-    finally:
-        deepio.dcp._reader.READ_BATCH_BYTES = old
+    monkeypatch.setattr(deepio.dcp._reader, "READ_BATCH_BYTES", 1 << 20)  # several batches
+    out = {k: torch.empty_like(v) for k, v in sd.items() if k in ("t1", "t4", "t5")}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
     for k, v in out.items():
         assert torch.equal(v, sd[k]), k
 

@@ -18,7 +18,7 @@ docs/checkpoints.md, "Distributed checkpoint (DCP)".
 
 from __future__ import annotations
 
-from ._reader import READ_BATCH_BYTES, FileSystemReader
+from ._reader import FileSystemReader
 from ._writer import FileSystemWriter
 
-__all__ = ["FileSystemReader", "FileSystemWriter", "READ_BATCH_BYTES"]
+__all__ = ["FileSystemReader", "FileSystemWriter"]
