@@ -107,6 +107,8 @@ def _spawned(rank: int, folder: str) -> None:
 if __name__ == "__main__":
     mode, folder = sys.argv[1], sys.argv[2]
     if mode == "ranks":
+        # Both ranks on this host: gloo over loopback, whatever the host name resolves to.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         mp.spawn(_spawned, args=(folder,), nprocs=WORLD, join=True)
         print("ranks OK")
     elif mode == "killed":
