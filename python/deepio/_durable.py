@@ -115,7 +115,11 @@ def remove_stale_temporaries(final: str) -> list[str]:
 
 
 @contextmanager
-def replacing(path: PathArg) -> Iterator[str]:
+def replacing(path: PathArg, *, durable: bool = True) -> Iterator[str]:
+    """Yields a fresh temporary name beside ``path``; when the block ends, the temporary file
+    replaces ``path`` (removed instead if the block raised). ``durable`` (the default): the
+    file is flushed before the rename and the folder after it; ``durable=False`` only renames,
+    for callers whose user turned syncing off."""
     final = os.fspath(path)
     if isinstance(final, bytes):
         raise TypeError("path must be a str or os.PathLike[str]")
@@ -129,7 +133,8 @@ def replacing(path: PathArg) -> Iterator[str]:
     _create_fresh(tmp, final)
     try:
         yield tmp
-        fsync_path(tmp)
+        if durable:
+            fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
         try:
@@ -137,4 +142,5 @@ def replacing(path: PathArg) -> Iterator[str]:
         except FileNotFoundError:
             pass
         raise
-    fsync_path(folder)
+    if durable:
+        fsync_path(folder)

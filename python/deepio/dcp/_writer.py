@@ -236,17 +236,5 @@ class FileSystemWriter(T.FileSystemWriter):
         folder = os.path.dirname(os.path.abspath(final))
         if self.sync_files:
             fsync_path(folder)  # the data files' names first: the metadata points at them
-            with replacing(final) as tmp, open(tmp, "wb") as f:
-                pickle.dump(metadata, f)
-            return
-        tmp = os.path.join(folder, f".{os.path.basename(final)}.deepio-tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                pickle.dump(metadata, f)
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with replacing(final, durable=self.sync_files) as tmp, open(tmp, "wb") as f:
+            pickle.dump(metadata, f)
