@@ -146,13 +146,13 @@ class _AlignedZip:
 # IndexError "pop from empty list", UnicodeDecodeError, KeyError; a truncated zip EOFError or
 
 
-class _MemoryFile(io.RawIOBase):
-    """A read-only file over a memoryview, for torch's zip reader (the archive's directory
-    and its small records; the storages are never read through it)."""
+class _Seekable(io.RawIOBase):
+    """A read-only, seekable file of ``self._len`` bytes; subclasses say what its bytes are
+    (``readinto`` at ``self._pos``)."""
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self._view, self._pos = view, 0
+        self._len, self._pos = length, 0
 
     def readable(self) -> bool:
         return True
@@ -164,11 +164,20 @@ class _MemoryFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._len}[whence]
         if base + offset < 0:
             raise OSError(errno.EINVAL, "negative seek position")
         self._pos = base + offset
         return self._pos
+
+
+class _MemoryFile(_Seekable):
+    """A read-only file over a memoryview, for torch's zip reader (the archive's directory
+    and its small records; the storages are never read through it)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self._view = view
 
     def readinto(self, b: Any) -> int:
         dest = memoryview(b).cast("B")

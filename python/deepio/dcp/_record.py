@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import io
-import os
 import pickle
 import warnings
 import zipfile
@@ -28,7 +27,7 @@ from typing import IO, Any, NamedTuple, cast
 
 import torch
 
-from ..checkpoint._zip import _data_start
+from ..checkpoint._zip import _data_start, _Seekable
 
 
 class Layout(NamedTuple):
@@ -40,26 +39,13 @@ class Layout(NamedTuple):
     data_nbytes: int
 
 
-class _Sparse(io.RawIOBase):
+class _Sparse(_Seekable):
     """An item of ``length`` bytes of which only ``head`` (at 0) and ``tail`` (at the end) are
     known, for zipfile's reader; reading elsewhere raises ``zipfile.BadZipFile``."""
 
     def __init__(self, head: bytes, tail: bytes, length: int) -> None:
-        super().__init__()
-        self._head, self._tail, self._len, self._pos = head, tail, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        self._pos = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._len}[whence] + offset
-        return self._pos
+        super().__init__(length)
+        self._head, self._tail = head, tail
 
     def readinto(self, b: Any) -> int:
         dest = memoryview(b).cast("B")
