@@ -24,26 +24,8 @@ import time
 import pytest
 
 import deepio
+from test_gpu_real import needs_gpu, torch  # the same GPU check and skip reason
 
-try:
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
-
-
-def _gpu_reason() -> str:
-    if torch is None:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return f"no CUDA GPU (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    info = deepio.gpu_info()
-    if not info["cuda_found"]:
-        return f"deepio cannot use the CUDA driver: {info['cuda_reason']}"
-    return ""
-
-
-GPU_REASON = _gpu_reason()
-needs_gpu = pytest.mark.skipif(bool(GPU_REASON), reason=GPU_REASON or "GPU present")
 N = (4 << 20) + 4097
 
 
