@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,7 +60,7 @@ def _rank(rank: int, folder: str) -> None:
         dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/deepio"))
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(f"{folder}/torch"))
 
-        cases = [
+        cases: list[tuple[list[Any], Any]] = [
             ([Shard(0)], deepio.dcp.FileSystemReader(f"{folder}/deepio")),
             ([Shard(1)], deepio.dcp.FileSystemReader(f"{folder}/deepio")),
             ([Replicate()], deepio.dcp.FileSystemReader(f"{folder}/deepio")),
@@ -88,7 +89,7 @@ class _Killer:
 
 
 def _killed(folder: str) -> None:
-    sd = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(1000)}
+    sd: dict[str, Any] = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(1000)}
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder))
     sd = {"a": torch.zeros(1 << 20), "b": torch.zeros(1000), "z": _Killer()}
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder, single_file_per_rank=False))
