@@ -1,4 +1,4 @@
-"""deepio.dcp across real processes, run by tests/python/test_dcp.py.
+"""deepio.dcp across real processes, run by tests/python/test_dcp.py and test_dcp_ranks.py.
 
 ``dcp_program.py ranks FOLDER``: two ranks (``torch.multiprocessing.spawn``, gloo on the host)
 save a state dict of DTensors sharded over both ranks, a tensor of each rank's own, a tensor
@@ -10,6 +10,15 @@ value. Exit status 0 when all ranks passed.
 ``dcp_program.py killed FOLDER``: one process saves a complete checkpoint to FOLDER, then
 saves over it (overwrite=True, one file per item) a state dict whose last item kills the
 process with SIGKILL while it is pickled, after the tensors before it were written.
+
+``dcp_program.py save4 FOLDER``: four ranks save ``resharded_state`` (DTensors sharded
+unevenly by rows and by columns, a ShardedTensor, an optimizer-like nested part, each rank's
+own tensor) with deepio.dcp's writer to FOLDER/ck4.
+``dcp_program.py load2 FOLDER``: two ranks load FOLDER/ck4 resharded (other placements, a
+ShardedTensor of two shards, DTensors where a ShardedTensor was saved) with deepio.dcp's
+reader and with torch's, and check every local piece byte for byte against the full tensors.
+
+The multi-rank modes print ``ranks OK`` when every rank passed.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,14 +115,166 @@ def _spawned(rank: int, folder: str) -> None:
     print(f"rank {rank} OK", flush=True)
 
 
+# ---------------------------------------------------------------- resharding: 4 ranks -> 2 -> 1
+
+FULL_SHAPES = {"rows": (250, 48), "cols": (48, 250), "st": (250, 40), "exp_avg": (1001,)}
+
+
+def full_tensor(name: str) -> torch.Tensor:
+    """The full value of each resharded tensor (test_dcp_ranks.py loads them whole in one process)."""
+    shape = FULL_SHAPES[name]
+    n = 1
+    for d in shape:
+        n *= d
+    t = torch.arange(n, dtype=torch.float64).reshape(shape) * 0.5 - 7
+    return t.to(torch.bfloat16) if name == "cols" else t.float()
+
+
+def _init(rank: int, world: int, folder: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
+
+
+def _sharded_tensor(full: torch.Tensor, world: int, fill: bool):
+    """A ShardedTensor of `full` split by rows over `world` ranks (torch's older sharded type,
+    still what some DCP users hold); zeros when not `fill`."""
+    import torch.distributed._shard.sharded_tensor as st
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    t = st.empty(spec, *full.shape, dtype=full.dtype)
+    for shard in t.local_shards():
+        rows = shard.metadata.shard_offsets[0]
+        shard.tensor.copy_(full[rows : rows + shard.tensor.shape[0]] if fill else torch.zeros_like(shard.tensor))
+    return t
+
+
+def resharded_state(rank: int, world: int, fill: bool, saved_layout: bool, st_dtensor: bool = False) -> dict:
+    """The state dict of the resharding test as `world` ranks hold it: saved by 4 ranks in one
+    layout, loaded by 2 in another (`saved_layout` False; with `st_dtensor` the saved
+    ShardedTensor is loaded as a DTensor), zeros when not `fill`. Making it is collective
+    (distribute_tensor, ShardedTensor): every rank asks for the same layout."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def dt(name: str, placement) -> torch.Tensor:
+        full = full_tensor(name)
+        return distribute_tensor(full if fill else torch.zeros_like(full), mesh, [placement])
+
+    if saved_layout:  # 250 rows over 4 ranks: 63, 63, 63, 61
+        model = {"rows": dt("rows", Shard(0)), "cols": dt("cols", Shard(1))}
+        st = _sharded_tensor(full_tensor("st"), world, fill)
+        exp_avg = dt("exp_avg", Shard(0))
+    else:  # every piece crosses the saved chunks' boundaries
+        model = {"rows": dt("rows", Shard(1)), "cols": dt("cols", Shard(0))}
+        st = dt("st", Shard(1)) if st_dtensor else _sharded_tensor(full_tensor("st"), world, fill)
+        exp_avg = dt("exp_avg", Replicate())
+    return {
+        "model": model,
+        "st": st,
+        "optim": {"state": {"rows": {"exp_avg": exp_avg, "step": torch.tensor(9.0 if fill else 0.0)}}},
+        "epoch": 4 if fill else 0,
+    }
+
+
+def _local(value) -> list[torch.Tensor]:
+    """The pieces a rank holds of a DTensor, a ShardedTensor or a tensor."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    if isinstance(value, ShardedTensor):
+        return [s.tensor for s in value.local_shards()]
+    return [value]
+
+
+def _same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return (
+        got.dtype == want.dtype
+        and got.shape == want.shape
+        and torch.equal(got.contiguous().view(-1).view(torch.uint8), want.contiguous().view(-1).view(torch.uint8))
+    )
+
+
+def check_resharded(got: dict, want: dict, what: str) -> None:
+    pairs = [
+        ("model.rows", got["model"]["rows"], want["model"]["rows"]),
+        ("model.cols", got["model"]["cols"], want["model"]["cols"]),
+        ("st", got["st"], want["st"]),
+        ("exp_avg", got["optim"]["state"]["rows"]["exp_avg"], want["optim"]["state"]["rows"]["exp_avg"]),
+        ("step", got["optim"]["state"]["rows"]["step"], want["optim"]["state"]["rows"]["step"]),
+    ]
+    for name, g, w in pairs:
+        gl, wl = _local(g), _local(w)
+        assert len(gl) == len(wl) and all(_same_bytes(a, b) for a, b in zip(gl, wl)), f"{what}: {name} differs"
+    assert got["epoch"] == want["epoch"], f"{what}: epoch {got['epoch']}"
+
+
+def _save4(rank: int, world: int, folder: str) -> None:
+    sd = resharded_state(rank, world, fill=True, saved_layout=True)
+    sd[f"own{rank}"] = torch.full((7,), rank, dtype=torch.int32)
+    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/ck4"))
+
+
+def _load2(rank: int, world: int, folder: str) -> None:
+    cases = [
+        (deepio.dcp.FileSystemReader(f"{folder}/ck4"), False),
+        (deepio.dcp.FileSystemReader(f"{folder}/ck4"), True),
+        (dcp.FileSystemReader(f"{folder}/ck4"), False),  # torch's reader over deepio's files
+    ]
+    for reader, st_dtensor in cases:
+        out = resharded_state(rank, world, fill=False, saved_layout=False, st_dtensor=st_dtensor)
+        out[f"own{rank + 2}"] = torch.zeros(7, dtype=torch.int32)  # a tensor of a rank that is gone
+        dcp.load(out, storage_reader=reader)
+        what = f"rank {rank} of {world}, {type(reader).__module__}, st as DTensor: {st_dtensor}"
+        want = resharded_state(rank, world, fill=True, saved_layout=False, st_dtensor=st_dtensor)
+        check_resharded(out, want, what)
+        assert torch.equal(out[f"own{rank + 2}"], torch.full((7,), rank + 2, dtype=torch.int32)), what
+
+
+# ------------------------------------------------------------------------------------- driver
+
+
+def _ranked(rank: int, world: int, folder: str, fn: Callable[..., None], args: tuple) -> None:
+    try:
+        _init(rank, world, folder)
+        try:
+            fn(rank, world, folder, *args)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    print(f"rank {rank} OK", flush=True)
+
+
+def _run_ranks(world: int, folder: str, fn: Callable[..., None], *args: str) -> None:
+    """`fn(rank, world, folder, *args)` in `world` processes over gloo. Forked, not spawned:
+    the ranks inherit the imported torch (spawn re-imports it in each, about 4 s of CPU a
+    rank on a 2-core VM); the parent has done nothing but import, so no thread, engine or
+    process group is forked."""
+    store = os.path.join(folder, "store")
+    if os.path.exists(store):
+        os.unlink(store)
+    mp.start_processes(_ranked, args=(world, folder, fn, args), nprocs=world, join=True, start_method="fork")
+    print("ranks OK")
+
+
 if __name__ == "__main__":
     mode, folder = sys.argv[1], sys.argv[2]
+    # Every rank on this host: gloo over loopback, whatever the host name resolves to.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if mode == "ranks":
-        # Both ranks on this host: gloo over loopback, whatever the host name resolves to.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         mp.spawn(_spawned, args=(folder,), nprocs=WORLD, join=True)
         print("ranks OK")
     elif mode == "killed":
         _killed(folder)
+    elif mode == "save4":
+        _run_ranks(4, folder, _save4)
+    elif mode == "load2":
+        _run_ranks(2, folder, _load2)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -1,13 +1,20 @@
 """deepio.dcp across several real processes (gloo on the host, no mocks): the example
-examples/dcp_train.py, run as a subprocess.
+examples/dcp_train.py, resharding a checkpoint saved by 4 ranks onto 2 and onto 1, torch's
+process-based ``async_save``, and a file system that fills up (ENOSPC on a small tmpfs).
+
+The ranks run in tests/python/dcp_program.py (its docstring lists the modes); each test
+starts it as a subprocess and reads its exit status and output.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +22,8 @@ from conftest import REPO, require_module
 
 dcp = require_module("torch.distributed.checkpoint", "torch")
 import torch  # noqa: E402
+
+import deepio.dcp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,6 +37,20 @@ def _run(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def _program(mode: str, *args: object) -> subprocess.CompletedProcess:
+    r = _run(HERE / "dcp_program.py", mode, *args)
+    assert r.returncode == 0 and "ranks OK" in r.stdout, f"{mode}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def _same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return (
+        got.dtype == want.dtype
+        and got.shape == want.shape
+        and torch.equal(got.contiguous().view(-1).view(torch.uint8), want.contiguous().view(-1).view(torch.uint8))
     )
 
 
@@ -55,3 +78,52 @@ def test_example_trains_saves_and_resumes(tmp_dir):
     assert out["step"] == 3
     assert model["0.weight"].shape == (64, 32) and model["4.weight"].shape == (8, 64)
     assert all(bool(t.isfinite().all()) for t in model.values())
+
+
+# ------------------------------------------------------------------------- resharding 4 -> 2 -> 1
+
+
+@pytest.fixture(scope="module")
+def saved_by_4(session_dir):
+    """A folder whose ck4 holds dcp_program.resharded_state saved by 4 ranks through
+    deepio.dcp's writer (DTensors sharded unevenly by rows and by columns, a ShardedTensor,
+    an optimizer-like part, each rank's own tensor)."""
+    folder = session_dir / f"saved-by-4-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    _program("save4", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_reshard_4_to_2(saved_by_4):
+    """2 ranks load what 4 saved, in other placements (DTensors sharded the other way or
+    replicated, a ShardedTensor of 2 shards, the ShardedTensor as a DTensor, the tensors of
+    ranks that are gone), through deepio.dcp's reader and through torch's own; each rank
+    compares its pieces with the full tensors byte for byte."""
+    assert sorted(os.listdir(saved_by_4 / "ck4")) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+    _program("load2", saved_by_4)
+
+
+@pytest.mark.parametrize("reader", [deepio.dcp.FileSystemReader, dcp.FileSystemReader], ids=["deepio", "torch"])
+def test_reshard_4_to_1(saved_by_4, reader):
+    """One process, no process group, loads every tensor whole: bytes equal to the full
+    tensors the 4 ranks held parts of."""
+    import dcp_program
+
+    out: dict[str, Any] = {
+        "model": {name: torch.zeros(dcp_program.FULL_SHAPES[name]) for name in ("rows", "cols")},
+        "st": torch.zeros(dcp_program.FULL_SHAPES["st"]),
+        "optim": {"state": {"rows": {"exp_avg": torch.zeros(1001), "step": torch.tensor(0.0)}}},
+        "epoch": 0,
+    }
+    out["model"]["cols"] = out["model"]["cols"].bfloat16()
+    for r in range(4):
+        out[f"own{r}"] = torch.zeros(7, dtype=torch.int32)
+    dcp.load(out, storage_reader=reader(saved_by_4 / "ck4"))
+    for name in ("rows", "cols"):
+        assert _same_bytes(out["model"][name], dcp_program.full_tensor(name)), name
+    assert _same_bytes(out["st"], dcp_program.full_tensor("st"))
+    assert _same_bytes(out["optim"]["state"]["rows"]["exp_avg"], dcp_program.full_tensor("exp_avg"))
+    assert out["optim"]["state"]["rows"]["step"].item() == 9.0 and out["epoch"] == 4
+    for r in range(4):
+        assert torch.equal(out[f"own{r}"], torch.full((7,), r, dtype=torch.int32)), r
