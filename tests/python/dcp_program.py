@@ -18,6 +18,12 @@ own tensor) with deepio.dcp's writer to FOLDER/ck4.
 ShardedTensor of two shards, DTensors where a ShardedTensor was saved) with deepio.dcp's
 reader and with torch's, and check every local piece byte for byte against the full tensors.
 
+``dcp_program.py async_process FOLDER``: two ranks ``dcp.async_save`` through deepio.dcp's
+writer with torch's process checkpointer (AsyncCheckpointerType.PROCESS: the save runs in a
+background process of each rank, the writer pickled to it), load it back and check it; then
+an ``overwrite=False`` save over it must fail with deepio's FileExistsError, carried back
+from the background process.
+
 The multi-rank modes print ``ranks OK`` when every rank passed.
 """
 
@@ -28,6 +34,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -234,6 +241,56 @@ def _load2(rank: int, world: int, folder: str) -> None:
         assert torch.equal(out[f"own{rank + 2}"], torch.full((7,), rank + 2, dtype=torch.int32)), what
 
 
+# ------------------------------------------------------------- async_save, process checkpointer
+
+
+def _async_process(rank: int, world: int, folder: str) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(300 * 20, dtype=torch.float32).reshape(300, 20)
+
+    def state(fill: bool) -> dict:
+        return {
+            "w": distribute_tensor(full if fill else torch.zeros_like(full), mesh, [Shard(0)]),
+            f"own{rank}": torch.full((3,), rank if fill else -1),
+            "step": 5 if fill else 0,
+        }
+
+    sd = state(True)
+    fut = dcp.async_save(
+        sd,
+        storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/ck"),
+        async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+    )
+    assert isinstance(fut, Future), type(fut)  # not an AsyncSaveResponse: no async_stager given
+    fut.result(timeout=300)
+    out = state(False)
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(f"{folder}/ck"))
+    assert torch.equal(out["w"].to_local(), sd["w"].to_local()), f"rank {rank}: w"
+    assert torch.equal(out[f"own{rank}"], sd[f"own{rank}"]) and out["step"] == 5, f"rank {rank}"
+
+    # The same background process serves the next save: deepio's writer refuses the checkpoint
+    # there, and the error comes back through the future.
+    fut = dcp.async_save(
+        state(True),
+        storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/ck", overwrite=False),
+        async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+    )
+    assert isinstance(fut, Future), type(fut)
+    try:
+        fut.result(timeout=300)
+    except CheckpointException as e:
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in e.failures.values()]
+        assert any(isinstance(c, FileExistsError) and "overwrite=False" in str(c) for c in causes), repr(e)
+    else:
+        raise AssertionError(f"rank {rank}: async_save with overwrite=False over a checkpoint succeeded")
+    assert sorted(os.listdir(f"{folder}/ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
@@ -276,5 +333,7 @@ if __name__ == "__main__":
         _run_ranks(4, folder, _save4)
     elif mode == "load2":
         _run_ranks(2, folder, _load2)
+    elif mode == "async_process":
+        _run_ranks(2, folder, _async_process)
     else:
         raise SystemExit(f"unknown mode {mode!r}")

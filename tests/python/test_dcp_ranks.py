@@ -127,3 +127,15 @@ def test_reshard_4_to_1(saved_by_4, reader):
     assert out["optim"]["state"]["rows"]["step"].item() == 9.0 and out["epoch"] == 4
     for r in range(4):
         assert torch.equal(out[f"own{r}"], torch.full((7,), r, dtype=torch.int32)), r
+
+
+# ------------------------------------------------------------------------ async_save (process)
+
+
+def test_async_save_process_checkpointer(tmp_dir):
+    """torch's AsyncCheckpointerType.PROCESS with deepio.dcp's writer on 2 ranks: the writer is
+    pickled to each rank's background process, which saves through it; the checkpoint
+    completes and loads; deepio's refusal (overwrite=False) there comes back as the future's
+    CheckpointException (dcp_program.py checks each rank)."""
+    _program("async_process", tmp_dir)
+    assert sorted(os.listdir(tmp_dir / "ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
