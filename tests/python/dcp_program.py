@@ -24,11 +24,16 @@ background process of each rank, the writer pickled to it), load it back and che
 an ``overwrite=False`` save over it must fail with deepio's FileExistsError, carried back
 from the background process.
 
+``dcp_program.py enospc FOLDER CHECKPOINT``: two ranks save a small checkpoint to CHECKPOINT,
+then over it one bigger than CHECKPOINT's file system (a small tmpfs the test mounted): every
+rank must see ``dcp.save`` raise, naming ENOSPC. Each rank prints ``rank R raised: ...``.
+
 The multi-rank modes print ``ranks OK`` when every rank passed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -291,6 +296,27 @@ def _async_process(rank: int, world: int, folder: str) -> None:
     assert sorted(os.listdir(f"{folder}/ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
+# ------------------------------------------------------------------------ ENOSPC on a tmpfs
+
+
+def _enospc(rank: int, world: int, folder: str, checkpoint: str) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    # A checkpoint that fits, then 3 MiB of tensors on each rank over it: more than the 2 MiB
+    # file system, whichever rank writes first.
+    dcp.save({f"small{rank}": torch.ones(1000)}, storage_writer=deepio.dcp.FileSystemWriter(checkpoint))
+    sd = {f"r{rank}_{i}": torch.full((1 << 18,), float(i)) for i in range(3)}
+    try:
+        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(checkpoint))
+    except CheckpointException as e:
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in e.failures.values()]
+        full = [c for c in causes if isinstance(c, OSError) and c.errno == errno.ENOSPC]
+        assert full, f"rank {rank}: no ENOSPC among {causes!r}"
+        print(f"rank {rank} raised: {type(e).__name__}: {len(full)} rank(s) ENOSPC: {full[0]}", flush=True)
+    else:
+        raise AssertionError(f"rank {rank}: dcp.save of 6 MiB on a 2 MiB file system succeeded")
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
@@ -335,5 +361,7 @@ if __name__ == "__main__":
         _run_ranks(2, folder, _load2)
     elif mode == "async_process":
         _run_ranks(2, folder, _async_process)
+    elif mode == "enospc":
+        _run_ranks(2, folder, _enospc, sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -22,6 +22,7 @@ from conftest import REPO, require_module
 
 dcp = require_module("torch.distributed.checkpoint", "torch")
 import torch  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import deepio.dcp  # noqa: E402
 
@@ -139,3 +140,42 @@ def test_async_save_process_checkpointer(tmp_dir):
     CheckpointException (dcp_program.py checks each rank)."""
     _program("async_process", tmp_dir)
     assert sorted(os.listdir(tmp_dir / "ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+# ---------------------------------------------------------------------------------- ENOSPC
+
+
+@pytest.fixture
+def small_tmpfs(tmp_dir):
+    """A 2 MiB tmpfs mounted on a fresh folder (root only), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_dir / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=60
+    )
+    if r.returncode != 0:
+        pytest.skip(f"mount -t tmpfs failed: {r.stderr.strip() or r.returncode}")
+    try:
+        yield mnt
+    finally:
+        r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:  # still busy: detach it, the test fails on what it found anyway
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+
+
+def test_enospc_fails_every_rank(tmp_dir, small_tmpfs):
+    """2 ranks save over a checkpoint on a 2 MiB tmpfs a state dict of 6 MiB: dcp.save raises
+    on every rank (naming ENOSPC), and nothing claims completion: the old .metadata is gone,
+    no new one or temporary one exists, and dcp.load refuses the folder."""
+    checkpoint = small_tmpfs / "ck"
+    r = _program("enospc", tmp_dir, checkpoint)
+    for rank in (0, 1):
+        assert f"rank {rank} raised: CheckpointException" in r.stdout, r.stdout
+    assert "[Errno 28]" in r.stdout
+    names = os.listdir(checkpoint)
+    assert names and all(n.endswith(".distcp") for n in names), names
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"small0": torch.empty(1000)}, storage_reader=deepio.dcp.FileSystemReader(checkpoint))
+    assert "no checkpoint at" in str(next(iter(info.value.failures.values()))[0])
