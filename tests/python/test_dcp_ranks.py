@@ -8,7 +8,9 @@ starts it as a subprocess and reads its exit status and output.
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -179,3 +181,22 @@ def test_enospc_fails_every_rank(tmp_dir, small_tmpfs):
     with pytest.raises(CheckpointException) as info:
         dcp.load({"small0": torch.empty(1000)}, storage_reader=deepio.dcp.FileSystemReader(checkpoint))
     assert "no checkpoint at" in str(next(iter(info.value.failures.values()))[0])
+
+
+# ---------------------------------------------------------------- errors that cross ranks
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="deepio._errors.with_name sets OSError.filename but leaves args (errno, message, None): "
+    "pickle (how dcp gathers every rank's error to the coordinator) drops the file name",
+)
+def test_rank_error_keeps_the_file_name_through_pickle(tmp_dir, fault):
+    """dcp.save gathers each rank's exception to the coordinator by pickling it: a write error
+    should still name its data file there (in one process it does)."""
+    fault("write", errno=errno.EIO, after=0, path_contains=".distcp")
+    with pytest.raises(CheckpointException) as info:
+        dcp.save({"t": torch.randn(1 << 20)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
+    e = next(iter(info.value.failures.values()))[0]
+    assert isinstance(e, OSError) and e.filename == str(tmp_dir / "ck" / "__0_0.distcp")
+    assert pickle.loads(pickle.dumps(e)).filename == e.filename
