@@ -139,7 +139,8 @@ def _spawned(rank: int, world: int, folder: str, steps: int) -> None:
     except BaseException:
         traceback.print_exc()
         raise
-    print(f"dcp_train: rank {rank} resumed {steps} steps", flush=True)
+    sys.stdout.write(f"dcp_train: rank {rank} resumed {steps} steps\n")  # one write: ranks share stdout
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
