@@ -18,11 +18,11 @@ own tensor) with deepio.dcp's writer to FOLDER/ck4.
 ShardedTensor of two shards, DTensors where a ShardedTensor was saved) with deepio.dcp's
 reader and with torch's, and check every local piece byte for byte against the full tensors.
 
-``dcp_program.py async_process FOLDER``: two ranks ``dcp.async_save`` through deepio.dcp's
-writer with torch's process checkpointer (AsyncCheckpointerType.PROCESS: the save runs in a
-background process of each rank, the writer pickled to it), load it back and check it; then
-an ``overwrite=False`` save over it must fail with deepio's FileExistsError, carried back
-from the background process.
+``dcp_program.py async FOLDER``: two ranks ``dcp.async_save`` through deepio.dcp's writer
+with each of torch's checkpointer types (THREAD: on a thread of the rank; PROCESS: in a
+background process of each rank, the writer pickled to it), load each back and check it;
+then an ``overwrite=False`` save over the PROCESS one must fail with deepio's
+FileExistsError, carried back from the background process.
 
 ``dcp_program.py enospc FOLDER CHECKPOINT``: two ranks save a small checkpoint to CHECKPOINT,
 then over it one bigger than CHECKPOINT's file system (a small tmpfs the test mounted): every
@@ -246,10 +246,10 @@ def _load2(rank: int, world: int, folder: str) -> None:
         assert torch.equal(out[f"own{rank + 2}"], torch.full((7,), rank + 2, dtype=torch.int32)), what
 
 
-# ------------------------------------------------------------- async_save, process checkpointer
+# ------------------------------------------------------------- async_save, thread and process
 
 
-def _async_process(rank: int, world: int, folder: str) -> None:
+def _async(rank: int, world: int, folder: str) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
     from torch.distributed.device_mesh import init_device_mesh
@@ -266,23 +266,21 @@ def _async_process(rank: int, world: int, folder: str) -> None:
         }
 
     sd = state(True)
-    fut = dcp.async_save(
-        sd,
-        storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/ck"),
-        async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-    )
-    assert isinstance(fut, Future), type(fut)  # not an AsyncSaveResponse: no async_stager given
-    fut.result(timeout=300)
-    out = state(False)
-    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(f"{folder}/ck"))
-    assert torch.equal(out["w"].to_local(), sd["w"].to_local()), f"rank {rank}: w"
-    assert torch.equal(out[f"own{rank}"], sd[f"own{rank}"]) and out["step"] == 5, f"rank {rank}"
+    for kind in (AsyncCheckpointerType.THREAD, AsyncCheckpointerType.PROCESS):
+        checkpoint = f"{folder}/ck-{kind.value}"
+        fut = dcp.async_save(sd, storage_writer=deepio.dcp.FileSystemWriter(checkpoint), async_checkpointer_type=kind)
+        assert isinstance(fut, Future), type(fut)  # not an AsyncSaveResponse: no async_stager given
+        fut.result(timeout=300)
+        out = state(False)
+        dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(checkpoint))
+        assert torch.equal(out["w"].to_local(), sd["w"].to_local()), f"rank {rank}, {kind}: w"
+        assert torch.equal(out[f"own{rank}"], sd[f"own{rank}"]) and out["step"] == 5, f"rank {rank}, {kind}"
 
     # The same background process serves the next save: deepio's writer refuses the checkpoint
     # there, and the error comes back through the future.
     fut = dcp.async_save(
         state(True),
-        storage_writer=deepio.dcp.FileSystemWriter(f"{folder}/ck", overwrite=False),
+        storage_writer=deepio.dcp.FileSystemWriter(checkpoint, overwrite=False),
         async_checkpointer_type=AsyncCheckpointerType.PROCESS,
     )
     assert isinstance(fut, Future), type(fut)
@@ -293,7 +291,7 @@ def _async_process(rank: int, world: int, folder: str) -> None:
         assert any(isinstance(c, FileExistsError) and "overwrite=False" in str(c) for c in causes), repr(e)
     else:
         raise AssertionError(f"rank {rank}: async_save with overwrite=False over a checkpoint succeeded")
-    assert sorted(os.listdir(f"{folder}/ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert sorted(os.listdir(checkpoint)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
 # ------------------------------------------------------------------------ ENOSPC on a tmpfs
@@ -331,7 +329,8 @@ def _ranked(rank: int, world: int, folder: str, fn: Callable[..., None], args: t
     except BaseException:
         traceback.print_exc()
         raise
-    print(f"rank {rank} OK", flush=True)
+    sys.stdout.write(f"rank {rank} OK\n")  # one write: the ranks share the pipe
+    sys.stdout.flush()
 
 
 def _run_ranks(world: int, folder: str, fn: Callable[..., None], *args: str) -> None:
@@ -359,8 +358,8 @@ if __name__ == "__main__":
         _run_ranks(4, folder, _save4)
     elif mode == "load2":
         _run_ranks(2, folder, _load2)
-    elif mode == "async_process":
-        _run_ranks(2, folder, _async_process)
+    elif mode == "async":
+        _run_ranks(2, folder, _async)
     elif mode == "enospc":
         _run_ranks(2, folder, _enospc, sys.argv[3])
     else:

@@ -132,16 +132,18 @@ def test_reshard_4_to_1(saved_by_4, reader):
         assert torch.equal(out[f"own{r}"], torch.full((7,), r, dtype=torch.int32)), r
 
 
-# ------------------------------------------------------------------------ async_save (process)
+# --------------------------------------------------------------- async_save, thread and process
 
 
-def test_async_save_process_checkpointer(tmp_dir):
-    """torch's AsyncCheckpointerType.PROCESS with deepio.dcp's writer on 2 ranks: the writer is
-    pickled to each rank's background process, which saves through it; the checkpoint
-    completes and loads; deepio's refusal (overwrite=False) there comes back as the future's
+def test_async_save_thread_and_process(tmp_dir):
+    """dcp.async_save with deepio.dcp's writer on 2 ranks, with each of torch's checkpointer
+    types: THREAD, and PROCESS, where the writer is pickled to each rank's background process
+    which saves through it. Both checkpoints complete and load; deepio's refusal
+    (overwrite=False) in the background process comes back as the future's
     CheckpointException (dcp_program.py checks each rank)."""
-    _program("async_process", tmp_dir)
-    assert sorted(os.listdir(tmp_dir / "ck")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    _program("async", tmp_dir)
+    for kind in ("thread", "process"):
+        assert sorted(os.listdir(tmp_dir / f"ck-{kind}")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
 # ---------------------------------------------------------------------------------- ENOSPC
