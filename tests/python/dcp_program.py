@@ -336,8 +336,9 @@ def _ranked(rank: int, world: int, folder: str, fn: Callable[..., None], args: t
 def _run_ranks(world: int, folder: str, fn: Callable[..., None], *args: str) -> None:
     """`fn(rank, world, folder, *args)` in `world` processes over gloo. Forked, not spawned:
     the ranks inherit the imported torch (spawn re-imports it in each, about 4 s of CPU a
-    rank on a 2-core VM); the parent has done nothing but import, so no thread, engine or
-    process group is forked."""
+    rank on a 2-core VM). The parent has done nothing but import: no deepio engine, process
+    group or work in flight is forked (importing torch starts one thread, idle, as when
+    DataLoader forks its workers)."""
     store = os.path.join(folder, "store")
     if os.path.exists(store):
         os.unlink(store)
