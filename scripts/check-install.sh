@@ -33,6 +33,11 @@ cmake --install "$build" --prefix "$prefix" >/dev/null || fail "cmake --install"
 config=$(find "$prefix" -name deepioConfig.cmake)
 [ -n "$config" ] || fail "no deepioConfig.cmake under $prefix"
 [ -f "$(dirname "$config")/deepioConfigVersion.cmake" ] || fail "no deepioConfigVersion.cmake beside $config"
+# One version (CMakeLists.txt's project()): the package says the same (tests/python/test_version.py
+# checks the Python side).
+version=$(sed -n 's/^project(deepio VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+grep -q "set(PACKAGE_VERSION \"$version\")" "$(dirname "$config")/deepioConfigVersion.cmake" \
+  || fail "deepioConfigVersion.cmake does not say version $version"
 # Exactly the public API: include/deepio's headers (comm.hpp only with comm), no other header.
 expected=$(cd include/deepio && ls -- *.hpp | sort)
 installed=$(cd "$prefix/include/deepio" && ls -- *.hpp | sort)
@@ -61,6 +66,6 @@ fi
 
 if [ -x "$prefix/bin/deepio" ]; then
   step "installed deepio command"
-  "$prefix/bin/deepio" --version || fail "installed $prefix/bin/deepio does not run"
+  [ "$("$prefix/bin/deepio" --version)" = "deepio $version" ] || fail "installed $prefix/bin/deepio does not run or report $version"
 fi
 echo "check-install: OK"

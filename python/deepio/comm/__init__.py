@@ -41,7 +41,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _comm
+try:
+    from .. import _comm
+except ImportError as e:  # the binary wheel, or a source build that found no MPI
+    if e.name != "deepio._comm":
+        raise
+    raise ImportError(
+        "deepio.comm needs deepio built with MPI: this deepio has no deepio._comm (the binary wheel "
+        "leaves it out). Build from source where Open MPI is installed: apt install libopenmpi-dev; "
+        "pip install --no-binary deepio deepio (docs/comm.md)",
+        name="deepio._comm",
+    ) from e
 from . import _torchops
 from ._cuda_aware import CudaAwareWarning
 
