@@ -2,7 +2,8 @@
 # Everything CI checks, from a fresh clone: install what is missing, build with warnings as
 # errors, run the GoogleTest/CTest suites (unit, cli, mpi), the same engine suite under
 # ASan+UBSan and under TSan, then install the Python package (with its test hooks) and
-# DeepSpeed (pinned, the real client), run pytest, then ruff and mypy.
+# DeepSpeed (pinned, the real client), run pytest, then ruff and mypy; last, build the binary
+# wheel and run pytest again against it, installed in a fresh environment (docs/install.md).
 # Usage: scripts/test.sh [--quick]   (--quick skips the sanitizer builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +58,6 @@ if [ -f pyproject.toml ]; then
     python3 -m pytest -q -p no:cacheprovider python)
   step "lint (ruff, mypy)"
   bash scripts/lint.sh
+  step "binary wheel: built, checked by auditwheel, installed as a user would, pytest against it"
+  bash scripts/build-wheel.sh --test
 fi
