@@ -7,12 +7,10 @@
 #include <chrono>
 #include <cstring>
 #include <list>
-#include <map>
-#include <new>
 #include <thread>
 
 #include "core/completion.hpp"
-#include "memory/aligned.hpp"
+#include "core/staging.hpp"
 #include "platform/fault.hpp"
 
 namespace deepio::detail {
@@ -63,16 +61,12 @@ struct Worker::Impl {
   std::vector<std::uint32_t> batch_slots;
   std::vector<Completion> completions;
   std::vector<Completion> synthetic;  // submission failures, handled like completions
-  AlignedBuffer bounce_mem;
-  std::vector<int> free_bounce;
   std::size_t inflight = 0;
   // Set when the backend's queue failed in a way that cannot be retried (a reap error other
   // than EINTR/EAGAIN/EBUSY): every request that was in it has failed, and every later one
   // fails at once with this status instead of going to a queue that no longer works.
   Status dead;
-  std::map<int, std::unique_ptr<DeviceStager>> stagers;  // by device ordinal
-  std::deque<std::uint32_t> draining;                    // slots whose host-to-device copy may still run
-  std::deque<SliceTask> taken;                           // scratch for pull()
+  std::deque<SliceTask> taken;  // scratch for pull()
   // Slices whose requests have all finished: their ops are told (slice_done, which may close
   // files and wake waiters) only after the next requests are on their way to the device.
   std::vector<std::shared_ptr<OpState>> finished;
@@ -80,11 +74,17 @@ struct Worker::Impl {
   // depth like in-flight ones.
   std::vector<std::pair<std::chrono::steady_clock::time_point, std::uint32_t>> deferred;
   int reap_failures = 0;  // transient reap failures in a row
+  // The bounce slots and the device stagers (core/staging.hpp).
+  Staging staging;
   // Last member, so destroyed first: the kernel queue is shut down (waiting for what it still
   // holds) before the bounce arena and the stagers it may be writing into are freed.
   std::unique_ptr<Backend> backend;
 
-  explicit Impl(Worker& worker) : w(worker), cursor(active.end()), backend(std::move(worker.backend_)) {
+  explicit Impl(Worker& worker)
+      : w(worker),
+        cursor(active.end()),
+        staging(w.config_.bounce_slot_bytes, w.config_.bounce_slots, w.config_.stager_factory),
+        backend(std::move(worker.backend_)) {
     const std::size_t qd = w.config_.queue_depth;
     slots.resize(qd);
     free_slots.reserve(qd);
@@ -130,51 +130,19 @@ struct Worker::Impl {
 
   void release(std::uint32_t id) {
     Slot& s = slots[id];
-    if (s.bounce >= 0) free_bounce.push_back(s.bounce);
+    if (s.bounce >= 0) staging.give_back(s.bounce);
     Active* a = s.owner;
     s = Slot{};
     free_slots.push_back(id);
     if (--a->outstanding == 0 && a->issued_all() && cursor != a->self) retire(a);
   }
 
-  bool ensure_bounce() {
-    if (!free_bounce.empty() || bounce_mem.data() != nullptr) return true;
-    try {
-      bounce_mem = AlignedBuffer(w.config_.bounce_slot_bytes * w.config_.bounce_slots, 4096);
-    } catch (...) {
-      return false;
-    }
-    for (std::size_t i = w.config_.bounce_slots; i-- > 0;) free_bounce.push_back(static_cast<int>(i));
-    return true;
-  }
-
-  // The stager for a device, made on first use with the bounce arena registered to it.
-  DeviceStager* stager(int device, Status* why) {
-    auto it = stagers.find(device);
-    if (it != stagers.end()) return it->second.get();
-    if (!w.config_.stager_factory) {
-      *why = Status::failure(ENODEV, "device memory needs the CUDA driver, which is not loaded");
-      return nullptr;
-    }
-    auto st = w.config_.stager_factory(device, w.config_.bounce_slots, why);
-    if (!st) return nullptr;
-    *why = st->register_staging(bounce_mem.data(), bounce_mem.size());
-    if (!why->ok()) return nullptr;
-    return stagers.emplace(device, std::move(st)).first->second.get();
-  }
-
   // Releases slots whose host-to-device copies have finished; with `block`, waits for all.
   void drain(bool block) {
-    while (!draining.empty()) {
-      const std::uint32_t id = draining.front();
-      Slot& s = slots[id];
-      DeviceStager* st = stagers.at(s.owner->task.op->device()).get();
-      if (!block && !st->done(s.bounce)) return;  // copies finish in order on one stream
-      Status err = st->wait(s.bounce);
-      if (!err.ok()) s.owner->task.op->fail(std::move(err));
-      draining.pop_front();
+    staging.drain(block, [this](std::uint32_t id, Status err) {
+      if (!err.ok()) slots[id].owner->task.op->fail(std::move(err));
       release(id);
-    }
+    });
   }
 
   // Cuts the next request from the slice at the cursor into `batch`. Returns false when there
@@ -233,14 +201,14 @@ struct Worker::Impl {
         w.counters_->device_requests.fetch_add(1, std::memory_order_relaxed);
       }
       if (staged) {
-        if (!ensure_bounce()) {
+        if (!staging.ensure()) {
           op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
           continue;
         }
         DeviceStager* st = nullptr;
         if (op.device() >= 0) {
           Status why;
-          st = stager(op.device(), &why);
+          st = staging.stager(op.device(), &why);
           if (st == nullptr) {
             why.path = op.path();
             op.fail(std::move(why));
@@ -258,18 +226,17 @@ struct Worker::Impl {
             a.ordered = true;
           }
         }
-        if (free_bounce.empty()) {
-          if (draining.empty()) return false;  // wait for a disk request to come back
+        if (!staging.has_free()) {
+          if (!staging.draining()) return false;  // wait for a disk request to come back
           drain(true);
         }
-        s.bounce = free_bounce.back();
-        free_bounce.pop_back();
-        std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
+        s.bounce = staging.take();
+        std::byte* b = staging.at(s.bounce);
         if (op.write()) {
           if (st != nullptr) {
             Status cs = st->to_staging(s.bounce, b, s.user, len);
             if (!cs.ok()) {
-              free_bounce.push_back(s.bounce);
+              staging.give_back(s.bounce);
               cs.path = op.path();
               op.fail(std::move(cs));
               continue;
@@ -443,20 +410,18 @@ struct Worker::Impl {
     counter.fetch_add(s.len, std::memory_order_relaxed);
     if (op.device() >= 0) w.counters_->bytes_staged.fetch_add(s.len, std::memory_order_relaxed);
     if (s.bounce >= 0 && !op.write()) {
-      const std::byte* b = bounce_mem.data() + static_cast<std::size_t>(s.bounce) * w.config_.bounce_slot_bytes;
       if (op.device() >= 0) {
         // The slot stays busy (and the op open) until the host-to-device copy has finished.
-        Status cs = stagers.at(op.device())->from_staging(s.bounce, s.user, b, s.len);
+        Status cs = staging.start_copy_back(id, op.device(), s.bounce, s.user, s.len);
         if (!cs.ok()) {
           cs.path = op.path();
           op.fail(std::move(cs));
           release(id);
           return;
         }
-        draining.push_back(id);
         return;
       }
-      std::memcpy(s.user, b, s.len);
+      std::memcpy(s.user, staging.at(s.bounce), s.len);
     }
     release(id);
   }
@@ -490,12 +455,9 @@ struct Worker::Impl {
       release(id);
     }
     inflight = 0;
-    if (!quiet && bounce_mem.data() != nullptr) {
-      // The kernel may still write into the arena: leaked on purpose, never reused (a dead
-      // queue cuts no more requests), rather than freed under a DMA.
-      new AlignedBuffer(std::move(bounce_mem));  // NOLINT(cppcoreguidelines-owning-memory)
-      free_bounce.clear();
-    }
+    // The kernel may still write into the arena: leaked on purpose, never reused (a dead
+    // queue cuts no more requests), rather than freed under a DMA.
+    if (!quiet) staging.abandon();
   }
 
   // Deferred slots whose back-off is over go back to the resubmission list.
@@ -512,7 +474,7 @@ struct Worker::Impl {
   void run() {
     const std::size_t qd = w.config_.queue_depth;
     for (;;) {
-      if (!draining.empty()) drain(false);
+      if (staging.draining()) drain(false);
       take_due();
       while (inflight + batch.size() + deferred.size() < qd) {
         if (!resubmit.empty()) {
@@ -534,7 +496,7 @@ struct Worker::Impl {
         continue;
       }
       if (inflight == 0) {
-        if (!draining.empty()) {
+        if (staging.draining()) {
           drain(true);
           continue;
         }

@@ -14,7 +14,8 @@
 // backend with the device address as it is: never staged, never redone through the page cache. stop() lets the worker
 // finish everything queued, then joins it: work is never abandoned. Teardown: a queue that fails is shut down
 // (Backend::shutdown: the kernel is done with its requests) before its requests fail, and
-// the worker's backend goes before the bounce arena and stagers the kernel may write into.
+// the worker's backend goes before the bounce arena and stagers the kernel may write into
+// (core/staging.hpp).
 // Thread safety: enqueue() and stop() may be called from any thread; everything else runs on
 // the worker thread only.
 #pragma once

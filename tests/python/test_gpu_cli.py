@@ -8,6 +8,7 @@ hold on a GPU machine too. `deepio tune --gpu/--gds` still refuses, naming bench
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -165,9 +166,15 @@ def test_main_table_has_gpu_rows_with_cuda(fakes, tmp_path):
             row = rows[(op, engine)]
             assert row["verified"] is True, row
             assert row["gib_per_sec"] > 0
-            # Flagged exactly when more than the margin above this run's disk ceiling.
-            ceiling = rows[(op, "ceiling")]["gib_per_sec"]
-            assert row["flagged"] == (row["gib_per_sec"] > ceiling * doc["gpu"]["ceiling_margin"]), (row, ceiling)
+            # The one ceiling rule of every disk row: flagged exactly when beyond the fastest of
+            # this run's ceiling samples by more than max(their spread, noise_floor x fastest).
+            ceiling = [s for s in rows[(op, "ceiling")]["samples_gib_per_sec"] if s > 0]
+            limit = math.inf  # no ceiling measured: nothing is flagged
+            if ceiling:
+                hi, lo = max(ceiling), min(ceiling)
+                limit = hi + max(hi - lo, doc["ceiling"]["noise_floor"] * hi)
+            assert row["flagged"] == (row["gib_per_sec"] > limit), (row, ceiling)
+            assert row["flagged"] == (row["vs_ceiling"] == "above"), row
             assert bool(row["flag"]) == row["flagged"]
     assert rows[("read", "h2d")]["io_path"] == "cuMemcpyHtoD from CUDA-registered host memory"
     assert rows[("write", "d2h")]["gib_per_sec"] > 0

@@ -1,12 +1,13 @@
 // The GPU pieces of `deepio bench` that need no driver: the --gpu flag checks (ds_io's "every
-// mapped device exists"), the rule that flags a disk figure above the disk ceiling, the probe
-// asked in a child process (it must agree with the one asked here), ds_io's GPU header and
-// lines, and the GPU rows of the comparison report. The driver-facing parts (device memory,
-// copies, the handles on device memory) run against the fake CUDA and cuFile drivers in
-// tests/python/test_gpu_cli.py, through the command itself, and here in GpuFake.* (run by the
-// ctest entry deepio_tools_tests.gpu_fake with DEEPIO_CUDA_LIBRARY pointing at the fake; they
-// skip without it).
+// mapped device exists"), the probe asked in a child process (it must agree with the one asked
+// here), ds_io's GPU header and lines, and the GPU rows of the comparison report under the one
+// ceiling rule of ceiling.hpp (the rule itself is table-tested in test_reports.cpp). The
+// driver-facing parts (device memory, copies, the handles on device memory) run against the
+// fake CUDA and cuFile drivers in tests/python/test_gpu_cli.py, through the command itself,
+// and here in GpuFake.* (run by the ctest entry deepio_tools_tests.gpu_fake with
+// DEEPIO_CUDA_LIBRARY pointing at the fake; they skip without it).
 #include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -65,16 +66,6 @@ TEST(GpuFlags, ProbeInAChildAgreesWithTheProbeHere) {
   if (!here.cuda) {
     EXPECT_FALSE(here.cuda_reason.empty());
   }
-}
-
-TEST(CeilingFlag, OnlyAClearMarginAboveTheDiskCeilingIsFlagged) {
-  EXPECT_EQ(above_ceiling_flag(1.9, 2.0), "");
-  EXPECT_EQ(above_ceiling_flag(2.0 * kCeilingMargin, 2.0), "");  // at the margin: still a result
-  const std::string f = above_ceiling_flag(8.7, 1.8);            // the page cache of issue 11
-  EXPECT_NE(f.find("8.70 vs 1.80 GiB/s"), std::string::npos) << f;
-  EXPECT_NE(f.find("483%"), std::string::npos) << f;
-  EXPECT_NE(f.find("not a result"), std::string::npos) << f;
-  EXPECT_EQ(above_ceiling_flag(5.0, 0.0), "");  // no ceiling measured: nothing to compare with
 }
 
 DsIoRequest gpu_request(bool gds) {
@@ -146,17 +137,17 @@ TEST(GpuReports, ComparisonShowsGpuRowsAndFlagsWhatBeatsTheDisk) {
     r.results.push_back({op, "naive", "naive 1-thread buffered copy", {gib(0.5)}, "buffered", "", ""});
     r.results.push_back({op, "ceiling", "fio (device ceiling)", {gib(1.8)}, "O_DIRECT", "", ""});
     r.results.push_back({op, "gpu_staged", "GPU staged (aio_handle)", {gib(1.7)}, "staged", "yes", ""});
-    r.results.push_back(
-        {op, "gpu_gds", "GPU gds (compat)", {gib(8.7)}, "gds_handle compat", "yes", above_ceiling_flag(8.7, 1.8)});
+    r.results.push_back({op, "gpu_gds", "GPU gds (compat)", {gib(8.7)}, "gds_handle compat", "yes", ""});
     r.results.push_back(
         {op, op == std::string("read") ? "h2d" : "d2h", "copy (ceiling)", {gib(40.0)}, "cuMemcpy", "", ""});
   }
+  flag_results(r);
   const std::string text = compare_text(r, "0");
   EXPECT_NE(text.find("gpu: CUDA driver 12040, device 0 of 1"), std::string::npos) << text;
   EXPECT_NE(text.find("GPU staged (aio_handle)            1.70"), std::string::npos) << text;
   EXPECT_NE(text.find("GPU gds (compat)                flagged"), std::string::npos) << text;
   EXPECT_EQ(text.find("8.70  "), std::string::npos) << text;  // the figure is no result column
-  EXPECT_NE(text.find("FLAGGED: above the disk ceiling"), std::string::npos) << text;
+  EXPECT_NE(text.find("FLAGGED: 8.70 GiB/s, above every ceiling sample (1.80-1.80 GiB/s)"), std::string::npos) << text;
 
   const auto j = parse_json(compare_json(r, "0"));
   ASSERT_TRUE(j);
@@ -179,6 +170,103 @@ TEST(GpuReports, ComparisonShowsGpuRowsAndFlagsWhatBeatsTheDisk) {
   ASSERT_TRUE(jn);
   EXPECT_FALSE(jn->get("gpu")->get("available")->boolean);
   EXPECT_FALSE(jn->get("gpu")->get("rows")->boolean);
+}
+
+std::string printf_row(const char* op, const char* engine, const char* g, const char* x, const char* pct,
+                       const char* cpu, const std::string& path) {
+  char line[768];
+  std::snprintf(line, sizeof line, "%-9s %-30s %8s %9s %11s %10s  %s\n", op, engine, g, x, pct, cpu, path.c_str());
+  return line;
+}
+
+/// A read comparison: deepio, the naive copy at 0.5 GiB/s, the ceiling with `ceiling`'s samples
+/// (a zero is a failed run), and one GPU row `engine` ("GPU row") at `figure`, flagged as
+/// run_compare flags its rows.
+CompareReport gpu_report(const char* engine, double figure, const std::vector<double>& ceiling) {
+  CompareReport r;
+  r.setup.dir = "/var/tmp/deepio-bench-x";
+  r.setup.dinfo = {true, 512, 4096, true, "ext4", "statx"};
+  r.size = {1ULL << 30, "1 GiB", {}};
+  r.runs = ceiling.size();
+  r.ceiling_desc = "fio-3.33";
+  r.ceiling_buffers = "hugetlb";
+  r.gpu = with_devices(1);
+  r.gpu_rows = true;
+  r.gds_mode = "gds";
+  EngineResult c{"read", "ceiling", "fio (device ceiling)", {}, "O_DIRECT", "", ""};
+  for (const double s : ceiling) c.samples.push_back(s > 0 ? gib(s) : Sample{1.0, 0.0, 0});
+  r.results = {{"read", "deepio", "deepio", {gib(1.6)}, "io_uring", "yes", ""},
+               {"read", "naive", "naive 1-thread buffered copy", {gib(0.5)}, "buffered", "yes", ""},
+               c,
+               {"read", engine, "GPU row", {gib(figure)}, "p", "", ""}};
+  flag_results(r);
+  return r;
+}
+
+// The GPU disk rows are judged by the one ceiling rule of the disk rows (judge_against_ceiling:
+// beyond the fastest ceiling sample by more than max(spread, 10%) is flagged); a flagged one is
+// withheld from the table, its figure in the flag. The copy ceilings are not judged at all.
+TEST(GpuReports, GpuRowsFollowTheOneCeilingRule) {
+  using S = CeilingStanding;
+  struct Case {
+    const char* what;
+    const char* engine;
+    double figure;                // GiB/s
+    std::vector<double> ceiling;  // the ceiling's samples, GiB/s
+    S standing;
+    double percent;   // JSON percent_of_ceiling (of the samples' median); < 0: null
+    const char* gib;  // the text table's cells: GiB/s, vs naive, vs ceiling
+    const char* naive;
+    const char* vs_ceiling;
+    const char* flag;  // the whole flag; "" = none
+  };
+  const char* const kAbove2 =
+      "2.00 GiB/s, above every ceiling sample (1.80-1.80 GiB/s) by more than their noise margin (1.98 GiB/s); "
+      "not a result";
+  const char* const kAbove87 =
+      "8.70 GiB/s, above every ceiling sample (1.80-1.80 GiB/s) by more than their noise margin (1.98 GiB/s); "
+      "not a result";
+  const char* const kAt = "at ceiling";
+  const std::vector<Case> cases = {
+      {"below the ceiling", "gpu_staged", 1.7, {1.8}, S::Below, 100 * 1.7 / 1.8, "1.70", "3.4x", "94%", ""},
+      {"just above, in the noise", "gpu_gds", 1.95, {1.8}, S::AtCeiling, 100 * 1.95 / 1.8, "1.95", "3.9x", kAt, ""},
+      {"in the spread", "gpu_staged", 2.0, {1.8, 1.9, 2.1}, S::AtCeiling, 100 * 2.0 / 1.9, "2.00", "4.0x", kAt, ""},
+      // The GPU rows' old rule (median x 1.1 = 2.2) flagged this; the one rule's margin is the
+      // ceiling's own spread.
+      {"above median x 1.1", "gpu_gds", 2.4, {1.8, 2.0, 2.2}, S::AtCeiling, 100 * 2.4 / 2.0, "2.40", "4.8x", kAt, ""},
+      {"just beyond the noise margin", "gpu_gds", 2.0, {1.8}, S::Above, -1, "flagged", "-", "-", kAbove2},
+      // Issue 11: the page cache served GdsHandle's compat reads, 4.8x the disk.
+      {"well above the ceiling", "gpu_gds", 8.7, {1.8}, S::Above, -1, "flagged", "-", "-", kAbove87},
+      {"well above, staged", "gpu_staged", 8.7, {1.8}, S::Above, -1, "flagged", "-", "-", kAbove87},
+      {"no ceiling measured", "gpu_gds", 8.7, {}, S::None, -1, "8.70", "17.4x", "-", ""},
+      {"the ceiling failed (zero)", "gpu_staged", 8.7, {0.0}, S::None, -1, "8.70", "17.4x", "-", ""},
+      {"the copy ceiling is not judged against the disk", "h2d", 40.0, {1.8}, S::None, -1, "40.00", "80.0x", "-", ""},
+  };
+  for (const Case& c : cases) {
+    const CompareReport r = gpu_report(c.engine, c.figure, c.ceiling);
+    const EngineResult& e = r.results[3];
+    EXPECT_EQ(row_verdict(r, e).standing, c.standing) << c.what;
+    EXPECT_EQ(e.flag, c.flag) << c.what;
+
+    const std::string path = e.flag.empty() ? "p" : "FLAGGED: " + e.flag + "; p";
+    const std::string text = compare_text(r, "0");
+    EXPECT_NE(text.find(printf_row("read", "GPU row", c.gib, c.naive, c.vs_ceiling, "0.00", path)), std::string::npos)
+        << c.what << "\n"
+        << text;
+
+    const auto j = parse_json(compare_json(r, "0"));
+    ASSERT_TRUE(j) << c.what;
+    const JsonValue* x = j->get("results")->at(3);
+    EXPECT_EQ(x->get("vs_ceiling")->string, to_string(c.standing)) << c.what;
+    EXPECT_EQ(x->get("flagged")->boolean, c.standing == S::Above) << c.what;
+    EXPECT_EQ(x->get("flag")->string, c.flag) << c.what;
+    EXPECT_NEAR(x->num("gib_per_sec"), c.figure, 1e-9) << c.what;  // withheld from the table, not from JSON
+    if (c.percent < 0) {
+      EXPECT_EQ(x->get("percent_of_ceiling")->type, JsonValue::Type::Null) << c.what;
+    } else {
+      EXPECT_NEAR(x->num("percent_of_ceiling"), c.percent, 1e-9) << c.what;
+    }
+  }
 }
 
 TEST(GpuReports, TheGpuRowsNeedAFourthFile) {

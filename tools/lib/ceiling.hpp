@@ -33,8 +33,8 @@ enum class CeilingStanding {
 
 /// The noise margin's floor, as a fraction of the fastest ceiling sample: what one device
 /// drifts between runs even when the ceiling's samples happen to agree (one sample, or two
-/// close ones). The same 10% as the GPU rows' kCeilingMargin (gpu.hpp), so one rule holds
-/// for the whole table.
+/// close ones). One rule for the whole table: deepio, the naive copy and the GPU disk rows
+/// (compare.hpp's row_verdict).
 inline constexpr double kCeilingNoise = 0.10;
 
 struct CeilingVerdict {

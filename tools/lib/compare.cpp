@@ -89,12 +89,25 @@ CeilingVerdict ceiling_verdict(const CompareReport& r, double g, const EngineRes
   return v;
 }
 
-CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e) {
+bool gpu_disk_row(const EngineResult& e) noexcept { return e.engine == "gpu_staged" || e.engine == "gpu_gds"; }
+
+CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e, const EngineResult& ceiling) {
   if (e.engine == "h2d" || e.engine == "d2h") return {};
+  const double g = e.median_gib();
+  CeilingVerdict v = ceiling_verdict(r, g, ceiling);
+  if (v.flagged() && gpu_disk_row(e)) v.reason = fixed(g, 2) + " GiB/s, " + v.reason + "; not a result";
+  return v;
+}
+
+CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e) {
   for (const auto& c : r.results) {
-    if (c.op == e.op && c.engine == "ceiling") return ceiling_verdict(r, e.median_gib(), c);
+    if (c.op == e.op && c.engine == "ceiling") return row_verdict(r, e, c);
   }
   return {};
+}
+
+void flag_results(CompareReport& r) {
+  for (auto& e : r.results) e.flag = row_verdict(r, e).reason;
 }
 
 const EngineResult& CompareReport::find(const std::string& op, const std::string& engine) const {
@@ -431,14 +444,9 @@ void CompareRun::measure_all() {
   progress.done();
   loan_.give_back();
   for (std::size_t op = 0; op < kOps; ++op) {
-    auto& row = res_[op];
-    const double ceiling = row[kCeiling].median_gib();
-    for (std::size_t e = 0; e < engines(op); ++e) {
-      if (e == kGpuStaged || e == kGpuGds) row[e].flag = above_ceiling_flag(row[e].median_gib(), ceiling);
-      if (e == kDeepio || e == kNaive) row[e].flag = ceiling_verdict(rep_, row[e].median_gib(), row[kCeiling]).reason;
-      rep_.results.push_back(std::move(row[e]));
-    }
+    for (std::size_t e = 0; e < engines(op); ++e) rep_.results.push_back(std::move(res_[op][e]));
   }
+  flag_results(rep_);
 }
 
 }  // namespace

@@ -12,7 +12,10 @@
 // against the ceiling's own samples (judge_against_ceiling, ceiling.hpp): within their spread,
 // or above the fastest by no more than the noise margin, it reads "at ceiling"; below them, a
 // percentage; beyond every sample by more than the margin, it is flagged with one reason,
-// never given as a percentage over 100.
+// never given as a percentage over 100. The GPU disk rows (Handle and GdsHandle on device
+// memory) follow the same rule; a flagged one is withheld (its reason carries the figure),
+// where a flagged deepio or naive figure stands and the ceiling is doubted instead. The copy
+// ceilings of the GPU rows are not judged against the disk's.
 //
 // choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
 // with errno and path for I/O) and leave the temporary folder to remove_temp_dir().
@@ -79,10 +82,10 @@ struct EngineResult {
   std::vector<Sample> samples;
   std::string path;      ///< I/O path actually used
   std::string verified;  ///< "" not checked, "yes", "MISMATCH"
-  /// Not empty: a measurement problem, in one sentence. deepio and naive rows: the median is
-  /// beyond every ceiling sample by more than the noise margin (ceiling_verdict; the figure
-  /// stands, the ceiling is doubted); GPU disk rows: above it by more than kCeilingMargin (the
-  /// figure is not reported as a result).
+  /// Not empty: a measurement problem, in one sentence (row_verdict's reason, set by
+  /// flag_results): the median is beyond every ceiling sample by more than the noise margin.
+  /// deepio and naive rows: the figure stands, the ceiling is doubted; GPU disk rows: the
+  /// figure is withheld (gpu_disk_row).
   std::string flag;
   [[nodiscard]] double median_gib() const;
   [[nodiscard]] double cpu_per_gib() const;
@@ -130,9 +133,20 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
 /// and the ceiling's 4 KiB-page buffers are split by the device, the reason says that instead
 /// (the likelier cause). None when no ceiling was measured.
 [[nodiscard]] CeilingVerdict ceiling_verdict(const CompareReport& r, double g, const EngineResult& ceiling);
-/// The ceiling that `e` is judged against (the ceiling row of its op), its verdict; None for
-/// the copy ceilings of the GPU rows (another path's ceiling, not the disk's).
+/// The GPU rows that move data to or from the disk ("gpu_staged", "gpu_gds"; not the copy
+/// ceilings "h2d"/"d2h"). Flagged, their figure is not a result: the page cache or a fake
+/// driver served it, not the disk.
+[[nodiscard]] bool gpu_disk_row(const EngineResult& e) noexcept;
+/// Where row `e` stands against `ceiling`, the ceiling row of its op: ceiling_verdict of its
+/// median, one rule for every row. None for the copy ceilings "h2d"/"d2h" (another path's
+/// ceiling, not the disk's). A flagged GPU disk row's reason leads with its figure, which the
+/// table withholds, and ends "; not a result": "8.70 GiB/s, above every ceiling sample (...)
+/// by more than their noise margin (...); not a result". Pure.
+[[nodiscard]] CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e, const EngineResult& ceiling);
+/// The same against the ceiling row of e's op in r.results (None when there is none).
 [[nodiscard]] CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e);
+/// Sets every result's flag to its row_verdict's reason (empty when not flagged). Pure.
+void flag_results(CompareReport& r);
 
 /// The --json document (schema deepio.bench.compare/3).
 [[nodiscard]] std::string compare_json(const CompareReport& r, const std::string& version);

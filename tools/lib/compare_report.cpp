@@ -24,8 +24,8 @@ std::string gpu_line(const CompareReport& r) {
   }
   return "gpu: CUDA driver " + std::to_string(g.driver_version) + ", device " + std::to_string(r.gpu_device) + " of " +
          std::to_string(g.device_count) + "; rows: Handle on device memory (staged), GdsHandle auto (" + r.gds_mode +
-         "), copy ceilings with CUDA-registered host memory; a disk row above the ceiling by more than " +
-         fixed(100.0 * (kCeilingMargin - 1.0), 0) + "% is flagged, not reported\n";
+         "), copy ceilings with CUDA-registered host memory; a disk row flagged by the vs ceiling rule is "
+         "withheld, not a result\n";
 }
 
 /// "fresh-file writes: ..." : whether deepio and the ceiling allocated the file before writing
@@ -90,9 +90,9 @@ std::string ratio(double g, double base, int decimals, double factor, const char
   return base > 0 ? fixed(factor * g / base, decimals) + suffix : "-";
 }
 
-/// GPU disk rows above the ceiling by the margin are not results; deepio's and the naive copy's
-/// figures stand when flagged, and the ceiling is doubted instead.
-bool figure_withheld(const EngineResult& e) { return !e.flag.empty() && e.engine.rfind("gpu_", 0) == 0; }
+/// Flagged GPU disk rows are not results; deepio's and the naive copy's figures stand when
+/// flagged, and the ceiling is doubted instead.
+bool figure_withheld(const EngineResult& e) { return !e.flag.empty() && gpu_disk_row(e); }
 
 /// The "vs ceiling" cell: "78%", "at ceiling", "above" (flagged), "-" (nothing to compare with).
 std::string ceiling_cell(const CompareReport& r, const EngineResult& e) {
@@ -200,7 +200,6 @@ void json_gpu(Json& j, const CompareReport& r) {
   j.value("device_count", g.device_count);
   j.value("driver_version", g.driver_version);
   j.value("gds_mode", r.gpu_rows ? r.gds_mode : g.gds_mode + (g.gds_reason.empty() ? "" : ": " + g.gds_reason));
-  j.value("ceiling_margin", kCeilingMargin);
   j.end_object();
 }
 

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "deepio/gpu.hpp"
-#include "format.hpp"
 #include "gpu/cuda.hpp"
 #include "system.hpp"
 
@@ -223,13 +222,6 @@ Sample timed_copy(bool to_device, DeviceBuffer& dev, void* host, std::size_t n) 
   else dev.download(host, n);
   check(a.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
   return Sample{now_seconds() - t0, process_cpu_seconds() - c0, n};
-}
-
-std::string above_ceiling_flag(double gib_per_s, double ceiling_gib_per_s) {
-  if (ceiling_gib_per_s <= 0 || gib_per_s <= ceiling_gib_per_s * kCeilingMargin) return {};
-  return "above the disk ceiling measured in this run (" + fixed(gib_per_s, 2) + " vs " + fixed(ceiling_gib_per_s, 2) +
-         " GiB/s, " + fixed(100.0 * gib_per_s / ceiling_gib_per_s, 0) +
-         "%): memory served it, not the disk; not a result";
 }
 
 }  // namespace deepio::cli

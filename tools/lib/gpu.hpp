@@ -113,10 +113,4 @@ class HostRegistration {
 /// beat. `host` should be CUDA-registered (HostRegistration), else it measures pageable copies.
 Sample timed_copy(bool to_device, DeviceBuffer& dev, void* host, std::size_t n);
 
-/// The flag for a disk transfer's figure that exceeds the disk ceiling measured in the same
-/// run by more than kCeilingMargin: "" when it does not (or no ceiling was measured); else a
-/// sentence saying by how much and why it is not a disk figure. Pure.
-inline constexpr double kCeilingMargin = 1.1;  // the rule of docs/benchmarks.md (gpu_vs_host.py --tolerance)
-[[nodiscard]] std::string above_ceiling_flag(double gib_per_s, double ceiling_gib_per_s);
-
 }  // namespace deepio::cli
