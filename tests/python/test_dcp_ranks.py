@@ -188,17 +188,15 @@ def test_enospc_fails_every_rank(tmp_dir, small_tmpfs):
 # ---------------------------------------------------------------- errors that cross ranks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deepio._errors.with_name sets OSError.filename but leaves args (errno, message, None): "
-    "pickle (how dcp gathers every rank's error to the coordinator) drops the file name",
-)
 def test_rank_error_keeps_the_file_name_through_pickle(tmp_dir, fault):
     """dcp.save gathers each rank's exception to the coordinator by pickling it: a write error
-    should still name its data file there (in one process it does)."""
+    still names its data file there, with its type, errno, offset and size
+    (deepio._errors.with_name keeps the name in ``args``, which pickle rebuilds from)."""
     fault("write", errno=errno.EIO, after=0, path_contains=".distcp")
     with pytest.raises(CheckpointException) as info:
         dcp.save({"t": torch.randn(1 << 20)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     e = next(iter(info.value.failures.values()))[0]
     assert isinstance(e, OSError) and e.filename == str(tmp_dir / "ck" / "__0_0.distcp")
-    assert pickle.loads(pickle.dumps(e)).filename == e.filename
+    got = pickle.loads(pickle.dumps(e))
+    assert type(got) is type(e) and (got.errno, got.filename) == (errno.EIO, e.filename)
+    assert (got.offset, got.nbytes) == (e.offset, e.nbytes) and str(got) == str(e)
