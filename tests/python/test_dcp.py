@@ -539,3 +539,14 @@ def test_assign_folders_round_robin_by_size():
         assert max(load) - min(load) <= max(sizes, default=0), (sizes, where)
         if len(sizes) >= folders:
             assert len(set(where)) == folders or sum(1 for s in sizes if s) < folders
+
+
+def test_extra_paths_with_async_save(tmp_dir):
+    """torch's async_save (staging, then the writes on a thread) with extra folders."""
+    main, extra = _drives(tmp_dir)
+    fut = dcp.async_save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    fut.result()
+    assert all(list(f.glob("*.distcp")) for f in (main, *extra))
+    out = _with_big(_state(fill=False))
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
+    _assert_same(out, _with_big(_state()))
