@@ -28,6 +28,12 @@ FileExistsError, carried back from the background process.
 then over it one bigger than CHECKPOINT's file system (a small tmpfs the test mounted): every
 rank must see ``dcp.save`` raise, naming ENOSPC. Each rank prints ``rank R raised: ...``.
 
+``dcp_program.py drives FOLDER``: two ranks save a state dict of DTensors and each rank's own
+tensors with deepio.dcp's writer to FOLDER/nvme0/ck with ``extra_paths`` FOLDER/nvme1/ck and
+FOLDER/nvme2/ck (three folders standing in for three drives), load it back resharded with
+deepio.dcp's reader given the main path alone, then (rank 0) move the extra folders to
+FOLDER/moved1 and FOLDER/moved2 and load again with ``folder_map``.
+
 The multi-rank modes print ``ranks OK`` when every rank passed.
 """
 
@@ -315,6 +321,50 @@ def _enospc(rank: int, world: int, folder: str, checkpoint: str) -> None:
         raise AssertionError(f"rank {rank}: dcp.save of 6 MiB on a 2 MiB file system succeeded")
 
 
+# --------------------------------------------------------------- several drives: extra_paths
+
+
+def drives_state(rank: int, world: int, fill: bool, placement: Any) -> dict:
+    """The state dict of the drives test as `world` ranks hold it (collective: DTensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    sd: dict[str, Any] = {}
+    for i in range(4):
+        full = full_tensor("rows") + i
+        sd[f"w{i}"] = distribute_tensor(full if fill else torch.zeros_like(full), mesh, [placement])
+    sd[f"own{rank}"] = torch.full((3000,), rank if fill else -1, dtype=torch.int64)
+    sd["step"] = 11 if fill else 0
+    return sd
+
+
+def _drives(rank: int, world: int, folder: str) -> None:
+    from torch.distributed.tensor import Shard
+
+    main, extra = f"{folder}/nvme0/ck", [f"{folder}/nvme1/ck", f"{folder}/nvme2/ck"]
+    dcp.save(
+        drives_state(rank, world, True, Shard(0)), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra)
+    )
+    moved = [f"{folder}/moved1", f"{folder}/moved2"]
+    for step, reader in (
+        ("in place", lambda: deepio.dcp.FileSystemReader(main)),
+        ("moved", lambda: deepio.dcp.FileSystemReader(main, folder_map=dict(zip(extra, moved)))),
+    ):
+        if step == "moved":
+            dist.barrier()
+            if rank == 0:
+                for old, new in zip(extra, moved):
+                    os.rename(old, new)
+            dist.barrier()
+        out = drives_state(rank, world, False, Shard(1))
+        dcp.load(out, storage_reader=reader())
+        want = drives_state(rank, world, True, Shard(1))
+        for i in range(4):
+            assert _same_bytes(out[f"w{i}"].to_local(), want[f"w{i}"].to_local()), f"rank {rank}, {step}: w{i}"
+        assert torch.equal(out[f"own{rank}"], want[f"own{rank}"]) and out["step"] == 11, f"rank {rank}, {step}"
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
@@ -361,6 +411,8 @@ if __name__ == "__main__":
         _run_ranks(2, folder, _load2)
     elif mode == "async":
         _run_ranks(2, folder, _async)
+    elif mode == "drives":
+        _run_ranks(2, folder, _drives)
     elif mode == "enospc":
         _run_ranks(2, folder, _enospc, sys.argv[3])
     else:

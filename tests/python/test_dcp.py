@@ -345,3 +345,208 @@ def test_record_layout_refuses_what_it_does_not_know():
     assert lay is not None and lay.storage_offset == 100
     where = _record.piece(lay, (0,), (3996,))
     assert where is not None and shifted[where[0] : where[0] + where[1]] == _raw(big[100:])
+
+
+# ---------------------------------------------------------- several drives: extra_paths
+
+
+def _drives(tmp_dir: Path) -> tuple[Path, list[Path]]:
+    """The main path and two extra folders, standing in for three drives (plain folders on
+    the test disk: the spreading and the bookkeeping are the point, not the devices)."""
+    return tmp_dir / "nvme0" / "ck", [tmp_dir / "nvme1" / "ck", tmp_dir / "nvme2" / "ck"]
+
+
+def _with_big(sd: dict) -> dict:
+    g = torch.Generator().manual_seed(2)
+    sd["big"] = {f"b{i}": torch.randn(20000 + 1000 * i, generator=g) for i in range(5)}
+    return sd
+
+
+def _relative_paths(main: Path) -> set[str]:
+    meta = deepio.dcp.FileSystemReader(main).read_metadata()
+    return {info.relative_path for info in meta.storage_data.values()}
+
+
+@pytest.mark.parametrize("single_file_per_rank", [True, False])
+def test_extra_paths_spread_files_and_load_from_the_main_path(tmp_dir, single_file_per_rank):
+    """Data files spread over the main path and two extra folders (each gets data, none gets
+    metadata); the metadata records each file (relative in the main path, by its absolute
+    path elsewhere); deepio's reader, given only the main path, loads every value, and so
+    does torch's while the folders stay where they were written."""
+    main, extra = _drives(tmp_dir)
+    writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, single_file_per_rank=single_file_per_rank)
+    dcp.save(_with_big(_state()), storage_writer=writer)
+    assert sorted(n for n in os.listdir(main) if not n.endswith(".distcp")) == [".metadata"]
+    sizes = []
+    for folder in (main, *extra):
+        files = list(folder.glob("*.distcp"))
+        assert files, f"{folder} got no data file"
+        sizes.append(sum(f.stat().st_size for f in files))
+    assert all(sorted(os.listdir(folder)) == sorted(f.name for f in folder.glob("*.distcp")) for folder in extra)
+    assert max(sizes) - min(sizes) <= 4 * 25000 + 8192, sizes  # round robin by size: within one file
+    recorded = _relative_paths(main)
+    assert {os.path.dirname(p) for p in recorded} == {"", str(extra[0]), str(extra[1])}, recorded
+    for reader in (deepio.dcp.FileSystemReader(main), dcp.FileSystemReader(main)):
+        out = _with_big(_state(fill=False))
+        dcp.load(out, storage_reader=reader)
+        _assert_same(out, _with_big(_state()))
+
+
+def test_extra_paths_empty_is_todays_checkpoint(tmp_dir):
+    """extra_paths=[] (or None) writes what it wrote before: torch's data files byte for
+    byte, every file recorded relative to the main path."""
+    dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d", extra_paths=[], thread_count=2))
+    dcp.save(_state(), storage_writer=dcp.FileSystemWriter(tmp_dir / "t", thread_count=2))
+    assert _data_files(tmp_dir / "d") == _data_files(tmp_dir / "t")
+    assert _relative_paths(tmp_dir / "d") == _relative_paths(tmp_dir / "t") == {"__0_0.distcp", "__0_1.distcp"}
+
+
+def test_moved_extra_folders_load_with_folder_map(tmp_dir):
+    """After the extra folders moved: deepio's reader refuses, naming the missing file, its
+    folder and folder_map (before reading anything); torch's reader fails to open the file
+    where it was; deepio's reader with folder_map={old: new} loads every value (relative
+    paths in the map taken from the current folder)."""
+    main, extra = _drives(tmp_dir)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    moved = [tmp_dir / "new1", tmp_dir / "new2"]
+    for old, new in zip(extra, moved):
+        os.rename(old, new)
+    missing = {str(p) for p in _relative_paths(main) if os.path.dirname(p) == str(extra[0])}
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
+    e = _cause(info)
+    assert isinstance(e, FileNotFoundError) and e.filename in missing | {
+        str(p) for p in _relative_paths(main) if os.path.dirname(p) == str(extra[1])
+    }
+    folder = os.path.dirname(e.filename)
+    assert f"its folder {folder!r} does not exist" in str(e) and f"folder_map={{{folder!r}: NEW_FOLDER}}" in str(e)
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(_with_big(_state(fill=False)), storage_reader=dcp.FileSystemReader(main))
+    assert isinstance(_cause(info), FileNotFoundError)
+    # One folder mapped, the other not: the error names the one still missing.
+    with pytest.raises(CheckpointException) as info:
+        reader = deepio.dcp.FileSystemReader(main, folder_map={extra[0]: moved[0]})
+        dcp.load(_with_big(_state(fill=False)), storage_reader=reader)
+    assert os.path.dirname(_cause(info).filename) == str(extra[1])
+    cwd = os.getcwd()
+    os.chdir(tmp_dir)
+    try:
+        reader = deepio.dcp.FileSystemReader(main, folder_map={str(extra[0]): "new1", extra[1]: Path("new2")})
+    finally:
+        os.chdir(cwd)
+    out = _with_big(_state(fill=False))
+    dcp.load(out, storage_reader=reader)
+    _assert_same(out, _with_big(_state()))
+
+
+def test_missing_file_in_an_extra_folder_is_named(tmp_dir):
+    main, extra = _drives(tmp_dir)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    gone = next(extra[1].glob("*.distcp"))
+    gone.unlink()
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
+    e = _cause(info)
+    assert isinstance(e, FileNotFoundError) and e.filename == str(gone)
+    assert f"its folder {str(extra[1])!r} has no {gone.name}" in str(e)
+
+
+def test_overwrite_false_refuses_data_in_an_extra_folder(tmp_dir):
+    """overwrite=False refuses when an extra folder holds data files already (another
+    checkpoint's, or this one's from a save that never finished), before writing anything;
+    empty or missing extra folders are fine (made)."""
+    main, extra = _drives(tmp_dir)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    before = {f: _data_files(f) for f in (main, *extra)}
+    other = tmp_dir / "other"
+    with pytest.raises(CheckpointException) as info:
+        dcp.save(
+            _with_big(_state()),
+            storage_writer=deepio.dcp.FileSystemWriter(
+                other, extra_paths=[tmp_dir / "fresh", extra[1]], overwrite=False
+            ),
+        )
+    e = _cause(info)
+    assert isinstance(e, FileExistsError) and e.filename == str(extra[1]) and "overwrite=False" in str(e)
+    assert not list(other.glob("*")) and not (tmp_dir / "fresh").exists()
+    assert {f: _data_files(f) for f in (main, *extra)} == before
+    (main / ".metadata").unlink()  # a save that never finished: its data files still count
+    with pytest.raises(CheckpointException):
+        dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra, overwrite=False))
+    new = [tmp_dir / "a" / "b", tmp_dir / "c"]
+    dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(other, extra_paths=new, overwrite=False))
+    assert all(list(f.glob("*.distcp")) for f in new)
+
+
+def test_extra_folders_are_flushed_before_the_metadata(tmp_dir, monkeypatch):
+    """With sync_files, each extra folder that got a file is flushed (the files' names on that
+    drive) before .metadata is put in place, and a folder the writer made has its parent
+    flushed; without sync_files nothing is."""
+    main, extra = _drives(tmp_dir)
+    flushed: list[tuple[str, bool]] = []
+    real = deepio.dcp._writer.fsync_path
+
+    def spy(path):
+        flushed.append((os.fspath(path), (main / ".metadata").exists()))
+        real(path)
+
+    monkeypatch.setattr(deepio.dcp._writer, "fsync_path", spy)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    for folder in extra:
+        assert (str(folder), False) in flushed and (str(folder.parent), False) in flushed, flushed
+    flushed.clear()
+    dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra, sync_files=False))
+    assert flushed == []
+
+
+def test_extra_paths_bad_arguments(tmp_dir):
+    main = tmp_dir / "ck"
+    with pytest.raises(ValueError, match="main path"):
+        deepio.dcp.FileSystemWriter(main, extra_paths=[tmp_dir / "ck"])
+    with pytest.raises(ValueError, match="given twice"):
+        deepio.dcp.FileSystemWriter(main, extra_paths=[tmp_dir / "a", str(tmp_dir / "a") + "/"])
+    with pytest.raises(TypeError, match="list of folders"):
+        deepio.dcp.FileSystemWriter(main, extra_paths=str(tmp_dir / "a"))
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    with pytest.raises(ValueError, match="serialization_format TORCH_SAVE"):
+        deepio.dcp.FileSystemWriter(
+            main, extra_paths=[tmp_dir / "a"], serialization_format=SerializationFormat.SAFETENSORS
+        )
+    writer = deepio.dcp.FileSystemWriter(main, extra_paths=[tmp_dir / "a"])
+    writer.reset(main)  # the same checkpoint: fine
+    with pytest.raises(ValueError, match="its own extra folders"):
+        writer.reset(tmp_dir / "ck2")  # what dcp.save(checkpoint_id=...) does first
+
+
+def test_assign_folders_round_robin_by_size():
+    """Largest first, each file to the folder with the fewest bytes so far: every folder
+    within the largest file of every other; ties start at `first` (a rank's own folder)."""
+    import random
+
+    assign = deepio.dcp._writer.assign_folders
+    assert assign([], 3) == []
+    assert assign([5, 5, 5], 1) == [0, 0, 0]
+    assert assign([10], 3, first=2) == [2] and assign([10, 10], 3, first=1) == [1, 2]
+    assert assign([1, 100, 10, 10], 3) == [1, 0, 1, 2]
+    rng = random.Random(3)
+    for _ in range(300):
+        folders = rng.randint(1, 5)
+        sizes = [rng.choice([0, rng.randint(1, 100), rng.randint(1, 10**6)]) for _ in range(rng.randint(0, 20))]
+        where = assign(sizes, folders, rng.randrange(folders))
+        assert len(where) == len(sizes) and all(0 <= k < folders for k in where)
+        load = [sum(s for s, k in zip(sizes, where) if k == f) for f in range(folders)]
+        assert max(load) - min(load) <= max(sizes, default=0), (sizes, where)
+        if len(sizes) >= folders:
+            assert len(set(where)) == folders or sum(1 for s in sizes if s) < folders
+
+
+def test_extra_paths_with_async_save(tmp_dir):
+    """torch's async_save (staging, then the writes on a thread) with extra folders."""
+    main, extra = _drives(tmp_dir)
+    fut = dcp.async_save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    fut.result()
+    assert all(list(f.glob("*.distcp")) for f in (main, *extra))
+    out = _with_big(_state(fill=False))
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
+    _assert_same(out, _with_big(_state()))

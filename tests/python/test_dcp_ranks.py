@@ -146,6 +146,45 @@ def test_async_save_thread_and_process(tmp_dir):
         assert sorted(os.listdir(tmp_dir / f"ck-{kind}")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
+# ------------------------------------------------------------- several drives: extra_paths
+
+
+def test_two_ranks_spread_over_three_folders(tmp_dir):
+    """2 ranks save with two extra folders (three plain folders standing in for three drives)
+    and load resharded from the main path alone, then again after the extra folders moved,
+    with folder_map (dcp_program.py checks each rank). Every folder holds data of both
+    ranks; one process without a process group loads every tensor whole from the moved
+    folders, and without folder_map is told which file and folder are missing."""
+    import dcp_program
+
+    _program("drives", tmp_dir)
+    main = tmp_dir / "nvme0" / "ck"
+    moved = [tmp_dir / "moved1", tmp_dir / "moved2"]
+    assert not (tmp_dir / "nvme1" / "ck").exists() and not (tmp_dir / "nvme2" / "ck").exists()
+    for folder in (main, *moved):
+        ranks = {name.split("_")[2] for name in os.listdir(folder) if name.endswith(".distcp")}
+        assert ranks == {"0", "1"}, (folder, os.listdir(folder))
+    extra = [str(tmp_dir / "nvme1" / "ck"), str(tmp_dir / "nvme2" / "ck")]
+
+    def empty() -> dict:
+        out: dict[str, Any] = {f"w{i}": torch.zeros(dcp_program.FULL_SHAPES["rows"]) for i in range(4)}
+        out.update({f"own{r}": torch.zeros(3000, dtype=torch.int64) for r in range(2)})
+        out["step"] = 0
+        return out
+
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(empty(), storage_reader=deepio.dcp.FileSystemReader(main))
+    e = next(iter(info.value.failures.values()))[0]
+    assert isinstance(e, FileNotFoundError) and os.path.dirname(e.filename) in extra and "folder_map" in str(e)
+    out = empty()
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main, folder_map=dict(zip(extra, moved))))
+    for i in range(4):
+        assert _same_bytes(out[f"w{i}"], dcp_program.full_tensor("rows") + i), i
+    for r in range(2):
+        assert torch.equal(out[f"own{r}"], torch.full((3000,), r, dtype=torch.int64)), r
+    assert out["step"] == 11
+
+
 # ---------------------------------------------------------------------------------- ENOSPC
 
 
@@ -188,17 +227,15 @@ def test_enospc_fails_every_rank(tmp_dir, small_tmpfs):
 # ---------------------------------------------------------------- errors that cross ranks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deepio._errors.with_name sets OSError.filename but leaves args (errno, message, None): "
-    "pickle (how dcp gathers every rank's error to the coordinator) drops the file name",
-)
 def test_rank_error_keeps_the_file_name_through_pickle(tmp_dir, fault):
     """dcp.save gathers each rank's exception to the coordinator by pickling it: a write error
-    should still name its data file there (in one process it does)."""
+    still names its data file there, with its type, errno, offset and size
+    (deepio._errors.with_name keeps the name in ``args``, which pickle rebuilds from)."""
     fault("write", errno=errno.EIO, after=0, path_contains=".distcp")
     with pytest.raises(CheckpointException) as info:
         dcp.save({"t": torch.randn(1 << 20)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     e = next(iter(info.value.failures.values()))[0]
     assert isinstance(e, OSError) and e.filename == str(tmp_dir / "ck" / "__0_0.distcp")
-    assert pickle.loads(pickle.dumps(e)).filename == e.filename
+    got = pickle.loads(pickle.dumps(e))
+    assert type(got) is type(e) and (got.errno, got.filename) == (errno.EIO, e.filename)
+    assert (got.offset, got.nbytes) == (e.offset, e.nbytes) and str(got) == str(e)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -258,6 +259,55 @@ def test_several_failures_first_raised_others_attached(random_file, fault):
     assert all(x.errno == errno.EIO for x in ei.value.other_errors)
     if sys.version_info >= (3, 11):
         assert "2 more of the 4 operations" in "".join(ei.value.__notes__)
+
+
+def _round_trip(e: BaseException) -> BaseException:
+    return pickle.loads(pickle.dumps(e))
+
+
+def test_engine_errors_survive_pickle(random_file, tmp_dir, fault):
+    """An engine error pickled and unpickled (how torch.distributed.checkpoint gathers a
+    rank's error to its coordinator, how a process pool returns one) keeps its type, errno,
+    message, file name, offset, size, notes and other_errors: whether the engine named the
+    file itself or only the descriptor, which deepio.File then names (_errors.with_name)."""
+    missing = tmp_dir / "nope.bin"
+    with pytest.raises(FileNotFoundError) as ei:
+        deepio.aio_handle().sync_pread(np.empty(100, np.uint8), str(missing))
+    path, _ = random_file(4096)
+    h = deepio.aio_handle(4096, 1, False, False, 1, backend="threads")
+    with pytest.raises(deepio.EndOfFileError) as eof:
+        h.sync_pread(np.empty(8192, np.uint8), str(path))
+    f = deepio.File(str(path), "r", handle=h)
+    fault("read", errno=errno.EIO, count=3)
+    futures = [f.pread(np.empty(1024, np.uint8), 1024 * i) for i in range(4)]
+    with pytest.raises(OSError) as eio:
+        f.close()  # the failures nobody retrieved: the first, the others in other_errors
+    del futures
+    assert len(eio.value.other_errors) == 2
+    for e in (ei.value, eof.value, eio.value, *eio.value.other_errors):
+        got = _round_trip(e)
+        assert type(got) is type(e) and str(got) == str(e), (got, e)
+        assert (got.errno, got.strerror, got.filename) == (e.errno, e.strerror, e.filename)
+        assert (got.offset, got.nbytes) == (e.offset, e.nbytes)
+        assert getattr(got, "__notes__", None) == getattr(e, "__notes__", None)
+    assert ei.value.filename == str(missing)
+    assert eof.value.filename == eio.value.filename == str(path)
+    assert isinstance(_round_trip(eof.value), EOFError)
+    others = _round_trip(eio.value).other_errors
+    assert [(x.errno, x.filename) for x in others] == [(errno.EIO, str(path))] * 2
+
+
+def test_invalid_argument_and_corrupt_file_errors_survive_pickle(tmp_dir):
+    with pytest.raises(deepio.InvalidArgumentError) as ei:
+        deepio.aio_handle(block_size=-1)
+    got = _round_trip(ei.value)
+    assert type(got) is deepio.InvalidArgumentError and str(got) == str(ei.value)
+    assert got.errno == errno.EINVAL and isinstance(got, ValueError)
+    e = deepio.CorruptFileError(tmp_dir / "x.safetensors", "header is not JSON")
+    e.add_note("while loading")
+    got = _round_trip(e)
+    assert type(got) is deepio.CorruptFileError and str(got) == str(e)
+    assert (got.filename, got.what, got.__notes__) == (e.filename, e.what, ["while loading"])
 
 
 def test_sync_call_reports_earlier_async_failure(random_file, fault):

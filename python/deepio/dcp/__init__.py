@@ -9,6 +9,11 @@ torch's reader loads what deepio writes and the other way round)::
     dcp.save(state_dict, storage_writer=deepio.dcp.FileSystemWriter("/nvme/step100"))
     dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader("/nvme/step100"))
 
+Several drives without RAID: ``FileSystemWriter(path, extra_paths=[folder_on_drive2, ...])``
+spreads each rank's data files over ``path`` and those folders; the metadata in ``path``
+records where each went, so ``FileSystemReader(path)`` finds them (``folder_map={old: new}``
+where extra folders moved).
+
 Data files are written and read through the engine (``_writer``, ``_reader``: each module's
 docstring says what is still torch's code); ``.metadata`` goes in place last and durably, so a
 save killed midway leaves a folder that ``dcp.load`` refuses rather than half-loads. Importing

@@ -25,6 +25,11 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
   ``planner.load_bytes`` as an ``io.BytesIO``; stream extensions are undone by torch's
   transforms over the bytes read.
 
+A data file the metadata records by an absolute path (deepio's writer with ``extra_paths``) is
+read from there, or from where ``folder_map`` says its folder moved; one that is missing is
+refused with ``FileNotFoundError`` naming the file, its folder and ``folder_map``, before
+anything is read.
+
 Thread-safety: one reader per load, as torch's.
 """
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -60,7 +66,42 @@ class FileSystemReader(T.FileSystemReader):
     """``torch.distributed.checkpoint.FileSystemReader`` through deepio's engine (see the
     module). Same arguments as torch's: ``path`` and the experimental ``_extension_registry``.
     Reads checkpoints written by torch's FileSystemWriter and by deepio.dcp's alike. Use it as
-    torch's: ``dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader(path))``."""
+    torch's: ``dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader(path))``.
+
+    deepio's own argument, keyword only: ``folder_map``, ``{old: new}`` for a checkpoint
+    written with ``extra_paths`` whose extra folders moved: a data file the metadata records
+    in folder ``old`` (the absolute path the writer was given) is read from ``new``. Relative
+    paths are taken from the current folder. A data file whose folder is gone raises
+    ``FileNotFoundError`` naming the file, its folder and ``folder_map``."""
+
+    def __init__(self, path: Any, *args: Any, folder_map: Mapping[Any, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.folder_map: dict[str, str] = {
+            os.path.abspath(os.fsdecode(old)): os.path.abspath(os.fsdecode(new))
+            for old, new in (folder_map or {}).items()
+        }
+
+    def _data_path(self, relative_path: str) -> str:
+        """Where a data file the metadata records as ``relative_path`` is: in the main path,
+        or (an absolute path: deepio's writer with ``extra_paths``) in its folder, moved as
+        ``folder_map`` says. A file in an extra folder that is not there is refused here,
+        naming it, before any read."""
+        if not os.path.isabs(relative_path):
+            return os.fspath(self.fs.concat_path(self.path, relative_path))
+        recorded, name = os.path.split(relative_path)
+        folder = self.folder_map.get(recorded, recorded)
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            moved = f" (folder_map moved it from {recorded!r})" if folder != recorded else ""
+            what = "does not exist" if not os.path.isdir(folder) else f"has no {name}"
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"deepio.dcp: data file {path!r} of the checkpoint at {os.fspath(self.path)!r} is missing: "
+                f"its folder {folder!r}{moved} {what}. The checkpoint was saved with extra_paths; if that "
+                f"folder moved, pass folder_map={{{recorded!r}: NEW_FOLDER}} to deepio.dcp.FileSystemReader",
+                path,
+            )
+        return path
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
@@ -80,8 +121,9 @@ class FileSystemReader(T.FileSystemReader):
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        paths = {relative_path: self._data_path(relative_path) for relative_path in per_file}
         for relative_path, reqs in per_file.items():
-            self._read_file(os.fspath(self.fs.concat_path(self.path, relative_path)), reqs, planner)
+            self._read_file(paths[relative_path], reqs, planner)
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut

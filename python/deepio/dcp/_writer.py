@@ -25,6 +25,21 @@ with three steps replaced:
   data files' names are on disk before the metadata that points at them. Without
   ``sync_files`` only the rename is kept (no flushes, as torch).
 
+Several drives without RAID (``extra_paths``, deepio's own argument): each rank's data files
+are spread over the main path and the extra folders. With ``single_file_per_rank`` a rank's
+items are split by size (torch's split) into max(``thread_count``, folders) files, empty ones
+dropped; the files go largest first each to the folder with the fewest bytes so far, ties to
+the folders from the rank's own (``assign_folders``), and are written by as many threads as
+folders (at least). A file in an extra folder is recorded in the metadata by its absolute
+path (torch's ``StorageInfo.relative_path``: joined to the main path, an absolute path stands
+alone, so torch's own reader loads such a checkpoint too while the folders stay put); files
+in the main path by their name, as always: without extra folders nothing changes. The extra
+folders are made where missing (their parent flushed under ``sync_files``), refused under
+``overwrite=False`` when they hold any data file already, and flushed by each rank that wrote
+there before its ``write_data`` returns, so before the coordinator puts ``.metadata`` in
+place. The extra folders belong to one checkpoint: ``reset`` to another ``checkpoint_id``
+raises ``ValueError``. One tensor is not split across folders.
+
 Threads: ``thread_count`` threads each write their own files (torch's split of the items
 by size); the engine is shared and thread-safe. The first failure of any thread is raised by
 ``write_data`` after all threads stopped.
@@ -38,6 +53,7 @@ import os
 import pickle
 import queue
 import threading
+from collections.abc import Sequence
 from typing import IO, Any, cast
 
 import torch
@@ -82,11 +98,9 @@ class _NoClose(io.RawIOBase):
 _ITEM_OVERHEAD = 4096
 
 
-def _staging_for(items: list[Any]) -> tuple[int, int]:
-    """The Writer's staging (buffer size, count) for a file of these items: the default for a
-    large file, one buffer's worth of the file's estimated size for a small one (staging is
-    page-locked memory, made and freed per file: 16 MiB x 4 of it cost 12 ms a file on the
-    development VM, which one file per item, of thousands, would pay each time)."""
+def _estimate_bytes(items: list[Any]) -> int:
+    """A data file's size as its items' plan says: each tensor's bytes, each bytes item's
+    size where the planner knows it, plus ``_ITEM_OVERHEAD`` an item."""
     estimate = 0
     for item in items:
         if item.tensor_data is not None:
@@ -97,9 +111,33 @@ def _staging_for(items: list[Any]) -> tuple[int, int]:
         elif item.bytes_io_data is not None:
             estimate += int(item.bytes_io_data.nbytes)
         estimate += _ITEM_OVERHEAD
+    return estimate
+
+
+def _staging_for(items: list[Any]) -> tuple[int, int]:
+    """The Writer's staging (buffer size, count) for a file of these items: the default for a
+    large file, one buffer's worth of the file's estimated size for a small one (staging is
+    page-locked memory, made and freed per file: 16 MiB x 4 of it cost 12 ms a file on the
+    development VM, which one file per item, of thousands, would pay each time)."""
+    estimate = _estimate_bytes(items)
     if estimate >= DEFAULT_WRITE_BUFFER:
         return DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS
     return max(4096, -(-estimate // 4096) * 4096), 2
+
+
+def assign_folders(sizes: list[int], folders: int, first: int = 0) -> list[int]:
+    """Which folder (0 the main path, 1... the extra paths) each of a rank's data files goes
+    to: the files largest first, each to the folder with the fewest bytes so far (round robin
+    by size); ties go to the folder nearest after ``first`` in order (the rank, modulo the
+    folders: ranks of one file each then start on different drives). Returns one folder index
+    per size, in the order of ``sizes``. Pure; ``folders`` >= 1."""
+    load = [0] * folders
+    where = [0] * len(sizes)
+    for n in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = min(range(folders), key=lambda f: (load[f], (f - first) % folders))
+        where[n] = k
+        load[k] += sizes[n]
+    return where
 
 
 def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bool) -> list[Any]:
@@ -130,6 +168,43 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
     return results
 
 
+def _check_extra_paths(path: Any, extra_paths: Sequence[Any] | None) -> list[str]:
+    """The extra folders as absolute paths (what the metadata records), in order; refuses a
+    lone string (a folder's name is not a list of folders), the main path and duplicates."""
+    if extra_paths is None:
+        return []
+    if isinstance(extra_paths, (str, bytes, os.PathLike)):
+        raise TypeError("deepio.dcp: extra_paths is a list of folders, not one folder")
+    main = os.path.abspath(os.fspath(path))
+    out: list[str] = []
+    for p in extra_paths:
+        folder = os.path.abspath(os.fsdecode(p))
+        if folder == main:
+            raise ValueError(f"deepio.dcp: extra path {folder!r} is the checkpoint's main path")
+        if folder in out:
+            raise ValueError(f"deepio.dcp: extra path {folder!r} given twice")
+        out.append(folder)
+    return out
+
+
+def _data_files_in(folder: str) -> list[str]:
+    """The DCP data files (``*.distcp``) in ``folder``, sorted; none where it does not exist."""
+    try:
+        return sorted(n for n in os.listdir(folder) if n.endswith(T.DATA_SUFFIX))
+    except FileNotFoundError:
+        return []
+
+
+def _make_folder(folder: str, durable: bool) -> None:
+    """Makes ``folder`` (and its parents); where it made it and ``durable``, flushes its
+    parent, so that the folder's name outlives a crash as its files do."""
+    if os.path.isdir(folder):
+        return
+    os.makedirs(folder, exist_ok=True)
+    if durable:
+        fsync_path(os.path.dirname(folder) or ".")
+
+
 class FileSystemWriter(T.FileSystemWriter):
     """``torch.distributed.checkpoint.FileSystemWriter`` through deepio's engine (see the
     module). Same arguments as torch's: ``path``, ``single_file_per_rank=True``,
@@ -137,7 +212,37 @@ class FileSystemWriter(T.FileSystemWriter):
     torch's staging; deepio copies device tensors to the host one at a time),
     ``cache_staged_state_dict=False``, ``overwrite=True``, and torch's experimental
     ``_extensions``/``serialization_format`` (which take torch's own write path). Use it as
-    torch's: ``dcp.save(state_dict, storage_writer=deepio.dcp.FileSystemWriter(path))``."""
+    torch's: ``dcp.save(state_dict, storage_writer=deepio.dcp.FileSystemWriter(path))``.
+
+    deepio's own argument, keyword only: ``extra_paths``, folders (one per drive, each a
+    folder of this checkpoint alone, as ``path`` is) over which each rank's data files are
+    spread with ``path`` (``assign_folders``); ``.metadata`` stays in ``path`` and records
+    where each file went, so ``deepio.dcp.FileSystemReader(path)`` finds them (see the
+    module). Raises ``ValueError`` for an extra path that is ``path`` or given twice, and with
+    torch's ``_extensions`` or another ``serialization_format``."""
+
+    def __init__(self, path: Any, *args: Any, extra_paths: Sequence[Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.extra_paths: list[str] = _check_extra_paths(path, extra_paths)
+        if self.extra_paths and not self._deepio_path():
+            raise ValueError(
+                "deepio.dcp: extra_paths needs deepio's write path: no _extensions and serialization_format TORCH_SAVE"
+            )
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if (
+            checkpoint_id
+            and self.extra_paths
+            and os.path.abspath(os.fspath(checkpoint_id)) != os.path.abspath(os.fspath(self.path))
+        ):
+            # The extra folders belong to one checkpoint: another checkpoint_id with the same
+            # ones would write over the files the earlier checkpoint's metadata points at.
+            raise ValueError(
+                f"deepio.dcp: this writer's extra_paths {self.extra_paths} belong to the checkpoint at "
+                f"{os.fspath(self.path)!r}; for checkpoint_id {os.fspath(checkpoint_id)!r} make a writer "
+                "with that path and its own extra folders"
+            )
+        super().reset(checkpoint_id)
 
     def _deepio_path(self) -> bool:
         return not self.transforms.extensions and self.serialization_format == T.TORCH_SAVE
@@ -167,6 +272,18 @@ class FileSystemWriter(T.FileSystemWriter):
                 "and the writer was made with overwrite=False",
                 os.fspath(self.path),
             )
+        for folder in self.extra_paths:
+            held = _data_files_in(folder)
+            if held and not self.overwrite:
+                raise FileExistsError(
+                    errno.EEXIST,
+                    f"deepio.dcp: the extra folder {folder!r} holds data files of a checkpoint already "
+                    f"({held[0]}{f' and {len(held) - 1} more' if len(held) > 1 else ''}) and the writer was "
+                    "made with overwrite=False",
+                    folder,
+                )
+        for folder in self.extra_paths:
+            _make_folder(folder, self.sync_files)
         if not self.use_collectives:
             self._clear_old_metadata()  # every rank its own __{rank}.metadata
         if self.rank is not None and not self.use_collectives:
@@ -184,14 +301,36 @@ class FileSystemWriter(T.FileSystemWriter):
         if not self._deepio_path():
             return super().write_data(plan, planner)
         prefix = plan.storage_data.prefix
+        folders = len(self.extra_paths) + 1
+        threads = max(1, self.thread_count)
         if self.single_file_per_rank:
-            buckets = T.split_by_size_and_type(max(1, self.thread_count), plan.items)
+            # Spread over drives: at least one file a folder, written side by side.
+            buckets = T.split_by_size_and_type(max(threads, folders), plan.items)
         else:
             buckets = [[item] for item in plan.items]
+        files = [(f"{prefix}{n}{T.DATA_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
         jobs: queue.Queue[tuple[str, str, list[Any]]] = queue.Queue()
-        for n, bucket in enumerate(buckets):
-            key = f"{prefix}{n}{T.DATA_SUFFIX}"
-            jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket))
+        used: set[str] = set()
+        if self.extra_paths:
+            files = [(key, bucket) for key, bucket in files if bucket]  # no empty files on the drives
+            sizes = [_estimate_bytes(bucket) for _, bucket in files]
+            where = assign_folders(sizes, folders, (self.rank or 0) % folders)
+            threads = max(threads, min(folders, len(files)))
+            for n in sorted(range(len(files)), key=lambda i: -sizes[i]):  # the largest start first
+                key, bucket = files[n]
+                if where[n] == 0:
+                    jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket))
+                else:
+                    # The metadata records the file by its absolute path: torch's
+                    # StorageInfo.relative_path, which both readers join to the main path
+                    # (an absolute one stands alone: pathlib's and os.path's rule).
+                    folder = self.extra_paths[where[n] - 1]
+                    used.add(folder)
+                    full = os.path.join(folder, key)
+                    jobs.put((full, full, bucket))
+        else:
+            for key, bucket in files:
+                jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket))
         results: list[Any] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
@@ -211,16 +350,19 @@ class FileSystemWriter(T.FileSystemWriter):
                 with lock:
                     results.extend(done)
 
-        threads = [threading.Thread(target=work, name=f"deepio.dcp-{i}") for i in range(1, self.thread_count)]
-        for t in threads:
+        helpers = [threading.Thread(target=work, name=f"deepio.dcp-{i}") for i in range(1, threads)]
+        for t in helpers:
             t.start()
         try:
             work()
         finally:
-            for t in threads:
+            for t in helpers:
                 t.join()
         if errors:
             raise errors[0]
+        if self.sync_files:
+            for folder in sorted(used):  # the files' names on each drive (finish flushes the main path)
+                fsync_path(folder)
         fut: torch.futures.Future[list[Any]] = torch.futures.Future()
         fut.set_result(results)
         return fut
