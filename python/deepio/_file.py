@@ -160,7 +160,11 @@ class File:
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
-        return self._track(self._engine().submit_future(write, buffer, self._fd, offset))
+        try:
+            op = self._engine().submit_future(write, buffer, self._fd, offset)
+        except OSError as e:  # refused at submission (a read past the end, ...): named as later ones
+            raise with_name(e, self.name) from None
+        return self._track(op)
 
     def _track(self, op: Any) -> Future:
         # Kept until done, so close() can wait for it, and after that while it holds a failure
@@ -194,7 +198,11 @@ class File:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed file")
         args = _range_args(file_offsets, sizes, buffer_offsets)
-        return self._track(self._engine().submit_ranges(write, buffer, self._fd, *args, False, True))
+        try:
+            op = self._engine().submit_ranges(write, buffer, self._fd, *args, False, True)
+        except OSError as e:
+            raise with_name(e, self.name) from None
+        return self._track(op)
 
     def read_into(self, buffer: Any, offset: int = 0) -> int:
         """Reads synchronously; returns the number of bytes read."""

@@ -72,6 +72,23 @@ def test_file_modes(tmp_dir):
         f.pread(bytearray(1), 0)
 
 
+def test_an_error_at_submission_names_the_file(tmp_dir):
+    """A request refused when it is submitted (a read past the end) names the File's path, as
+    an error the Future returns later does, and keeps it through pickle."""
+    import pickle
+
+    p = tmp_dir / "short.bin"
+    p.write_bytes(b"\0" * 4096)
+    with deepio.File(p, "r") as f:
+        for submit in (lambda: f.pread(bytearray(5000), 0), lambda: f.pread_ranges(bytearray(8), [4093], [8])):
+            with pytest.raises(deepio.EndOfFileError) as info:
+                submit()
+            assert info.value.filename == str(p), info.value
+            assert str(p) in str(info.value)
+            copy = pickle.loads(pickle.dumps(info.value))
+            assert type(copy) is type(info.value) and copy.filename == str(p)
+
+
 def test_future_errors_and_timeouts(tmp_dir, fault):
     p = tmp_dir / "e.bin"
     p.write_bytes(b"\0" * 4096)
