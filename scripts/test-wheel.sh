@@ -60,4 +60,4 @@ step "pytest against the installed wheel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 (cd tests && PATH="$venv/bin:$PATH" DEEPIO_CLI="$venv/bin/deepio" \
   DEEPIO_REQUIRE=torch,numpy,safetensors,hypothesis,deepspeed \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider ${DEEPIO_WHEEL_PYTEST_ARGS:-python})
+  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider ${DEEPIO_WHEEL_PYTEST_ARGS:-python})
