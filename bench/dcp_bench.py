@@ -1,7 +1,8 @@
 """deepio.dcp's FileSystemWriter/FileSystemReader against torch.distributed.checkpoint's own.
 
     python3 bench/dcp_bench.py [--gib 1] [--ranks 2] [--rounds 5] [--threads 1,2,4,8]
-                               [--dir /var/tmp/deepio-dcp-bench] [--no-async] [--json]
+                               [--dir /var/tmp/deepio-dcp-bench] [--cache auto|drop_caches|fadvise]
+                               [--no-async] [--json]
 
 --ranks processes (gloo, torch.multiprocessing.spawn) share a state dict of --gib GiB shaped like
 a model with Adam's state: a handful of large matrices and many small vectors per section
@@ -17,11 +18,13 @@ methods rotated by one every round) runs, with dcp.save / dcp.load:
     torch t=N      torch's FileSystemWriter with thread_count=N for N in --threads (1 is its
                    default); "torch best" is the row with the highest median
   load (each after the page cache was dropped: as root `sync; echo 3 > drop_caches`, else
-        posix_fadvise(DONTNEED) of every file read; the header says which):
+        sync and posix_fadvise(DONTNEED) of every file read; --cache picks; the header says
+        which. drop_caches also evicts the code pages of torch and Python: the "maj.faults"
+        column counts the pages the ranks then faulted back in from the disk during the call):
     engine read    the ceiling: each rank reads its engine file back into the 64 MiB buffer
     deepio         deepio.dcp.FileSystemReader
     torch          torch's FileSystemReader
-    Both readers read the checkpoint "torch t=1" wrote this round into the same destination
+    Both readers read the checkpoint the first "torch t=N" (t=1 by default) wrote this round into the same destination
     state dict (zeroed before the clock); after each load every rank compares its shards with
     the saved tensors byte for byte, outside the clock, and the run fails on a difference.
   async_save (unless --no-async): dcp.async_save with each writer; timed: the call until it
@@ -34,8 +37,8 @@ the kernel's write-back threads (page cache to disk for torch's buffered writes)
 torch's reader loads deepio's last checkpoint and deepio's reader loads torch's last
 thread_count=8 (or largest) one, both checked byte for byte.
 
-Printed: medians of GiB/s (with the range over rounds) and CPU s/GiB per method, ratios within
-rounds (median and range), and --json a line of JSON.
+Printed: medians of GiB/s (with the range over rounds), CPU s/GiB and major page faults (all
+ranks) per method, ratios within rounds (median and range), and with --json a line of JSON.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ COLS = 2048
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _majflt() -> int:
+    """Major page faults of this process so far: after drop_caches, the pages of torch's and
+    Python's own code and libraries that had to come back from the disk."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
 def _shapes(gib: float, world: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -171,9 +180,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
 
     def engine_write() -> None:
         with deepio.File(engine_file, "w") as f:
-            futs = [
-                f.pwrite(locked[: min(ENGINE_CHUNK, mine - off)], off) for off in range(0, mine, ENGINE_CHUNK)
-            ]
+            futs = [f.pwrite(locked[: min(ENGINE_CHUNK, mine - off)], off) for off in range(0, mine, ENGINE_CHUNK)]
             for fut in futs:
                 fut.result()
             f.fsync()
@@ -230,11 +237,11 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
             os.sync()
         dist.barrier()
 
-    def timed(fn: Any) -> tuple[float, float]:
+    def timed(fn: Any) -> tuple[float, float, int]:
         dist.barrier()
-        c0, t0 = _cpu(), time.perf_counter()
+        f0, c0, t0 = _majflt(), _cpu(), time.perf_counter()
         fn()
-        return time.perf_counter() - t0, _cpu() - c0
+        return time.perf_counter() - t0, _cpu() - c0, _majflt() - f0
 
     runs: list[dict[str, Any]] = []
 
@@ -251,37 +258,48 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
         for name in rotate(list(saves), rnd):
             key = "engine" if name == "engine write" else name.replace("torch t=", "torch-t")
             fresh(folder(key))
-            wall, cpu = timed(saves[name])
-            runs.append({"round": rnd, "method": name, "kind": "save", "wall": wall, "cpu": cpu})
+            wall, cpu, flt = timed(saves[name])
+            runs.append({"round": rnd, "method": name, "kind": "save", "wall": wall, "cpu": cpu, "majflt": flt})
         # the loads' clock starts with the data on the disk (saves' checkpoints are fsync'ed;
         # the engine file too)
         for name in rotate(list(loads), rnd):
             _zero(dest)
             cold()
-            wall, cpu = timed(loads[name])
-            runs.append({"round": rnd, "method": name, "kind": "load", "wall": wall, "cpu": cpu})
+            wall, cpu, flt = timed(loads[name])
+            runs.append({"round": rnd, "method": name, "kind": "load", "wall": wall, "cpu": cpu, "majflt": flt})
             if name != "engine read":
                 verify(f"round {rnd + 1}, {name}")
         for name in rotate(list(asyncs), rnd):
             path = folder(name.replace(" ", "-"))
             fresh(path)
             dist.barrier()
-            c0, t0 = _cpu(), time.perf_counter()
+            f0, c0, t0 = _majflt(), _cpu(), time.perf_counter()
             fut = dcp.async_save(sd, storage_writer=asyncs[name](path))
             blocking = time.perf_counter() - t0
             fut.result()
-            wall, cpu = time.perf_counter() - t0, _cpu() - c0
+            wall, cpu, flt = time.perf_counter() - t0, _cpu() - c0, _majflt() - f0
             runs.append(
-                {"round": rnd, "method": name, "kind": "async", "wall": wall, "cpu": cpu, "blocking": blocking}
+                {
+                    "round": rnd,
+                    "method": name,
+                    "kind": "async",
+                    "wall": wall,
+                    "cpu": cpu,
+                    "blocking": blocking,
+                    "majflt": flt,
+                }
             )
         if rank == 0:
             print(f"round {rnd + 1} done, load average {os.getloadavg()[0]:.1f}", flush=True)
 
     # Each writer's checkpoint through the other's reader (outside the clock).
     checks = [("deepio's checkpoint, torch's reader", folder("deepio"), dcp.FileSystemReader)]
-    checks.append(("torch's checkpoint, deepio's reader", folder(f"torch-t{threads[-1]}"), deepio.dcp.FileSystemReader))
+    last = folder(f"torch-t{threads[-1]}")
+    checks.append(("torch's checkpoint, deepio's reader", last, deepio.dcp.FileSystemReader))
     if asyncs:
-        checks.append(("deepio async_save's checkpoint, torch's reader", folder("deepio-async_save"), dcp.FileSystemReader))
+        checks.append(
+            ("deepio async_save's checkpoint, torch's reader", folder("deepio-async_save"), dcp.FileSystemReader)
+        )
     for what, path, reader in checks:
         _zero(dest)
         dcp.load(dest, storage_reader=reader(path))
@@ -302,8 +320,9 @@ def _summary(gathered: list[dict[str, Any]], gib: float) -> dict[str, Any]:
     for g in gathered:
         for r in g["runs"]:
             e = per.setdefault(r["method"], {}).setdefault(
-                r["round"], {"kind": r["kind"], "wall": 0.0, "cpu": 0.0, "blocking": 0.0}
+                r["round"], {"kind": r["kind"], "wall": 0.0, "cpu": 0.0, "blocking": 0.0, "majflt": 0}
             )
+            e["majflt"] += r["majflt"]
             e["wall"] = max(e["wall"], r["wall"])
             e["cpu"] += r["cpu"]
             e["blocking"] = max(e["blocking"], r.get("blocking", 0.0))
@@ -318,6 +337,7 @@ def _summary(gathered: list[dict[str, Any]], gib: float) -> dict[str, Any]:
             "cpu_s_per_gib": statistics.median(e["cpu"] / gib for e in rs),
             "wall_s": [e["wall"] for e in rs],
             "cpu_s": [e["cpu"] for e in rs],
+            "major_faults": statistics.median(e["majflt"] for e in rs),
         }
         if rs[0]["kind"] == "async":
             m["blocking_s"] = statistics.median(e["blocking"] for e in rs)
@@ -342,6 +362,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", default="1,2,4,8", help="torch FileSystemWriter thread_counts, first is the baseline")
     ap.add_argument("--dir", default="/var/tmp/deepio-dcp-bench")
+    ap.add_argument(
+        "--cache",
+        choices=["auto", "drop_caches", "fadvise"],
+        default="auto",
+        help="how the page cache is emptied before each load: auto (drop_caches where allowed, else fadvise), "
+        "drop_caches (the whole cache, torch's own code pages included: root), fadvise (the checkpoint files only)",
+    )
     ap.add_argument("--no-async", action="store_true", help="skip the async_save rows")
     ap.add_argument("--json", action="store_true", help="print the results as one line of JSON at the end")
     args = ap.parse_args()
@@ -360,8 +387,17 @@ def main() -> int:
     avail = int(open("/proc/meminfo").read().split("MemAvailable:")[1].split()[0]) * 1024
     if avail < 3 * need + (1 << 30):  # the state dict, the destination, async_save's staged copy
         sys.exit(f"need {(3 * need + (1 << 30)) >> 20} MiB of available memory, have {avail >> 20}")
-    args.cache = "drop_caches" if drop_caches() else "fadvise"
+    if args.cache != "fadvise":
+        can_drop = drop_caches()
+        if args.cache == "drop_caches" and not can_drop:
+            sys.exit("--cache drop_caches: not allowed here (needs root)")
+        args.cache = "drop_caches" if can_drop else "fadvise"
 
+    how = (
+        "sync; echo 3 > /proc/sys/vm/drop_caches"
+        if args.cache == "drop_caches"
+        else "posix_fadvise DONTNEED on every checkpoint file after a sync"
+    )
     h = _engine.default()
     probe = deepio.info(args.dir)["direct_io"]
     shapes = _shapes(args.gib, args.ranks)
@@ -376,7 +412,7 @@ def main() -> int:
         f"{h.queue_depth}, {h.intra_op_parallelism} workers per rank; torch {torch.__version__}, deepio "
         f"{deepio.__version__}; {os.cpu_count()} CPUs; {args.rounds} rounds, order rotated every round; "
         f"page cache before each load: {args.cache}"
-        f"{' (sync; echo 3 > /proc/sys/vm/drop_caches)' if args.cache == 'drop_caches' else ' (posix_fadvise DONTNEED on every file; not root)'}; "
+        f" ({how}); "
         f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
@@ -395,16 +431,24 @@ def main() -> int:
     threads = [f"torch t={t}" for t in args.threads.split(",")]
     best = max(threads, key=lambda k: results[k]["gib_per_s"])
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
-    print(f"# verified: every load's shards equal the saved tensors; deepio's and torch's checkpoints "
-          f"loaded by the other's reader")
-    print(f"{'method':20s} {'GiB/s':>7s} {'(range)':>13s} {'CPU s/GiB':>10s}   medians of {args.rounds} rounds")
+    print(
+        "# verified: every load's shards equal the saved tensors; deepio's and torch's checkpoints "
+        "loaded by the other's reader"
+    )
+    print(
+        f"{'method':20s} {'GiB/s':>7s} {'(range)':>13s} {'CPU s/GiB':>10s} {'maj.faults':>10s}"
+        f"   medians of {args.rounds} rounds"
+    )
     for name, m in results.items():
         lo, hi = m["gib_per_s_range"]
         extra = ""
         if m["kind"] == "async":
             b0, b1 = m["blocking_s_range"]
             extra = f"   blocking part {m['blocking_s']:.3f} s ({b0:.3f}-{b1:.3f}); GiB/s to the future's end"
-        print(f"{name:20s} {m['gib_per_s']:7.3f} ({lo:5.3f}-{hi:5.3f}) {m['cpu_s_per_gib']:10.2f}{extra}")
+        print(
+            f"{name:20s} {m['gib_per_s']:7.3f} ({lo:5.3f}-{hi:5.3f}) {m['cpu_s_per_gib']:10.2f} "
+            f"{m['major_faults']:10.0f}{extra}"
+        )
     pairs = {
         "save deepio / torch default": ("deepio", threads[0]),
         "save deepio / torch best": ("deepio", best),
@@ -431,7 +475,9 @@ def main() -> int:
     for label, r in ratios.items():
         lo, hi = r["range"]
         cpu = f"; CPU/GiB {r['cpu']:.2f}x" if "cpu" in r else ""
-        print(f"# {label}: {r['median']:.2f}x within rounds ({lo:.2f}-{hi:.2f}), {r['of_medians']:.2f}x of the medians{cpu}")
+        print(
+            f"# {label}: {r['median']:.2f}x within rounds ({lo:.2f}-{hi:.2f}), {r['of_medians']:.2f}x of medians{cpu}"
+        )
     if args.json:
         print(
             json.dumps(
