@@ -123,7 +123,7 @@ def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
     for name in ("deepio async_save", "torch async_save"):
         assert methods[name]["kind"] == "async" and methods[name]["blocking_s"] > 0, name
     for m in methods.values():
-        assert m["gib_per_s"] > 0 and m["cpu_s_per_gib"] > 0 and len(m["wall_s"]) == 1
+        assert m["gib_per_s"] > 0 and m["cpu_s_per_gib"] >= 0 and len(m["wall_s"]) == 1
     assert doc["torch_best"] in methods
     for label in ("save deepio / torch best", "save deepio / torch fastest in each round", "load deepio / torch"):
         r = doc["ratios"][label]
