@@ -19,8 +19,8 @@ methods rotated by one every round) runs, with dcp.save / dcp.load:
                    default); "torch best" is the row with the highest median
   load (each after the page cache was dropped: as root `sync; echo 3 > drop_caches`, else
         sync and posix_fadvise(DONTNEED) of every file read; --cache picks; the header says
-        which. drop_caches also evicts the code pages of torch and Python: the "maj.faults"
-        column counts the pages the ranks then faulted back in from the disk during the call):
+        which. The "maj.faults" column counts the ranks' major page faults during the call: 0
+        on the development VM, drop_caches leaves mapped pages such as torch's code alone):
     engine read    the ceiling: each rank reads its engine file back into the 64 MiB buffer
     engine read->dest  the same file read into the destination tensors' own memory (their
                    shards of 1 MiB or more, one request each, all in flight): the ceiling for
@@ -73,8 +73,8 @@ def _cpu() -> float:
 
 
 def _majflt() -> int:
-    """Major page faults of this process so far: after drop_caches, the pages of torch's and
-    Python's own code and libraries that had to come back from the disk."""
+    """Major page faults of this process so far (pages that had to come from the disk: were a
+    cache drop to evict torch's own code, the loads would pay for it here)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
@@ -389,7 +389,7 @@ def main() -> int:
         choices=["auto", "drop_caches", "fadvise"],
         default="auto",
         help="how the page cache is emptied before each load: auto (drop_caches where allowed, else fadvise), "
-        "drop_caches (the whole cache, torch's own code pages included: root), fadvise (the checkpoint files only)",
+        "drop_caches (the whole page cache; needs root), fadvise (the checkpoint files only)",
     )
     ap.add_argument("--no-async", action="store_true", help="skip the async_save rows")
     ap.add_argument("--json", action="store_true", help="print the results as one line of JSON at the end")
