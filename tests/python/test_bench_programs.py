@@ -5,6 +5,7 @@ this VM are bounded by the virtual disk's write-back cache")."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,30 @@ def test_save_load_runs_only_the_methods_named(tmp_dir):
     assert rows == ["deepio.save", "torch.load"], out.stdout
     bad = run("--pairs", "1", "--method", "deepio.sav")
     assert bad.returncode != 0 and "unknown methods" in bad.stderr
+
+
+@needs_torch
+def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
+    """A tiny run of bench/dcp_bench.py (2 gloo ranks): every save, load and async_save row is
+    timed, each load is checked against the saved tensors (the program exits non-zero on a
+    difference), the JSON carries the ratios the docs quote, and nothing is left behind."""
+    out = _bench("dcp_bench.py", "--dir", str(tmp_dir), "--gib", "0.02", "--rounds", "1", "--json", timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "# verified" in out.stdout and "page cache before each load:" in out.stdout
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["ranks"] == 2 and doc["rounds"] == 1 and doc["cache"] in ("drop_caches", "fadvise")
+    methods = doc["results"]
+    for name in ("engine write", "deepio", "torch t=1", "torch t=2", "torch t=4", "torch t=8"):
+        assert methods[name]["kind"] == "save", name
+    for name in ("engine read", "engine read->dest", "deepio load", "torch load"):
+        assert methods[name]["kind"] == "load", name
+    for name in ("deepio async_save", "torch async_save"):
+        assert methods[name]["kind"] == "async" and methods[name]["blocking_s"] > 0, name
+    for m in methods.values():
+        assert m["gib_per_s"] > 0 and m["cpu_s_per_gib"] >= 0 and len(m["wall_s"]) == 1
+    assert doc["torch_best"] in methods
+    for label in ("save deepio / torch best", "save deepio / torch fastest in each round", "load deepio / torch"):
+        r = doc["ratios"][label]
+        assert r["range"][0] <= r["median"] <= r["range"][1]
+    assert "async_save blocking time deepio / torch" in doc["ratios"]
+    assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
