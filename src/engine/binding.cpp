@@ -2,16 +2,9 @@
 #include "engine/binding.hpp"
 
 #include "engine/engine.hpp"
+#include "engine/handle_access.hpp"
 
 namespace deepio::detail {
-
-/// The way into a Handle's engine and a Future's state for the functions below (a friend of
-/// both; declared in deepio/handle.hpp, defined only here).
-struct HandleAccess {
-  static Engine& engine(const Handle& h) noexcept { return *h.engine_; }
-  static const std::shared_ptr<OpState>& state(const Future& f) noexcept { return f.state_; }
-  static Future future(std::shared_ptr<OpState> state) noexcept { return Future(std::move(state)); }
-};
 
 Future submit(Handle& h, bool write, void* buffer, std::size_t nbytes, const std::string* path, int fd,
               std::uint64_t file_offset, OpOptions op, BindingOp binding) {
