@@ -41,6 +41,8 @@
 
 namespace deepio {
 
+class GdsHandle;
+
 namespace detail {
 class OpState;
 class Engine;
@@ -278,15 +280,16 @@ class DEEPIO_API Handle {
   [[nodiscard]] BackendKind backend() const noexcept;
   [[nodiscard]] HandleStats stats() const noexcept;
 
- protected:
-  /// For handles that add to the engine (GdsHandle): a handle over a prepared engine. The tag
-  /// keeps it out of overload resolution for `Handle h({})` (one argument: the options).
+ private:
+  friend class GdsHandle;
+  friend struct detail::HandleAccess;
+  /// For GdsHandle, which adds a route to the engine: a handle over a prepared engine. The tag
+  /// keeps it out of overload resolution for `Handle h({})` (one argument: the options), which
+  /// happens before access is checked.
   struct PreparedEngine {};
   Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept;
   [[nodiscard]] detail::Engine& engine() const noexcept { return *engine_; }
 
- private:
-  friend struct detail::HandleAccess;
   std::unique_ptr<detail::Engine> engine_;
 };
 
