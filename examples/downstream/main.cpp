@@ -19,6 +19,13 @@
 // A handle is neither copyable nor movable; `{}` means its default options (GdsHandle too).
 static_assert(!std::is_copy_constructible_v<deepio::Handle> && !std::is_move_constructible_v<deepio::Handle>);
 static_assert(requires { deepio::GdsHandle({}); });
+// The Python binding's protocol (keep-alives, operations detached from wait()) is not part of
+// the user's types; it lives in deepio's sources, not in the installed headers.
+template <class T>
+concept HasKeepAlive = requires(T t) {
+  t.keep_alive;
+};
+static_assert(!HasKeepAlive<deepio::OpOptions> && !HasKeepAlive<deepio::WaitResult>);
 
 int main(int argc, char** argv) {
   const std::filesystem::path folder = argc > 1 ? argv[1] : std::filesystem::temp_directory_path().string();
@@ -39,6 +46,14 @@ int main(int argc, char** argv) {
     }
     deepio::Handle handle({.block_size = 1 << 20, .intra_op_parallelism = 2});
     handle.sync_pwrite(src.data(), n, path);
+    // collect(): wait() that returns the failures instead of throwing the first.
+    handle.async_pwrite(src.data(), n, path);
+    const deepio::WaitResult collected = handle.collect();
+    if (!collected.complete || collected.count != 1 || !collected.errors.empty()) {
+      std::fprintf(stderr, "deepio_downstream: collect() after one write: %zu collected, %zu failed\n", collected.count,
+                   collected.errors.size());
+      return 1;
+    }
     const std::size_t got = handle.async_pread(dst.data(), n, path).get();
     std::remove(path.c_str());
     if (got != n || std::memcmp(src.data(), dst.data(), n) != 0) {

@@ -77,9 +77,10 @@ class DEEPIO_API ForkedHandle : public Error {
   ForkedHandle(long creator_pid, long current_pid);
 };
 
-/// Receives the failure of an operation that nobody can observe any more: a detached
-/// operation (deepio.File's, a batch's with futures) whose every Future was destroyed before
-/// anyone called get(), or an operation nobody collected when its handle was destroyed. Called
+/// Receives the failure of an operation that nobody can observe any more: an operation
+/// nobody collected when its handle was destroyed, or one of the Python binding's that
+/// belongs to its Future alone (deepio.File's, a batch's with futures) whose every Future was
+/// destroyed before anyone asked for its result. Called
 /// once per such failure, on whichever thread made it unobservable (a worker finishing the
 /// operation, the thread destroying the last Future or the handle), with no deepio lock held.
 /// It must not throw and should return quickly; it must not call into the handle.

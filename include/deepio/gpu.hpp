@@ -180,8 +180,6 @@ class DEEPIO_API GdsHandle : public Handle {
   /// missing (or disabled), or when mode is CuFile and cuFile is missing or its driver cannot
   /// be opened; ENODEV when CUDA loads but has no usable device. The message says why.
   explicit GdsHandle(const GdsOptions& options = {});
-  /// Internal: a handle over a prepared engine and route (tests build them over fake drivers).
-  GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept;
   /// As Handle's: finishes every operation in flight, then releases the driver reference.
   ~GdsHandle();
 
@@ -214,6 +212,10 @@ class DEEPIO_API GdsHandle : public Handle {
   [[nodiscard]] GdsStats gds_stats() const noexcept;
 
  private:
+  friend struct detail::HandleAccess;
+  /// A handle over a prepared engine and route (tests build them over fake drivers).
+  GdsHandle(const GdsOptions& options, detail::gpu::GdsParts&& parts) noexcept;
+
   GdsOptions gds_options_;
   std::shared_ptr<detail::gpu::GdsRoute> route_;
 };

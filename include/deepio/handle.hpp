@@ -16,22 +16,19 @@
 // are not there.
 // Buffer lifetime: the caller keeps `buffer` valid and untouched (readable for writes,
 // unaliased for reads) until the operation is complete: its Future reports done, or a
-// wait() that started after the submission returned, or the handle was destroyed. A caller
-// that cannot promise that (a language binding) passes OpOptions::keep_alive: an owner of
-// the buffer that the handle holds until the operation is collected.
+// wait() that started after the submission returned, or the handle was destroyed.
 //
 // Collection. Every operation is collected exactly once: by the wait()/collect() that covers
-// it, or by Future::get(), whichever comes first. Only collection counts an operation,
-// reports its failure to a waiter and releases its keep_alive, and it never happens before
-// the operation is done. collect() hands the keep-alives to its caller instead of releasing
-// them, so that a binding can drop them in its own context (with its interpreter lock held),
-// never on a worker thread.
+// it, or by Future::get(), whichever comes first. Only collection counts an operation and
+// reports its failure, and it never happens before the operation is done. A failure is never
+// dropped silently: an operation whose Futures were all dropped is still collected, counted
+// and reported by the next wait()/collect(), and one nobody collected before the handle was
+// destroyed goes to the process's UnobservedFailureHandler (deepio/error.hpp).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,21 +41,20 @@
 
 namespace deepio {
 
+class GdsHandle;
+
 namespace detail {
 class OpState;
 class Engine;
+struct HandleAccess;  // the binding's way in (src/engine/binding.hpp); nothing a user calls
 }  // namespace detail
 
-/// Completion of one asynchronous operation. Copyable; all copies share the state.
-///
-/// A failure is never dropped silently: if every copy of the Future of a detached operation
-/// (OpOptions::detached) is destroyed and nobody called get(), its failure goes to the
-/// process's UnobservedFailureHandler (deepio/error.hpp; default: one line on stderr), when
-/// the last copy goes or when the operation finishes, whichever is later.
+/// Completion of one asynchronous operation. Copyable; all copies share the state. Dropping
+/// every copy neither cancels nor detaches the operation: wait() still collects it.
 class DEEPIO_API Future {
  public:
+  /// An empty Future (valid() false); every Future a Handle returns is valid.
   Future() = default;
-  explicit Future(std::shared_ptr<detail::OpState> state) noexcept;
   Future(const Future& other) noexcept;
   Future(Future&& other) noexcept = default;
   Future& operator=(const Future& other) noexcept;
@@ -74,32 +70,20 @@ class DEEPIO_API Future {
   /// Blocks until done() or the timeout; returns done().
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const noexcept;
   /// Blocks until done(); returns the number of bytes transferred or throws the operation's
-  /// deepio::Error. The first get() collects the operation if no wait() did (it is then not
-  /// counted or reported by wait(), and its keep_alive is released here, on the calling
-  /// thread); later calls return or throw the same again.
+  /// deepio::Error (deepio::InvalidArgument for an empty Future). The first get() collects the
+  /// operation if no wait() did (it is then not counted or reported by wait()); later calls
+  /// return or throw the same again.
   std::size_t get();
-  /// For a detached operation (OpOptions::detached) whose owner gives up waiting for it (a
-  /// synchronous call interrupted by a signal): from now on it is an ordinary operation that
-  /// the next wait()/collect() collects, counts and reports. No effect once collected.
-  void give_to_wait() const noexcept;
 
  private:
   friend class Handle;
+  friend struct detail::HandleAccess;
+  explicit Future(std::shared_ptr<detail::OpState> state) noexcept;
   std::shared_ptr<detail::OpState> state_;
 };
 
 /// Per-operation options of the async_* calls.
 struct OpOptions {
-  /// Opaque owner of whatever must outlive the transfer (e.g. the Python object exporting the
-  /// buffer). The handle holds it until the operation is collected (never shorter than the
-  /// transfer) and then gives it to the collecting caller: collect() returns it, wait() and
-  /// Future::get() release it on their own thread. Never touched by a worker thread.
-  std::shared_ptr<void> keep_alive;
-  /// true: the operation belongs to its Future. wait() and collect() neither wait for it,
-  /// count it nor report its failure, unless a collect() names it in CollectOptions::with;
-  /// Future::get() collects it. If every Future of it is dropped first, the next collect()
-  /// after it is done collects it silently (the failure, if any, is then dropped).
-  bool detached = false;
   /// Writes only (a read with it is refused: deepio::InvalidArgument): the operation
   /// completes only once its data is on stable storage. After every block of the write
   /// completed, the engine calls fdatasync(2) on the file (the data, and the size and
@@ -123,7 +107,7 @@ struct OpOptions {
   std::optional<std::uintptr_t> stream;
 };
 
-/// What collect() took over: the operations it collected, their failures, their keep-alives.
+/// What collect() collected.
 struct WaitResult {
   /// false: the deadline passed before every operation in the collection was done, and
   /// nothing was collected (call again).
@@ -132,23 +116,13 @@ struct WaitResult {
   std::size_t count = 0;
   /// Failures of the collected operations, in submission order. wait() throws the first.
   std::vector<Error> errors;
-  /// The keep-alives of the collected operations (and of abandoned detached ones), for the
-  /// caller to release in its own context.
-  std::vector<std::shared_ptr<void>> keep_alive;
 };
 
+/// Options of Handle::collect().
 struct CollectOptions {
-  /// Collect the operations submitted up to this mark (Handle::mark()); operations submitted
-  /// later are left alone. Default (and any later mark): everything submitted before the call.
-  std::uint64_t through = std::numeric_limits<std::uint64_t>::max();
-  /// Also collect this detached operation, counted and reported in its submission order (a
-  /// synchronous call's own operation). Must be an operation of this handle.
-  const Future* with = nullptr;
-  /// Also wait for every detached operation and take its keep-alive (a binding's shutdown).
-  /// Their outcomes stay with their Futures: they are not counted or reported here.
-  bool detached = false;
   /// Give up at this point (returning complete == false and collecting nothing) if some
-  /// operation is still running. Unset: wait as long as it takes.
+  /// operation is still running, so that a caller can wait in slices and do other work in
+  /// between. Unset: wait as long as it takes.
   std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
@@ -219,7 +193,7 @@ class DEEPIO_API Handle {
   /// or file_offset + nbytes lies past its end (ENODATA), deepio::InvalidArgument for a
   /// file_offset above 2^63 - 1 (a negative offset cast) or a null buffer with nbytes > 0,
   /// EOVERFLOW when file_offset + nbytes overflows; failures during the transfer are
-  /// reported by the Future and by wait(). On a throw, `op.keep_alive` is not kept.
+  /// reported by the Future and by wait().
   Future async_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0,
                      OpOptions op = {});
   /// Writes nbytes from buffer at file_offset of `path`, creating the file (mode 0666 & ~umask)
@@ -274,54 +248,48 @@ class DEEPIO_API Handle {
   Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
                              OpOptions op = {});
 
-  /// Submits, then waits for this operation and every operation submitted before it that
-  /// is not detached (DeepNVMe semantics). Returns the number of operations collected, this
-  /// one included (so >= 1 even when other threads wait at the same time). Throws as wait()
-  /// does, the first failure in submission order.
+  /// Submits, then waits for this operation and every operation submitted before it
+  /// (DeepNVMe semantics). Returns the number of operations collected, this one included: a
+  /// wait() in another thread never takes this call's own operation, so the result is >= 1.
+  /// Throws as wait() does, the first failure in submission order.
   std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0);
   /// fsync: as OpOptions::fsync (this write completes once its data is durable).
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                           std::uint64_t file_offset = 0, bool fsync = false);
 
-  /// Blocks until every operation submitted to this handle before the call has completed
-  /// (detached ones excepted: they belong to their Future). Returns how many operations this
-  /// call collected (0 when none was pending; when several threads wait at once each
-  /// operation is counted by exactly one of them). If any of them failed, throws the first
-  /// failure (in submission order) after all of them have completed. The collected
-  /// operations' keep-alives are released on the calling thread. collect() is the same
-  /// without the throw.
+  /// Blocks until every operation submitted to this handle before the call has completed.
+  /// Returns how many operations this call collected (0 when none was pending; when several
+  /// threads wait at once each operation is counted by exactly one of them). If any of them
+  /// failed, throws the first failure (in submission order) after all of them have
+  /// completed. collect() is the same without the throw.
   std::size_t wait();
 
-  /// The general form of wait(): collects the operations that `options` select (by default
-  /// every non-detached operation submitted before the call) once all of them are done, and
-  /// returns them instead of throwing: count, failures in submission order, keep-alives to
-  /// release. With a deadline it returns complete == false, collecting nothing, if that
-  /// passes first, so a caller can wait in slices and do other work (check for signals) in
-  /// between; the operations then stay pending for a later call. Abandoned detached
-  /// operations that are done are collected too (their keep-alives returned, not counted).
-  /// Never throws except std::bad_alloc (and ForkedHandle, as every call in a forked child).
-  /// Thread-safe; each operation is collected once.
+  /// wait() without the throw: collects every operation submitted before the call once all
+  /// of them are done, and returns the count and every failure, in submission order. With a
+  /// deadline it returns complete == false, collecting nothing, if that passes first, so a
+  /// caller can wait in slices and do other work (check for signals) in between; the
+  /// operations then stay pending for a later call. Never throws except std::bad_alloc (and
+  /// ForkedHandle, as every call in a forked child). Thread-safe; each operation is collected
+  /// once.
   WaitResult collect(const CollectOptions& options = {});
 
-  /// The current end of the submission order, for CollectOptions::through: a collect() with
-  /// this mark leaves alone every operation submitted after mark() returned.
-  [[nodiscard]] std::uint64_t mark() const noexcept;
-
-  /// Operations submitted, not detached and not yet collected (by wait() or their Future).
+  /// Operations submitted and not yet collected (by wait(), collect() or their Future).
   [[nodiscard]] std::size_t pending() const noexcept;
   [[nodiscard]] const HandleOptions& options() const noexcept;
   /// The backend the workers really use (never Auto).
   [[nodiscard]] BackendKind backend() const noexcept;
   [[nodiscard]] HandleStats stats() const noexcept;
 
- protected:
-  /// For handles that add to the engine (GdsHandle): a handle over a prepared engine. The tag
-  /// keeps it out of overload resolution for `Handle h({})` (one argument: the options).
+ private:
+  friend class GdsHandle;
+  friend struct detail::HandleAccess;
+  /// For GdsHandle, which adds a route to the engine: a handle over a prepared engine. The tag
+  /// keeps it out of overload resolution for `Handle h({})` (one argument: the options), which
+  /// happens before access is checked.
   struct PreparedEngine {};
   Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept;
   [[nodiscard]] detail::Engine& engine() const noexcept { return *engine_; }
 
- private:
   std::unique_ptr<detail::Engine> engine_;
 };
 

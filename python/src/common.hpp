@@ -4,10 +4,10 @@
 // created, copied and destroyed only while the GIL is held. Code that releases the GIL
 // (nb::gil_scoped_release) touches nothing but C++ engine objects inside that scope, and any
 // container of Python references it needs afterwards is declared outside the scope. A Buffer
-// handed to the engine as an operation's keep-alive (a shared_ptr<void>) is released by the
-// engine only into the collecting call's hands (WaitResult::keep_alive, Future::get), which
-// the binding makes with the GIL held; the submitting call keeps its own reference until it
-// has the GIL back, so the last reference is never dropped without it.
+// handed to the engine as an operation's keep-alive (detail::BindingOp, a shared_ptr<void>) is
+// released by the engine only into the collecting call's hands (detail::Collected::keep_alive,
+// Future::get), which the binding makes with the GIL held; the submitting call keeps its own
+// reference until it has the GIL back, so the last reference is never dropped without it.
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -1,32 +1,33 @@
 // `_deepio.Handle` and `_deepio.Op`: a deepio::Handle for Python.
 //
-// The engine keeps the ledger; this file adds buffer import, GIL release and signal polling.
+// The engine keeps the ledger; this file adds buffer import, GIL release and signal polling,
+// through the binding's protocol with the engine (src/engine/binding.hpp, not public API).
 //  * Every submission imports the caller's buffer into a Buffer (a reference to the caller's
 //    object) and hands it to the engine as the operation's keep-alive. The engine holds it
 //    until the operation is collected and then gives it back to the collecting call
-//    (WaitResult::keep_alive, or Future::get()), which drops it with the GIL held. Until then
+//    (Collected::keep_alive, or Future::get()), which drops it with the GIL held. Until then
 //    the caller's memory stays referenced, so no I/O ever runs into freed memory. The
 //    submitting call keeps its own reference across the GIL-released submission, so a
 //    submission that throws never drops the last one without the GIL.
 //  * async_* operations are ordinary engine operations, collected by wait(). A synchronous
 //    call's own operation and deepio.File's operations are detached: wait() in another
 //    thread never takes them. The synchronous call collects its own together with
-//    everything submitted before it (CollectOptions::with); an Op (deepio.Future) collects
+//    everything submitted before it (BindingCollect::with); an Op (deepio.Future) collects
 //    its own with Future::get(), or when it is destroyed after the operation is done.
-//  * Waiting releases the GIL in slices of kSlice (Handle::collect with a deadline, which
+//  * Waiting releases the GIL in slices of kSlice (detail::collect with a deadline, which
 //    collects nothing unless everything it covers is done) and runs PyErr_CheckSignals
 //    between slices. A KeyboardInterrupt (or any exception from a signal handler) leaves
 //    every interrupted operation pending: still running, buffer still referenced, and
 //    collected (with its count and error) by a later wait(). An interrupted synchronous
-//    call hands its operation over to wait() (Future::give_to_wait).
-//  * The "first failure" rule is the engine's: WaitResult::errors in submission order; the
+//    call hands its operation over to wait() (detail::give_to_wait).
+//  * The "first failure" rule is the engine's: Collected::errors in submission order; the
 //    first is raised, the others are attached as `other_errors` (and a note).
 //  * Destroying the Handle (or close()) waits, with the GIL released, for every operation,
 //    takes back every keep-alive, drops them with the GIL, and only then destroys the engine.
 //    Failures of async operations nobody waited for become a RuntimeWarning.
 // Thread safety: the engine Handle is used through a shared_ptr copied under the GIL, so
 // close() from one thread never pulls it away from a call running in another; every
-// WaitResult and Buffer is created and destroyed with the GIL held (see common.hpp).
+// Collected and Buffer is created and destroyed with the GIL held (see common.hpp).
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -38,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/binding.hpp"
 #include "handle.hpp"
 #include "op.hpp"
 
@@ -45,6 +47,9 @@ namespace deepio::py {
 
 namespace {
 
+using detail::BindingCollect;
+using detail::BindingOp;
+using detail::Collected;
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(50);
 
@@ -52,17 +57,17 @@ constexpr auto kSlice = std::chrono::milliseconds(50);
 // signals between them. An exception raised by a signal handler propagates as
 // nb::python_error with nothing collected; `own` (a synchronous call's operation) is then
 // handed over to wait(). The result holds Python references: keep it with the GIL.
-WaitResult collect_interruptibly(Handle& h, CollectOptions options, const Future* own) {
+Collected collect_interruptibly(Handle& h, BindingCollect options, const Future* own) {
   for (;;) {
-    WaitResult r;
+    Collected r;
     {
       nb::gil_scoped_release release;
       options.deadline = Clock::now() + kSlice;
-      r = h.collect(options);  // r was empty: nothing is released without the GIL
+      r = detail::collect(h, options);  // r was empty: nothing is released without the GIL
     }
     if (r.complete) return r;
     if (PyErr_CheckSignals() != 0) {
-      if (own != nullptr) own->give_to_wait();
+      if (own != nullptr) detail::give_to_wait(*own);
       throw nb::python_error();
     }
   }
@@ -70,7 +75,7 @@ WaitResult collect_interruptibly(Handle& h, CollectOptions options, const Future
 
 // Releases the keep-alives (GIL held), then raises the first failure with the others in
 // `other_errors` and a note; returns the count when nothing failed.
-std::size_t finish(WaitResult& r) {
+std::size_t finish(Collected& r) {
   r.keep_alive.clear();
   if (r.errors.empty()) return r.count;
   nb::object exc = make_exception(r.errors.front());
@@ -131,25 +136,20 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
   // A negative offset arrives as a huge one, which the engine refuses naming the value.
   const auto offset = static_cast<std::uint64_t>(file_offset);
   OpOptions op;
-  op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
-  op.detached = detached;
   op.fsync = fsync;
   op.stream = buf->stream;
+  BindingOp binding{.keep_alive = buf, .detached = detached};  // `buf` stays referenced here until the GIL is back
   void* p = buf->data;
   const std::size_t n = buf->nbytes;
   Future fut = submit_released(write, n != 0 ? std::optional<Request>(Request{offset, n}) : std::nullopt, [&] {
-    if (t.fd >= 0) {
-      return write ? h.async_pwrite(p, n, t.fd, offset, std::move(op))
-                   : h.async_pread(p, n, t.fd, offset, std::move(op));
-    }
-    return write ? h.async_pwrite(p, n, t.path, offset, std::move(op))
-                 : h.async_pread(p, n, t.path, offset, std::move(op));
+    return detail::submit(h, write, p, n, t.fd >= 0 ? nullptr : &t.path, t.fd, offset, std::move(op),
+                          std::move(binding));
   });
   if (nbytes != nullptr) *nbytes = buf->nbytes;
   return fut;
 }
 
-void warn_uncollected(const WaitResult& r) {
+void warn_uncollected(const Collected& r) {
   if (r.errors.empty() || interpreter_finalizing()) return;
   // Nothing is silent: failures nobody waited for become a warning.
   PyObject *type, *value, *tb;
@@ -200,9 +200,9 @@ void PyHandle::submit(bool write, nb::handle buffer, nb::handle file, std::int64
 
 std::size_t PyHandle::wait() {
   auto h = engine();
-  CollectOptions options;
-  options.through = h->mark();
-  WaitResult r = collect_interruptibly(*h, options, nullptr);
+  BindingCollect options;
+  options.through = detail::mark(*h);
+  Collected r = collect_interruptibly(*h, options, nullptr);
   flush_unobserved();
   return finish(r);
 }
@@ -211,10 +211,10 @@ std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::
                            bool fsync) {
   auto h = engine();
   const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nullptr, fsync);
-  CollectOptions options;
-  options.through = drain ? h->mark() : 0;
+  BindingCollect options;
+  options.through = drain ? detail::mark(*h) : 0;
   options.with = &own;
-  WaitResult r = collect_interruptibly(*h, options, &own);
+  Collected r = collect_interruptibly(*h, options, &own);
   flush_unobserved();
   return finish(r);
 }
@@ -224,9 +224,9 @@ void PyHandle::close() {
   std::shared_ptr<Handle> h = handle_;
   // Everything queued for wait() is collected first so that its failures are raised here;
   // a KeyboardInterrupt leaves the handle open and the operations pending.
-  CollectOptions options;
-  options.through = h->mark();
-  WaitResult r = collect_interruptibly(*h, options, nullptr);
+  BindingCollect options;
+  options.through = detail::mark(*h);
+  Collected r = collect_interruptibly(*h, options, nullptr);
   if (handle_ == h) handle_.reset();  // (another thread's close() may have been first)
   shutdown(std::move(h));
   flush_unobserved();
@@ -257,18 +257,18 @@ nb::dict PyHandle::stats() const {
 void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   if (!h) return;
   if (h.use_count() > 1) return;  // not the last holder: see above
-  CollectOptions everything;
+  BindingCollect everything;
   everything.detached = true;
-  WaitResult r;
+  Collected r;
   try {
     if (interpreter_finalizing()) {  // the GIL must not be released any more
-      r = h->collect(everything);
+      r = detail::collect(*h, everything);
       r.keep_alive.clear();
       h.reset();
       return;
     }
     nb::gil_scoped_release release;
-    r = h->collect(everything);
+    r = detail::collect(*h, everything);
   } catch (const Error& e) {
     if (!e.forked_handle()) throw;
     // A forked child: the parent's operations never finish here. ~Handle leaks the engine,
@@ -388,6 +388,7 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   }
   std::vector<std::size_t> sizes(n);
   std::vector<IoRequest> reqs(n);
+  std::vector<BindingOp> binding(n);
   for (std::size_t i = 0; i < n; ++i) {
     IoRequest& r = reqs[i];
     if (!futures && import_view(bufs_in[i], !write, &shared_keep->views)) {
@@ -400,13 +401,13 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
       r.nbytes = b->nbytes;
       r.op.stream = b->stream;
       if (futures) {
-        r.op.keep_alive = b;
+        binding[i].keep_alive = b;
         keep.push_back(std::move(b));
       } else {
         shared_keep->others.push_back(std::move(b));
       }
     }
-    if (!futures) r.op.keep_alive = shared_keep;
+    if (!futures) binding[i].keep_alive = shared_keep;
     sizes[i] = r.nbytes;
     if (one_file) {
       r.path = shared.path;
@@ -418,7 +419,7 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
     }
     r.write = write;
     r.file_offset = static_cast<std::uint64_t>(offs[i]);  // a negative one is refused by the engine
-    r.op.detached = futures;
+    binding[i].detached = futures;
     r.op.fsync = fsync;
   }
   std::vector<Future> futs;
@@ -426,7 +427,7 @@ nb::object PyHandle::submit_batch(bool write, nb::handle buffers, nb::handle fil
   {
     nb::gil_scoped_release release;
     try {
-      futs = h->submit_batch(std::move(reqs));
+      futs = detail::submit_batch(*h, std::move(reqs), std::move(binding));
     } catch (const Error& e) {
       err.emplace(e);
     }
@@ -487,21 +488,16 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
   for (std::size_t i = 0; i < n; ++i) ranges[i].file_offset = static_cast<std::uint64_t>(offs[i]);
   order_after_producer(buffer, buf.get());
   OpOptions op;
-  op.keep_alive = buf;  // `buf` stays referenced here until the GIL is back
   op.fsync = fsync;
-  op.detached = future;
   op.stream = buf->stream;
+  BindingOp binding{.keep_alive = buf, .detached = future};  // `buf` stays referenced here until the GIL is back
   void* p = buf->data;
   const std::size_t nb = buf->nbytes;
   Future fut = submit_released(
       write, std::nullopt,
       [&] {
-        if (t.fd >= 0) {
-          return write ? h->async_pwrite_ranges(p, nb, t.fd, ranges, std::move(op))
-                       : h->async_pread_ranges(p, nb, t.fd, ranges, std::move(op));
-        }
-        return write ? h->async_pwrite_ranges(p, nb, t.path, ranges, std::move(op))
-                     : h->async_pread_ranges(p, nb, t.path, ranges, std::move(op));
+        return detail::submit_ranges(*h, write, p, nb, t.fd >= 0 ? nullptr : &t.path, t.fd, ranges, std::move(op),
+                                     std::move(binding));
       },
       /*name_way=*/true);
   std::uint64_t total = 0;

@@ -114,12 +114,13 @@ Engine::~Engine() {
 }
 
 std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbytes, std::string name,
-                                        std::uint64_t file_offset, OpOptions op_options, std::size_t extent) {
+                                        std::uint64_t file_offset, OpOptions op_options, BindingOp binding,
+                                        std::size_t extent) {
   auto op = std::make_shared<OpState>(write, std::move(name), file_offset, nbytes, &counters_, &signal_);
   // The caller holds its own reference across the submission, so dropping the op on a throw
   // never releases the keep-alive here.
-  op->set_keep_alive(std::move(op_options.keep_alive));
-  op->set_detached(op_options.detached);
+  op->set_keep_alive(std::move(binding.keep_alive));
+  op->set_detached(binding.detached);
   if (op_options.fsync) {
     if (!write) throw InvalidArgument("fsync applies to writes only", op->path(), file_offset, nbytes);
     op->set_sync(&start_syncers());
@@ -140,11 +141,11 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
 }
 
 std::shared_ptr<OpState> Engine::submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
-                                        std::uint64_t file_offset, OpOptions op_options) {
+                                        std::uint64_t file_offset, OpOptions op_options, BindingOp binding) {
   process_.check();
   std::string name = file_name(path, fd);
   check_request(buf, nbytes, name, file_offset);
-  auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options), nbytes);
+  auto op = new_op(write, buf, nbytes, std::move(name), file_offset, std::move(op_options), std::move(binding), nbytes);
   start(op, buf, path, fd, /*tracked=*/false);
   return op;
 }

@@ -29,6 +29,7 @@
 #include "core/op.hpp"
 #include "core/plan.hpp"
 #include "core/worker.hpp"
+#include "engine/binding.hpp"
 #include "engine/device.hpp"
 #include "platform/process.hpp"
 #include "deepio/handle.hpp"
@@ -61,15 +62,17 @@ class Engine {
 
   /// Exactly one of path / fd names the file (fd < 0 when path is used).
   std::shared_ptr<OpState> submit(bool write, void* buf, std::size_t nbytes, const std::string* path, int fd,
-                                  std::uint64_t file_offset, OpOptions op_options = {});
+                                  std::uint64_t file_offset, OpOptions op_options = {}, BindingOp binding = {});
   /// Handle::submit_batch: checks every request, tracks them all in order, and hands the
-  /// opening and planning to the opener threads.
-  std::vector<std::shared_ptr<OpState>> submit_batch(std::vector<IoRequest> requests);
+  /// opening and planning to the opener threads. `binding`: empty, or one per request.
+  std::vector<std::shared_ptr<OpState>> submit_batch(std::vector<IoRequest> requests,
+                                                     std::vector<BindingOp> binding = {});
   /// Handle::async_pread_ranges / async_pwrite_ranges: one op over many ranges of one file.
   std::shared_ptr<OpState> submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
-                                         int fd, std::span<const IoRange> ranges, OpOptions op_options);
-  /// Handle::collect; `with` is the state of CollectOptions::with (or null).
-  WaitResult collect(const CollectOptions& options, const std::shared_ptr<OpState>& with);
+                                         int fd, std::span<const IoRange> ranges, OpOptions op_options,
+                                         BindingOp binding = {});
+  /// detail::collect (binding.hpp); `with` is the state of BindingCollect::with (or null).
+  Collected collect(const BindingCollect& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
   [[nodiscard]] std::uint64_t mark() const noexcept;
   [[nodiscard]] std::size_t pending() const noexcept;
@@ -103,7 +106,8 @@ class Engine {
   void preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes);
   /// `extent`: the bytes of `buf` the op may touch (nbytes, or a ranged op's whole buffer).
   std::shared_ptr<OpState> new_op(bool write, void* buf, std::size_t nbytes, std::string name,
-                                  std::uint64_t file_offset, OpOptions op_options, std::size_t extent);
+                                  std::uint64_t file_offset, OpOptions op_options, BindingOp binding,
+                                  std::size_t extent);
   /// Opens (or inspects) the file, checks the range and dispatches; `tracked`: the op already
   /// has its place in the submission order (a batch). Throws on failure, having queued nothing.
   /// With `shared` (a path request of a batch), its descriptors are used instead of opening.

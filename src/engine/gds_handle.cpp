@@ -3,6 +3,7 @@
 #include "engine/cuda_stager.hpp"
 #include "engine/engine.hpp"
 #include "engine/gds.hpp"
+#include "engine/handle_access.hpp"
 #include "backends/gds/gds_route.hpp"
 
 namespace deepio {
@@ -31,10 +32,14 @@ GdsParts make_gds_parts(const GdsOptions& options, const CudaApi* cuda_api, cons
 
 GdsHandle make_gds_handle(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
                           CuFileApi* cufile_api, const Status& cufile_why) {
-  return GdsHandle(options, make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why));
+  return HandleAccess::gds_handle(options, make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why));
 }
 
 }  // namespace detail::gpu
+
+GdsHandle detail::HandleAccess::gds_handle(const GdsOptions& options, gpu::GdsParts&& parts) noexcept {
+  return GdsHandle(options, std::move(parts));
+}
 
 namespace {
 detail::gpu::GdsParts default_parts(const GdsOptions& options) {

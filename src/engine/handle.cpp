@@ -42,10 +42,6 @@ std::size_t Future::get() {
   return state_->nbytes();
 }
 
-void Future::give_to_wait() const noexcept {
-  if (state_) state_->set_detached(false);
-}
-
 Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
 Handle::Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
 Handle::~Handle() {
@@ -93,7 +89,7 @@ Future Handle::async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes,
 std::vector<Future> Handle::submit_batch(std::vector<IoRequest> requests) {
   std::vector<Future> futures;
   futures.reserve(requests.size());
-  for (auto& op : engine_->submit_batch(std::move(requests))) futures.emplace_back(std::move(op));
+  for (auto& op : engine_->submit_batch(std::move(requests))) futures.push_back(Future(std::move(op)));
   return futures;
 }
 
@@ -101,37 +97,41 @@ namespace {
 // A synchronous call: its own op is detached so that a wait() in another thread never takes
 // it (and its count and failure) away from this call; this call then collects it together
 // with everything submitted before it.
-std::size_t drain_with(Handle& h, const Future& own) {
-  CollectOptions options;
-  options.through = h.mark();
-  options.with = &own;
-  WaitResult r = h.collect(options);
+// `own` stays referenced by the caller's Future while this waits: a detached op whose every
+// Future is gone would be reported as unobserved and reaped by another thread's collect().
+std::size_t drain_with(detail::Engine& engine, const std::shared_ptr<detail::OpState>& own) {
+  detail::BindingCollect options;
+  options.through = engine.mark();
+  detail::Collected r = engine.collect(options, own);
   if (!r.errors.empty()) throw r.errors.front();
   return r.count;
 }
 
-OpOptions detached() {
-  OpOptions op;
-  op.detached = true;
-  return op;
-}
+detail::BindingOp detached() { return {.keep_alive = nullptr, .detached = true}; }
 }  // namespace
 
 std::size_t Handle::sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset) {
-  return drain_with(*this, async_pread(buffer, nbytes, path, file_offset, detached()));
+  const Future own(engine_->submit(false, buffer, nbytes, &path, -1, file_offset, {}, detached()));
+  return drain_with(*engine_, own.state_);
 }
 std::size_t Handle::sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                                 std::uint64_t file_offset, bool fsync) {
-  OpOptions op = detached();
+  OpOptions op;
   op.fsync = fsync;
-  return drain_with(*this, async_pwrite(buffer, nbytes, path, file_offset, std::move(op)));
+  // The engine never writes through a write op's buffer; the cast only unifies the plumbing.
+  const Future own(
+      engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset, std::move(op), detached()));
+  return drain_with(*engine_, own.state_);
 }
 
 std::size_t Handle::wait() { return engine_->wait(); }
 WaitResult Handle::collect(const CollectOptions& options) {
-  return engine_->collect(options, options.with != nullptr ? options.with->state_ : nullptr);
+  detail::BindingCollect selection;
+  selection.deadline = options.deadline;
+  // A user's operations carry no keep-alive (only a binding's do): nothing is handed over.
+  detail::Collected r = engine_->collect(selection, nullptr);
+  return std::move(static_cast<WaitResult&>(r));
 }
-std::uint64_t Handle::mark() const noexcept { return engine_->mark(); }
 std::size_t Handle::pending() const noexcept { return engine_->pending(); }
 const HandleOptions& Handle::options() const noexcept { return engine_->options(); }
 BackendKind Handle::backend() const noexcept { return engine_->backend(); }

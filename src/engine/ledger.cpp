@@ -31,7 +31,7 @@ std::uint64_t Engine::mark() const noexcept {
   return next_sequence_ - 1;
 }
 
-WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<OpState>& with) {
+Collected Engine::collect(const BindingCollect& options, const std::shared_ptr<OpState>& with) {
   process_.check();  // the parent's workers will never finish anything here
   const auto selected = [&](const std::shared_ptr<OpState>& op) {
     return op.get() == with.get() || !op->detached() || options.detached;
@@ -51,7 +51,7 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
       }
     }
     if (newest && !newest->wait_until(*options.deadline)) {
-      WaitResult result;
+      Collected result;
       result.complete = false;  // nothing claimed: the ops stay pending for a later call
       return result;
     }
@@ -73,7 +73,7 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
   }
   // 2. Wait, newest first: workers finish their queues in order, so once the newest op is
   // done most others are too, and the caller wakes up a few times instead of once per op.
-  WaitResult result;
+  Collected result;
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
     if (!options.deadline) {
       (*it)->wait();
@@ -118,7 +118,7 @@ WaitResult Engine::collect(const CollectOptions& options, const std::shared_ptr<
 }
 
 std::size_t Engine::wait() {
-  WaitResult r = collect(CollectOptions{}, nullptr);
+  Collected r = collect(BindingCollect{}, nullptr);
   if (!r.errors.empty()) throw r.errors.front();
   return r.count;
 }

@@ -15,9 +15,14 @@
 
 namespace deepio::detail {
 
-std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest> requests) {
+std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest> requests,
+                                                           std::vector<BindingOp> binding) {
   process_.check();
   // 1. Every argument first: a refused request leaves the whole batch unsubmitted.
+  if (!binding.empty() && binding.size() != requests.size()) {
+    throw InvalidArgument("submit_batch: " + std::to_string(binding.size()) + " binding options for " +
+                          std::to_string(requests.size()) + " requests");
+  }
   check_batch(requests);
   if (requests.empty()) return {};
   // The opener threads first: if they cannot be started, nothing is tracked and the throw
@@ -27,9 +32,11 @@ std::vector<std::shared_ptr<OpState>> Engine::submit_batch(std::vector<IoRequest
   auto batch = std::make_shared<std::vector<IoRequest>>(std::move(requests));
   std::vector<std::shared_ptr<OpState>> ops;
   ops.reserve(batch->size());
-  for (IoRequest& r : *batch) {
+  for (std::size_t i = 0; i < batch->size(); ++i) {
+    IoRequest& r = (*batch)[i];
     ops.push_back(new_op(r.write, r.buffer, r.nbytes, file_name(r.path.empty() ? nullptr : &r.path, r.fd),
-                         r.file_offset, std::move(r.op), r.nbytes));
+                         r.file_offset, std::move(r.op), binding.empty() ? BindingOp{} : std::move(binding[i]),
+                         r.nbytes));
   }
   track(ops);
   // 3. Opening and planning go to the openers, in contiguous runs (at least kMinRun requests

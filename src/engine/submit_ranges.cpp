@@ -11,12 +11,13 @@
 namespace deepio::detail {
 
 std::shared_ptr<OpState> Engine::submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
-                                               int fd, std::span<const IoRange> ranges, OpOptions op_options) {
+                                               int fd, std::span<const IoRange> ranges, OpOptions op_options,
+                                               BindingOp binding) {
   process_.check();
   std::string name = file_name(path, fd);
   const std::uint64_t total = check_ranges(write, buf, buffer_bytes, name, ranges);
   const std::uint64_t first = ranges.empty() ? 0 : ranges.front().file_offset;
-  auto op = new_op(write, buf, total, std::move(name), first, std::move(op_options), buffer_bytes);
+  auto op = new_op(write, buf, total, std::move(name), first, std::move(op_options), std::move(binding), buffer_bytes);
   Opened opened;
   std::uint64_t size = 0;
   open_op(*op, path, fd, nullptr, &opened, &size);

@@ -1,9 +1,11 @@
-// Collection: Handle::collect / wait / Future::get own the ledger of operations. Checked with
-// real files and a fault hook that holds every read until a gate opens, so "not done yet" is
-// deterministic: keep-alives are released exactly once, only at collection, never before the
-// operation is done and never on a worker thread; a collect() with a deadline claims nothing
-// unless everything it covers is done; racing waiters count each operation once; detached
-// operations belong to their Future. Also the one validation of arguments (InvalidArgument).
+// Collection: Handle::collect / wait / Future::get, and the binding's protocol over them
+// (engine/binding.hpp: keep-alives, detached operations, marks), own the ledger of operations.
+// Checked with real files and a fault hook that holds every read until a gate opens, so "not
+// done yet" is deterministic: keep-alives are released exactly once, only at collection,
+// never before the operation is done and never on a worker thread; a collect() with a
+// deadline claims nothing unless everything it covers is done; racing waiters count each
+// operation once; detached operations belong to their Future. Also the one validation of
+// arguments (InvalidArgument).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,11 +15,15 @@
 #include <vector>
 
 #include "common/support.hpp"
+#include "engine/binding.hpp"
 
 namespace deepio {
 namespace {
 
 using namespace std::chrono_literals;
+using detail::BindingCollect;
+using detail::BindingOp;
+using detail::Collected;
 using detail::FaultPoint;
 using detail::FaultSite;
 
@@ -88,23 +94,28 @@ struct Tracker {
   }
 };
 
-OpOptions keep(Tracker& t, bool detached = false) {
-  OpOptions o;
-  o.keep_alive = t.make();
-  o.detached = detached;
-  return o;
+BindingOp keep(Tracker& t, bool detached = false) { return {.keep_alive = t.make(), .detached = detached}; }
+
+// A read as the binding submits it: with a keep-alive, perhaps detached.
+Future read(Handle& h, void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t offset,
+            BindingOp binding) {
+  return detail::submit(h, false, buffer, nbytes, &path, -1, offset, {}, std::move(binding));
 }
 
-// A collect() with a short deadline while some covered operation still runs: it claims
-// nothing and hands nothing back.
+// A collect() with a short deadline while some covered operation still runs, the binding's
+// and the public one: it claims nothing and hands nothing back.
 void expect_collects_nothing(Handle& h) {
-  CollectOptions soon;
+  BindingCollect soon;
   soon.deadline = std::chrono::steady_clock::now() + 20ms;
-  const WaitResult r = h.collect(soon);
+  const Collected r = detail::collect(h, soon);
   EXPECT_FALSE(r.complete);
   EXPECT_EQ(r.count, 0u);
   EXPECT_TRUE(r.errors.empty());
   EXPECT_TRUE(r.keep_alive.empty());
+  const WaitResult w = h.collect({.deadline = std::chrono::steady_clock::now() + 20ms});
+  EXPECT_FALSE(w.complete);
+  EXPECT_EQ(w.count, 0u);
+  EXPECT_TRUE(w.errors.empty());
 }
 
 HandleOptions threads_backend(std::size_t workers = 2) {
@@ -138,7 +149,7 @@ TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
     Handle h(threads_backend());
     std::vector<Future> futs;
     for (std::size_t i = 0; i < bufs.size(); ++i)
-      futs.push_back(h.async_pread(bufs[i].data(), 4096, path_, i * 4096, keep(t)));
+      futs.push_back(read(h, bufs[i].data(), 4096, path_, i * 4096, keep(t)));
     EXPECT_EQ(h.pending(), bufs.size());
     expect_collects_nothing(h);  // not done
     EXPECT_EQ(h.pending(), bufs.size());
@@ -148,7 +159,7 @@ TEST_F(Collect, KeepAliveReleasedOnlyWhenCollectedAndOnTheCollectingThread) {
     for (auto& f : futs) f.wait();
     // Done but not collected: the handle still holds every keep-alive.
     EXPECT_EQ(t.released.load(), 0);
-    WaitResult r = h.collect();
+    Collected r = detail::collect(h);
     EXPECT_TRUE(r.complete);
     EXPECT_EQ(r.count, bufs.size());
     EXPECT_TRUE(r.errors.empty());
@@ -171,22 +182,22 @@ TEST_F(Collect, DeadlineCollectClaimsNothingUnlessAllDone) {
   t.gate = &gate;
   Handle h(threads_backend(1));
   // The first op finishes at once (a zero-byte op needs no read); the second is held.
-  Future first = h.async_pread(a.data(), 0, path_, 0, keep(t));
+  Future first = read(h, a.data(), 0, path_, 0, keep(t));
   first.wait();
-  const std::uint64_t after_first = h.mark();
-  Future second = h.async_pread(b.data(), 4096, path_, 0, keep(t));
+  const std::uint64_t after_first = detail::mark(h);
+  Future second = read(h, b.data(), 4096, path_, 0, keep(t));
   expect_collects_nothing(h);
   EXPECT_EQ(h.pending(), 2u);  // the finished one was not claimed either
   EXPECT_EQ(t.released.load(), 0);
   // A mark before the second op covers only the first, which is done.
-  CollectOptions first_only;
+  BindingCollect first_only;
   first_only.through = after_first;
   first_only.deadline = std::chrono::steady_clock::now() + 20ms;
-  WaitResult r = h.collect(first_only);
+  Collected r = detail::collect(h, first_only);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.count, 1u);
   EXPECT_EQ(r.keep_alive.size(), 1u);
-  r = WaitResult{};
+  r = Collected{};
   EXPECT_EQ(t.released.load(), 1);
   gate.open();
   EXPECT_EQ(h.wait(), 1u);
@@ -203,7 +214,7 @@ TEST_F(Collect, RacingWaitersCountEachOpOnceAndReleaseEachKeepAliveOnce) {
     Gate gate;
     t.gate = &gate;
     Handle h(threads_backend(2));
-    for (int i = 0; i < kOps; ++i) h.async_pread(bufs[i].data(), 4096, path_, (i % 16) * 4096, keep(t));
+    for (int i = 0; i < kOps; ++i) read(h, bufs[i].data(), 4096, path_, (i % 16) * 4096, keep(t));
     std::atomic<std::size_t> total{0};
     std::atomic<int> returned_while_gate_closed{0};
     std::mutex ids_mutex;
@@ -270,8 +281,8 @@ TEST_F(Collect, FutureGetCollectsItsOpAndReleasesTheKeepAlive) {
   Tracker t;
   Handle h(threads_backend());
   std::vector<std::byte> a(4096), b(4096);
-  Future fa = h.async_pread(a.data(), 4096, path_, 0, keep(t));
-  h.async_pread(b.data(), 4096, path_, 4096, keep(t));
+  Future fa = read(h, a.data(), 4096, path_, 0, keep(t));
+  read(h, b.data(), 4096, path_, 4096, keep(t));
   EXPECT_EQ(fa.get(), 4096u);
   EXPECT_EQ(t.released.load(), 1);
   EXPECT_EQ(fa.get(), 4096u);  // the same again, nothing released twice
@@ -288,25 +299,25 @@ TEST_F(Collect, DetachedOpsBelongToTheirFuture) {
     Gate gate;
     t.gate = &gate;
     Handle h(threads_backend());
-    Future mine = h.async_pread(a.data(), 4096, path_, 0, keep(t, /*detached=*/true));
+    Future mine = read(h, a.data(), 4096, path_, 0, keep(t, /*detached=*/true));
     EXPECT_EQ(h.pending(), 0u);
     EXPECT_EQ(h.wait(), 0u);  // neither waited for nor counted
     EXPECT_FALSE(mine.done());
     // Named in `with`, it is collected and counted with the others.
-    h.async_pread(b.data(), 4096, path_, 4096, keep(t));
+    read(h, b.data(), 4096, path_, 4096, keep(t));
     gate.open();
-    CollectOptions o;
+    BindingCollect o;
     o.with = &mine;
-    WaitResult r = h.collect(o);
+    Collected r = detail::collect(h, o);
     EXPECT_EQ(r.count, 2u);
     EXPECT_EQ(r.keep_alive.size(), 2u);
-    r = WaitResult{};
+    r = Collected{};
     EXPECT_EQ(t.released.load(), 2);
     EXPECT_EQ(mine.get(), 4096u);  // the outcome is still there for the Future
 
     // give_to_wait: an ordinary op from then on.
-    Future handed = h.async_pread(c.data(), 4096, path_, 0, keep(t, true));
-    handed.give_to_wait();
+    Future handed = read(h, c.data(), 4096, path_, 0, keep(t, true));
+    detail::give_to_wait(handed);
     EXPECT_EQ(h.pending(), 1u);
     EXPECT_EQ(h.wait(), 1u);
     EXPECT_EQ(t.released.load(), 3);
@@ -320,25 +331,25 @@ TEST_F(Collect, AbandonedDetachedOpReleasedByALaterCollectOnlyWhenDone) {
   Gate gate;
   t.gate = &gate;
   Handle h(threads_backend(1));
-  { (void)h.async_pread(a.data(), 4096, path_, 0, keep(t, true)); }  // every Future dropped
-  CollectOptions poll;
+  { (void)read(h, a.data(), 4096, path_, 0, keep(t, true)); }  // every Future dropped
+  BindingCollect poll;
   poll.through = 0;
-  WaitResult r = h.collect(poll);
+  Collected r = detail::collect(h, poll);
   EXPECT_TRUE(r.keep_alive.empty());  // still running
   ASSERT_TRUE(gate.wait_held(1));
-  r = h.collect(poll);
+  r = detail::collect(h, poll);
   EXPECT_TRUE(r.keep_alive.empty());  // held in the gate: certainly not done
   gate.open();
   // Polls until the op is done; the 30 s bound is only a hang guard, not what is asserted.
   const auto give_up = std::chrono::steady_clock::now() + 30s;
   while (r.keep_alive.empty() && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::yield();
-    r = h.collect(poll);
+    r = detail::collect(h, poll);
   }
   EXPECT_EQ(r.keep_alive.size(), 1u);
   EXPECT_EQ(r.count, 0u);  // abandoned ops are not counted
   EXPECT_EQ(t.released.load(), 0);
-  r = WaitResult{};
+  r = Collected{};
   EXPECT_EQ(t.released.load(), 1);
   EXPECT_EQ(t.released_while_gate_closed.load(), 0);
 }
@@ -360,8 +371,8 @@ TEST_F(Collect, HandleDestroyedWithUncollectedOpsReleasesTheirKeepAlives) {
   std::vector<std::byte> a(4096);
   {
     Handle h(threads_backend());
-    h.async_pread(a.data(), 4096, path_, 0, keep(t));
-    h.async_pread(a.data(), 4096, path_, 0, keep(t, true));
+    read(h, a.data(), 4096, path_, 0, keep(t));
+    read(h, a.data(), 4096, path_, 0, keep(t, true));
   }
   EXPECT_EQ(t.released.load(), 2);
 }

@@ -15,6 +15,7 @@
 
 #include "platform/fault.hpp"
 #include "common/support.hpp"
+#include "engine/binding.hpp"
 
 namespace deepio {
 namespace {
@@ -73,10 +74,11 @@ class Observed : public test::BackendTest {
   UnobservedFailureHandler previous_ = nullptr;
 };
 
-OpOptions detached() {
-  OpOptions o;
-  o.detached = true;
-  return o;
+// A write as the binding submits a Future's operation (engine/binding.hpp): detached, so that
+// it belongs to its Future alone.
+Future detached_write(Handle& h, const std::vector<std::byte>& data, const std::string& path, std::uint64_t offset) {
+  return detail::submit(h, true, const_cast<std::byte*>(data.data()), data.size(), &path, -1, offset, {},
+                        {.keep_alive = nullptr, .detached = true});
 }
 
 TEST_P(Observed, DroppedFutureOfFailedDetachedOpIsReportedOnce) {
@@ -85,7 +87,7 @@ TEST_P(Observed, DroppedFutureOfFailedDetachedOpIsReportedOnce) {
   const auto data = pattern(64 << 10, 1);
   const std::string path = dir_.file("f");
   {
-    Future f = h.async_pwrite(data.data(), data.size(), path, 4096, detached());
+    Future f = detached_write(h, data, path, 4096);
     Future copy = f;  // the last copy, not the first, makes it unobservable
     f.wait();
     { Future gone = std::move(f); }
@@ -112,7 +114,7 @@ TEST_P(Observed, FutureDroppedWhileRunningIsReportedWhenTheOpFinishes) {
   const std::string path = dir_.file("f");
   {
     Handle h(opts());
-    { Future f = h.async_pwrite(data.data(), data.size(), path, 0, detached()); }
+    { Future f = detached_write(h, data, path, 0); }
     EXPECT_TRUE(reports().empty()) << "still running: nothing to report yet";
     release = true;
   }  // ~Handle finishes the op
@@ -127,7 +129,7 @@ TEST_P(Observed, CollectedFailuresAreNotReported) {
   const auto data = pattern(8192, 3);
   {
     Handle h(opts());
-    Future f = h.async_pwrite(data.data(), data.size(), dir_.file("a"), 0, detached());
+    Future f = detached_write(h, data, dir_.file("a"), 0);
     EXPECT_THROW(f.get(), Error);                              // observed by get()
     h.async_pwrite(data.data(), data.size(), dir_.file("b"));  // Future dropped at once
     EXPECT_THROW(h.wait(), Error);                             // observed by wait()
@@ -168,7 +170,7 @@ TEST_P(Observed, DefaultHandlerWritesOneLineToStderr) {
     set_unobserved_failure_handler(nullptr);  // the default
     const auto data = pattern(8192, 5);
     Handle h({.backend = kind});
-    Future f = h.async_pwrite(data.data(), data.size(), path, 0, detached());
+    Future f = detached_write(h, data, path, 0);
     f.wait();
     return 0;  // f, then h, destroyed here: one report
   });
