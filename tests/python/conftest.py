@@ -12,6 +12,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,6 +166,28 @@ def tmp_dir(session_dir):
     d.mkdir()
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: "2m") mounted on a fresh ``folder/tmpfs`` for a test
+    that must fill a file system (ENOSPC); root only: skips with the reason otherwise, and where
+    the mount fails. Unmounted afterwards (lazily when still busy: the test fails on what it
+    found anyway)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = folder / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=60
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
 
 
 @pytest.fixture

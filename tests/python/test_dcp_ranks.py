@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, require_module
+from conftest import REPO, require_module, small_tmpfs
 
 dcp = require_module("torch.distributed.checkpoint", "torch")
 import torch  # noqa: E402
@@ -189,30 +189,16 @@ def test_two_ranks_spread_over_three_folders(tmp_dir):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_dir):
-    """A 2 MiB tmpfs mounted on a fresh folder (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_dir / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=60
-    )
-    if r.returncode != 0:
-        pytest.skip(f"mount -t tmpfs failed: {r.stderr.strip() or r.returncode}")
-    try:
+def tmpfs_2m(tmp_dir):
+    with small_tmpfs(tmp_dir, "2m") as mnt:
         yield mnt
-    finally:
-        r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)
-        if r.returncode != 0:  # still busy: detach it, the test fails on what it found anyway
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
 
 
-def test_enospc_fails_every_rank(tmp_dir, small_tmpfs):
+def test_enospc_fails_every_rank(tmp_dir, tmpfs_2m):
     """2 ranks save over a checkpoint on a 2 MiB tmpfs a state dict of 6 MiB: dcp.save raises
     on every rank (naming ENOSPC), and nothing claims completion: the old .metadata is gone,
     no new one or temporary one exists, and dcp.load refuses the folder."""
-    checkpoint = small_tmpfs / "ck"
+    checkpoint = tmpfs_2m / "ck"
     r = _program("enospc", tmp_dir, checkpoint)
     for rank in (0, 1):
         assert f"rank {rank} raised: CheckpointException" in r.stdout, r.stdout

@@ -23,7 +23,7 @@ import warnings
 import pytest
 
 import deepio
-from conftest import needs_numpy, needs_torch
+from conftest import needs_numpy, needs_torch, small_tmpfs
 
 try:
     import numpy as np
@@ -119,24 +119,14 @@ def test_rlimit_fsize_failure_is_raised(tmp_dir, case):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_dir):
-    """A 4 MiB tmpfs mounted for the test (root only; skips with the reason otherwise)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_dir / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+def tmpfs_4m(tmp_dir):
+    with small_tmpfs(tmp_dir, "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_full_file_system_failure_is_raised(small_tmpfs, case):
-    _check(_child(case, str(small_tmpfs), "none"), case, errno.ENOSPC)
+def test_full_file_system_failure_is_raised(tmpfs_4m, case):
+    _check(_child(case, str(tmpfs_4m), "none"), case, errno.ENOSPC)
 
 
 # ------------------------------------------------------------------- failures nobody collected
