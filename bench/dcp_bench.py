@@ -58,18 +58,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from benchutil import drop_caches, drop_file_cache
+from benchutil import cpu_seconds, drop_caches, drop_file_cache
 
 ENGINE_CHUNK = 64 << 20  # the engine ceiling's page-locked buffer, one request
 SMALL_SIZES = (2048, 8192, 512, 16384)  # float32 elements of the small vectors (8/32/2/64 KiB)
 SMALL_PER_SECTION = 64
 LARGE_PER_SECTION = 4
 COLS = 2048
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _majflt() -> int:
@@ -261,9 +256,9 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
 
     def timed(fn: Any) -> tuple[float, float, int]:
         dist.barrier()
-        f0, c0, t0 = _majflt(), _cpu(), time.perf_counter()
+        f0, c0, t0 = _majflt(), cpu_seconds(), time.perf_counter()
         fn()
-        return time.perf_counter() - t0, _cpu() - c0, _majflt() - f0
+        return time.perf_counter() - t0, cpu_seconds() - c0, _majflt() - f0
 
     runs: list[dict[str, Any]] = []
 
@@ -295,11 +290,11 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
             path = folder(name.replace(" ", "-"))
             fresh(path)
             dist.barrier()
-            f0, c0, t0 = _majflt(), _cpu(), time.perf_counter()
+            f0, c0, t0 = _majflt(), cpu_seconds(), time.perf_counter()
             fut = dcp.async_save(sd, storage_writer=asyncs[name](path))
             blocking = time.perf_counter() - t0
             fut.result()
-            wall, cpu, flt = time.perf_counter() - t0, _cpu() - c0, _majflt() - f0
+            wall, cpu, flt = time.perf_counter() - t0, cpu_seconds() - c0, _majflt() - f0
             runs.append(
                 {
                     "round": rnd,
