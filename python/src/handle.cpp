@@ -536,6 +536,26 @@ void init_handle(nb::module_& m) {
            "Queues one operation over many ranges of one file for wait(); returns the bytes it moves "
            "(future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after "
            "another in the buffer.")
+      .def(
+          "open_file",
+          [](const PyHandle& self, nb::handle file, int flags, const std::string& direct_io) {
+            const Target t = parse_target(file);
+            if (t.fd >= 0) throw nb::type_error("open_file takes a path, not a descriptor");
+            const std::string& path = t.path;
+            const auto mode = parse_direct_io(direct_io);
+            if (!mode) throw InvalidArgument("direct_io must be 'auto', 'on' or 'off', not '" + direct_io + "'");
+            auto h = self.engine();
+            detail::CallerFile f;
+            {
+              nb::gil_scoped_release release;  // an open may wait for this handle's ops to free descriptors
+              f = detail::open_for_caller(*h, path, flags, *mode);
+            }
+            return nb::make_tuple(f.fd, f.direct);
+          },
+          nb::arg("path"), nb::arg("flags"), nb::arg("direct_io") = "auto",
+          "Opens path with the os.open flags the way the engine opens its own files (O_DIRECT unless "
+          "direct_io='off' or the file system refuses it; 'on' makes that an error); returns (fd, direct). "
+          "The caller closes fd.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)

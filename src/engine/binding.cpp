@@ -27,6 +27,11 @@ std::vector<Future> submit_batch(Handle& h, std::vector<IoRequest> requests, std
   return futures;
 }
 
+CallerFile open_for_caller(Handle& h, const std::string& path, int flags, DirectIo direct_io) {
+  auto [fd, direct] = HandleAccess::engine(h).open_for_caller(path, flags, direct_io);
+  return {fd.release(), direct};
+}
+
 Collected collect(Handle& h, const BindingCollect& options) {
   return HandleAccess::engine(h).collect(options,
                                          options.with != nullptr ? HandleAccess::state(*options.with) : nullptr);

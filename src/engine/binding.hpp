@@ -88,6 +88,21 @@ Future submit_ranges(Handle& h, bool write, void* buffer, std::size_t buffer_byt
 /// long as `requests`.
 std::vector<Future> submit_batch(Handle& h, std::vector<IoRequest> requests, std::vector<BindingOp> binding);
 
+/// A file the engine opened for a caller that keeps the descriptor (and closes it).
+struct CallerFile {
+  int fd = -1;
+  bool direct = false;  ///< opened with O_DIRECT
+};
+
+/// Opens `path` the way the engine opens its own files, for a binding's file object
+/// (deepio.File): `flags` as open(2) takes them (access mode, O_CREAT, O_TRUNC, O_EXCL, ...;
+/// O_CLOEXEC is added), plus O_DIRECT unless `direct_io` is Off or the file system refuses it
+/// (On: that is an error; Auto: the file is opened through the page cache and counted in
+/// HandleStats::direct_refused), waiting for this handle's own operations to release
+/// descriptors when the process has none left. The caller owns the descriptor. Throws
+/// deepio::Error naming the path (and ForkedHandle in a forked child).
+CallerFile open_for_caller(Handle& h, const std::string& path, int flags, DirectIo direct_io);
+
 /// Handle::collect with the binding's selection, handing the keep-alives to the caller.
 /// Never throws except std::bad_alloc (and ForkedHandle).
 Collected collect(Handle& h, const BindingCollect& options = {});

@@ -32,6 +32,7 @@
 #include "engine/binding.hpp"
 #include "engine/device.hpp"
 #include "platform/process.hpp"
+#include "platform/sys.hpp"
 #include "deepio/handle.hpp"
 
 namespace deepio::detail {
@@ -71,6 +72,9 @@ class Engine {
   std::shared_ptr<OpState> submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
                                          int fd, std::span<const IoRange> ranges, OpOptions op_options,
                                          BindingOp binding = {});
+  /// detail::open_for_caller (binding.hpp): the engine's own way of opening, for a caller that
+  /// keeps the descriptor. Returns it and whether it has O_DIRECT.
+  std::pair<UniqueFd, bool> open_for_caller(const std::string& path, int flags, DirectIo mode);
   /// detail::collect (binding.hpp); `with` is the state of BindingCollect::with (or null).
   Collected collect(const BindingCollect& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
@@ -125,6 +129,10 @@ class Engine {
   std::shared_ptr<SharedFile> open_shared(bool write, const std::string& path);
   /// Opens `path` for the engine (O_DIRECT unless refused; see docs/engine.md) and sizes it.
   UniqueFd open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out);
+  /// Opens `path` with `flags`, and O_DIRECT unless `mode` is Off or the file system refuses it
+  /// (On: refused is an error; Auto: counted in direct_refused, opened through the page cache).
+  /// *direct says which; *facts is the file as opened. Throws deepio::Error naming the path.
+  UniqueFd open_maybe_direct(const std::string& path, int flags, DirectIo mode, FileFacts* facts, bool* direct);
   Openers& start_openers();
   /// The sync threads, started by the first durable write (throws if they cannot start).
   SyncRunner& start_syncers();

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -94,41 +95,77 @@ std::shared_ptr<Engine::SharedFile> Engine::open_shared(bool write, const std::s
 }
 
 UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out) {
-  const int base = write ? (O_WRONLY | O_CREAT) : O_RDONLY;
-  UniqueFd fd;
-  bool direct = options_.direct_io != DirectIo::Off;
-  Status s = open_with_backpressure(path, base | (direct ? O_DIRECT : 0), &fd);
-  if (!s.ok() && s.errnum == EINVAL && direct) {
-    if (options_.direct_io == DirectIo::On) {
-      throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
-    }
-    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-    direct = false;
-    s = open_with_backpressure(path, base, &fd);
-  }
-  throw_if_error(s);
   FileFacts facts;
-  throw_if_error(file_facts(fd.get(), path, &facts));
+  bool direct = false;
+  UniqueFd fd = open_maybe_direct(path, write ? (O_WRONLY | O_CREAT) : O_RDONLY, options_.direct_io, &facts, &direct);
   *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
   out->in_memory = in_memory(fd.get(), facts.dev);
-  if (direct && facts.from_statx && facts.dio_offset_align == 0) {
-    // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
-    if (options_.direct_io == DirectIo::On) {
-      throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
-    }
-    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-    // Our own open file description (no caller shares it): clearing the flag is safe here.
-    const int flags = ::fcntl(fd.get(), F_GETFL);
-    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_DIRECT) != 0) {
-      throw_error(errno, "cannot clear O_DIRECT (fcntl)", path);
-    }
-    direct = false;
-  }
   out->direct = direct;
   if (direct) {
     // Without statx's answer, a page is a safe superset of any logical block size.
     out->mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
     out->offset_align = facts.from_statx ? facts.dio_offset_align : page_size();
+  }
+  return fd;
+}
+
+std::pair<UniqueFd, bool> Engine::open_for_caller(const std::string& path, int flags, DirectIo mode) {
+  process_.check();
+  FileFacts facts;
+  bool direct = false;
+  UniqueFd fd = open_maybe_direct(path, flags, mode, &facts, &direct);
+  return {std::move(fd), direct};
+}
+
+UniqueFd Engine::open_maybe_direct(const std::string& path, int flags, DirectIo mode, FileFacts* facts, bool* direct) {
+  *direct = mode != DirectIo::Off;
+  UniqueFd fd;
+  Status s;
+  if (*direct && (flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL)) {
+    // An O_DIRECT open that the file system refuses fails only after creating the file, and
+    // the retry would then find it existing (EEXIST): create it plainly, then ask for O_DIRECT.
+    s = open_with_backpressure(path, flags, &fd);
+    if (s.ok()) {
+      const int now = ::fcntl(fd.get(), F_GETFL);
+      if (now < 0) throw_error(errno, "cannot read the file's flags (fcntl)", path);
+      if (::fcntl(fd.get(), F_SETFL, now | O_DIRECT) != 0) {
+        if (errno != EINVAL) throw_error(errno, "cannot set O_DIRECT (fcntl)", path);
+        s = Status::failure(EINVAL, "cannot open", path);
+      }
+    }
+    if (!s.ok() && s.errnum == EINVAL && fd.get() >= 0) {
+      if (mode == DirectIo::On) {
+        fd.reset();
+        ::unlink(path.c_str());  // created by this call (O_EXCL), and of no use to anyone
+        throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
+      }
+      counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+      *direct = false;
+      s = Status::success();  // `fd` is open, without O_DIRECT
+    }
+  } else {
+    s = open_with_backpressure(path, flags | (*direct ? O_DIRECT : 0), &fd);
+    if (!s.ok() && s.errnum == EINVAL && *direct) {
+      if (mode == DirectIo::On) throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
+      counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+      *direct = false;
+      s = open_with_backpressure(path, flags, &fd);
+    }
+  }
+  throw_if_error(s);
+  throw_if_error(file_facts(fd.get(), path, facts));
+  if (*direct && facts->from_statx && facts->dio_offset_align == 0) {
+    // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
+    if (mode == DirectIo::On) {
+      throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
+    }
+    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+    // Our own open file description (no caller shares it yet): clearing the flag is safe here.
+    const int now = ::fcntl(fd.get(), F_GETFL);
+    if (now < 0 || ::fcntl(fd.get(), F_SETFL, now & ~O_DIRECT) != 0) {
+      throw_error(errno, "cannot clear O_DIRECT (fcntl)", path);
+    }
+    *direct = false;
   }
   return fd;
 }

@@ -171,18 +171,24 @@ def tmp_dir(session_dir):
 @contextmanager
 def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` (mount's syntax: "2m") mounted on a fresh ``folder/tmpfs`` for a test
-    that must fill a file system (ENOSPC); root only: skips with the reason otherwise, and where
-    the mount fails. Unmounted afterwards (lazily when still busy: the test fails on what it
-    found anyway)."""
+    that must fill a file system (ENOSPC); root only (see mounted())."""
+    with mounted(folder, "tmpfs", f"size={size}") as mnt:
+        yield mnt
+
+
+@contextmanager
+def mounted(folder: Path, fstype: str, options: str | None = None) -> Iterator[Path]:
+    """A fresh file system of type ``fstype`` (tmpfs, ramfs) mounted on a new ``folder/<fstype>``;
+    root only: skips with the reason otherwise, and where the mount fails. Unmounted afterwards
+    (lazily when still busy: the test fails on what it found anyway)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = folder / "tmpfs"
+        pytest.skip(f"mounting a {fstype} needs root")
+    mnt = folder / fstype
     mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=60
-    )
+    cmd = ["mount", "-t", fstype] + (["-o", options] if options else []) + [fstype, str(mnt)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+        pytest.skip(f"cannot mount a {fstype} here: {r.stderr.strip() or r.returncode}")
     try:
         yield mnt
     finally:

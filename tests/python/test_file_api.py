@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 import deepio
-from conftest import FRAMEWORKS, as_bytes, fill, make_buffer, needs_numpy
+from conftest import FRAMEWORKS, as_bytes, fill, make_buffer, mounted, needs_numpy
 
 try:
     import numpy as np
@@ -70,6 +70,56 @@ def test_file_modes(tmp_dir):
     f.close()
     with pytest.raises(ValueError, match="closed"):
         f.pread(bytearray(1), 0)
+
+
+def test_file_opens_as_the_engine_does(tmp_dir, fault):
+    """File opens through its handle's engine: a file system refusing O_DIRECT at open
+    (EINVAL, injected once) means the page cache, counted in the handle's direct_refused like
+    the engine's own opens; with direct_io="on" it is an error naming the file."""
+    h = deepio.aio_handle()
+    fault("open", errno=errno.EINVAL, count=1)
+    with deepio.File(tmp_dir / "a.bin", "w", handle=h) as f:
+        assert not f.direct
+        assert f.write_from(b"abc") == 3
+    assert (tmp_dir / "a.bin").read_bytes() == b"abc"
+    assert h.stats()["direct_refused"] == 1
+    with deepio.File(tmp_dir / "a.bin", "r+", handle=h) as f:  # nothing injected: O_DIRECT
+        assert f.direct
+    fault("open", errno=errno.EINVAL, count=1)
+    with pytest.raises(OSError) as e:
+        deepio.File(tmp_dir / "b.bin", "w", handle=h, direct_io="on")
+    assert e.value.errno == errno.EINVAL and "b.bin" in str(e.value)
+    assert h.stats()["direct_refused"] == 1
+    fault("open", errno=errno.EMFILE, count=1)  # out of descriptors, no operation to wait for
+    with pytest.raises(OSError) as e:
+        deepio.File(tmp_dir / "c.bin", "w", handle=h)
+    assert e.value.errno == errno.EMFILE and "c.bin" in str(e.value)
+
+
+def test_file_on_a_file_system_without_o_direct(tmp_dir):
+    """ramfs refuses O_DIRECT only after open() created the file: "x" must not then find its
+    own file existing (it did, before File opened through the engine), and "on" must not leave
+    it behind."""
+    with mounted(tmp_dir, "ramfs") as mnt:
+        h = deepio.aio_handle()
+        p = mnt / "x.bin"
+        with deepio.File(p, "x", handle=h) as f:
+            assert not f.direct
+            assert f.write_from(b"hello") == 5
+        assert p.read_bytes() == b"hello"
+        assert h.stats()["direct_refused"] == 1
+        with pytest.raises(FileExistsError):
+            deepio.File(p, "x", handle=h)
+        with deepio.File(p, "w", handle=h) as f:  # truncates, as without O_DIRECT
+            assert not f.direct
+        assert p.read_bytes() == b""
+        with pytest.raises(OSError) as e:
+            deepio.File(mnt / "on.bin", "x", handle=h, direct_io="on")
+        assert e.value.errno == errno.EINVAL and "on.bin" in str(e.value)
+        assert not (mnt / "on.bin").exists()
+        with deepio.File(mnt / "off.bin", "x", handle=h, direct_io="off") as f:
+            assert not f.direct
+        assert h.stats()["direct_refused"] == 2  # "x" and "w"; the refused "on" is an error, not counted
 
 
 def test_an_error_at_submission_names_the_file(tmp_dir):
