@@ -29,6 +29,16 @@ FileArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]", int]
 _DIRECT_IO_ALIASES = {True: "on", False: "off", None: "auto"}
 
 
+def _direct_io_arg(direct_io: Any) -> str:
+    """direct_io as the engine takes it: True/False/None as "on"/"off"/"auto", a str as it is."""
+    direct = direct_io
+    if direct_io is None or isinstance(direct_io, int):
+        direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io)
+    if not isinstance(direct, str):
+        raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
+    return direct
+
+
 class ValidationError(OSError):
     """validate=True found different bytes in the file than in the buffer (errno EIO)."""
 
@@ -135,11 +145,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         overlap_events = _bool_arg("overlap_events", overlap_events)
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, not {type(backend).__qualname__}")
-        direct = direct_io
-        if direct_io is None or isinstance(direct_io, int):
-            direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io)
-        if not isinstance(direct, str):
-            raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
+        direct = _direct_io_arg(direct_io)
         self._h = self._engine(
             block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
         )

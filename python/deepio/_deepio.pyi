@@ -115,6 +115,11 @@ class Handle:
         Queues one operation over many ranges of one file for wait(); returns the bytes it moves (future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after another in the buffer.
         """
 
+    def open_file(self, path: object, flags: int, direct_io: str = 'auto') -> tuple:
+        """
+        Opens path with the os.open flags the way the engine opens its own files (O_DIRECT unless direct_io='off' or the file system refuses it; 'on' makes that an error); returns (fd, direct). The caller closes fd.
+        """
+
     def wait(self) -> int:
         """Waits for every queued operation; returns how many were collected."""
 

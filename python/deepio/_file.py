@@ -9,7 +9,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, Union
 
 from . import _deepio, _engine
-from ._aio import _range_args
+from ._aio import _direct_io_arg, _range_args
 from ._errors import describe, with_name
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -132,9 +132,7 @@ class File:
         key = mode.replace("b", "")
         if key not in _MODES or mode.count("b") > 1:
             raise ValueError(f"invalid mode {mode!r} (expected r, r+, w, w+, x, x+, a or a+)")
-        direct = {True: "on", False: "off", None: "auto"}.get(direct_io, direct_io)  # type: ignore[arg-type]
-        if direct not in ("auto", "on", "off"):
-            raise ValueError(f"direct_io must be 'auto', 'on' or 'off', not {direct_io!r}")
+        direct = _direct_io_arg(direct_io)  # the names themselves are checked by the engine
         self._h = _engine_handle(handle)
         self._ops: list[Any] = []
         self._ops_pid = os.getpid()  # the process whose engine runs the operations in _ops

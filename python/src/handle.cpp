@@ -542,13 +542,12 @@ void init_handle(nb::module_& m) {
             const Target t = parse_target(file);
             if (t.fd >= 0) throw nb::type_error("open_file takes a path, not a descriptor");
             const std::string& path = t.path;
-            const auto mode = parse_direct_io(direct_io);
-            if (!mode) throw InvalidArgument("direct_io must be 'auto', 'on' or 'off', not '" + direct_io + "'");
+            const DirectIo mode = direct_from(direct_io);
             auto h = self.engine();
             detail::CallerFile f;
             {
               nb::gil_scoped_release release;  // an open may wait for this handle's ops to free descriptors
-              f = detail::open_for_caller(*h, path, flags, *mode);
+              f = detail::open_for_caller(*h, path, flags, mode);
             }
             return nb::make_tuple(f.fd, f.direct);
           },

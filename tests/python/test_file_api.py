@@ -66,6 +66,10 @@ def test_file_modes(tmp_dir):
     assert p.read_bytes() == b""
     with pytest.raises(ValueError):
         deepio.File(p, "rw")
+    with pytest.raises(ValueError, match="direct_io"):  # the engine's check, as for aio_handle
+        deepio.File(p, "r", direct_io="sometimes")
+    with pytest.raises(ValueError, match="direct_io"):
+        deepio.File(p, "r", direct_io=2)
     f = deepio.File(p, "r")
     f.close()
     with pytest.raises(ValueError, match="closed"):
