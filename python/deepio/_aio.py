@@ -31,9 +31,9 @@ _DIRECT_IO_ALIASES = {True: "on", False: "off", None: "auto"}
 
 def _direct_io_arg(direct_io: Any) -> str:
     """direct_io as the engine takes it: True/False/None as "on"/"off"/"auto", a str as it is."""
-    direct = direct_io
-    if direct_io is None or isinstance(direct_io, int):
-        direct = _DIRECT_IO_ALIASES.get(direct_io, direct_io)
+    direct: Any = direct_io
+    if direct_io is None or isinstance(direct_io, bool):
+        direct = _DIRECT_IO_ALIASES[direct_io]
     if not isinstance(direct, str):
         raise ValueError(f"direct_io must be 'auto', 'on', 'off', True or False, not {direct_io!r}")
     return direct
