@@ -196,3 +196,36 @@ def test_gpu_vs_host_help_runs_without_a_gpu():
     assert "--allow-flagged" in out.stdout
     assert "--tolerance" not in out.stdout
     assert "judge_against_ceiling" in out.stdout
+
+
+def test_gpu_vs_host_runs_on_the_fake_driver_and_judges_its_rows(tmp_dir, tmp_path):
+    """The whole script at 4 MiB, one round, on the fake CUDA driver and cuFile of tests/gpu
+    (its figures mean nothing): every row verified, every file row judged by the one ceiling
+    rule and its standing in the JSON. Needs gpu_bench from a CMake build tree."""
+    from test_gpu_fake import build_fakes
+
+    benches = sorted((REPO / "build").glob("*/bench/gpu_bench"))
+    if not benches:
+        pytest.skip("no gpu_bench under build/*/bench (cmake --build --preset ci --target gpu_bench)")
+    cuda, cufile = build_fakes(tmp_path)
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, DEEPIO_CUDA_LIBRARY=str(cuda), DEEPIO_CUFILE_LIBRARY=str(cufile))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_vs_host.py"),
+            *("--bench", str(benches[0]), "--dir", str(tmp_dir), "--size", str(4 << 20), "--rounds", "1"),
+            *("--qd", "4", "--cold", "fadvise", "--allow-flagged", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    for op in ("read", "write"):
+        assert report["ceiling_samples"][op], report
+        for mem in ("host", "device", "bounce", "gds"):
+            assert report["vs_ceiling"][f"{op}/{mem}"] in ("below", "at_ceiling", "above"), report
