@@ -1,4 +1,5 @@
-"""What the Python benchmark programs share: cold caches and the process's CPU time.
+"""What the Python benchmark programs share: cold caches, the process's CPU time, and the one
+rule for judging a figure against the ceiling measured in the same run.
 
 Imported as ``from benchutil import ...`` by the programs in bench/ (run as scripts, so
 this folder is on sys.path).
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import os
 import resource
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 def drop_caches() -> bool:
@@ -91,3 +95,57 @@ def write_cache(dev: str | None) -> str:
             return f.read().strip()
     except OSError:
         return "unknown"
+
+
+# The noise margin's floor, as a fraction of the fastest ceiling sample: kCeilingNoise of
+# tools/lib/ceiling.hpp.
+CEILING_NOISE = 0.10
+
+
+@dataclass(frozen=True)
+class CeilingVerdict:
+    """Where a figure stands against the ceiling: CeilingVerdict of tools/lib/ceiling.hpp.
+    ``standing`` is "none", "below", "at_ceiling" or "above" (its to_string())."""
+
+    standing: str = "none"
+    percent: float = 0.0  # 100 x figure / the ceiling samples' median ("below", "at_ceiling"); else 0
+    lo: float = 0.0  # the slowest and fastest ceiling samples (GiB/s)
+    hi: float = 0.0
+    limit: float = 0.0  # hi + margin: a figure above it is flagged
+    reason: str = ""  # "above": one short sentence saying why; else empty
+
+    @property
+    def flagged(self) -> bool:
+        return self.standing == "above"
+
+
+def judge_against_ceiling(figure: float, samples: Iterable[float]) -> CeilingVerdict:
+    """The ceiling rule of ``deepio bench``, the same rule in Python: it mirrors
+    judge_against_ceiling() of tools/lib/ceiling.cpp (change both together; the cases of
+    tests/python/test_bench_programs.py are those of its C++ table tests).
+
+    ``samples`` are the ceiling's GiB/s per run; samples of zero or less (a failed run) are
+    ignored, and none left means "none". Of the rest, lo and hi are the slowest and fastest;
+    margin = max(hi - lo, CEILING_NOISE x hi), the spread the device showed in this very run,
+    but never less than its usual drift. Then:
+      figure > hi + margin -> "above", reason "above every ceiling sample (lo-hi GiB/s) by more
+                              than their noise margin (limit GiB/s)";
+      figure >= lo         -> "at_ceiling" (percent of the median kept);
+      otherwise            -> "below", percent = 100 x figure / median.
+    """
+    v = sorted(s for s in samples if s > 0)
+    if not v:
+        return CeilingVerdict()
+    lo, hi = v[0], v[-1]
+    limit = hi + max(hi - lo, CEILING_NOISE * hi)
+    if figure > limit:
+        return CeilingVerdict(
+            "above",
+            0.0,
+            lo,
+            hi,
+            limit,
+            f"above every ceiling sample ({lo:.2f}-{hi:.2f} GiB/s) by more than their noise margin ({limit:.2f} GiB/s)",
+        )
+    standing = "at_ceiling" if figure >= lo else "below"
+    return CeilingVerdict(standing, 100.0 * figure / statistics.median(v), lo, hi, limit)

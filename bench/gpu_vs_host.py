@@ -13,11 +13,14 @@ Honest figures (issue 11):
     POSIX_FADV_DONTNEED on the file) and reports, from mincore(), how much of the file was still
     cached; write rows end with fsync() inside the clock;
   * the disk ceiling is measured in the same run, interleaved with the rest: gpu_bench
-    --memory disk (--qd threads of O_DIRECT pread/pwrite, no deepio), and fio (io_uring, direct)
-    when installed; the higher of the two is the ceiling;
-  * a file row faster than the ceiling by more than --tolerance (10%: the noise of a median),
-    or one that started with the file cached, is FLAGGED: its figure appears only in the flag
-    note, never as a result;
+    --memory disk (--qd threads of O_DIRECT pread/pwrite, no deepio, one sample per round), and
+    fio (io_uring, direct, one sample) when installed; the ceiling's samples are those of the
+    higher of the two (by median);
+  * a file row is judged by the one ceiling rule of `deepio bench` (benchutil.judge_against_ceiling,
+    which mirrors tools/lib/ceiling.cpp): within the ceiling samples' own spread it reads "at
+    ceiling"; one beyond every ceiling sample by more than max(their spread, 10%), or one that
+    started with the file cached, is FLAGGED: its figure appears only in the flag note, never as
+    a result;
   * host buffers (the h2d ceiling's source, the bounce buffer) are page-locked and registered
     with CUDA (cuMemHostRegister), so those copies are DMA, not pageable copies.
 
@@ -38,6 +41,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchutil import judge_against_ceiling
 
 GIB = 1 << 30
 MEMORIES = ["disk", "host", "device", "bounce", "gds", "h2d"]
@@ -100,12 +105,6 @@ def main():
         choices=["auto", "drop", "fadvise", "none"],
         help="how gpu_bench empties the page cache before each file row (default auto)",
     )
-    ap.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.10,
-        help="a file row above ceiling * (1 + tolerance) is flagged (default 0.10)",
-    )
     ap.add_argument("--allow-flagged", action="store_true", help="exit 0 even when rows were flagged")
     ap.add_argument(
         "--staging", default="", help="comma-separated DEEPIO_STAGING_BYTES values, each an extra device@SIZE row"
@@ -161,10 +160,12 @@ def main():
         gibs = statistics.median(s["bytes"] / GIB / s["seconds"] for s in ss)
         cpu = statistics.median(s["cpu_seconds"] / (s["bytes"] / GIB) for s in ss)
         table[(op, mem)] = (gibs, cpu, ss)
-    ceiling = {}
+    # The ceiling's samples: the disk row's (one per round) or fio's one, whichever measured more.
+    ceiling_samples = {}
     for op in ops:
-        own = table[(op, "disk")][0]
-        ceiling[op] = max(own, fio[op] or 0.0)
+        own = [s["bytes"] / GIB / s["seconds"] for s in table[(op, "disk")][2]]
+        ceiling_samples[op] = [fio[op]] if fio[op] and fio[op] > table[(op, "disk")][0] else own
+    ceiling = {op: statistics.median(v) for op, v in ceiling_samples.items()}
 
     colds = sorted({s["cold"] for ss in samples.values() for s in ss if s["cold"] != "n/a"})
     registered = all(s.get("host_registered") for ss in samples.values() for s in ss)
@@ -188,10 +189,11 @@ def main():
         print(
             f"disk ceiling ({op}): gpu_bench --memory disk {args.qd} threads x {args.block} B {how}: "
             f"{table[(op, 'disk')][0]:.3f} GiB/s; fio io_uring 1M x QD32 direct: {f}; "
-            f"ceiling {ceiling[op]:.3f} GiB/s"
+            f"ceiling {ceiling[op]:.3f} GiB/s (median of " + ", ".join(f"{v:.3f}" for v in ceiling_samples[op]) + ")"
         )
-    print(f"{'op':<6} {'memory':<20} {'GiB/s':>8} {'CPU s/GiB':>10} {'vs host':>8} {'vs bounce':>10} {'vs disk':>8}")
+    print(f"{'op':<6} {'memory':<20} {'GiB/s':>8} {'CPU s/GiB':>10} {'vs host':>8} {'vs bounce':>10} {'vs disk':>10}")
     flagged = []
+    standings = {}
     for (op, mem), (gibs, cpu, ss) in table.items():
         mode = ss[0].get("gds_mode", "")
         if mem == "gds":
@@ -199,18 +201,26 @@ def main():
             mode = f"{mode}, {'staged' if staged else 'cuFile'}" if mode else mode
         label = mem + (f" ({mode})" if mode else "")
         why = []
-        if mem.partition("@")[0] in FILE_ROWS and gibs > ceiling[op] * (1 + args.tolerance):
-            why.append(f"{gibs:.3f} GiB/s is above the disk ceiling {ceiling[op]:.3f} GiB/s")
+        verdict = judge_against_ceiling(gibs, ceiling_samples[op]) if mem.partition("@")[0] in FILE_ROWS else None
+        if verdict:
+            standings[f"{op}/{mem}"] = verdict.standing
+            if verdict.flagged:
+                why.append(f"{gibs:.2f} GiB/s, {verdict.reason}")
         warm = max(s.get("resident", -1) for s in ss)
         if mem != "h2d" and warm > 0.01:
             why.append(f"{warm:.0%} of the file was in the page cache when the clock started")
         if why:
             flagged.append(f"{op} {label}: " + "; ".join(why) + " -- not a result")
-            print(f"{op:<6} {label:<20} {'FLAGGED':>8} {cpu:>10.3f} {'-':>8} {'-':>10} {'-':>8}")
+            print(f"{op:<6} {label:<20} {'FLAGGED':>8} {cpu:>10.3f} {'-':>8} {'-':>10} {'-':>10}")
             continue
         host = table[(op, "host")][0]
         bounce = table[(op, "bounce")][0]
-        vs_disk = f"{gibs / ceiling[op]:>8.3f}" if mem != "h2d" and ceiling[op] > 0 else f"{'-':>8}"
+        if verdict and verdict.standing == "at_ceiling":
+            vs_disk = f"{'at ceiling':>10}"
+        elif mem != "h2d" and ceiling[op] > 0:
+            vs_disk = f"{gibs / ceiling[op]:>10.3f}"
+        else:
+            vs_disk = f"{'-':>10}"
         print(f"{op:<6} {label:<20} {gibs:>8.3f} {cpu:>10.3f} {gibs / host:>8.3f} {gibs / bounce:>10.3f} {vs_disk}")
     for f in flagged:
         print("FLAGGED " + f)
@@ -220,6 +230,8 @@ def main():
                 {
                     "samples": {f"{op}/{mem}": ss for (op, mem), ss in samples.items()},
                     "ceiling": ceiling,
+                    "ceiling_samples": ceiling_samples,
+                    "vs_ceiling": standings,
                     "fio": fio,
                     "flagged": flagged,
                 },

@@ -16,9 +16,11 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "backends/factory.hpp"
+#include "core/completion.hpp"
 #include "platform/fault.hpp"
 #include "common/support.hpp"
 
@@ -500,17 +502,52 @@ TEST_P(Failures, EAGAINIsRetriedWithBackOffAndCounted) {
   EXPECT_EQ(h.stats().retries, 30u);
 }
 
+// The times at which a fault point was consulted, one per call: each retry's back-off is
+// checked as a lower bound between two calls (a busy machine only makes the gaps longer, so
+// this never fails for load), never as an upper bound on the whole.
+struct CallTimes {
+  std::mutex mutex;
+  std::vector<std::chrono::steady_clock::time_point> at;
+  void note() {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(mutex);
+    at.push_back(now);
+  }
+  // The first n (1-based) whose gap to the next call is shorter than backoff(n); 0 if none.
+  int first_short_gap() {
+    std::lock_guard lock(mutex);
+    for (std::size_t i = 1; i < at.size(); ++i) {
+      if (at[i] - at[i - 1] < detail::backoff(static_cast<int>(i))) return static_cast<int>(i);
+    }
+    return 0;
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex);
+    return at.size();
+  }
+};
+
+// Generous: only a hang fails it. The back-off's own bound (about a second in all) is a property
+// of the pure backoff(), checked in test_completion.cpp, not a wall-clock figure here.
+constexpr auto kHangGuard = std::chrono::seconds(60);
+
 // A request the kernel keeps refusing with EAGAIN fails, naming itself, after the bounded
-// back-off (about a second), neither at once nor never.
+// retry budget: exactly kMaxRetries attempts, each retry after at least its back-off (neither
+// at once nor never). No upper bound on the time: that flaked on a loaded machine.
 TEST_P(Failures, PersistentEAGAINFailsInBoundedTimeNamingTheRequest) {
-  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
-    return s.point == FaultPoint::Write ? std::optional<std::int64_t>(-EAGAIN) : std::nullopt;
+  CallTimes attempts;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Write) return std::nullopt;
+    attempts.note();
+    return -EAGAIN;
   });
   Handle h(opts({.block_size = 1 << 20}));
   const auto data = pattern(4096, 14);
-  const auto start = std::chrono::steady_clock::now();
+  Future write = h.async_pwrite(data.data(), data.size(), dir_.file("never"), 8192);
+  ASSERT_TRUE(write.wait_for(kHangGuard))
+      << "a write refused forever is still being retried after " << attempts.count() << " attempts";
   try {
-    h.sync_pwrite(data.data(), data.size(), dir_.file("never"), 8192);
+    write.get();
     ADD_FAILURE() << "a write refused forever succeeded";
   } catch (const Error& e) {
     EXPECT_EQ(e.errnum(), EAGAIN) << e.what();
@@ -519,34 +556,42 @@ TEST_P(Failures, PersistentEAGAINFailsInBoundedTimeNamingTheRequest) {
     EXPECT_EQ(e.nbytes(), 4096u);
     EXPECT_NE(std::string(e.what()).find("1000 attempts"), std::string::npos) << e.what();
   }
-  const auto took = std::chrono::steady_clock::now() - start;
   detail::set_fault_hook({});
-  EXPECT_GT(took, std::chrono::milliseconds(500)) << "no back-off between the retries";
-  EXPECT_LT(took, std::chrono::seconds(5)) << "the back-off is not bounded";
-  EXPECT_EQ(h.stats().retries, 999u);
+  EXPECT_EQ(attempts.count(), static_cast<std::size_t>(detail::kMaxRetries)) << "the retry budget is bounded";
+  EXPECT_EQ(h.stats().retries, static_cast<std::uint64_t>(detail::kMaxRetries - 1));
+  EXPECT_EQ(attempts.first_short_gap(), 0) << "a retry came before its back-off was over";
 }
 
-// A reap that keeps failing with EAGAIN gives up the same way, and the queue fails.
+// A reap that keeps failing with EAGAIN gives up the same way, and the queue fails: the same
+// budget of reaps, each after its back-off.
 TEST_P(Failures, PersistentReapEAGAINFailsTheQueueInBoundedTime) {
   struct statfs sfs {};
   if (GetParam() == BackendKind::IoUring && ::statfs(dir_.path().c_str(), &sfs) == 0 && sfs.f_type == TMPFS_MAGIC) {
     GTEST_SKIP() << "io_uring workers run requests on tmpfs files themselves: nothing is reaped";
   }
-  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
-    return s.point == FaultPoint::Reap ? std::optional<std::int64_t>(-EAGAIN) : std::nullopt;
+  CallTimes reaps;
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point != FaultPoint::Reap) return std::nullopt;
+    reaps.note();
+    return -EAGAIN;
   });
   Handle h(opts({.block_size = 1 << 20}));
   const auto data = pattern(4096, 15);
-  const auto start = std::chrono::steady_clock::now();
+  Future write = h.async_pwrite(data.data(), data.size(), dir_.file("reap-again"));
+  ASSERT_TRUE(write.wait_for(kHangGuard))
+      << "a queue that never hands back completions is still reaped after " << reaps.count() << " tries";
   try {
-    h.sync_pwrite(data.data(), data.size(), dir_.file("reap-again"));
+    write.get();
     ADD_FAILURE() << "a queue that never hands back completions succeeded";
   } catch (const Error& e) {
     EXPECT_EQ(e.errnum(), EAGAIN) << e.what();
+    EXPECT_EQ(e.path(), dir_.file("reap-again"));
     EXPECT_NE(std::string(e.what()).find("queue failed"), std::string::npos) << e.what();
   }
   detail::set_fault_hook({});
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(reaps.count(), static_cast<std::size_t>(detail::kMaxRetries)) << "the retry budget is bounded";
+  EXPECT_EQ(h.stats().retries, static_cast<std::uint64_t>(detail::kMaxRetries - 1));
+  EXPECT_EQ(reaps.first_short_gap(), 0) << "a reap came before its back-off was over";
 }
 
 TEST_P(Failures, SubmitErrorFailsTheRequestAndWaitRaises) {

@@ -171,21 +171,33 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
   constexpr int kOps = 64;
   const auto data = pattern(kOps * 65536, 21);
   const std::string path = dir_.file("one");
-  // The first sync of the file is held 100 ms: every write that completes meanwhile waits for
-  // it and is covered by the next one, started after their blocks were done.
+  // The order is forced, not waited for: each round writes op 0 alone and holds its sync (the
+  // file's first, whose round is op 0 alone) until the other ops have been submitted and their
+  // blocks written. So every other op finishes while a sync of its file runs and must be
+  // covered by a later one, started after its blocks were done. Only the syncer thread is held,
+  // never a worker; the 60 s bounds only guard against a hang.
   std::atomic<int> syncs{0};
+  std::atomic<int> written{0};          // Write completions this round
+  std::atomic<bool> release{false};     // the first sync of the round may go on
   std::atomic<int> fail_from{1 << 30};  // the syncs from this one on fail with EIO
+  const auto until = [](const auto& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
   HookGuard guard;
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Write) ++written;
     if (s.point != FaultPoint::Sync) return std::nullopt;
     const int n = ++syncs;
-    if (n == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (n == 1) until([&] { return release.load(); });
     if (n >= fail_from.load()) return -EIO;
     return std::nullopt;
   });
-  const auto submit_all = [&] {
+  const auto submit = [&](int from, int to) {
     std::vector<IoRequest> reqs;
-    for (int i = 0; i < kOps; ++i) {
+    for (int i = from; i < to; ++i) {
       reqs.push_back(IoRequest{.write = true,
                                .buffer = const_cast<std::byte*>(data.data()) + i * 65536,
                                .nbytes = 65536,
@@ -195,21 +207,31 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
     }
     return h.submit_batch(std::move(reqs));
   };
+  std::vector<Future> futures;
+  const auto submit_all = [&] {
+    syncs = 0;
+    written = 0;
+    release = false;
+    futures = submit(0, 1);
+    until([&] { return syncs.load() >= 1; });
+    for (Future& f : submit(1, kOps)) futures.push_back(std::move(f));
+    until([&] { return written.load() >= kOps; });
+    release = true;
+  };
   submit_all();
   EXPECT_EQ(h.wait(), static_cast<std::size_t>(kOps));
   EXPECT_EQ(h.stats().synced, static_cast<std::uint64_t>(kOps)) << "every write counts as synced";
-  EXPECT_GE(syncs.load(), 2);
+  EXPECT_GE(syncs.load(), 2) << "the writes done while the first sync ran need a sync of their own";
   EXPECT_LE(syncs.load(), kOps / 4) << "writes of one file share their syncs";
   EXPECT_EQ(slurp(path), data);
-  // Again, with every sync after the first failing: each write of a failed group fails with
-  // EIO naming the file; those the first sync covered succeed; none is lost or counted twice.
-  // (How many the first sync covers depends on how the completions arrive: on a busy machine
-  // all of them may, so this round checks the accounting, and the next one the failures.)
-  syncs = 0;
+  // Again, with every sync after the first failing: the first sync covered op 0 alone, which
+  // succeeds; every other write is of a failed group and fails with EIO naming the file;
+  // none is lost or counted twice.
   fail_from = 2;
-  auto futures = submit_all();
+  submit_all();
   const WaitResult r = h.collect();
   EXPECT_EQ(r.count, static_cast<std::size_t>(kOps));
+  EXPECT_EQ(r.errors.size(), static_cast<std::size_t>(kOps - 1));
   for (const Error& e : r.errors) {
     EXPECT_EQ(e.errnum(), EIO);
     EXPECT_EQ(e.path(), path);
@@ -218,9 +240,8 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
   EXPECT_EQ(h.stats().synced, static_cast<std::uint64_t>(2 * kOps - r.errors.size()));
   // Every sync failing: every write fails, each once, and none counts as synced.
   const std::uint64_t synced_before = h.stats().synced;
-  syncs = 0;
   fail_from = 1;
-  futures = submit_all();
+  submit_all();
   const WaitResult all = h.collect();
   EXPECT_EQ(all.count, static_cast<std::size_t>(kOps));
   EXPECT_EQ(all.errors.size(), static_cast<std::size_t>(kOps));

@@ -130,3 +130,102 @@ def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
         assert r["range"][0] <= r["median"] <= r["range"][1]
     assert "async_save blocking time deepio / torch" in doc["ratios"]
     assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
+
+
+# The ceiling rule's cases, as the C++ table tests state them: Reports.CeilingVerdictTable
+# (tests/tools/test_reports.cpp) and GpuReports.GpuRowsFollowTheOneCeilingRule
+# (tests/tools/test_gpu.cpp). benchutil.judge_against_ceiling mirrors tools/lib's rule, so the
+# same figures must read the same. (what, figure, ceiling samples GiB/s, standing, percent of
+# the median, start of the reason)
+_ABOVE_2 = "above every ceiling sample (1.80-1.80 GiB/s) by more than their noise margin (1.98 GiB/s)"
+CEILING_CASES = [
+    ("within the spread", 2.55, [2.5, 2.6, 2.7], "at_ceiling", 100.0 * 2.55 / 2.6, ""),
+    ("at the slowest sample", 2.5, [2.5, 2.6, 2.7], "at_ceiling", 100.0 * 2.5 / 2.6, ""),
+    ("2% above the fastest", 1.02 * 1.87, [1.80, 1.84, 1.87], "at_ceiling", 100.0 * 1.02 * 1.87 / 1.84, ""),
+    ("above the fastest by less than the spread", 3.19, [2.0, 2.6], "at_ceiling", 100.0 * 3.19 / 2.3, ""),
+    ("above the fastest by a little more than the spread", 3.21, [2.0, 2.6], "above", 0, "above every ceiling"),
+    (
+        "clearly above every sample",
+        3.43,
+        [2.5, 2.6],
+        "above",
+        0,
+        "above every ceiling sample (2.50-2.60 GiB/s) by more than their noise margin (2.86 GiB/s)",
+    ),
+    ("more than twice the ceiling", 3.37, [1.47, 1.49, 1.52], "above", 0, "above every ceiling sample (1.47-1.52"),
+    ("below the ceiling", 2.0, [2.5, 2.6], "below", 100.0 * 2.0 / 2.55, ""),
+    ("just below the slowest sample", 2.49, [2.5, 2.6], "below", 100.0 * 2.49 / 2.55, ""),
+    ("one sample, figure equal", 1.8, [1.8], "at_ceiling", 100.0, ""),
+    ("one sample, 9% above: the noise floor", 1.8 * 1.09, [1.8], "at_ceiling", 109.0, ""),
+    ("one sample, 11% above", 1.8 * 1.11, [1.8], "above", 0, "above every ceiling sample (1.80-1.80"),
+    ("one sample, below", 0.9, [1.8], "below", 50.0, ""),
+    ("no ceiling measured", 9.0, [], "none", 0, ""),
+    ("a failed ceiling: zero", 9.0, [0.0], "none", 0, ""),
+    ("failed runs beside good ones are ignored", 2.0, [0.0, 2.5, 2.6], "below", 100.0 * 2.0 / 2.55, ""),
+    ("nothing moved, against a ceiling", 0.0, [2.5], "below", 0.0, ""),
+    # GpuReports.GpuRowsFollowTheOneCeilingRule's GPU rows.
+    ("GPU: below the ceiling", 1.7, [1.8], "below", 100 * 1.7 / 1.8, ""),
+    ("GPU: just above, in the noise", 1.95, [1.8], "at_ceiling", 100 * 1.95 / 1.8, ""),
+    ("GPU: in the spread", 2.0, [1.8, 1.9, 2.1], "at_ceiling", 100 * 2.0 / 1.9, ""),
+    # gpu_vs_host.py's old rule (ceiling x 1.1 = 2.2) flagged this; the margin is the spread.
+    ("GPU: above median x 1.1", 2.4, [1.8, 2.0, 2.2], "at_ceiling", 100 * 2.4 / 2.0, ""),
+    ("GPU: just beyond the noise margin", 2.0, [1.8], "above", 0, _ABOVE_2),
+    ("GPU: well above the ceiling (issue 11)", 8.7, [1.8], "above", 0, _ABOVE_2),
+    ("GPU: no ceiling measured", 8.7, [], "none", 0, ""),
+    ("GPU: the ceiling failed (zero)", 8.7, [0.0], "none", 0, ""),
+]
+
+
+@pytest.mark.parametrize(
+    "what,figure,samples,standing,percent,reason", CEILING_CASES, ids=[c[0] for c in CEILING_CASES]
+)
+def test_judge_against_ceiling_is_the_rule_of_deepio_bench(what, figure, samples, standing, percent, reason):
+    v = benchutil.judge_against_ceiling(figure, samples)
+    assert v.standing == standing
+    assert v.percent == pytest.approx(percent, abs=1e-9)
+    assert v.flagged == (standing == "above")
+    assert v.reason.startswith(reason)
+    assert (v.reason == "") == (reason == "")
+
+
+def test_gpu_vs_host_help_runs_without_a_gpu():
+    """The GPU benchmark's options parse here; its judgement of rows is the one ceiling rule,
+    with no tolerance of its own."""
+    out = _bench("gpu_vs_host.py", "--help", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--allow-flagged" in out.stdout
+    assert "--tolerance" not in out.stdout
+    assert "judge_against_ceiling" in out.stdout
+
+
+def test_gpu_vs_host_runs_on_the_fake_driver_and_judges_its_rows(tmp_dir, tmp_path):
+    """The whole script at 4 MiB, one round, on the fake CUDA driver and cuFile of tests/gpu
+    (its figures mean nothing): every row verified, every file row judged by the one ceiling
+    rule and its standing in the JSON. Needs gpu_bench from a CMake build tree."""
+    from test_gpu_fake import build_fakes
+
+    benches = sorted((REPO / "build").glob("*/bench/gpu_bench"))
+    if not benches:
+        pytest.skip("no gpu_bench under build/*/bench (cmake --build --preset ci --target gpu_bench)")
+    cuda, cufile = build_fakes(tmp_path)
+    out = tmp_path / "gpu.json"
+    env = dict(os.environ, DEEPIO_CUDA_LIBRARY=str(cuda), DEEPIO_CUFILE_LIBRARY=str(cufile))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_vs_host.py"),
+            *("--bench", str(benches[0]), "--dir", str(tmp_dir), "--size", str(4 << 20), "--rounds", "1"),
+            *("--qd", "4", "--cold", "fadvise", "--allow-flagged", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    for op in ("read", "write"):
+        assert report["ceiling_samples"][op], report
+        for mem in ("host", "device", "bounce", "gds"):
+            assert report["vs_ceiling"][f"{op}/{mem}"] in ("below", "at_ceiling", "above"), report
