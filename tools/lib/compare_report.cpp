@@ -48,8 +48,7 @@ std::string preallocation_line(const CompareReport& r) {
 std::string folders_lines(const CompareReport& r) {
   if (r.folders.size() < 2) return {};
   std::string s = "folders: " + std::to_string(r.folders.size()) + " at once, " + human_bytes(r.size.nbytes) +
-                  " per folder per run; every figure is the aggregate (all folders' bytes / wall time), free\n"
-                  "         space: the least of them:\n";
+                  " per folder per run; every figure is the aggregate (all folders' bytes / wall time):\n";
   for (std::size_t i = 0; i < r.folders.size(); ++i) {
     const CompareSetup& f = r.folders[i];
     const std::string dev = i < r.folder_devices.size() ? r.folder_devices[i] : std::string();
