@@ -602,6 +602,7 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
   for (const auto& p : parents) rep.folder_free.push_back(free_disk_bytes(p));
   for (const auto& f : setups) rep.folder_devices.push_back(queue_limits_of(f.dir).device);
   if (parents.size() > 1) rep.same_device_note = same_device_note(parents);
+  if (setups.size() > 1 && req.gpu_probe.cuda) rep.gpu_error = "the GPU rows are measured with one folder only";
   rep.size = size;
   rep.free_disk = free_disk;
   rep.ram = ram;
