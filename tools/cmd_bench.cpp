@@ -299,6 +299,9 @@ std::vector<std::string> compare_parents(const ParsedArgs& a, std::vector<std::s
   if (a.has("--folder")) {
     const std::vector<std::string>& parents = a.list("--folder");
     for (auto& e : folder_set_problems(parents, "--folder")) errors.push_back(std::move(e));
+    const bool comma = std::any_of(parents.begin(), parents.end(),
+                                   [](const std::string& p) { return p.find(',') != std::string::npos; });
+    if (comma && !errors.empty()) errors.push_back("for several folders, repeat --folder (--folder A --folder B)");
     if (parents.size() > kMaxFolders) errors.push_back("--folder: at most " + std::to_string(kMaxFolders) + " folders");
     return parents;
   }

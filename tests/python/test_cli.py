@@ -528,6 +528,7 @@ def test_several_folders_refused_where_they_cannot_be(tmp_dir):
         "--gpu",
         expect=["--gpu measures one folder: give one --folder"],
     )
+    bad("bench", "--folder", f"{a},{b}", "--size", "1M", expect=["for several folders, repeat --folder"])
     bad("tune", "--folder", str(a), "--folder", str(a), expect=["--folder: folder '" + str(a) + "' is given twice"])
     bad("tune", "--nvme_dir", str(a), str(b), str(a), expect=["--nvme_dir: folder '" + str(a) + "' is given twice"])
     assert list(a.iterdir()) == [] and list(b.iterdir()) == []

@@ -227,8 +227,9 @@ void CompareRun::plan_ceiling() {
   raw_threads_ = std::min<std::size_t>(ho.queue_depth * ho.intra_op_parallelism, 64);
   use_fio_ = !fio_path_.empty() && !rep_.memory_fs && all_direct();
   if (!fio_path_.empty() && !use_fio_) {
-    rep_.ceiling_note = nf_ > 1 ? "fio skipped: a folder does not support O_DIRECT"
-                                : "fio skipped: the folder does not support O_DIRECT";
+    rep_.ceiling_note = nf_ == 1         ? "fio skipped: the folder does not support O_DIRECT"
+                        : rep_.memory_fs ? "fio skipped: a folder is in memory"
+                                         : "fio skipped: a folder does not support O_DIRECT";
   }
   if (fio_path_.empty() && !req_.no_fio) rep_.ceiling_note = "fio not found on PATH";
   if (use_fio_) plan_fio_buffers();
@@ -608,8 +609,9 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
   rep.ram = ram;
   rep.runs = req.runs;
   rep.handle = req.handle;
-  rep.memory_fs = std::any_of(setups.begin(), setups.end(),
-                              [](const CompareSetup& f) { return is_memory_filesystem(f.dir); });
+  for (const auto& f : setups) rep.folder_in_memory.push_back(is_memory_filesystem(f.dir));
+  rep.memory_fs = std::find(rep.folder_in_memory.begin(), rep.folder_in_memory.end(), true) !=
+                  rep.folder_in_memory.end();
   rep.gpu = req.gpu_probe;
   {
     CompareRun run(req, rep);

@@ -109,6 +109,7 @@ struct CompareReport {
   std::vector<std::uint64_t> folder_free;   ///< free bytes in each
   std::vector<std::string> folder_devices;  ///< the block device behind each ("" unknown)
   std::string same_device_note;             ///< same_device_note(parents): "" when each is its own
+  std::vector<bool> folder_in_memory;       ///< each folder on tmpfs/ramfs (memory_fs: any of them)
   SizeChoice size;
   std::uint64_t free_disk = 0, ram = 0, memlock = 0;
   std::size_t runs = 0;

@@ -1,4 +1,5 @@
 // compare_text and compare_json (compare.hpp): what `deepio bench` prints in comparison mode.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -101,8 +102,15 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
        fixed(100.0 * kCeilingNoise, 0) + "%), reads \"at ceiling\"; only one beyond that is flagged\n";
   s += gpu_line(r);
   if (r.memory_fs) {
-    s += "warning: " + r.setup.dir + " is in memory (" + d.filesystem + "): these are memory speeds, not a device's\n";
+    // One warning per folder in memory (the first folder's when the report does not say which).
+    for (std::size_t i = 0; i < std::max<std::size_t>(r.folders.size(), 1); ++i) {
+      if (r.folders.size() > 1 && (i >= r.folder_in_memory.size() || !r.folder_in_memory[i])) continue;
+      const CompareSetup& f = r.folders.empty() ? r.setup : r.folders[i];
+      s += "warning: " + f.dir + " is in memory (" + f.dinfo.filesystem +
+           "): these are memory speeds, not a device's\n";
+    }
   }
+
   return s;
 }
 
