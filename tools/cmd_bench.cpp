@@ -60,8 +60,13 @@ ArgParser make_parser() {
               "its requests), else a raw O_DIRECT loop on deepio's page-locked huge-page buffers. A\n"
               "figure above the ceiling is flagged, not given as a percentage. With CUDA: GPU rows too\n"
               "(staged, gds with its mode, the host<->device copy ceilings).\n\n"
+              "Several folders (one per drive, no RAID): repeat --folder. Every row then moves --size\n"
+              "to one file in each folder, all at once, and reports the aggregate GiB/s against fio\n"
+              "with one job per folder in the same run.\n\n"
               "With --io_size: DeepSpeed's ds_io, same flags, same output lines (GB = 2^30).");
-  p.value("--folder", "FOLDER", "Folder for I/O files (used by all processes)");
+  p.value("--folder", "FOLDER",
+          "Folder for I/O files (used by all processes); comparison mode: repeat it to measure several "
+          "folders at once");
   p.list("--folder_to_device_mapping", "F:D", "One process per entry: folder F, device id D");
   p.value("--io_size", "SIZE", "Bytes per process per iteration, K/M/G suffixes (selects ds_io mode)");
   p.value("--fast_io_size", "SIZE", "Accepted for ds_io compatibility (torch_fastio engine only)", "64M", true);
@@ -99,6 +104,7 @@ ArgParser make_parser() {
       "Examples:\n"
       "  deepio bench                                   # the main job: deepio vs naive vs fio\n"
       "  deepio bench --folder /mnt/nvme --json\n"
+      "  deepio bench --folder /mnt/nvme0 --folder /mnt/nvme1 --json   # two drives at once, aggregate\n"
       "  deepio bench --folder /mnt/nvme --io_size 1G --read --queue_depth 128 --io_parallel 4\n"
       "  deepio bench --folder /mnt/nvme --io_size 1G --read --gpu --use_gds --validate\n"
       "  mpirun -np 4 deepio bench --folder /mnt/nvme --io_size 1G   # one process per rank");
@@ -139,6 +145,12 @@ GpuProbe check_gpu_flags(const ParsedArgs& a, const std::vector<int>& devices, c
 /// The processes: --folder x --multi_process, or one per --folder_to_device_mapping entry;
 /// each distinct folder must be usable.
 void read_mapping(const ParsedArgs& a, DsIoRequest& r, std::vector<std::string>& errors) {
+  if (a.list("--folder").size() > 1) {
+    errors.push_back("--folder given " + std::to_string(a.list("--folder").size()) +
+                     " times: in ds_io mode (--io_size) give one --folder, or one process per folder with "
+                     "--folder_to_device_mapping FOLDER1:0 FOLDER2:1 ...");
+    return;
+  }
   if (a.has("--folder") && a.has("--folder_to_device_mapping")) {
     errors.push_back("give exactly one of --folder or --folder_to_device_mapping");
   } else if (!a.has("--folder") && !a.has("--folder_to_device_mapping")) {
@@ -278,17 +290,25 @@ int ds_io_main(const ParsedArgs& a, std::vector<std::string> errors, int argc, c
 
 // ==== comparison mode (the main job) ======================================================
 
-/// The folder to work in: --folder, or the first on a disk (pick_disk_folder).
-std::string compare_parent(const ParsedArgs& a, std::vector<std::string>& errors) {
+/// At most this many folders at once (4 temporary files each: system.hpp's 64).
+constexpr std::size_t kMaxFolders = 16;
+
+/// The folders to work in: every --folder (each usable, none twice), or the first on a disk
+/// (pick_disk_folder).
+std::vector<std::string> compare_parents(const ParsedArgs& a, std::vector<std::string>& errors) {
   if (a.has("--folder")) {
-    std::string parent = a.get("--folder");
-    if (auto problem = folder_problem(parent); !problem.empty()) errors.push_back(problem);
-    return parent;
+    const std::vector<std::string>& parents = a.list("--folder");
+    for (auto& e : folder_set_problems(parents, "--folder")) errors.push_back(std::move(e));
+    const bool comma = std::any_of(parents.begin(), parents.end(),
+                                   [](const std::string& p) { return p.find(',') != std::string::npos; });
+    if (comma && !errors.empty()) errors.push_back("for several folders, repeat --folder (--folder A --folder B)");
+    if (parents.size() > kMaxFolders) errors.push_back("--folder: at most " + std::to_string(kMaxFolders) + " folders");
+    return parents;
   }
   std::string why;
   std::string parent = pick_disk_folder(&why);
   if (parent.empty()) errors.push_back("no writable folder on a disk found (" + why + "); give --folder");
-  return parent;
+  return {parent};
 }
 
 int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
@@ -305,7 +325,8 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   req.runs = static_cast<std::size_t>(count_arg(a, "--runs", errors).value_or(3));
   if (req.runs > 1000) errors.push_back("--runs: at most 1000");
   const auto size = size_arg(a, "--size", errors);
-  const std::string parent = compare_parent(a, errors);
+  const std::vector<std::string> parents = compare_parents(a, errors);
+  if (parents.size() > 1 && a.has("--gpu")) errors.push_back("--gpu measures one folder: give one --folder");
   if (size && a.has("--block_size") && *size < req.handle.block_size) {
     errors.push_back("--size (" + a.get("--size") + ") is smaller than --block_size (" + a.get("--block_size") + ")");
   }
@@ -315,24 +336,34 @@ int compare_main(const ParsedArgs& a, std::vector<std::string> errors) {
   req.may_reserve_hugepages = !a.has("--no_hugepage_reserve");
   req.progress = !json;
 
-  const std::uint64_t free_disk = free_disk_bytes(parent), ram = physical_memory_bytes();
-  const SizeChoice n = choose_size(size, free_disk, ram, req.handle.block_size, parent, req.gpu ? 4 : 3);
+  if (parents.size() > 1) req.gpu = false;  // the GPU rows take one folder (gpu_probe says what CUDA offers)
+  // The size suits the folder with the least room; with several, RAM holds a read buffer each.
+  std::size_t tightest = 0;
+  for (std::size_t i = 1; i < parents.size(); ++i) {
+    if (free_disk_bytes(parents[i]) < free_disk_bytes(parents[tightest])) tightest = i;
+  }
+  const std::uint64_t free_disk = free_disk_bytes(parents[tightest]), ram = physical_memory_bytes();
+  const SizeChoice n = choose_size(size, free_disk, ram / parents.size(), req.handle.block_size, parents[tightest],
+                                   req.gpu ? 4 : 3);
   if (!n.error.empty()) return print_errors(kProg, {n.error});
-  CompareSetup setup;
+  std::vector<CompareSetup> setups;
   try {
-    setup = prepare_compare(parent);
+    for (const auto& parent : parents) setups.push_back(prepare_compare(parent));
   } catch (const std::exception& e) {
+    remove_temp_dir();
     return print_errors(kProg, {e.what()});
   }
   CompareReport rep;
   try {
-    rep = run_compare(req, n, setup, free_disk, ram);
+    rep = run_compare(req, n, setups, parents, free_disk, ram);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", kProg, e.what());
-    if (!a.has("--keep")) remove_temp_dir();
+    if (a.has("--keep")) keep_temp_files();
+    else remove_temp_dir();
     return 1;
   }
-  if (!a.has("--keep")) remove_temp_dir();
+  if (a.has("--keep")) keep_temp_files();
+  else remove_temp_dir();
   std::fputs((json ? compare_json(rep, version()) : compare_text(rep, version())).c_str(), stdout);
   if (rep.mismatch && !json) std::fprintf(stderr, "%s: error: data read back differs from what was written\n", kProg);
   return rep.mismatch ? 1 : 0;

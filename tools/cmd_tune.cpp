@@ -35,7 +35,9 @@ ArgParser make_parser() {
                    "all 64 configurations x read/write it screens the knobs on small runs, prunes weak\n"
                    "ones early and measures only the best three at full size (--exhaustive: all of them).");
   parser.list("--nvme_dir", "DIR", "Folder(s) to tune; one process per folder (default: a folder on the local disk)");
-  parser.value("--folder", "DIR", "Same as --nvme_dir with one folder", "", true);
+  parser.value("--folder", "DIR",
+               "A folder to tune, like --nvme_dir; repeat it for several (one per drive): each candidate "
+               "is then measured on all of them at once and the best for the set is reported");
   parser.value("--sweep_config", "JSON",
                "Search space: {\"block_size\": [...], \"queue_depth\": [...], "
                "\"io_parallel\": [...], \"sequential_requests\": [...], \"single_submit\": [...]}",
@@ -59,6 +61,7 @@ ArgParser make_parser() {
       "Examples:\n"
       "  deepio tune --nvme_dir /mnt/nvme --output ds_aio.json --chart tune.svg\n"
       "  deepio tune --nvme_dir /mnt/nvme0 /mnt/nvme1 --io_size 1G\n"
+      "  deepio tune --folder /mnt/nvme0 --folder /mnt/nvme1   # the same, as deepio bench spells it\n"
       "  deepio tune --nvme_dir /mnt/nvme --exhaustive       # ds_nvme_tune's full sweep");
   return parser;
 }
@@ -70,16 +73,15 @@ struct TuneRequest {
   TuneOptions options;
 };
 
-/// --nvme_dir / --folder, each usable, at most 16.
+/// --nvme_dir / --folder (repeatable), each usable, none twice, at most 16.
 std::vector<std::string> read_dirs(const ParsedArgs& a, std::vector<std::string>& errors) {
   std::vector<std::string> dirs = a.list("--nvme_dir");
   if (a.has("--folder")) {
     if (!dirs.empty()) errors.push_back("give --nvme_dir or --folder, not both");
-    dirs.push_back(a.get("--folder"));
+    for (const auto& f : a.list("--folder")) dirs.push_back(f);
   }
-  for (const auto& d : dirs) {
-    if (auto problem = folder_problem(d); !problem.empty()) errors.push_back(problem);
-  }
+  for (auto& e : folder_set_problems(dirs, a.has("--folder") ? "--folder" : "--nvme_dir"))
+    errors.push_back(std::move(e));
   if (dirs.size() > 16) errors.push_back("--nvme_dir: at most 16 folders");
   return dirs;
 }
@@ -146,8 +148,9 @@ int cmd_tune(int argc, char** argv) {
   if (parse_or_help(parser, argc, argv, a, errors)) return 0;
   TuneRequest r = read_request(a, errors);
   if (!errors.empty()) return print_errors(kProg, errors);
-  TuneSummary summary{a.has("--exhaustive"), r.dirs, r.options.io_size, {}, r.space.all().size(), 0, 0,
-                      a.has("--use_gds")};
+  TuneSummary summary{
+      a.has("--exhaustive"),   r.dirs, r.options.io_size, {}, r.space.all().size(), 0, 0, a.has("--use_gds"),
+      same_device_note(r.dirs)};
   // Work in a fresh sub-folder of each folder, removed at the end.
   std::vector<std::string> work;
   try {
@@ -160,11 +163,13 @@ int cmd_tune(int argc, char** argv) {
   try {
     result = run_tune(a, r, work, summary);
   } catch (const std::exception& e) {
-    if (!a.has("--keep")) remove_temp_dir();
+    if (a.has("--keep")) keep_temp_files();
+    else remove_temp_dir();
     std::fprintf(stderr, "%s: error: %s\n", kProg, e.what());
     return 1;
   }
-  if (!a.has("--keep")) remove_temp_dir();
+  if (a.has("--keep")) keep_temp_files();
+  else remove_temp_dir();
   int status = 0;
   if (a.has("--output") && !write_file(a.get("--output"), aio_json(result.outcome.best, summary.gds, 3))) status = 1;
   if (a.has("--chart") &&

@@ -239,8 +239,10 @@ COMPARE_KEYS = {
     "ceiling",
     "results",
     "gpu",  # added by issue 11 (GPU rows)
-    "device",
-}  # added by issue 15 (the queue limits that make a ceiling segment-friendly or not)
+    "device",  # added by issue 15 (the queue limits that make a ceiling segment-friendly or not)
+    "folders",
+    "same_device_note",
+}  # added by issue 27 (several folders at once)
 RESULT_KEYS = {
     "op",
     "engine",
@@ -254,8 +256,10 @@ RESULT_KEYS = {
     "verified",
     "flagged",
     "flag",  # added by issue 11 (figures above the disk ceiling)
-    "vs_ceiling",
-}  # added by issue 25 (below / at_ceiling / above / none)
+    "vs_ceiling",  # added by issue 25 (below / at_ceiling / above / none)
+    "bytes",
+    "folder_bytes",
+}  # added by issue 27 (bytes per run, and per folder)
 # Issue 15: "write" (a fresh file) and "overwrite" (in place) are separate rows; the ceiling says
 # what its buffers were; percent_of_ceiling is null for a figure above the ceiling (flagged).
 # Issue 25: only a figure beyond every ceiling sample by more than the noise margin is flagged.
@@ -353,6 +357,10 @@ def test_compare_json_schema(tmp_dir, fio):
         assert c["buffers_detail"].startswith("deepio's buffers (") and "transparent huge pages" in c["buffers_detail"]
     # The temporary folder is gone.
     assert not Path(j["folder"]).exists()
+    # Issue 27: one folder is a list of one, without a note; every row moved --size there.
+    assert [f["folder"] for f in j["folders"]] == [j["folder"]] and j["same_device_note"] == ""
+    assert j["folders"][0]["parent"] == str(tmp_dir)
+    assert all(x["bytes"] == 4 * 2**20 and x["folder_bytes"] == [4 * 2**20] for x in j["results"])
 
 
 TABLE_ROW = re.compile(
@@ -379,6 +387,178 @@ def test_compare_text_table(tmp_dir):
     assert " write (fresh file): deepio " in r.stdout and " overwrite (in place): deepio " in r.stdout
     assert "data verified" in r.stdout
     assert list(tmp_dir.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------- several folders
+# Issue 27: `--folder A --folder B ...` measures every folder at once; each row reports the
+# aggregate, per-folder bytes in JSON. The folders here share one disk (the note says so).
+
+
+def some_folders(tmp_dir: Path, n: int) -> list[Path]:
+    folders = [tmp_dir / f"drive{i}" for i in range(n)]
+    for f in folders:
+        f.mkdir()
+    return folders
+
+
+@pytest.mark.parametrize("fio", [False, True])
+def test_compare_several_folders_json(tmp_dir, fio):
+    if fio and shutil.which("fio") is None:
+        pytest.skip("fio is not installed")
+    folders = some_folders(tmp_dir, 3)
+    args = ["bench", "--size", "2M", "--runs", "1", "--json"]
+    for f in folders:
+        args += ["--folder", str(f)]
+    if not fio:
+        args.append("--no_fio")
+    before = nr_hugepages()
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    assert_hugepages_back(before)
+    j = json.loads(r.stdout)
+    assert set(j) == COMPARE_KEYS
+    size = 2 * 2**20
+    assert j["size_bytes"] == size
+    assert [f["parent"] for f in j["folders"]] == [str(f) for f in folders]
+    assert [Path(f["folder"]).parent for f in j["folders"]] == folders and j["folder"] == j["folders"][0]["folder"]
+    assert all(f["free_bytes"] > 0 for f in j["folders"])
+    assert "same file system" in j["same_device_note"] and "not a sum of drives" in j["same_device_note"]
+    check_rows(j, 1)
+    for x in j["results"]:
+        assert x["folder_bytes"] == [size] * 3, x
+        assert x["bytes"] == sum(x["folder_bytes"]) == 3 * size, x
+        if x["op"] == "read" and x["engine"] != "ceiling":
+            assert x["verified"] is True, x  # every folder's file read back as written
+    c = j["ceiling"]
+    if c["source"] == "fio":
+        assert fio
+        for cmd in (c["fio_write_command"], c["fio_read_command"]):
+            names = re.findall(r"--name=(\S+)", cmd)
+            assert names == [f"deepio-ceiling-{i}" for i in range(3)], cmd  # one job per folder, one run
+            assert "--group_reporting" not in cmd
+            for f in folders:
+                assert f"--filename={f}/deepio-bench-" in cmd, cmd
+        assert "3 folders at once" in c["description"]
+    else:
+        assert not fio or c["note"], c
+        assert "in each of 3 folders at once" in c["description"]
+    # Every temporary folder and file is gone.
+    for f in folders:
+        assert list(f.iterdir()) == [], f
+
+
+def test_compare_several_folders_text_and_keep(tmp_dir):
+    folders = some_folders(tmp_dir, 2)
+    r = run(
+        "bench",
+        "--folder",
+        str(folders[0]),
+        "--folder",
+        str(folders[1]),
+        "--size",
+        "1M",
+        "--runs",
+        "1",
+        "--no_fio",
+        "--keep",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("deepio ") and " bench: 1 MiB per file in each of 2 folders, at once\n" in r.stdout
+    assert "folders: 2 at once, 1 MiB per folder per run; every figure is the aggregate" in r.stdout, r.stdout
+    assert re.search(r"^note: '.*drive0' and '.*drive1' are on the same file system", r.stdout, re.M), r.stdout
+    rows = TABLE_ROW.findall(r.stdout)
+    assert len(rows) == 9, r.stdout
+    # --keep: each folder keeps its temporary folder with the files of that folder's rows.
+    for f in folders:
+        kept = list(f.iterdir())
+        assert len(kept) == 1 and kept[0].name.startswith("deepio-bench-"), kept
+        assert {p.name for p in kept[0].iterdir()} >= {"deepio.bin", "naive.bin", "ceiling.bin"}
+        assert (kept[0] / "deepio.bin").stat().st_size == 2**20
+
+
+def test_compare_one_folder_text_unchanged(tmp_dir):
+    r = run("bench", "--folder", str(tmp_dir), "--size", "1M", "--runs", "1", "--no_fio")
+    assert r.returncode == 0, r.stderr
+    assert "folders:" not in r.stdout and "note:" not in r.stdout
+    assert r.stdout.startswith("deepio ") and f" per file in {tmp_dir}/deepio-bench-" in r.stdout.splitlines()[0]
+
+
+def test_several_folders_refused_where_they_cannot_be(tmp_dir):
+    a, b = some_folders(tmp_dir, 2)
+    bad(
+        "bench",
+        "--folder",
+        str(a),
+        "--folder",
+        str(b),
+        "--folder",
+        f"{a}/.",
+        "--size",
+        "1M",
+        expect=[f"--folder: folder '{a}/.' is given twice (the same folder as '{a}')"],
+    )
+    bad(
+        "bench",
+        "--folder",
+        str(a),
+        "--folder",
+        str(tmp_dir / "absent"),
+        "--size",
+        "1M",
+        expect=[f"folder '{tmp_dir / 'absent'}' does not exist"],
+    )
+    bad(
+        "bench",
+        "--folder",
+        str(a),
+        "--folder",
+        str(b),
+        "--io_size",
+        "1M",
+        expect=["--folder given 2 times: in ds_io mode (--io_size) give one --folder", "--folder_to_device_mapping"],
+    )
+    bad(
+        "bench",
+        "--folder",
+        str(a),
+        "--folder",
+        str(b),
+        "--size",
+        "1M",
+        "--gpu",
+        expect=["--gpu measures one folder: give one --folder"],
+    )
+    bad("bench", "--folder", f"{a},{b}", "--size", "1M", expect=["for several folders, repeat --folder"])
+    bad("tune", "--folder", str(a), "--folder", str(a), expect=["--folder: folder '" + str(a) + "' is given twice"])
+    bad("tune", "--nvme_dir", str(a), str(b), str(a), expect=["--nvme_dir: folder '" + str(a) + "' is given twice"])
+    assert list(a.iterdir()) == [] and list(b.iterdir()) == []
+
+
+def test_tune_several_folders_at_once(tmp_dir):
+    space = tmp_dir / "space.json"
+    space.write_text(
+        json.dumps(
+            {
+                "block_size": ["256K"],
+                "queue_depth": [4, 8],
+                "io_parallel": [1],
+                "sequential_requests": [False],
+                "single_submit": [False],
+            }
+        )
+    )
+    a, b = some_folders(tmp_dir, 2)
+    args = ["tune", "--folder", str(a), "--folder", str(b), "--io_size", "1M", "--sweep_config", str(space)]
+    r = run(*args, "--exhaustive", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["folders"] == [str(a), str(b)] and "not a sum of drives" in j["same_device_note"]
+    assert j["configurations_measured"] == 2 and j["ds_io_runs"] == 4
+    check_aio_section({"aio": j["aio"]})
+    r = run(*args, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"2 folders at once (aggregate): {a} {b}" in r.stdout and "note: " in r.stdout, r.stdout
+    assert list(a.iterdir()) == [] and list(b.iterdir()) == []
 
 
 def slow_fio(folder: Path) -> Path:

@@ -316,6 +316,22 @@ def test_main_table_without_cuda_has_no_gpu_rows(tmp_path):
     assert [x["engine"] for x in doc["results"]] == ["deepio", "naive", "ceiling"] * 3  # write, overwrite, read
 
 
+def test_several_folders_have_no_gpu_rows_and_say_why(fakes, tmp_path):
+    # Issue 27: the GPU rows take one folder; with several, CUDA usable, the table says why not.
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    args = ["bench", "--folder", str(a), "--folder", str(b), "--size", "1M", "--runs", "1", "--no_fio"]
+    r = run([*args, "--json"], **fake_env(fakes))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["gpu"]["available"] is True and doc["gpu"]["rows"] is False
+    assert doc["gpu"]["reason"] == "the GPU rows are measured with one folder only"
+    assert [x["engine"] for x in doc["results"]] == ["deepio", "naive", "ceiling"] * 3
+    r = run([*args, "--gpu"], **fake_env(fakes))
+    assert r.returncode == 2 and "--gpu measures one folder: give one --folder" in r.stderr, r.stderr
+
+
 def test_tune_gpu_points_at_bench(fakes, tmp_path):
     one_error(
         run(["tune", "--nvme_dir", str(tmp_path), "--gpu"], **fake_env(fakes)),

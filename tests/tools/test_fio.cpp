@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <vector>
 
@@ -147,6 +148,75 @@ TEST(Fio, RealFio) {
   const FioResult r = run_fio(fio, {file, false, 4 << 20, 1 << 20, 4, 1, "psync", direct});
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.sample.nbytes, 4U << 20);
+}
+
+// Several folders: the common options first (fio's global section), then one named job per
+// file; no --group_reporting, so that each file's bytes can be read back.
+TEST(Fio, SeveralFilesOneJobEach) {
+  FioJob job{"/a/f.bin", true, 64 << 20, 1 << 20, 32, 2, "io_uring", true};
+  const std::vector<std::string> one = fio_argv("fio", job);
+  job.extra_paths = {"/b/f.bin", "/c/f.bin"};
+  const std::vector<std::string> argv = fio_argv("fio", job);
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "--group_reporting"), 0);
+  const std::vector<std::string> jobs(argv.end() - 6, argv.end());
+  const std::vector<std::string> want = {"--name=deepio-ceiling-0", "--filename=/a/f.bin",
+                                         "--name=deepio-ceiling-1", "--filename=/b/f.bin",
+                                         "--name=deepio-ceiling-2", "--filename=/c/f.bin"};
+  EXPECT_EQ(jobs, want);
+  // Every other option of the one-file command, in its order, before the first job.
+  std::vector<std::string> common(one.begin() + 3, one.end());
+  common.erase(std::find(common.begin(), common.end(), "--group_reporting"));
+  common.insert(common.begin(), "fio");
+  EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.end() - 6), common);
+  EXPECT_NE(std::find(argv.begin(), argv.end(), "--size=33554432"), argv.end()) << "per file, split over numjobs";
+}
+
+// fio's report of two files with numjobs 2: four jobs, two per file name.
+const char* const kTwoFiles = R"({"jobs": [
+  {"jobname": "deepio-ceiling-0", "job_runtime": 400, "usr_cpu": 5.0, "sys_cpu": 5.0,
+   "read": {"io_bytes": 1048576, "runtime": 400}},
+  {"jobname": "deepio-ceiling-0", "job_runtime": 500, "usr_cpu": 10.0, "sys_cpu": 10.0,
+   "read": {"io_bytes": 1048576, "runtime": 500}},
+  {"jobname": "deepio-ceiling-1", "job_runtime": 800, "usr_cpu": 0.0, "sys_cpu": 25.0,
+   "read": {"io_bytes": 1048576, "runtime": 800}},
+  {"jobname": "deepio-ceiling-1", "job_runtime": 200, "usr_cpu": 50.0, "sys_cpu": 0.0,
+   "read": {"io_bytes": 1048576, "runtime": 200}}
+]})";
+
+TEST(Fio, SeveralFilesReport) {
+  const FioResult r = parse_fio_report_files(kTwoFiles, false, 2);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.file_bytes, (std::vector<std::uint64_t>{2 << 20, 2 << 20}));
+  EXPECT_EQ(r.sample.nbytes, 4U << 20) << "the sum of the files";
+  EXPECT_DOUBLE_EQ(r.sample.seconds, 0.8) << "the longest job: they ran at once";
+  EXPECT_NEAR(r.sample.cpu_seconds, 0.04 + 0.1 + 0.2 + 0.1, 1e-12) << "every job's CPU";
+  const FioResult missing = parse_fio_report_files(kTwoFiles, false, 3);
+  EXPECT_FALSE(missing.ok);
+  EXPECT_EQ(missing.error, "fio reported no I/O for file 2");
+  EXPECT_FALSE(parse_fio_report_files(kTwoFiles, true, 2).ok) << "no write side";
+  EXPECT_EQ(parse_fio_report_files("fio: no jobs", false, 2).error, "cannot parse fio's JSON output");
+}
+
+TEST(Fio, RealFioOnSeveralFiles) {
+  const std::string fio = find_on_path("fio");
+  if (fio.empty()) GTEST_SKIP() << "fio is not installed";
+  test::TempDir a, b;
+  const bool direct = probe_direct_io(a.path().string()).supported && probe_direct_io(b.path().string()).supported;
+  FioJob job{a.file("data.bin"), true, 4 << 20, 1 << 20, 4, 2, "psync", direct};
+  job.extra_paths = {b.file("data.bin")};
+  const FioResult w = run_fio(fio, job);
+  ASSERT_TRUE(w.ok) << w.error << "\n" << w.command;
+  EXPECT_EQ(w.file_bytes, (std::vector<std::uint64_t>{4 << 20, 4 << 20}));
+  EXPECT_EQ(w.sample.nbytes, 8U << 20);
+  for (const auto& f : {a.file("data.bin"), b.file("data.bin")}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(f.c_str(), &st), 0) << f;
+    EXPECT_EQ(st.st_size, 4 << 20) << f;
+  }
+  job.write = false;
+  const FioResult r = run_fio(fio, job);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.sample.nbytes, 8U << 20);
 }
 
 TEST(Fio, CommandLineWithHugePageBuffers) {

@@ -1,9 +1,12 @@
 // The timed transfers and the tune's ds_io measure on a real folder: every byte arrives,
 // short files and mismatches are reported, ds_nvme_tune's logs are written.
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -34,6 +37,54 @@ TEST(Measure, EveryEngineRoundTrips) {
   deepio_read(h, dst.data(), kSize, dir.file("deepio"));
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), kSize), 0);
   EXPECT_EQ(compare_with_file(src.data(), kSize, dir.file("deepio")), "");
+}
+
+// Several folders: one handle over every file, pieces queued in turn; each file gets all its
+// bytes, in place (a piece size that does not divide the file leaves a short last piece).
+TEST(Measure, OneHandleOverSeveralFiles) {
+  test::TempDir a, b, c;
+  PinnedBuffer src(kSize), d0(kSize), d1(kSize), d2(kSize);
+  fill_pattern(src.data(), kSize, 5);
+  const std::vector<std::string> paths = {a.file("f"), b.file("f"), c.file("f")};
+  Handle h(HandleOptions{.block_size = 256 << 10, .queue_depth = 8});
+  const std::size_t chunk = 3 * (256 << 10);
+  EXPECT_EQ(deepio_write_files(h, src.data(), kSize, paths, chunk).nbytes, 3 * kSize);
+  for (const auto& p : paths) EXPECT_EQ(compare_with_file(src.data(), kSize, p), "") << p;
+  const Sample r = deepio_read_files(h, {d0.data(), d1.data(), d2.data()}, kSize, paths, chunk);
+  EXPECT_EQ(r.nbytes, 3 * kSize);
+  EXPECT_GT(r.seconds, 0.0);
+  for (const PinnedBuffer* d : {&d0, &d1, &d2}) EXPECT_EQ(std::memcmp(src.data(), d->data(), kSize), 0);
+}
+
+// Jobs run at once: the aggregate is every job's bytes over one wall time; a failure of one
+// comes back after all have finished.
+TEST(Measure, RunTogether) {
+  test::TempDir a, b;
+  PinnedBuffer src(kSize);
+  fill_pattern(src.data(), kSize, 9);
+  std::vector<Sample> each;
+  const Sample s = run_together({[&] { return naive_write(src.data(), kSize, a.file("n")); },
+                                 [&] { return naive_write(src.data(), kSize / 2, b.file("n")); }},
+                                &each);
+  ASSERT_EQ(each.size(), 2U);
+  EXPECT_EQ(each[0].nbytes, kSize);
+  EXPECT_EQ(each[1].nbytes, kSize / 2);
+  EXPECT_EQ(s.nbytes, kSize + kSize / 2);
+  EXPECT_GE(s.seconds, std::max(each[0].seconds, each[1].seconds));
+  EXPECT_EQ(compare_with_file(src.data(), kSize, a.file("n")), "");
+  std::vector<char> dst(kSize);
+  bool finished = false;
+  try {
+    (void)run_together({[&] { return naive_read(dst.data(), kSize, a.file("absent")); },
+                        [&] {
+                          finished = true;
+                          return Sample{};
+                        }});
+    ADD_FAILURE() << "a missing file read as a success";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code().value(), ENOENT);
+  }
+  EXPECT_TRUE(finished);
 }
 
 // The report says how much of deepio's (and the raw ceiling's) buffers sit on transparent huge

@@ -1,9 +1,13 @@
 // The machine as the command sees it: one file-system name table with the platform, folder
 // checks, the default folder, and the size a comparison picks.
+#include <sys/stat.h>
 #include <sys/statfs.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -87,6 +91,43 @@ TEST(Folders, TemporaryFoldersAreRemoved) {
   remove_temp_dir();
   EXPECT_FALSE(std::filesystem::exists(t));
   EXPECT_THROW(make_temp_dir(dir.file("absent"), "unit"), std::runtime_error);
+}
+
+// --keep: what was registered is forgotten, so no way out (remove_temp_dir, exit) removes it.
+TEST(Folders, KeptFoldersStay) {
+  test::TempDir dir;
+  const std::string t = make_temp_dir(dir.path().string(), "unit");
+  register_temp_file(t + "/a.bin");
+  std::ofstream(t + "/a.bin") << "data";
+  keep_temp_files();
+  remove_temp_dir();
+  EXPECT_TRUE(std::filesystem::exists(t + "/a.bin"));
+}
+
+// Several folders at once (bench and tune): each one usable, none twice; two on one file
+// system give a note, not an error.
+TEST(Folders, SetOfFoldersChecked) {
+  test::TempDir dir;
+  const std::string a = dir.file("a"), b = dir.file("b");
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  EXPECT_TRUE(folder_set_problems({a, b}, "--folder").empty());
+  EXPECT_EQ(folder_set_problems({a, b, a + "/."}, "--folder"),
+            std::vector<std::string>{"--folder: folder '" + a + "/.' is given twice (the same folder as '" + a + "')"});
+  const std::vector<std::string> missing = folder_set_problems({a, dir.file("absent"), dir.file("absent")}, "--x");
+  ASSERT_EQ(missing.size(), 2U) << "each missing one named, once each";
+  EXPECT_EQ(missing[0], "folder '" + dir.file("absent") + "' does not exist");
+
+  const std::string note = same_device_note({a, b});
+  EXPECT_EQ(note, "'" + a + "' and '" + b +
+                      "' are on the same file system (one device): the aggregate is not a sum of drives");
+  EXPECT_EQ(same_device_note({a}), "");
+  struct stat sa {
+  }, sp{};
+  ASSERT_EQ(::stat(a.c_str(), &sa), 0);
+  if (::stat("/proc", &sp) == 0 && sp.st_dev != sa.st_dev) {
+    EXPECT_EQ(same_device_note({a, "/proc"}), "");
+  }
 }
 
 TEST(CompareSize, ChosenFromDiskAndMemory) {

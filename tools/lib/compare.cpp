@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <stdexcept>
 #include <optional>
 
 #include "deepio/gpu.hpp"
@@ -143,10 +146,21 @@ struct GpuRows {
 class CompareRun {
  public:
   CompareRun(const CompareRequest& req, CompareReport& rep)
-      : req_(req), rep_(rep), n_(static_cast<std::size_t>(rep.size.nbytes)), src_(n_), dst_(n_), h_(req.handle) {
+      : req_(req),
+        rep_(rep),
+        n_(static_cast<std::size_t>(rep.size.nbytes)),
+        nf_(std::max<std::size_t>(rep.folders.size(), 1)),
+        src_(n_),
+        dst_(n_),
+        h_(req.handle) {
     rep_.locked = src_.locked() && dst_.locked();
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
+    for (std::size_t i = 1; i < nf_; ++i) {
+      more_dst_.push_back(std::make_unique<PinnedBuffer>(n_));
+      rep_.locked = rep_.locked && more_dst_.back()->locked();
+      touch_pages(more_dst_.back()->data(), n_);
+    }
     rep_.backend = h_.backend();
     if (req.gpu) start_gpu();
   }
@@ -164,16 +178,30 @@ class CompareRun {
   void verify_gpu(std::size_t op, std::size_t e);
   void finish_gpu_rows(std::size_t op);
   Sample ceiling_sample(std::size_t op);
+  Sample multi_sample(std::size_t op, std::size_t e, bool first);
+  Sample multi_ceiling_sample(std::size_t op, bool preallocate);
+  /// The read buffer of folder i.
+  [[nodiscard]] void* dst(std::size_t i) const noexcept { return i == 0 ? dst_.data() : more_dst_[i - 1]->data(); }
+  /// Every folder's file of engine e (write targets) or deepio's files (what every engine reads).
+  [[nodiscard]] std::vector<std::string> files(std::size_t e) const;
+  [[nodiscard]] bool all_direct() const noexcept {
+    return std::all_of(rep_.folders.begin(), rep_.folders.end(),
+                       [](const CompareSetup& f) { return f.dinfo.supported; });
+  }
   /// The GPU rows write fresh files and read; they have no overwrite row.
   [[nodiscard]] std::size_t engines(std::size_t op) const noexcept { return gpu_ && op != kOverwrite ? 6 : 3; }
   [[nodiscard]] std::string raw_desc() const {
     return "raw O_DIRECT pread/pwrite loop, " + std::to_string(raw_threads_) + " threads x " +
-           size_label(req_.handle.block_size);
+           size_label(req_.handle.block_size) +
+           (nf_ > 1 ? ", in each of " + std::to_string(nf_) + " folders at once" : std::string());
   }
   const CompareRequest& req_;
   CompareReport& rep_;
   std::size_t n_;
+  std::size_t nf_;  // folders, measured at once
   PinnedBuffer src_, dst_;
+  std::vector<std::unique_ptr<PinnedBuffer>> more_dst_;  // read buffers of folders 1..nf_-1
+  std::vector<std::uint64_t> folder_bytes_;              // of the last sample, per folder
   Handle h_;
   std::optional<GpuRows> gpu_;
   std::string fio_path_, fio_engine_;
@@ -197,15 +225,21 @@ void CompareRun::plan_ceiling() {
   const std::string fio_ver = fio_path_.empty() ? std::string() : fio_version(fio_path_);
   fio_engine_ = fio_engine_for(rep_.backend);
   raw_threads_ = std::min<std::size_t>(ho.queue_depth * ho.intra_op_parallelism, 64);
-  use_fio_ = !fio_path_.empty() && !rep_.memory_fs && rep_.setup.dinfo.supported;
-  if (!fio_path_.empty() && !use_fio_) rep_.ceiling_note = "fio skipped: the folder does not support O_DIRECT";
+  use_fio_ = !fio_path_.empty() && !rep_.memory_fs && all_direct();
+  if (!fio_path_.empty() && !use_fio_) {
+    rep_.ceiling_note = nf_ == 1         ? "fio skipped: the folder does not support O_DIRECT"
+                        : rep_.memory_fs ? "fio skipped: a folder is in memory"
+                                         : "fio skipped: a folder does not support O_DIRECT";
+  }
   if (fio_path_.empty() && !req_.no_fio) rep_.ceiling_note = "fio not found on PATH";
   if (use_fio_) plan_fio_buffers();
   if (!use_fio_) use_raw_buffers();
   rep_.ceiling_desc = use_fio_ ? fio_ver + " --ioengine=" + fio_engine_ + " --bs=" + size_label(ho.block_size) +
                                      " --iodepth=" + std::to_string(ho.queue_depth) +
                                      " --numjobs=" + std::to_string(ho.intra_op_parallelism) + " --direct=1" +
-                                     (loan_.ok() ? " --mem=shmhuge" : "")
+                                     (loan_.ok() ? " --mem=shmhuge" : "") +
+                                     (nf_ > 1 ? ", one job per folder, " + std::to_string(nf_) + " folders at once"
+                                              : std::string())
                                : raw_desc();
   init_results();
 }
@@ -216,7 +250,7 @@ void CompareRun::plan_fio_buffers() {
   const HandleOptions& ho = req_.handle;
   const HugePagePool pool = read_hugepage_pool();
   loan_ = HugePageLoan::obtain(
-      fio_huge_pages_needed(ho.block_size, ho.queue_depth, ho.intra_op_parallelism, pool.page_bytes),
+      fio_huge_pages_needed(ho.block_size, ho.queue_depth, ho.intra_op_parallelism * nf_, pool.page_bytes),
       req_.may_reserve_hugepages);
   if (loan_.ok()) {
     rep_.ceiling_buffers = "hugetlb";
@@ -254,8 +288,7 @@ void CompareRun::init_results() {
     const char* name = kOpNames[op];
     res_[op][kDeepio] = {name, "deepio", "deepio", {}, {}, {}, {}};
     res_[op][kNaive] = {name, "naive", naive_label, {}, "buffered read(2)/write(2) + memcpy", {}, {}};
-    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, rep_.setup.dinfo.supported ? "O_DIRECT" : "buffered",
-                          {},   {}};
+    res_[op][kCeiling] = {name, "ceiling", ceil_label, {}, all_direct() ? "O_DIRECT" : "buffered", {}, {}};
   }
   res_[kRead][kNaive].path = "buffered read(2) + memcpy";
   res_[kWrite][kNaive].path = "memcpy + buffered write(2)";
@@ -376,10 +409,108 @@ Sample CompareRun::ceiling_sample(std::size_t op) {
                     write ? f.f_ceiling : f.f_deepio, preallocate);
 }
 
+std::vector<std::string> CompareRun::files(std::size_t e) const {
+  std::vector<std::string> v;
+  for (const auto& f : rep_.folders) v.push_back(e == kDeepio ? f.f_deepio : e == kNaive ? f.f_naive : f.f_ceiling);
+  return v;
+}
+
+/// Several folders: fio with one job per folder in one run, else the raw loop in each at once.
+Sample CompareRun::multi_ceiling_sample(std::size_t op, bool preallocate) {
+  const bool write = op != kRead;
+  const std::vector<std::string> paths = files(write ? kCeiling : kDeepio);
+  if (use_fio_ && !fio_failed_) {
+    const HandleOptions& ho = req_.handle;
+    FioJob job{paths[0],    write, n_,         ho.block_size, ho.queue_depth, ho.intra_op_parallelism,
+               fio_engine_, true,  preallocate};
+    job.extra_paths.assign(paths.begin() + 1, paths.end());
+    if (loan_.ok()) {
+      job.mem = "shmhuge";
+      job.hugepage_bytes = loan_.page_bytes();
+    }
+    FioResult fr = run_fio(fio_path_, job);
+    (write ? rep_.fio_command_write : rep_.fio_command_read) = fr.command;
+    if (fr.ok) {
+      folder_bytes_ = fr.file_bytes;
+      return fr.sample;
+    }
+    fio_failed_ = true;
+    rep_.ceiling_note = fr.error + "; ceiling measured with the raw O_DIRECT loop instead";
+  }
+  std::vector<std::function<Sample()>> jobs;
+  for (std::size_t i = 0; i < nf_; ++i) {
+    void* buf = write ? src_.data() : dst(i);
+    jobs.emplace_back([this, write, buf, path = paths[i], preallocate] {
+      return raw_direct(write, buf, n_, req_.handle.block_size, raw_threads_, path, preallocate);
+    });
+  }
+  std::vector<Sample> each;
+  const Sample s = run_together(jobs, &each);
+  for (const auto& x : each) folder_bytes_.push_back(x.nbytes);
+  return s;
+}
+
+/// One timed transfer of engine `e` over every folder at once (sample() for several folders):
+/// the same preparation per folder, then one aggregate sample.
+Sample CompareRun::multi_sample(std::size_t op, std::size_t e, bool first) {
+  const bool write = op != kRead;
+  const std::vector<std::string> targets = files(e), reads = files(kDeepio);
+  for (std::size_t i = 0; i < nf_; ++i) {
+    if (op == kWrite) {
+      ::unlink(targets[i].c_str());
+    } else if (op == kOverwrite) {
+      drop_page_cache(targets[i]);
+    } else {
+      drop_page_cache(reads[i]);
+      if (first && e != kCeiling) std::memset(dst(i), 0, n_);
+    }
+  }
+  folder_bytes_.clear();
+  if (e == kCeiling) {
+    const bool preallocate = op == kWrite && preallocated_ > 0;
+    if (op == kWrite) rep_.ceiling_preallocated = preallocate;
+    return multi_ceiling_sample(op, preallocate);
+  }
+  if (e == kNaive) {
+    std::vector<std::function<Sample()>> jobs;
+    for (std::size_t i = 0; i < nf_; ++i) {
+      jobs.emplace_back([this, op, write, i, &targets, &reads] {
+        return write ? naive_write(src_.data(), n_, targets[i], op == kOverwrite) : naive_read(dst(i), n_, reads[i]);
+      });
+    }
+    std::vector<Sample> each;
+    const Sample s = run_together(jobs, &each);
+    for (const auto& x : each) folder_bytes_.push_back(x.nbytes);
+    return s;
+  }
+  // One handle; pieces of every file queued in turn, about queue_depth / folders blocks each,
+  // so the handle's queue holds requests for every folder at once.
+  const HandleOptions& ho = req_.handle;
+  const std::size_t chunk = ho.block_size * std::max<std::size_t>(1, ho.queue_depth / nf_) *
+                            std::max<std::size_t>(1, ho.intra_op_parallelism);
+  std::vector<void*> bufs;
+  for (std::size_t i = 0; i < nf_; ++i) bufs.push_back(dst(i));
+  const HandleStats s0 = h_.stats();
+  const Sample s = write ? deepio_write_files(h_, src_.data(), n_, targets, chunk)
+                         : deepio_read_files(h_, bufs, n_, reads, chunk);
+  const HandleStats s1 = h_.stats();
+  acc_[0] += s1.bytes_direct - s0.bytes_direct;
+  acc_[1] += s1.bytes_bounced - s0.bytes_bounced;
+  acc_[2] += s1.bytes_buffered - s0.bytes_buffered;
+  acc_[3] += s1.direct_refused - s0.direct_refused;
+  if (op == kWrite) {
+    preallocated_ += s1.preallocated - s0.preallocated > 0 ? 1 : 0;
+    rep_.deepio_preallocated = preallocated_;
+  }
+  folder_bytes_.assign(nf_, n_);
+  return s;
+}
+
 /// One timed transfer of engine `e`; a write goes to a fresh file, an overwrite over the file
 /// the writes left (its cached pages dropped first), a read starts from a dropped page cache
 /// (and the first one into a zeroed buffer, to be verified).
 Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
+  if (nf_ > 1) return multi_sample(op, e, first);
   const bool write = op != kRead;
   const CompareSetup& f = rep_.setup;
   const std::string& target = e == kDeepio ? f.f_deepio : e == kNaive ? f.f_naive : f.f_ceiling;
@@ -420,12 +551,17 @@ void CompareRun::measure_op(std::size_t op, Progress& progress) {
       const std::size_t e = (r + k) % ne;  // rotate the order: A B C, B C A, C A B
       progress.step(std::string(kOpNames[op]) + " " + res_[op][e].engine + ", run " + std::to_string(r + 1) + "/" +
                     std::to_string(req_.runs));
+      folder_bytes_.clear();
       res_[op][e].samples.push_back(sample(op, e, r == 0));
+      res_[op][e].folder_bytes = folder_bytes_.empty() ? std::vector<std::uint64_t>{res_[op][e].samples.back().nbytes}
+                                                       : folder_bytes_;
       if (r == 0 && (e == kGpuStaged || e == kGpuGds)) {
         verify_gpu(op, e);
       } else if (op == kRead && r == 0 && e < kCeiling) {
-        res_[op][e].verified = std::memcmp(dst_.data(), src_.data(), n_) == 0 ? "yes" : "MISMATCH";
-        if (res_[op][e].verified != "yes") rep_.mismatch = true;
+        bool same = true;
+        for (std::size_t i = 0; i < nf_; ++i) same = same && std::memcmp(dst(i), src_.data(), n_) == 0;
+        res_[op][e].verified = same ? "yes" : "MISMATCH";
+        if (!same) rep_.mismatch = true;
       }
     }
   }
@@ -453,14 +589,29 @@ void CompareRun::measure_all() {
 
 CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const CompareSetup& setup,
                           std::uint64_t free_disk, std::uint64_t ram) {
+  return run_compare(req, size, std::vector<CompareSetup>{setup}, {}, free_disk, ram);
+}
+
+CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const std::vector<CompareSetup>& setups,
+                          const std::vector<std::string>& parents, std::uint64_t free_disk, std::uint64_t ram) {
+  if (setups.empty()) throw std::invalid_argument("run_compare: no folder");
+  if (setups.size() > 1 && req.gpu) throw std::invalid_argument("run_compare: the GPU rows take one folder");
   CompareReport rep;
-  rep.setup = setup;
+  rep.setup = setups.front();
+  rep.folders = setups;
+  rep.parents = parents;
+  for (const auto& p : parents) rep.folder_free.push_back(free_disk_bytes(p));
+  for (const auto& f : setups) rep.folder_devices.push_back(queue_limits_of(f.dir).device);
+  if (parents.size() > 1) rep.same_device_note = same_device_note(parents);
+  if (setups.size() > 1 && req.gpu_probe.cuda) rep.gpu_error = "the GPU rows are measured with one folder only";
   rep.size = size;
   rep.free_disk = free_disk;
   rep.ram = ram;
   rep.runs = req.runs;
   rep.handle = req.handle;
-  rep.memory_fs = is_memory_filesystem(setup.dir);
+  for (const auto& f : setups) rep.folder_in_memory.push_back(is_memory_filesystem(f.dir));
+  rep.memory_fs = std::find(rep.folder_in_memory.begin(), rep.folder_in_memory.end(), true) !=
+                  rep.folder_in_memory.end();
   rep.gpu = req.gpu_probe;
   {
     CompareRun run(req, rep);

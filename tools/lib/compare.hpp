@@ -17,6 +17,13 @@
 // where a flagged deepio or naive figure stands and the ceiling is doubted instead. The copy
 // ceilings of the GPU rows are not judged against the disk's.
 //
+// Several folders (one per drive, no RAID): every row moves the same bytes to (from) one file
+// in each folder, all folders at once, and its figure is the aggregate (all bytes over the
+// wall time, CPU of the whole process). deepio: one handle with pieces of every file queued in
+// turn (deepio_write_files); the naive copy: one thread per folder; the ceiling: fio with one
+// job per folder in one run, or the raw loop in every folder at once. Each result keeps the
+// bytes per folder (folder_bytes). The GPU rows are measured with one folder only.
+//
 // choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
 // with errno and path for I/O) and leave the temporary folder to remove_temp_dir().
 #pragma once
@@ -87,12 +94,22 @@ struct EngineResult {
   /// deepio and naive rows: the figure stands, the ceiling is doubted; GPU disk rows: the
   /// figure is withheld (gpu_disk_row).
   std::string flag;
+  /// Bytes moved in each folder by one run (the last; every run moves the same), in the
+  /// order of CompareReport::folders; their sum is the run's nbytes.
+  std::vector<std::uint64_t> folder_bytes = {};
   [[nodiscard]] double median_gib() const;
   [[nodiscard]] double cpu_per_gib() const;
 };
 
 struct CompareReport {
-  CompareSetup setup;
+  CompareSetup setup;  ///< the (first) folder's
+  /// Every folder's setup, measured at once (folders[0] is `setup`); one for a single folder.
+  std::vector<CompareSetup> folders;
+  std::vector<std::string> parents;         ///< the folders given, in order
+  std::vector<std::uint64_t> folder_free;   ///< free bytes in each
+  std::vector<std::string> folder_devices;  ///< the block device behind each ("" unknown)
+  std::string same_device_note;             ///< same_device_note(parents): "" when each is its own
+  std::vector<bool> folder_in_memory;       ///< each folder on tmpfs/ramfs (memory_fs: any of them)
   SizeChoice size;
   std::uint64_t free_disk = 0, ram = 0, memlock = 0;
   std::size_t runs = 0;
@@ -126,6 +143,10 @@ struct CompareReport {
 
 CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const CompareSetup& setup,
                           std::uint64_t free_disk, std::uint64_t ram);
+/// The same over several folders at once (`setups` in the order given; `parents` the folders
+/// they were made in). `free_disk` is the least free space among them. GPU rows need one folder.
+CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, const std::vector<CompareSetup>& setups,
+                          const std::vector<std::string>& parents, std::uint64_t free_disk, std::uint64_t ram);
 
 /// The text report: configuration first, then the table and one line per operation.
 [[nodiscard]] std::string compare_text(const CompareReport& r, const std::string& version);

@@ -1,4 +1,5 @@
 // compare_text and compare_json (compare.hpp): what `deepio bench` prints in comparison mode.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -44,6 +45,22 @@ std::string preallocation_line(const CompareReport& r) {
          std::string(fio ? "fio --fallocate=none" : "no fallocate") + ")\n";
 }
 
+/// Several folders: which, and that every figure is their aggregate; nothing for one folder.
+std::string folders_lines(const CompareReport& r) {
+  if (r.folders.size() < 2) return {};
+  std::string s = "folders: " + std::to_string(r.folders.size()) + " at once, " + human_bytes(r.size.nbytes) +
+                  " per folder per run; every figure is the aggregate (all folders' bytes / wall time):\n";
+  for (std::size_t i = 0; i < r.folders.size(); ++i) {
+    const CompareSetup& f = r.folders[i];
+    const std::string dev = i < r.folder_devices.size() ? r.folder_devices[i] : std::string();
+    s += "  " + f.dir + " (" + f.dinfo.filesystem + (f.dinfo.supported ? ", O_DIRECT ok" : ", no O_DIRECT: buffered") +
+         (dev.empty() ? std::string() : ", device " + dev) +
+         (i < r.folder_free.size() ? ", " + human_bytes(r.folder_free[i]) + " free" : std::string()) + ")\n";
+  }
+  if (!r.same_device_note.empty()) s += "note: " + r.same_device_note + "\n";
+  return s;
+}
+
 std::string config_lines(const CompareReport& r, const std::string& version) {
   const DirectIoInfo& d = r.setup.dinfo;
   const HandleOptions& ho = r.handle;
@@ -53,6 +70,11 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
                        ? "O_DIRECT ok, alignment " + std::to_string(d.mem_align) + "/" + std::to_string(d.offset_align)
                        : std::string("no O_DIRECT: buffered")) +
                   ")\n";
+  if (r.folders.size() > 1) {
+    s = "deepio " + version + " bench: " + human_bytes(r.size.nbytes) + " per file in each of " +
+        std::to_string(r.folders.size()) + " folders, at once\n";
+  }
+  s += folders_lines(r);
   s += "size: " + human_bytes(r.size.nbytes) + " (" + r.size.reason + "; " + human_bytes(r.free_disk) + " free disk, " +
        human_bytes(r.ram) + " RAM)\n";
   s += "deepio: backend " + std::string(to_string(r.backend)) + ", block_size " + size_label(ho.block_size) +
@@ -80,8 +102,15 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
        fixed(100.0 * kCeilingNoise, 0) + "%), reads \"at ceiling\"; only one beyond that is flagged\n";
   s += gpu_line(r);
   if (r.memory_fs) {
-    s += "warning: " + r.setup.dir + " is in memory (" + d.filesystem + "): these are memory speeds, not a device's\n";
+    // One warning per folder in memory (the first folder's when the report does not say which).
+    for (std::size_t i = 0; i < std::max<std::size_t>(r.folders.size(), 1); ++i) {
+      if (r.folders.size() > 1 && (i >= r.folder_in_memory.size() || !r.folder_in_memory[i])) continue;
+      const CompareSetup& f = r.folders.empty() ? r.setup : r.folders[i];
+      s += "warning: " + f.dir + " is in memory (" + f.dinfo.filesystem +
+           "): these are memory speeds, not a device's\n";
+    }
   }
+
   return s;
 }
 
@@ -190,6 +219,25 @@ void json_settings(Json& j, const CompareReport& r) {
   j.end_object();
 }
 
+/// "folders": every folder measured at once (one for a single folder), and the note when two
+/// are on one device.
+void json_folders(Json& j, const CompareReport& r) {
+  j.begin_array("folders");
+  for (std::size_t i = 0; i < r.folders.size(); ++i) {
+    const CompareSetup& f = r.folders[i];
+    j.begin_object();
+    j.value("folder", f.dir);
+    j.value("parent", i < r.parents.size() ? r.parents[i] : std::string());
+    j.value("filesystem", f.dinfo.filesystem);
+    j.value("direct_io", f.dinfo.supported);
+    j.value("device", i < r.folder_devices.size() ? r.folder_devices[i] : std::string());
+    j.value("free_bytes", i < r.folder_free.size() ? r.folder_free[i] : std::uint64_t{0});
+    j.end_object();
+  }
+  j.end_array();
+  j.value("same_device_note", r.same_device_note);
+}
+
 void json_gpu(Json& j, const CompareReport& r) {
   const GpuProbe& g = r.gpu;
   j.begin_object("gpu");
@@ -223,6 +271,10 @@ void json_results(Json& j, const CompareReport& r) {
     else j.null("percent_of_ceiling");
     j.value("vs_ceiling", e.flag.empty() ? to_string(v.standing) : "above");
     j.value("cpu_sec_per_gib", e.cpu_per_gib());
+    j.value("bytes", e.samples.empty() ? std::uint64_t{0} : e.samples.back().nbytes);
+    j.begin_array("folder_bytes");
+    for (const auto b : e.folder_bytes) j.value({}, b);
+    j.end_array();
     j.value("io_path", e.path);
     if (e.verified.empty()) j.null("verified");
     else j.value("verified", e.verified == "yes");
@@ -253,6 +305,7 @@ std::string compare_json(const CompareReport& r, const std::string& version) {
   j.value("runs", static_cast<std::uint64_t>(r.runs));
   j.value("page_locked", r.locked);
   j.value("memlock_limit_bytes", r.memlock);
+  json_folders(j, r);
   json_settings(j, r);
   json_gpu(j, r);
   json_results(j, r);

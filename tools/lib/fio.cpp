@@ -1,8 +1,10 @@
 #include "fio.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
+#include "format.hpp"
 #include "json.hpp"
 #include "process.hpp"
 
@@ -44,7 +46,58 @@ std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job
   if (job.write) argv.push_back("--end_fsync=1");
   if (!job.mem.empty()) argv.push_back("--mem=" + job.mem);
   if (job.hugepage_bytes != 0) argv.push_back("--hugepage-size=" + std::to_string(job.hugepage_bytes));
-  return argv;
+  if (job.extra_paths.empty()) return argv;
+  // Several files: the common options become fio's global section; one job per file after it.
+  std::vector<std::string> multi = {fio_path};
+  for (std::size_t i = 3; i < argv.size(); ++i) {
+    if (argv[i] != "--group_reporting") multi.push_back(argv[i]);
+  }
+  for (std::size_t i = 0; i <= job.extra_paths.size(); ++i) {
+    multi.push_back("--name=deepio-ceiling-" + std::to_string(i));
+    multi.push_back("--filename=" + (i == 0 ? job.path : job.extra_paths[i - 1]));
+  }
+  return multi;
+}
+
+FioResult parse_fio_report_files(std::string_view out, bool write, std::size_t files) {
+  FioResult r;
+  const auto brace = out.find('{');
+  std::string perr;
+  auto doc = brace == std::string_view::npos ? std::nullopt : parse_json(out.substr(brace), &perr);
+  const JsonValue* jobs = doc ? doc->get("jobs") : nullptr;
+  if (jobs == nullptr || jobs->at(0) == nullptr) {
+    r.error = "cannot parse fio's JSON output" + (perr.empty() ? "" : ": " + perr);
+    return r;
+  }
+  r.file_bytes.assign(files, 0);
+  double runtime_ms = 0, cpu = 0;
+  for (std::size_t k = 0; const JsonValue* j = jobs->at(k); ++k) {
+    const JsonValue* name = j->get("jobname");
+    const JsonValue* side = j->get(write ? "write" : "read");
+    const std::string prefix = "deepio-ceiling-";
+    const std::string n = name != nullptr ? name->string : std::string();
+    if (side == nullptr || n.rfind(prefix, 0) != 0) continue;
+    const auto i = parse_uint(n.substr(prefix.size()));
+    if (!i || *i >= files) continue;
+    r.file_bytes[*i] += static_cast<std::uint64_t>(side->num("io_bytes"));
+    runtime_ms = std::max(runtime_ms, side->num("runtime"));
+    cpu += (j->num("usr_cpu") + j->num("sys_cpu")) / 100.0 * j->num("job_runtime", side->num("runtime")) / 1000.0;
+  }
+  for (std::size_t i = 0; i < files; ++i) {
+    if (r.file_bytes[i] == 0) {
+      r.error = "fio reported no I/O for file " + std::to_string(i);
+      return r;
+    }
+    r.sample.nbytes += r.file_bytes[i];
+  }
+  if (runtime_ms <= 0) {
+    r.error = "fio reported no I/O";
+    return r;
+  }
+  r.sample.seconds = runtime_ms / 1000.0;
+  r.sample.cpu_seconds = cpu;
+  r.ok = true;
+  return r;
 }
 
 FioResult parse_fio_report(std::string_view out, bool write) {
@@ -81,7 +134,10 @@ FioResult run_fio(const std::string& fio_path, const FioJob& job) {
   for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
   const ProcessResult p = run_process(argv);
   FioResult r;
-  if (p.ok()) r = parse_fio_report(p.out, job.write);
+  if (p.ok()) {
+    r = job.extra_paths.empty() ? parse_fio_report(p.out, job.write)
+                                : parse_fio_report_files(p.out, job.write, job.extra_paths.size() + 1);
+  }
   r.command = command;
   if (!p.started()) {
     r.error = "cannot run " + fio_path + ": " + std::strerror(p.spawn_errno);

@@ -32,6 +32,9 @@ struct FioJob {
   /// request is one DMA segment per huge page: ceiling.hpp); hugepage_bytes: --hugepage-size.
   std::string mem = {};
   std::uint64_t hugepage_bytes = 0;
+  /// Several folders (`deepio bench --folder A --folder B`): further files, each one more job
+  /// of the same kind and size as `path`'s, all run at once. Empty: one file, as always.
+  std::vector<std::string> extra_paths = {};
 };
 
 struct FioResult {
@@ -39,6 +42,8 @@ struct FioResult {
   Sample sample;
   std::string command;  ///< the exact command line run
   std::string error;    ///< why not ok
+  /// Several files (FioJob::extra_paths): the bytes fio moved on each, in the job's order.
+  std::vector<std::uint64_t> file_bytes = {};
 };
 
 /// The command line for one job: sequential read or write of nbytes split over numjobs
@@ -46,10 +51,18 @@ struct FioResult {
 /// write timings include fsync). A write to an existing file of nbytes overwrites it in place (fio neither truncates
 /// nor lays it out again).
 [[nodiscard]] std::vector<std::string> fio_argv(const std::string& fio_path, const FioJob& job);
+/// With FioJob::extra_paths (several files at once): the options common to all jobs first
+/// (fio's global section), then one "--name=deepio-ceiling-<i> --filename=<path i>" per file;
+/// no --group_reporting, so that the report has each job on its own (parse_fio_report_files).
 /// Reads fio's --output-format=json (anything before the first '{' is skipped: fio prints
 /// notes there): bytes and runtime of the job's read or write side, CPU from usr_cpu/sys_cpu.
 /// ok = false with the reason when the text is not such a report or reports no I/O.
 [[nodiscard]] FioResult parse_fio_report(std::string_view out, bool write);
+/// The report of a several-file run (fio_argv with extra_paths): jobs named
+/// "deepio-ceiling-<i>" for i < files. Bytes are summed per file (file_bytes) and over all;
+/// the time is the longest job's runtime (they start together); CPU is every job's. ok =
+/// false with the reason when a file's job is missing or moved nothing.
+[[nodiscard]] FioResult parse_fio_report_files(std::string_view out, bool write, std::size_t files);
 /// Runs `fio` (fio_path: a path or a name on PATH) on one job and parses its report.
 FioResult run_fio(const std::string& fio_path, const FioJob& job);
 /// "fio-3.33", or empty when `fio --version` fails.

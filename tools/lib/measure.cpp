@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -85,6 +87,65 @@ Sample deepio_read(Handle& h, void* buf, std::size_t nbytes, const std::string& 
   h.async_pread(buf, nbytes, path, 0);
   h.wait();
   return c.stop(nbytes);
+}
+
+namespace {
+/// Submits `chunk`-byte pieces of every file in turn (see deepio_write_files).
+template <typename Submit>
+void submit_interleaved(std::size_t nbytes, std::size_t files, std::size_t chunk, Submit submit) {
+  if (chunk == 0) chunk = nbytes;
+  for (std::size_t off = 0; off < nbytes; off += chunk) {
+    const std::size_t len = std::min(chunk, nbytes - off);
+    for (std::size_t i = 0; i < files; ++i) submit(i, off, len);
+  }
+}
+}  // namespace
+
+Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths,
+                          std::size_t chunk) {
+  Clock c;
+  const auto* p = static_cast<const char*>(buf);
+  submit_interleaved(nbytes, paths.size(), chunk, [&](std::size_t i, std::size_t off, std::size_t len) {
+    h.async_pwrite(p + off, len, paths[i], off);
+  });
+  h.wait();
+  for (const auto& path : paths) fsync_path(path);
+  return c.stop(nbytes * paths.size());
+}
+
+Sample deepio_read_files(Handle& h, const std::vector<void*>& bufs, std::size_t nbytes,
+                         const std::vector<std::string>& paths, std::size_t chunk) {
+  Clock c;
+  submit_interleaved(nbytes, paths.size(), chunk, [&](std::size_t i, std::size_t off, std::size_t len) {
+    h.async_pread(static_cast<char*>(bufs[i]) + off, len, paths[i], off);
+  });
+  h.wait();
+  return c.stop(nbytes * paths.size());
+}
+
+Sample run_together(const std::vector<std::function<Sample()>>& jobs, std::vector<Sample>* each) {
+  std::vector<Sample> samples(jobs.size());
+  std::vector<std::exception_ptr> errors(jobs.size());
+  Clock c;
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          samples[i] = jobs[i]();
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+  }
+  Sample total = c.stop(0);
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  for (const auto& s : samples) total.nbytes += s.nbytes;
+  if (each != nullptr) *each = std::move(samples);
+  return total;
 }
 
 Sample naive_read(void* dst, std::size_t nbytes, const std::string& path) {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "deepio/gpu.hpp"
@@ -96,6 +97,48 @@ std::string folder_problem(const std::string& folder) {
   if (fd < 0) return "folder '" + folder + "' is not writable (" + std::strerror(errno) + ")";
   ::close(fd);
   ::unlink(probe.c_str());
+  return {};
+}
+
+std::vector<std::string> folder_set_problems(const std::vector<std::string>& folders, const std::string& flag) {
+  std::vector<std::string> problems;
+  std::vector<std::pair<dev_t, ino_t>> seen;
+  std::vector<std::string> names;  // names[i] was seen[i]
+  for (std::size_t i = 0; i < folders.size(); ++i) {
+    if (auto problem = folder_problem(folders[i]); !problem.empty()) {
+      problems.push_back(std::move(problem));
+      continue;
+    }
+    struct stat st {};
+    if (::stat(folders[i].c_str(), &st) != 0) continue;
+    const auto id = std::make_pair(st.st_dev, st.st_ino);
+    const auto it = std::find(seen.begin(), seen.end(), id);
+    if (it != seen.end()) {
+      problems.push_back(flag + ": folder '" + folders[i] + "' is given twice (the same folder as '" +
+                         names[static_cast<std::size_t>(it - seen.begin())] + "')");
+      continue;
+    }
+    seen.push_back(id);
+    names.push_back(folders[i]);
+  }
+  return problems;
+}
+
+std::string same_device_note(const std::vector<std::string>& folders) {
+  std::vector<dev_t> devs;
+  for (const auto& f : folders) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0) return {};
+    devs.push_back(st.st_dev);
+  }
+  for (std::size_t i = 0; i < devs.size(); ++i) {
+    for (std::size_t k = i + 1; k < devs.size(); ++k) {
+      if (devs[i] == devs[k]) {
+        return "'" + folders[i] + "' and '" + folders[k] +
+               "' are on the same file system (one device): the aggregate is not a sum of drives";
+      }
+    }
+  }
   return {};
 }
 
@@ -241,6 +284,11 @@ void register_temp_file(const std::string& path) {
   if (g_temp_count >= kMaxTemp || path.size() >= sizeof g_temp_files[0]) return;
   std::snprintf(g_temp_files[g_temp_count], sizeof g_temp_files[0], "%s", path.c_str());
   g_temp_count = g_temp_count + 1;
+}
+
+void keep_temp_files() noexcept {
+  g_temp_count = 0;
+  g_dir_count = 0;
 }
 
 void register_hugepages_added(std::uint64_t pages) {

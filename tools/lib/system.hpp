@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace deepio::cli {
 
@@ -35,6 +36,15 @@ bool drop_page_cache(const std::string& path) noexcept;
 /// Checks that `folder` exists, is a directory and is writable (by creating a file there);
 /// returns the problem as one sentence, or "".
 [[nodiscard]] std::string folder_problem(const std::string& folder);
+/// Several folders measured at once (`flag` names them in messages, e.g. "--folder"): each
+/// one's folder_problem, and a folder given twice (the same directory by st_dev and st_ino, so
+/// "/a" and "/a/." are one). Every problem is one sentence naming the folder.
+[[nodiscard]] std::vector<std::string> folder_set_problems(const std::vector<std::string>& folders,
+                                                           const std::string& flag);
+/// When two of `folders` live on one file system (the same st_dev): one sentence saying which
+/// and that an aggregate over them is not a sum of drives; "" otherwise (or when one cannot be
+/// read). Not an error: partitions of one drive are a legitimate, if unusual, set.
+[[nodiscard]] std::string same_device_note(const std::vector<std::string>& folders);
 
 /// Where the bench writes when no folder is given: DEEPIO_BENCH_DIR, TMPDIR, /var/tmp, /tmp,
 /// the current folder — the first that is writable and not in memory (tmpfs/ramfs).
@@ -47,6 +57,9 @@ std::string pick_disk_folder(std::string* why);
 std::string make_temp_dir(const std::string& parent, const std::string& tag);
 void register_temp_file(const std::string& path);
 void remove_temp_dir();
+/// --keep: forgets the folders and files registered so far, so that no way out removes them
+/// (huge pages added for the run are still given back).
+void keep_temp_files() noexcept;
 /// `pages` huge pages were added to vm.nr_hugepages for this run (ceiling.hpp's HugePageLoan):
 /// give_back_hugepages_now(), exit and SIGINT/SIGTERM/SIGHUP subtract them again (once).
 void register_hugepages_added(std::uint64_t pages);

@@ -34,7 +34,14 @@ std::string tune_text(const TuneSummary& s, const TuneResult& r) {
                 "%s %zu of %zu configurations (%zu ds_io runs, %.1f GiB moved) in %.1f s; backend %s; io_size %s; ",
                 s.exhaustive ? "swept" : "searched", r.distinct_configs(), s.space_size, r.runs, s.gib_moved,
                 s.elapsed_sec, s.backend.c_str(), size_label(s.io_size).c_str());
-  return out + line + (s.folders.empty() ? "" : s.folders.front()) + "\n";
+  out += line;
+  if (s.folders.size() < 2) return out + (s.folders.empty() ? "" : s.folders.front()) + "\n";
+  // Several folders: every configuration ran on all of them at once; the figures are their sum.
+  out += std::to_string(s.folders.size()) + " folders at once (aggregate):";
+  for (const auto& d : s.folders) out += " " + d;
+  out += "\n";
+  if (!s.same_device_note.empty()) out += "note: " + s.same_device_note + "\n";
+  return out;
 }
 
 namespace {
@@ -73,6 +80,7 @@ std::string tune_json(const TuneSummary& s, const TuneResult& r, const std::stri
   j.begin_array("folders");
   for (const auto& d : s.folders) j.item(d);
   j.end_array();
+  j.value("same_device_note", s.same_device_note);
   j.value("io_size", s.io_size);
   j.value("backend", s.backend);
   j.value("space_size", static_cast<std::uint64_t>(s.space_size));

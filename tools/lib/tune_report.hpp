@@ -21,6 +21,7 @@ struct TuneSummary {
   std::size_t space_size = 0;
   double gib_moved = 0, elapsed_sec = 0;
   bool gds = false;
+  std::string same_device_note = {};  ///< same_device_note(folders): two of them on one device
 };
 
 /// {"aio": {block_size, queue_depth, intra_op_parallelism, single_submit, overlap_events,
