@@ -142,6 +142,13 @@ struct GpuRows {
   GdsHandle gds;
 };
 
+/// The handle of a run over `folders` folders at once: queue_depth requests in flight for each
+/// folder, as the ceiling's one fio job (or raw loop) per folder has; one folder: as given.
+HandleOptions per_folder_depth(HandleOptions o, std::size_t folders) {
+  o.queue_depth *= std::max<std::size_t>(folders, 1);
+  return o;
+}
+
 /// One comparison in progress: the buffers, the handle, the ceiling's state, the results.
 class CompareRun {
  public:
@@ -152,7 +159,7 @@ class CompareRun {
         nf_(std::max<std::size_t>(rep.folders.size(), 1)),
         src_(n_),
         dst_(n_),
-        h_(req.handle) {
+        h_(per_folder_depth(req.handle, nf_)) {
     rep_.locked = src_.locked() && dst_.locked();
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
@@ -483,11 +490,10 @@ Sample CompareRun::multi_sample(std::size_t op, std::size_t e, bool first) {
     for (const auto& x : each) folder_bytes_.push_back(x.nbytes);
     return s;
   }
-  // One handle; pieces of every file queued in turn, about queue_depth / folders blocks each,
-  // so the handle's queue holds requests for every folder at once.
+  // One handle, queue_depth requests in flight per folder (per_folder_depth); pieces of every
+  // file of queue_depth blocks each queued in turn, so every folder has its share at once.
   const HandleOptions& ho = req_.handle;
-  const std::size_t chunk = ho.block_size * std::max<std::size_t>(1, ho.queue_depth / nf_) *
-                            std::max<std::size_t>(1, ho.intra_op_parallelism);
+  const std::size_t chunk = ho.block_size * ho.queue_depth * std::max<std::size_t>(1, ho.intra_op_parallelism);
   std::vector<void*> bufs;
   for (std::size_t i = 0; i < nf_; ++i) bufs.push_back(dst(i));
   const HandleStats s0 = h_.stats();

@@ -78,7 +78,10 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
   s += "size: " + human_bytes(r.size.nbytes) + " (" + r.size.reason + "; " + human_bytes(r.free_disk) + " free disk, " +
        human_bytes(r.ram) + " RAM)\n";
   s += "deepio: backend " + std::string(to_string(r.backend)) + ", block_size " + size_label(ho.block_size) +
-       ", queue_depth " + std::to_string(ho.queue_depth) + ", overlap_events " +
+       ", queue_depth " + std::to_string(ho.queue_depth) +
+       (r.folders.size() > 1 ? " per folder (one handle, " + std::to_string(ho.queue_depth * r.folders.size()) + " in all)"
+                             : std::string()) +
+       ", overlap_events " +
        (ho.overlap_events ? "true" : "false") + ", single_submit " + (ho.single_submit ? "true" : "false") +
        ", intra_op_parallelism " + std::to_string(ho.intra_op_parallelism) + ", buffers " +
        (r.locked ? std::string("page-locked")
