@@ -269,6 +269,33 @@ TEST(GpuReports, GpuRowsFollowTheOneCeilingRule) {
   }
 }
 
+// A GPU disk row above a ceiling that is known to be low (fio on 4 KiB-page buffers that the
+// device splits into more segments than it takes) keeps its figure, as a disk row does: the
+// flag blames the ceiling, and the row is a result. The same row above a trustworthy ceiling
+// (hugetlb buffers) is withheld.
+TEST(GpuReports, AGpuRowAboveALowCeilingKeepsItsFigure) {
+  CompareReport r = gpu_report("gpu_staged", 2.6, {1.8});
+  EXPECT_NE(compare_text(r, "0").find("; not a result"), std::string::npos);  // hugetlb: withheld
+  r.ceiling_buffers = "pages";
+  r.queue = {"vda", 2, 4096};  // 2 segments < 256 pages per 1 MiB request
+  r.handle.block_size = 1 << 20;
+  flag_results(r);
+  const EngineResult& e = r.results[3];
+  const CeilingVerdict v = row_verdict(r, e);
+  EXPECT_TRUE(v.flagged());
+  EXPECT_TRUE(v.ceiling_low);
+  EXPECT_EQ(e.flag, "above the ceiling, whose 4 KiB-page buffers vda splits (max_segments 2 < pages per 1M)");
+  const std::string text = compare_text(r, "0");
+  EXPECT_EQ(text.find("; not a result"), std::string::npos) << text;
+  EXPECT_NE(text.find(printf_row("read", "GPU row", "2.60", "5.2x", "above", "0.00", "FLAGGED: " + e.flag + "; p")),
+            std::string::npos)
+      << text;
+  const auto j = parse_json(compare_json(r, "0"));
+  ASSERT_TRUE(j);
+  EXPECT_TRUE(j->get("results")->at(3)->get("flagged")->boolean);
+  EXPECT_NEAR(j->get("results")->at(3)->num("gib_per_sec"), 2.6, 1e-9);
+}
+
 TEST(GpuReports, TheGpuRowsNeedAFourthFile) {
   const SizeChoice three = choose_size(std::uint64_t{1} << 30, std::uint64_t{7} << 29, 64ULL << 30, 1 << 20, "/d");
   EXPECT_TRUE(three.error.empty()) << three.error;

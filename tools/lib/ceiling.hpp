@@ -43,6 +43,9 @@ struct CeilingVerdict {
   double lo = 0, hi = 0;  ///< the slowest and fastest ceiling samples (GiB/s)
   double limit = 0;       ///< hi + margin: a figure above it is flagged
   std::string reason;     ///< Above: one short sentence saying why; else empty
+  /// Above, and the ceiling itself is known to be low (its 4 KiB-page buffers are split by the
+  /// device): the figure stands, the comparison does not (set by compare.cpp's ceiling_verdict).
+  bool ceiling_low = false;
   [[nodiscard]] bool flagged() const noexcept { return standing == CeilingStanding::Above; }
 };
 

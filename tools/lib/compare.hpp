@@ -14,7 +14,8 @@
 // percentage; beyond every sample by more than the margin, it is flagged with one reason,
 // never given as a percentage over 100. The GPU disk rows (Handle and GdsHandle on device
 // memory) follow the same rule; a flagged one is withheld (its reason carries the figure),
-// where a flagged deepio or naive figure stands and the ceiling is doubted instead. The copy
+// where a flagged deepio or naive figure stands and the ceiling is doubted instead (and so does
+// a GPU row's when the ceiling is the one known to be low: 4 KiB-page buffers the device splits). The copy
 // ceilings of the GPU rows are not judged against the disk's.
 //
 // Several folders (one per drive, no RAID): every row moves the same bytes to (from) one file
@@ -92,7 +93,7 @@ struct EngineResult {
   /// Not empty: a measurement problem, in one sentence (row_verdict's reason, set by
   /// flag_results): the median is beyond every ceiling sample by more than the noise margin.
   /// deepio and naive rows: the figure stands, the ceiling is doubted; GPU disk rows: the
-  /// figure is withheld (gpu_disk_row).
+  /// figure is withheld (gpu_disk_row), unless the ceiling is known to be low (ceiling_low).
   std::string flag;
   /// Bytes moved in each folder by one run (the last; every run moves the same), in the
   /// order of CompareReport::folders; their sum is the run's nbytes.
@@ -162,7 +163,8 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
 /// median, one rule for every row. None for the copy ceilings "h2d"/"d2h" (another path's
 /// ceiling, not the disk's). A flagged GPU disk row's reason leads with its figure, which the
 /// table withholds, and ends "; not a result": "8.70 GiB/s, above every ceiling sample (...)
-/// by more than their noise margin (...); not a result". Pure.
+/// by more than their noise margin (...); not a result"; where the ceiling is known to be low
+/// (CeilingVerdict::ceiling_low) the figure stands and the reason blames the ceiling. Pure.
 [[nodiscard]] CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e, const EngineResult& ceiling);
 /// The same against the ceiling row of e's op in r.results (None when there is none).
 [[nodiscard]] CeilingVerdict row_verdict(const CompareReport& r, const EngineResult& e);

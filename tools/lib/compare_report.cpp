@@ -26,7 +26,7 @@ std::string gpu_line(const CompareReport& r) {
   return "gpu: CUDA driver " + std::to_string(g.driver_version) + ", device " + std::to_string(r.gpu_device) + " of " +
          std::to_string(g.device_count) + "; rows: Handle on device memory (staged), GdsHandle auto (" + r.gds_mode +
          "), copy ceilings with CUDA-registered host memory; a disk row flagged by the vs ceiling rule is "
-         "withheld, not a result\n";
+         "withheld, not a result (unless the ceiling is known to be low)\n";
 }
 
 /// "fresh-file writes: ..." : whether deepio and the ceiling allocated the file before writing
@@ -125,7 +125,10 @@ std::string ratio(double g, double base, int decimals, double factor, const char
 
 /// Flagged GPU disk rows are not results; deepio's and the naive copy's figures stand when
 /// flagged, and the ceiling is doubted instead.
-bool figure_withheld(const EngineResult& e) { return !e.flag.empty() && gpu_disk_row(e); }
+bool figure_withheld(const CompareReport& r, const EngineResult& e) {
+  if (e.flag.empty() || !gpu_disk_row(e)) return false;
+  return !row_verdict(r, e).ceiling_low;
+}
 
 /// The "vs ceiling" cell: "78%", "at ceiling", "above" (flagged), "-" (nothing to compare with).
 std::string ceiling_cell(const CompareReport& r, const EngineResult& e) {
@@ -148,7 +151,7 @@ std::string results_table(const CompareReport& r) {
     const double g = e.median_gib();
     std::string path = e.path;
     if (!e.verified.empty()) path += e.verified == "yes" ? ", data verified" : ", DATA MISMATCH";
-    if (figure_withheld(e)) {
+    if (figure_withheld(r, e)) {
       t.row({e.op, e.label, "flagged", "-", "-", fixed(e.cpu_per_gib(), 2), "FLAGGED: " + e.flag + "; " + path});
       continue;
     }
