@@ -99,6 +99,47 @@ def test_concurrent_gpu_and_cpu_ops_on_one_handle(tmp_dir):
 
 
 @needs_gpu
+def test_dcp_of_cuda_tensors_with_either_reader(tmp_dir):
+    # deepio.dcp on CUDA state: saved by deepio's writer (CUDA tensors large enough for the
+    # filling route, a view, an unaligned size, a CPU tensor and bytes), loaded into CUDA
+    # destinations by deepio's reader and by torch's, and torch's checkpoint by deepio's reader.
+    import torch.distributed.checkpoint as dcp
+
+    import deepio.dcp
+
+    def state(fill: bool) -> dict:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        big = torch.randn(3 << 20, device="cuda", generator=g)  # 12 MiB
+        made = {
+            "big": big,
+            "odd": torch.randn((1 << 18) + 3, device="cuda", generator=g).to(torch.bfloat16),
+            "view": big[4096:8192].clone(),
+            "cpu": torch.arange(1000, dtype=torch.int64),
+            "step": 3,
+        }
+        if not fill:
+            made = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for k, v in made.items()}
+        return made
+
+    want = state(True)
+    dcp.save(want, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d"))
+    dcp.save(want, storage_writer=dcp.FileSystemWriter(tmp_dir / "t"))
+    for folder, reader in (
+        (tmp_dir / "d", deepio.dcp.FileSystemReader),
+        (tmp_dir / "d", dcp.FileSystemReader),
+        (tmp_dir / "t", deepio.dcp.FileSystemReader),
+    ):
+        got = state(False)
+        dcp.load(got, storage_reader=reader(folder))
+        for k, v in want.items():
+            if isinstance(v, torch.Tensor):
+                assert got[k].device == v.device and torch.equal(got[k], v), (folder.name, reader, k)
+    assert {p.name: p.read_bytes() for p in (tmp_dir / "d").glob("*.distcp")} == {
+        p.name: p.read_bytes() for p in (tmp_dir / "t").glob("*.distcp")
+    }
+
+
+@needs_gpu
 def test_deepio_save_of_cuda_tensors_loads_in_torch_and_deepio(tmp_dir):
     # deepio.save's CUDA route: storages on the GPU, a view, a CPU tensor sharing the file, and a
     # storage large enough to span several write buffers; torch.load and deepio.load (to the
