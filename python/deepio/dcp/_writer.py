@@ -6,15 +6,27 @@ storage prefixes, staging for ``async_save``, ``storage_meta``, ``validate_check
 with three steps replaced:
 
 - ``write_data``: each data file (``__{rank}_{n}.distcp``, the same files and the same bytes
-  torch writes) is a ``deepio.Writer`` (page-locked staging buffers, aligned direct I/O through
-  the process's default engine, ``fsync`` when ``sync_files``) instead of a Python file object;
-  a small file gets staging the size of its estimated bytes (``_staging_for``).
-  Each item's bytes are what torch's own writer puts there: a tensor is serialized by
-  ``torch.save`` into the Writer (torch's zip record and its CRC-32, on the writing thread), a
+  torch writes) is a ``FillingWriter`` (deepio.save's ``deepio.Writer``: page-locked staging
+  buffers, aligned direct I/O through the process's default engine, ``fsync`` when
+  ``sync_files``) instead of a Python file object; a small file gets staging the size of its
+  estimated bytes (``_staging_for``).
+  Each item's bytes are what torch's own writer puts there. Tensors are made contiguous CPU
+  tensors first exactly as torch's loader does (``detach().cpu()``, cloned where the storage
+  holds more than the view). A tensor of ``_FILL_MIN`` bytes or more takes deepio.save's
+  filling route (``_write_filled``; checkpoint/_filling.py): ``torch.save`` under skip_data
+  writes its zip, with torch's record alignment and CRC option, from the item's offset without
+  the storage's bytes; the Writer places the storage where torch seeks over it (from the
+  tensor's own memory by direct I/O where its address suits the device), helper threads
+  compute its CRC-32, and once every item of the file is written ``_zip._patch_crcs`` puts each
+  item's CRC-32s (and the serialization id torch derives from them) into that item's zip,
+  before the file is closed and fsynced: the bytes torch's writer writes. Where the route is
+  refused (a tensor torch refuses under skip_data) or starts again (``_FillMismatch``), the
+  item is written from its start as a smaller tensor is: ``torch.save`` into the Writer
+  (torch's zip record and its CRC-32, on the writing thread); the file is cut at its end. A
   bytes item (``io.BytesIO`` from the planner: non-tensor objects pickled by torch) is written
-  as it is. Tensors are made contiguous CPU tensors first exactly as torch's loader does
-  (``detach().cpu()``, cloned where the storage holds more than the view). A writer with stream
-  extensions (``_extensions``) or another ``serialization_format`` uses torch's own write path.
+  as it is. A write error on either route is the Writer's, naming the file. A writer with
+  stream extensions (``_extensions``) or another ``serialization_format`` uses torch's own
+  write path.
 - the checkpoint's start (``prepare_local_plan``/``prepare_global_plan``): an existing
   checkpoint is refused with ``FileExistsError`` under ``overwrite=False``; under
   ``overwrite=True`` its ``.metadata`` is removed (and the removal flushed) before any data
