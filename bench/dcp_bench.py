@@ -268,7 +268,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
             raise AssertionError(f"rank {rank}: {what}: loaded values differ from the saved ones: {bad[:5]}")
 
     def rotate(names: list[str], i: int) -> list[str]:
-        k = i % len(names)
+        k = i % len(names) if names else 0  # none: --no-async's asyncs
         return names[k:] + names[:k]
 
     for rnd in range(args.rounds):

@@ -113,6 +113,18 @@ class FillingWriter(Writer):
             self.write(view)
         return self.tell()
 
+    def _rewind(self, offset: int) -> None:
+        """After a _save_filling into this Writer that is to start again (_starts_again): forgets
+        the mismatch, the storages still queued and the CRC-32s begun, and moves the write
+        position back to ``offset``, where the object is written again over what the attempt
+        left (the caller cuts off what lies past its last byte). Another error of the Writer
+        is raised."""
+        if isinstance(self._error, _FillMismatch):
+            self._error = None
+        self._fills.clear()
+        self._crcs = {}
+        self.seek(offset)
+
     def _write_host_in_place(self, src: memoryview, unit: int) -> None:
         """Writes host bytes ``src`` at the write position by direct I/O straight from their
         memory (``unit`` from _direct_unit): the part before the first ``unit`` boundary of
@@ -287,14 +299,21 @@ def _filling_pickle_module(w: FillingWriter) -> Any:
 
 
 def _save_filling(
-    obj: Any, w: FillingWriter, pickle_protocol: int, found: tuple[list[Any], bool], crc: bool = False
+    obj: Any,
+    w: FillingWriter,
+    pickle_protocol: int,
+    found: tuple[list[Any], bool],
+    crc: bool = False,
+    aligned: bool = True,
 ) -> dict[int, tuple[int, int]]:
-    """torch.save under skip_data into ``w``, which puts each storage in its record (the
-    storages torch's pickler saw, queued by _filling_pickle_module), records aligned as
-    _record_alignment says for the dry pass's storages ``found`` (and whether it saw a meta
-    tensor). With ``crc``, the CRC-32 of every host storage is computed on a helper thread as
-    it is placed; returns {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs
-    (empty without ``crc``). Raises _FillMismatch where torch's records and the storages
+    """torch.save under skip_data into ``w`` from its write position on, which puts each
+    storage in its record (the storages torch's pickler saw, queued by
+    _filling_pickle_module), records aligned as _record_alignment says for the dry pass's
+    storages ``found`` (and whether it saw a meta tensor); with ``aligned`` False, as torch's
+    own option says (the records torch.save would write: deepio.dcp's). With ``crc``, the
+    CRC-32 of every host storage is computed on a helper thread as it is placed; returns
+    {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs (empty without
+    ``crc``). Raises _FillMismatch where torch's records and the storages
     queued for them disagree (_starts_again)."""
     import torch
 
@@ -308,7 +327,8 @@ def _save_filling(
         w._filling = True
         try:
             with torch.serialization.skip_data():
-                _torch_zip(obj, w, _filling_pickle_module(w), pickle_protocol, crc, _record_alignment(storages))
+                alignment = _record_alignment(storages) if aligned else None
+                _torch_zip(obj, w, _filling_pickle_module(w), pickle_protocol, crc, alignment)
         finally:
             w._filling = False
             w._crc_pool = None

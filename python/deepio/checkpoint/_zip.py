@@ -19,6 +19,7 @@ import os
 import struct
 import warnings
 import zipfile
+import zlib
 from typing import IO, TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -49,53 +50,100 @@ def _data_start(header_offset: int, head: bytes) -> int:
     return header_offset + 30 + name_len + extra_len
 
 
-def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]]) -> None:
-    """Writes the CRC-32s of the records whose data starts at a key of ``crcs`` ({offset:
+def _patch_crcs(path: str, crcs: dict[int, tuple[int, int]], archives: list[tuple[int, int]] | None = None) -> None:
+    """Writes the CRC-32s of the records whose data starts at a key of ``crcs`` ({file offset:
     (nbytes, CRC-32)}) into the zip torch wrote under skip_data, where they are 0: the record's
     data descriptor (its local header, without one) and its central directory entry. A record
-    of another size or with a CRC set is left alone. Should the archive not look as torch
-    writes it, the file keeps CRC 0 for those records (as crc32=False gives; torch.load does
-    not check them) and a warning says so."""
-    patches: list[tuple[int, int]] = []
+    of another size or with a CRC set is left alone. The archive's ``.data/serialization_id``
+    (torch derives its second half from every record's CRC-32, in the order written) is
+    rewritten to what torch would have written with those CRCs. ``archives``: [(file offset,
+    length)] of the zips in the file, each read as a zip of its own (a DCP data file holds one
+    an item, one after the other); None: the whole file is one zip. Should an archive not
+    look as torch writes it, the file keeps CRC 0 for its records (as crc32=False gives;
+    torch.load does not check them) and a warning says so."""
+    patches: list[tuple[int, bytes]] = []
+    placed = 0
     try:
         f = open(path, "r+b")
     except PermissionError as e:  # a umask without the owner's read bit: written, not readable
-        warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"deepio: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
         return
     with f:
-        try:
-            with zipfile.ZipFile(f) as z:
-                infos, entry_at = z.infolist(), z.start_dir
-            for info in infos:
-                name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-                entry, entry_at = entry_at, entry_at + 46 + len(name) + len(info.extra) + len(info.comment)
-                f.seek(info.header_offset)
-                start = _data_start(info.header_offset, f.read(30))
-                want = crcs.get(start)
-                if want is None or want[0] != info.file_size or info.CRC != 0:
-                    continue
-                if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-                    continue
-                f.seek(entry)
-                if f.read(4) != b"PK\x01\x02":
-                    raise zipfile.BadZipFile(f"no central directory entry at {entry}")
-                at = info.header_offset + 14  # the local header's CRC field
-                if info.flag_bits & 0x08:  # a data descriptor follows the data
-                    f.seek(start + info.file_size)
-                    at = start + info.file_size + (4 if f.read(4) == b"PK\x07\x08" else 0)
-                patches += [(at, want[1]), (entry + 16, want[1])]
-        except (zipfile.BadZipFile, struct.error, ValueError) as e:
-            warnings.warn(f"deepio.save: {path}: records left without CRC-32 ({e})", RuntimeWarning, stacklevel=3)
-            return
-        for at, crc in patches:
+        for base, length in archives if archives is not None else [(0, os.fstat(f.fileno()).st_size)]:
+            try:
+                got, n = _archive_patches(_FileWindow(f, base, length), base, crcs)
+            except (zipfile.BadZipFile, struct.error, ValueError) as e:
+                warnings.warn(
+                    f"deepio: {path}: records of the zip at {base} left without CRC-32 ({e})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                continue
+            patches += got
+            placed += n
+        for at, data in patches:
             f.seek(at)
-            f.write(struct.pack("<I", crc))
-    if len(patches) != 2 * len(crcs):
+            f.write(data)
+    if placed != len(crcs):
         warnings.warn(
-            f"deepio.save: {path}: {len(crcs) - len(patches) // 2} of {len(crcs)} records left without CRC-32",
+            f"deepio: {path}: {len(crcs) - placed} of {len(crcs)} records left without CRC-32",
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+#: torch's record of a unique id for the archive, and the largest value of its size_t.
+_SERIALIZATION_ID = ".data/serialization_id"
+_SIZE_T = (1 << 64) - 1
+
+
+def _archive_patches(f: Any, base: int, crcs: dict[int, tuple[int, int]]) -> tuple[list[tuple[int, bytes]], int]:
+    """What _patch_crcs writes into the zip ``f`` (its offset 0 at file offset ``base``) for the
+    records whose data starts at a key of ``crcs``: ([(file offset, bytes)], how many records
+    got their CRC-32). The serialization id is torch's (caffe2 PyTorchStreamWriter::
+    writeSerializationId): 20 digits of a hash of the record names, then 20 of
+    c10::hash_combine folded over each record's CRC-32 in the order written; its own record's
+    CRC-32 changes with it."""
+    patches: list[tuple[int, bytes]] = []
+    crc_at: dict[int, tuple[int, int]] = {}  # per record of the archive: (descriptor CRC field, entry CRC field)
+    id_info = None
+    combined = 0
+    placed = 0
+    with zipfile.ZipFile(f) as z:
+        infos, entry_at = z.infolist(), z.start_dir
+    for n, info in enumerate(infos):
+        name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+        entry, entry_at = entry_at, entry_at + 46 + len(name) + len(info.extra) + len(info.comment)
+        f.seek(info.header_offset)
+        start = _data_start(info.header_offset, f.read(30))
+        at = info.header_offset + 14  # the local header's CRC field
+        if info.flag_bits & 0x08:  # a data descriptor follows the data
+            f.seek(start + info.file_size)
+            at = start + info.file_size + (4 if f.read(4) == b"PK\x07\x08" else 0)
+        crc_at[n] = (at, entry + 16)
+        crc = info.CRC
+        want = crcs.get(base + start)
+        fits = info.compress_type == zipfile.ZIP_STORED and info.compress_size == info.file_size
+        if want is not None and want[0] == info.file_size and info.CRC == 0 and fits:
+            f.seek(entry)
+            if f.read(4) != b"PK\x01\x02":
+                raise zipfile.BadZipFile(f"no central directory entry at {entry}")
+            crc = want[1]
+            patches += [(base + at, struct.pack("<I", crc)), (base + entry + 16, struct.pack("<I", crc))]
+            placed += 1
+        if info.filename.endswith("/" + _SERIALIZATION_ID):
+            id_info = (n, info, start)
+        else:
+            combined = combined ^ ((crc + 0x9E3779B9 + ((combined << 6) & _SIZE_T) + (combined >> 2)) & _SIZE_T)
+    if placed and id_info is not None:
+        n, info, start = id_info
+        f.seek(start)
+        old = f.read(info.file_size)
+        if len(old) == 40 and old.isdigit():
+            new = old[:20] + b"%020d" % combined
+            id_crc = struct.pack("<I", zlib.crc32(new))
+            patches += [(base + start, new), (base + crc_at[n][0], id_crc), (base + crc_at[n][1], id_crc)]
+    return patches, placed
 
 
 def _torch_zip(
@@ -169,6 +217,23 @@ class _Seekable(io.RawIOBase):
             raise OSError(errno.EINVAL, "negative seek position")
         self._pos = base + offset
         return self._pos
+
+
+class _FileWindow(_Seekable):
+    """A read-only file of the ``length`` bytes of the open file ``f`` from ``base`` on (one
+    zip among others in a file, for zipfile)."""
+
+    def __init__(self, f: io.BufferedRandom, base: int, length: int) -> None:
+        super().__init__(length)
+        self._f, self._base = f, base
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(len(dest), self._len - self._pos))
+        self._f.seek(self._base + self._pos)
+        got = self._f.readinto(dest[:n]) or 0
+        self._pos += got
+        return got
 
 
 class _MemoryFile(_Seekable):

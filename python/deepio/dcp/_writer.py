@@ -6,15 +6,27 @@ storage prefixes, staging for ``async_save``, ``storage_meta``, ``validate_check
 with three steps replaced:
 
 - ``write_data``: each data file (``__{rank}_{n}.distcp``, the same files and the same bytes
-  torch writes) is a ``deepio.Writer`` (page-locked staging buffers, aligned direct I/O through
-  the process's default engine, ``fsync`` when ``sync_files``) instead of a Python file object;
-  a small file gets staging the size of its estimated bytes (``_staging_for``).
-  Each item's bytes are what torch's own writer puts there: a tensor is serialized by
-  ``torch.save`` into the Writer (torch's zip record and its CRC-32, on the writing thread), a
+  torch writes) is a ``FillingWriter`` (deepio.save's ``deepio.Writer``: page-locked staging
+  buffers, aligned direct I/O through the process's default engine, ``fsync`` when
+  ``sync_files``) instead of a Python file object; a small file gets staging the size of its
+  estimated bytes (``_staging_for``).
+  Each item's bytes are what torch's own writer puts there. Tensors are made contiguous CPU
+  tensors first exactly as torch's loader does (``detach().cpu()``, cloned where the storage
+  holds more than the view). A tensor of ``_FILL_MIN`` bytes or more takes deepio.save's
+  filling route (``_write_filled``; checkpoint/_filling.py): ``torch.save`` under skip_data
+  writes its zip, with torch's record alignment and CRC option, from the item's offset without
+  the storage's bytes; the Writer places the storage where torch seeks over it (from the
+  tensor's own memory by direct I/O where its address suits the device), helper threads
+  compute its CRC-32, and once every item of the file is written ``_zip._patch_crcs`` puts each
+  item's CRC-32s (and the serialization id torch derives from them) into that item's zip,
+  before the file is closed and fsynced: the bytes torch's writer writes. Where the route is
+  refused (a tensor torch refuses under skip_data) or starts again (``_FillMismatch``), the
+  item is written from its start as a smaller tensor is: ``torch.save`` into the Writer
+  (torch's zip record and its CRC-32, on the writing thread); the file is cut at its end. A
   bytes item (``io.BytesIO`` from the planner: non-tensor objects pickled by torch) is written
-  as it is. Tensors are made contiguous CPU tensors first exactly as torch's loader does
-  (``detach().cpu()``, cloned where the storage holds more than the view). A writer with stream
-  extensions (``_extensions``) or another ``serialization_format`` uses torch's own write path.
+  as it is. A write error on either route is the Writer's, naming the file. A writer with
+  stream extensions (``_extensions``) or another ``serialization_format`` uses torch's own
+  write path.
 - the checkpoint's start (``prepare_local_plan``/``prepare_global_plan``): an existing
   checkpoint is refused with ``FileExistsError`` under ``overwrite=False``; under
   ``overwrite=True`` its ``.metadata`` is removed (and the removal flushed) before any data
@@ -59,7 +71,8 @@ from typing import IO, Any, cast
 import torch
 
 from .._durable import fsync_path, replacing
-from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer
+from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer, _filling, _zip
+from ..checkpoint._save import _crc_wanted
 from . import _torchapi as T
 
 
@@ -145,12 +158,53 @@ def assign_folders(sizes: list[int], folders: int, first: int = 0) -> list[int]:
     return where
 
 
+#: Tensor items of this many bytes or more take deepio.save's filling route (see the module);
+#: smaller ones are serialized by torch.save into the staging buffers (one pickling pass, their
+#: copy and CRC-32 cost less than the route's dry pass and thread pool). Read at each use.
+_FILL_MIN = 4 << 20
+
+
+def _write_filled(
+    t: torch.Tensor, w: _filling.FillingWriter, crc: bool
+) -> tuple[dict[int, tuple[int, int]] | None, bool]:
+    """Writes the contiguous CPU tensor ``t`` at ``w``'s write position as torch.save writes
+    it, on deepio.save's filling route (torch's record alignment, so the bytes torch's writer
+    writes). Returns ({file offset of a storage record's data: (nbytes, CRC-32)} for
+    _zip._patch_crcs, empty without ``crc``; whether an attempt started again). The dict is
+    None where the route is not taken (a tensor torch refuses under skip_data, a torch
+    without skip_data) or started again (_filling._starts_again: ``w`` is back at the item's
+    start, and bytes of the attempt may lie past it, for later items or the caller's truncate
+    to replace): the caller then writes the item on the plain route. Other errors are
+    raised."""
+    if not hasattr(torch.serialization, "skip_data"):
+        return None, False
+    protocol = torch.serialization.DEFAULT_PROTOCOL  # torch.save's default: what torch's writer uses
+    found = _filling._storages(t, protocol)
+    if found is None:
+        return None, False
+    offset = w.tell()
+    try:
+        return _filling._save_filling(t, w, protocol, found, crc=crc, aligned=False), False
+    except Exception as e:
+        if not _filling._starts_again(e, w):
+            raise
+    w._rewind(offset)
+    return None, True
+
+
 def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bool) -> list[Any]:
     """Writes one data file: the bytes items, then the tensors (torch's order); returns the
-    WriteResults with each item's place (torch's _StorageInfo)."""
+    WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
+    bytes or more go on the filling route, the others through torch.save; the CRC-32s of the
+    filled records are put in once every item is written, before the file is closed (and
+    flushed to stable storage when ``durable``)."""
     results = []
     size, count = _staging_for(items)
-    w = Writer(path, durable=durable, buffer_size=size, buffers=count)
+    w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count)
+    crc = _crc_wanted(None)  # torch.save's choice: torch's writer calls it with its defaults
+    crcs: dict[int, tuple[int, int]] = {}
+    archives: list[tuple[int, int]] = []  # (offset, length) of each filled item's zip
+    started_again = False
     try:
         ordered = [i for i in items if i.type == T.WriteItemType.BYTE_IO]
         ordered += [i for i in items if i.type != T.WriteItemType.BYTE_IO]
@@ -162,18 +216,35 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
                     raise TypeError(f"deepio.dcp: bytes item {item.index.fqn!r} resolved to {type(data).__name__}")
                 w.write(data.getbuffer())
             else:
-                # torch.save makes some 30 small writes an item (zip headers, the pickle) around
-                # the one of the tensor's bytes: a small buffer in front of the Writer turns
-                # them into one call; the tensor's bytes still go straight to the Writer.
-                out = io.BufferedWriter(_NoClose(w), _COALESCE)
-                torch.save(_contiguous_cpu(data), cast(IO[bytes], out))
-                out.flush()
+                t = _contiguous_cpu(data)
+                filled, again = _write_filled(t, w, crc) if t.untyped_storage().nbytes() >= _FILL_MIN else (None, False)
+                started_again = started_again or again
+                if filled is not None:
+                    crcs.update(filled)
+                    archives.append((offset, w.tell() - offset))
+                else:
+                    # torch.save makes some 30 small writes an item (zip headers, the pickle)
+                    # around the one of the tensor's bytes: a small buffer in front of the Writer
+                    # turns them into one call; the tensor's bytes still go straight to the Writer.
+                    out = io.BufferedWriter(_NoClose(w), _COALESCE)
+                    torch.save(t, cast(IO[bytes], out))
+                    out.flush()
             length = w.tell() - offset
             place = T.StorageInfo(key, offset, length)
             results.append(T.WriteResult(index=item.index, size_in_bytes=length, storage_data=place))
+        if started_again:
+            w.truncate()  # what a filling attempt left past the last item
+        if crcs:
+            w.flush()  # every byte in the file: the CRC-32s go into the zips there
+            _zip._patch_crcs(path, crcs, archives)
         w.close()  # flushes, and fsyncs when durable: raises the first write error
-    except BaseException:
+    except BaseException as e:
+        cause = w._error
         w.discard()
+        if isinstance(cause, OSError) and cause is not e:
+            # torch's writer goes on after write() or seek() raised and fails on its own
+            # ("unexpected pos"): the Writer's error, naming the file, is the one to report.
+            raise cause from None
         raise
     return results
 
