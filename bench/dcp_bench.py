@@ -172,6 +172,9 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
     def folder(key: str) -> str:
         return os.path.join(root, key)
 
+    # --extra-dirs: one more folder per drive for the "deepio, N folders" rows (extra_paths)
+    extra = [os.path.join(d, "spread") for d in args.extra_work]
+
     locked = deepio.aio_handle().new_cpu_locked_tensor(ENGINE_CHUNK, torch.empty(0, dtype=torch.uint8))
     locked.fill_(7)
     engine_file = os.path.join(folder("engine"), f"rank{rank}.bin")
@@ -214,6 +217,10 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
         "engine write": engine_write,
         "deepio": dcp_save("deepio", lambda p: deepio.dcp.FileSystemWriter(p, sync_files=True)),
     }
+    if extra:
+        saves[f"deepio {1 + len(extra)} folders"] = dcp_save(
+            "spread", lambda p: deepio.dcp.FileSystemWriter(p, sync_files=True, extra_paths=extra)
+        )
     for t in threads:
         saves[f"torch t={t}"] = dcp_save(
             f"torch-t{t}", lambda p, t=t: dcp.FileSystemWriter(p, sync_files=True, thread_count=t)
@@ -225,6 +232,10 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
         "deepio load": lambda: dcp.load(dest, storage_reader=deepio.dcp.FileSystemReader(base)),
         "torch load": lambda: dcp.load(dest, storage_reader=dcp.FileSystemReader(base)),
     }
+    if extra:  # deepio's own checkpoint, spread over the folders (the single-folder row reads torch's)
+        loads[f"deepio load {1 + len(extra)} folders"] = lambda: dcp.load(
+            dest, storage_reader=deepio.dcp.FileSystemReader(folder("spread"))
+        )
     asyncs: dict[str, Any] = {}
     if not args.no_async:
         asyncs = {
@@ -240,9 +251,10 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
                 drop_caches()
             else:
                 os.sync()
-                for dirpath, _, files in os.walk(root):
-                    for name in files:
-                        drop_file_cache(os.path.join(dirpath, name))
+                for top in [root, *args.extra_work]:
+                    for dirpath, _, files in os.walk(top):
+                        for name in files:
+                            drop_file_cache(os.path.join(dirpath, name))
         dist.barrier()
 
     def fresh(path: str) -> None:
@@ -251,6 +263,9 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)
             os.makedirs(path)
+            if path == folder("spread"):
+                for d in extra:
+                    shutil.rmtree(d, ignore_errors=True)
             os.sync()
         dist.barrier()
 
@@ -274,6 +289,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
     for rnd in range(args.rounds):
         for name in rotate(list(saves), rnd):
             key = "engine" if name == "engine write" else name.replace("torch t=", "torch-t")
+            key = "spread" if name.endswith(" folders") else key
             fresh(folder(key))
             wall, cpu, flt = timed(saves[name])
             runs.append({"round": rnd, "method": name, "kind": "save", "wall": wall, "cpu": cpu, "majflt": flt})
@@ -387,6 +403,12 @@ def main() -> int:
         "drop_caches (the whole page cache; needs root), fadvise (the checkpoint files only)",
     )
     ap.add_argument("--no-async", action="store_true", help="skip the async_save rows")
+    ap.add_argument(
+        "--extra-dirs",
+        default="",
+        help="comma-separated folders, one per further drive: adds 'deepio N folders' save and load rows "
+        "(deepio.dcp's extra_paths; the main --dir is the first folder)",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as one line of JSON at the end")
     args = ap.parse_args()
 
@@ -435,6 +457,7 @@ def main() -> int:
     )
     work = tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir)
     args.dir = work
+    args.extra_work = [tempfile.mkdtemp(prefix="dcp-bench-", dir=d) for d in args.extra_dirs.split(",") if d]
     try:
         out_path = os.path.join(work, "results.json")
         store = os.path.join(work, "store")
@@ -442,7 +465,8 @@ def main() -> int:
         with open(out_path) as f:
             gathered = json.load(f)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        for d in [work, *args.extra_work]:
+            shutil.rmtree(d, ignore_errors=True)
 
     results = _summary(gathered, gib)
     threads = [f"torch t={t}" for t in args.threads.split(",")]

@@ -132,6 +132,24 @@ def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
     assert not list(tmp_dir.iterdir())  # the program leaves nothing behind
 
 
+@needs_torch
+def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
+    """--extra-dirs adds the "deepio N folders" save and load rows (deepio.dcp's extra_paths),
+    verified like the others, and leaves nothing behind in any of the folders."""
+    main, a, b = (tmp_dir / n for n in ("main", "a", "b"))
+    for d in (main, a, b):
+        d.mkdir()
+    out = _bench(
+        "dcp_bench.py", "--dir", str(main), "--extra-dirs", f"{a},{b}", "--gib", "0.02", "--rounds", "1",
+        "--threads", "1", "--no-async", "--json", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    methods = json.loads(out.stdout.strip().splitlines()[-1])["results"]
+    assert methods["deepio 3 folders"]["kind"] == "save" and methods["deepio 3 folders"]["gib_per_s"] > 0
+    assert methods["deepio load 3 folders"]["kind"] == "load" and methods["deepio load 3 folders"]["gib_per_s"] > 0
+    assert not [p for d in (main, a, b) for p in d.iterdir()]
+
+
 # The ceiling rule's cases, as the C++ table tests state them: Reports.CeilingVerdictTable
 # (tests/tools/test_reports.cpp) and GpuReports.GpuRowsFollowTheOneCeilingRule
 # (tests/tools/test_gpu.cpp). benchutil.judge_against_ceiling mirrors tools/lib's rule, so the
