@@ -20,7 +20,7 @@ constexpr std::size_t kSize = 4 << 20;
 
 TEST(Measure, EveryEngineRoundTrips) {
   test::TempDir dir;
-  PinnedBuffer src(kSize), dst(kSize);
+  UniqueLockedBuffer src(kSize), dst(kSize);
   fill_pattern(src.data(), kSize, 42);
   const Sample w = naive_write(src.data(), kSize, dir.file("naive"));
   EXPECT_EQ(w.nbytes, kSize);
@@ -40,7 +40,7 @@ TEST(Measure, EveryEngineRoundTrips) {
 // pages: page-locked buffers of 2 MiB and more are advised onto them.
 TEST(Measure, ThpShareOfABuffer) {
   constexpr std::size_t kBig = 16 << 20;
-  PinnedBuffer big(kBig);
+  UniqueLockedBuffer big(kBig);
   touch_pages(big.data(), kBig);
   const std::uint64_t huge = thp_bytes(big.data(), kBig);
   EXPECT_LE(huge, kBig);
@@ -55,7 +55,7 @@ TEST(Measure, ThpShareOfABuffer) {
 TEST(Measure, RawDirectLoopOnManyThreads) {
   test::TempDir dir;
   if (!probe_direct_io(dir.path().string()).supported) GTEST_SKIP() << "no O_DIRECT here";
-  PinnedBuffer src(kSize), dst(kSize);
+  UniqueLockedBuffer src(kSize), dst(kSize);
   fill_pattern(src.data(), kSize, 7);
   // 5 threads over 16 blocks of 256 KiB: uneven shares, each block written exactly once.
   EXPECT_EQ(raw_direct(true, src.data(), kSize, 256 << 10, 5, dir.file("raw")).nbytes, kSize);
@@ -66,7 +66,7 @@ TEST(Measure, RawDirectLoopOnManyThreads) {
 TEST(Measure, ShortFilesAndMismatchesAreReported) {
   test::TempDir dir;
   write_file_plain(dir.file("f"), kSize / 2, 3);
-  PinnedBuffer buf(kSize);
+  UniqueLockedBuffer buf(kSize);
   try {
     naive_read(buf.data(), kSize, dir.file("f"));
     ADD_FAILURE() << "a short file read as a success";

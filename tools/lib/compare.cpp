@@ -133,7 +133,7 @@ struct GpuRows {
       : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho, GdsMode::Auto)) {}
   CudaDevice cuda;
   DeviceBuffer dev;
-  PinnedBuffer host;
+  UniqueLockedBuffer host;
   HostRegistration reg;
   Handle staged;
   GdsHandle gds;
@@ -173,7 +173,7 @@ class CompareRun {
   const CompareRequest& req_;
   CompareReport& rep_;
   std::size_t n_;
-  PinnedBuffer src_, dst_;
+  UniqueLockedBuffer src_, dst_;
   Handle h_;
   std::optional<GpuRows> gpu_;
   std::string fio_path_, fio_engine_;
