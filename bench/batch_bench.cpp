@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     at = comma + 1;
   }
   const std::size_t total = count * size;
-  deepio::PinnedBuffer buf(total);
+  deepio::UniqueLockedBuffer buf(total);
   auto* p = static_cast<unsigned char*>(buf.data());
   deepio::HandleOptions o{
       .block_size = block, .queue_depth = qd, .intra_op_parallelism = par, .backend = *deepio::parse_backend(backend)};

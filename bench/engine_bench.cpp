@@ -41,7 +41,7 @@ int run(const Args& a) {
   const bool ops = a.mode == "ops";
   const std::size_t count = many || ops ? a.files : 1;
   const std::size_t total = a.size * count;
-  deepio::PinnedBuffer buf(total);
+  deepio::UniqueLockedBuffer buf(total);
   auto* p = static_cast<unsigned char*>(buf.data());
   deepio::HandleOptions o{.block_size = a.block,
                           .queue_depth = a.qd,

@@ -12,7 +12,7 @@ Each deepio sample is a process that allocates its locked buffer and then moves 
 rows marked "(first pass)" use the first. On this virtual machine the first DMA into freshly
 allocated memory is slow for any program (docs/benchmarks.md shows it with a plain liburing
 loop), while fio reuses a buffer of iodepth x bs, so the last pass is the like-for-like one;
-a long-running user (DeepSpeed's swap buffers) reuses its pinned buffers the same way.
+a long-running user (DeepSpeed's swap buffers) reuses its locked buffers the same way.
 
     python3 bench/engine_vs_fio.py --bench build/default/bench/engine_bench --dir /var/tmp/x
 """

@@ -4,7 +4,7 @@
 //   engine_vs_uring --dir DIR [--size BYTES] [--block BYTES] [--qd N] [--pairs N] [--json]
 //                   [--only deepio|liburing]
 //
-// One page-locked buffer from deepio's allocator (deepio::PinnedBuffer: mlock'ed, advised onto
+// One page-locked buffer from deepio's allocator (deepio::UniqueLockedBuffer: mlock'ed, advised onto
 // transparent huge pages; the share really on huge pages is printed) serves both sides. The
 // file DIR/engine_vs_uring.bin (--size bytes, written once untimed) is overwritten in place and
 // read back with O_DIRECT: deepio through Handle(io_uring, block_size, queue_depth, one
@@ -213,7 +213,7 @@ Config parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   const Config c = parse(argc, argv);
   const std::string path = c.dir + "/engine_vs_uring.bin";
-  deepio::PinnedBuffer buf(c.size);
+  deepio::UniqueLockedBuffer buf(c.size);
   auto* p = static_cast<char*>(buf.data());
   for (std::size_t i = 0; i < c.size; i += 4096) p[i] = static_cast<char>(i / 4096);
   deepio::Handle h({.block_size = c.block,

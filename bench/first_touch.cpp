@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   const std::size_t buf_bytes = cycle ? qd * block : size;
   void* mem = ::mmap(nullptr, buf_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) in.fail("cannot allocate the buffer");
-  ::mlock(mem, buf_bytes);  // as deepio's PinnedBuffer does; a refusal only means unlocked memory
+  ::mlock(mem, buf_bytes);  // as deepio's UniqueLockedBuffer does; a refusal only means unlocked memory
   std::memset(mem, 0, buf_bytes);
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (fd < 0) in.fail("cannot open " + path + ": " + std::strerror(errno));

@@ -178,7 +178,7 @@ int run(const Args& a) {
   CUcontext ctx = nullptr;
   check(cu->cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
   check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  deepio::PinnedBuffer host(a.size);
+  deepio::UniqueLockedBuffer host(a.size);
   auto* hp = static_cast<unsigned char*>(host.data());
   // Registered with CUDA, not only mlock()ed: the driver copies from/to it by DMA (an
   // unregistered buffer is copied as pageable memory, through the driver's own staging).

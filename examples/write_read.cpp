@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   const std::size_t n = mib << 20;
   const std::string path = folder + "/deepio-example.bin";
   try {
-    deepio::PinnedBuffer src(n), dst(n);
+    deepio::UniqueLockedBuffer src(n), dst(n);
     for (std::size_t i = 0; i < n; ++i) src.bytes()[i] = static_cast<std::byte>(i * 131 + 7);
     deepio::Handle h({.queue_depth = 32, .overlap_events = true, .intra_op_parallelism = 2});
     auto t0 = std::chrono::steady_clock::now();

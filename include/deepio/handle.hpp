@@ -134,8 +134,8 @@ struct HandleStats {
   std::uint64_t bytes_bounced = 0;   ///< moved with O_DIRECT through an aligned bounce buffer
   std::uint64_t bytes_buffered = 0;  ///< moved through the page cache
   /// Of the bytes above, those moved through an io_uring registered ("fixed") buffer: memory
-  /// from allocate_locked()/PinnedBuffer whose pages the kernel pinned once instead of on every
-  /// request. io_uring only; a registration the kernel refuses (RLIMIT_MEMLOCK for an
+  /// from allocate_locked()/UniqueLockedBuffer whose pages the kernel pinned once instead of on
+  /// every request. io_uring only; a registration the kernel refuses (RLIMIT_MEMLOCK for an
   /// unprivileged user) just leaves these bytes on the ordinary path.
   std::uint64_t bytes_fixed = 0;
   std::uint64_t direct_refused = 0;  ///< files or requests that refused O_DIRECT and went buffered

@@ -4,7 +4,11 @@
 // (RLIMIT_MEMLOCK, 8 MiB by default on many machines) the allocation still succeeds as aligned,
 // unlocked memory and says so in LockedBuffer::locked / lock_errno: never hidden.
 // The registry is process-wide and thread-safe: memory allocated anywhere in the process is
-// recognised by is_pinned() everywhere, and survives the handles that allocated it.
+// recognised by is_locked() everywhere, and survives the handles that allocated it.
+//
+// Words: deepio calls this memory "locked" (page-locked), as DeepNVMe's new_cpu_locked_tensor
+// does. "Pinned" means CUDA pinning (cuMemHostRegister, torch's pin_memory()) and GDS-registered
+// device buffers, never this memory. is_pinned() and PinnedBuffer are the deprecated old names.
 #pragma once
 
 #include <cstddef>
@@ -33,8 +37,13 @@ DEEPIO_API LockedBuffer allocate_locked(std::size_t nbytes);
 DEEPIO_API bool free_locked(void* data) noexcept;
 
 /// True iff [data, data + nbytes) lies inside one live allocation made by allocate_locked()
-/// (views and slices count). Thread-safe.
-[[nodiscard]] DEEPIO_API bool is_pinned(const void* data, std::size_t nbytes) noexcept;
+/// (views and slices count; also when mlock was refused and the allocation is pageable).
+/// Thread-safe.
+[[nodiscard]] DEEPIO_API bool is_locked(const void* data, std::size_t nbytes) noexcept;
+
+/// The old name of is_locked(): deepio's memory is locked, not CUDA-pinned.
+[[deprecated("use deepio::is_locked")]] [[nodiscard]] DEEPIO_API bool is_pinned(const void* data,
+                                                                                std::size_t nbytes) noexcept;
 
 struct LockedMemoryStats {
   std::size_t allocations = 0;
@@ -43,14 +52,14 @@ struct LockedMemoryStats {
 };
 [[nodiscard]] DEEPIO_API LockedMemoryStats locked_memory_stats() noexcept;
 
-/// RAII owner of one allocate_locked() allocation. Move-only.
-class PinnedBuffer {
+/// RAII owner of one allocate_locked() allocation (the unique owner of a LockedBuffer). Move-only.
+class UniqueLockedBuffer {
  public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(std::size_t nbytes) : buf_(allocate_locked(nbytes)) {}
-  ~PinnedBuffer() { reset(); }
-  PinnedBuffer(PinnedBuffer&& other) noexcept : buf_(other.buf_) { other.buf_ = {}; }
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+  UniqueLockedBuffer() = default;
+  explicit UniqueLockedBuffer(std::size_t nbytes) : buf_(allocate_locked(nbytes)) {}
+  ~UniqueLockedBuffer() { reset(); }
+  UniqueLockedBuffer(UniqueLockedBuffer&& other) noexcept : buf_(other.buf_) { other.buf_ = {}; }
+  UniqueLockedBuffer& operator=(UniqueLockedBuffer&& other) noexcept {
     if (this != &other) {
       reset();
       buf_ = other.buf_;
@@ -58,8 +67,8 @@ class PinnedBuffer {
     }
     return *this;
   }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  UniqueLockedBuffer(const UniqueLockedBuffer&) = delete;
+  UniqueLockedBuffer& operator=(const UniqueLockedBuffer&) = delete;
 
   [[nodiscard]] void* data() const noexcept { return buf_.data; }
   [[nodiscard]] std::byte* bytes() const noexcept { return static_cast<std::byte*>(buf_.data); }
@@ -73,5 +82,8 @@ class PinnedBuffer {
  private:
   LockedBuffer buf_;
 };
+
+/// The old name of UniqueLockedBuffer: deepio's memory is locked, not CUDA-pinned.
+using PinnedBuffer [[deprecated("use deepio::UniqueLockedBuffer")]] = UniqueLockedBuffer;
 
 }  // namespace deepio

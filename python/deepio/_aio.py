@@ -409,9 +409,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         return _buffers.free_locked(tensor)
 
     def is_pinned(self, buffer: Any) -> bool:
-        """True for torch-pinned tensors and for buffers lying entirely inside a locked
-        allocation (from any handle, views included)."""
-        return _buffers.is_pinned(buffer)
+        """DeepNVMe's name: True for buffers lying entirely inside a locked allocation (from
+        any handle, views included) and for torch-pinned tensors."""
+        return _buffers.is_locked_or_pinned(buffer)
 
     # ---------------------------------------------------------------------------- extras
     @property

@@ -1,4 +1,4 @@
-"""Framework detection and locked (pinned) host memory, without importing torch or NumPy.
+"""Framework detection and locked (page-locked) host memory, without importing torch or NumPy.
 
 torch and NumPy are optional: an object can only be a torch tensor if the caller already
 imported torch, so we look in ``sys.modules`` instead of importing anything.
@@ -133,8 +133,9 @@ def free_locked_address(address: int) -> bool:
     return bool(_deepio.free_locked_address(address))
 
 
-def is_pinned(buffer: Any) -> bool:
-    """True for torch-pinned tensors and for buffers lying inside one live locked allocation."""
+def is_locked_or_pinned(buffer: Any) -> bool:
+    """True for buffers lying inside one live locked allocation (deepio's page-locked memory)
+    and for torch-pinned tensors (CUDA pinning): what DeepNVMe's ``is_pinned`` answers."""
     if is_torch_tensor(buffer):
         try:
             if buffer.is_pinned():

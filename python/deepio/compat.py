@@ -88,7 +88,8 @@ gds.gds_handle = gds_handle  # type: ignore[attr-defined]
 
 class pin_handle:  # noqa: N801 - DeepSpeed's name
     """DeepSpeed's pin_memory.pin_handle over deepio's one process-wide registry: a tensor
-    locked here is pinned for every aio_handle and gds_handle, and the other way round."""
+    locked here is locked (``is_pinned``, in DeepNVMe's word) for every aio_handle and
+    gds_handle, and the other way round."""
 
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: Any) -> Any:
         """A 1-D page-locked tensor of ``num_elem`` elements of ``example_tensor``'s dtype."""
@@ -106,8 +107,9 @@ class pin_handle:  # noqa: N801 - DeepSpeed's name
         return _buffers.free_locked_address(address)
 
     def is_pinned(self, buffer: Any) -> bool:
-        """True for torch-pinned tensors and for buffers inside one live locked allocation."""
-        return _buffers.is_pinned(buffer)
+        """DeepNVMe's name: True for buffers inside one live locked allocation and for
+        torch-pinned tensors."""
+        return _buffers.is_locked_or_pinned(buffer)
 
 
 pin_memory = types.ModuleType("deepio.compat.pin_memory", "DeepSpeed's pin_memory module, served by deepio.")

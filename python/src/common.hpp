@@ -91,7 +91,7 @@ bool import_view(nb::handle obj, bool writable, std::deque<Py_buffer>* out);
 bool cuda_usable(std::string* why);
 
 /// The host memory range of `obj` with none of the checks I/O needs (any device type is
-/// rejected silently): for is_pinned / free lookups. False when `obj` exports no memory.
+/// rejected silently): for is_locked / free lookups. False when `obj` exports no memory.
 bool host_range(nb::handle obj, const void** data, std::size_t* nbytes);
 
 /// The Python exception for a deepio::Error: an OSError subclass chosen by errno

@@ -1,11 +1,11 @@
 // Page-locked allocations for Python: new_cpu_locked_tensor / free_cpu_locked_tensor /
-// is_pinned.
+// is_pinned (DeepNVMe's names; deepio's own word for this memory is "locked").
 //
 // Ownership: every allocation is owned by one `_deepio.LockedAllocation` object, which is the
 // owner of the array (and, through DLPack, of any torch tensor or NumPy view made from it).
 // free_locked_array() / free_locked_address() ("free_cpu_locked_tensor", "..._by_ptr") end the
-// pinning at once: registrations end and the pages are unlocked (VmLck and VmPin drop), the
-// allocation is no longer pinned for any handle, and a second free returns False. The pages
+// locking at once: registrations end and the pages are unlocked (VmLck and VmPin drop), the
+// allocation is no longer locked for any handle, and a second free returns False. The pages
 // stay mapped, data intact, until the owner dies, i.e. until the last array, view, tensor or
 // operation in flight using them is gone: an array used after the free is valid memory, not a
 // crash, and an operation still running on it never sees its memory change.
@@ -38,7 +38,7 @@ class LockedAllocation {
   [[nodiscard]] bool locked() const { return buf_.locked; }
   [[nodiscard]] int lock_errno() const { return buf_.lock_errno; }
   [[nodiscard]] bool released() const { return released_; }
-  /// Frees the allocation for the caller: unregistered, unlocked, no longer pinned (the
+  /// Frees the allocation for the caller: unregistered, unlocked, no longer locked (the
   /// mapping goes with the owner); false when it already was.
   bool release() {
     if (released_) return false;
@@ -145,7 +145,7 @@ void init_memory(nb::module_& m) {
         std::size_t n = 0;
         if (!host_range(obj, &data, &n)) return false;
         if (const LockedAllocation* a = containing(data); a != nullptr && a->released()) return false;
-        return is_pinned(data, n);
+        return is_locked(data, n);
       },
       nb::arg("buffer"), "True iff the buffer lies entirely inside one live deepio locked allocation.");
 

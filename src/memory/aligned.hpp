@@ -1,4 +1,4 @@
-// Internal aligned host allocation (bounce and staging buffers). Not registered as pinned.
+// Internal aligned host allocation (bounce and staging buffers). Not registered as locked.
 #pragma once
 
 #include <cstddef>

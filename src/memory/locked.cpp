@@ -129,12 +129,14 @@ bool retire_locked(void* data) noexcept {
 
 }  // namespace detail
 
-bool is_pinned(const void* data, std::size_t nbytes) noexcept {
+bool is_locked(const void* data, std::size_t nbytes) noexcept {
   const auto p = reinterpret_cast<std::uintptr_t>(data);
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   return holder(r, p, nbytes, [](const Entry& e) { return e.nbytes == 0 ? e.mapped : e.nbytes; }) != nullptr;
 }
+
+bool is_pinned(const void* data, std::size_t nbytes) noexcept { return is_locked(data, nbytes); }
 
 namespace detail {
 

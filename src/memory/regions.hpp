@@ -33,9 +33,9 @@ using ReleaseListener = std::function<void(std::uint64_t region_id)>;
 std::uint64_t add_release_listener(ReleaseListener listener);
 void remove_release_listener(std::uint64_t token) noexcept;
 
-/// Ends an allocation's pinning before its mapping can go: its registrations end (the release
+/// Ends an allocation's locking before its mapping can go: its registrations end (the release
 /// listeners run) and it is unlocked, but the address range stays mapped, data intact, until
-/// free_locked(data) unmaps it. A retired allocation is no longer pinned, found or counted.
+/// free_locked(data) unmaps it. A retired allocation is no longer locked, found or counted.
 /// For owners whose memory may still be referenced after the caller freed it (Python arrays,
 /// operations in flight). False if `data` is not the base of a live, unretired allocation.
 /// Thread-safe.

@@ -430,9 +430,9 @@ void many_small_reads(Handle& h, const std::string& dir, bool locked) {
   const std::string path = dir + "/small";
   const auto data = pattern(kPage * kCount, 71);
   put(path, data);
-  PinnedBuffer pinned(locked ? kPage * (kCount + 2) : 0);
+  UniqueLockedBuffer locked_mem(locked ? kPage * (kCount + 2) : 0);
   std::vector<std::byte> plain(locked ? 0 : kPage * (kCount + 2));
-  std::byte* mem = locked ? static_cast<std::byte*>(pinned.data()) : plain.data();
+  std::byte* mem = locked ? static_cast<std::byte*>(locked_mem.data()) : plain.data();
   std::memset(mem, 0x5a, kPage * (kCount + 2));
   std::vector<std::size_t> order(kCount);
   for (std::size_t i = 0; i < kCount; ++i) order[i] = (i * 2654435761u) % kCount;  // a permutation
@@ -652,7 +652,7 @@ TEST_P(Conformance, DirectIoReallyHappensOnAlignedRequests) {
   if (!info.supported) GTEST_SKIP() << "no O_DIRECT here: " << info.reason;
   auto h_owner = make(opts({.direct_io = DirectIo::On}));
   Handle& h = *h_owner;
-  PinnedBuffer buf(4 << 20);
+  UniqueLockedBuffer buf(4 << 20);
   std::memset(buf.data(), 7, buf.size());
   h.sync_pwrite(buf.data(), buf.size(), dir_.file("d"));
   h.sync_pread(buf.data(), buf.size(), dir_.file("d"));

@@ -119,7 +119,7 @@ TEST_F(CudaStaging, HostBuffersStillGoDirect) {
   if (!info.supported) GTEST_SKIP() << "no O_DIRECT here";
   device_alloc(4096);  // the driver is in use, so classification really asks it
   Handle h;
-  PinnedBuffer buf(1 << 20);
+  UniqueLockedBuffer buf(1 << 20);
   std::memset(buf.data(), 3, buf.size());
   h.sync_pwrite(buf.data(), buf.size(), dir_.file("host"));
   EXPECT_EQ(h.stats().bytes_direct, buf.size());

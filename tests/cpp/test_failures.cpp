@@ -136,7 +136,7 @@ TEST_P(Failures, FileSizeLimitGivesEFBIGAndKeepsWhatFits) {
 TEST_P(Failures, ExtendingDirectWriteIsPreallocatedBeforeItsBlocksGo) {
   const std::string path = dir_.file("fresh");
   Handle h(opts({.block_size = 1 << 20, .queue_depth = 8}));
-  PinnedBuffer buf(4 << 20);
+  UniqueLockedBuffer buf(4 << 20);
   const auto data = pattern(buf.size(), 11);
   std::memcpy(buf.data(), data.data(), data.size());
   // Hold every request before it reaches the kernel: what the file looks like then is the
@@ -204,7 +204,7 @@ TEST_P(Failures, FullFilesystemGivesENOSPC) {
   SmallFilesystem fs(dir_.path());
   if (!fs.ok()) GTEST_SKIP() << "needs root, mkfs.ext4 and loop devices to make a small file system";
   Handle h(opts({.block_size = 1 << 20, .queue_depth = 4}));
-  PinnedBuffer buf(16 << 20);
+  UniqueLockedBuffer buf(16 << 20);
   std::memset(buf.data(), 1, buf.size());
   try {
     h.sync_pwrite(buf.data(), buf.size(), fs.file("fill"));
@@ -248,7 +248,7 @@ TEST_P(Failures, ReadPastTheEndOfABlockDeviceIsRefusedAtSubmission) {
   LoopDevice loop(image);
   if (loop.device().empty()) GTEST_SKIP() << "needs root and a free loop device";
   Handle h(opts({.block_size = 256 << 10}));
-  PinnedBuffer buf((1 << 20) + 4096);
+  UniqueLockedBuffer buf((1 << 20) + 4096);
   try {
     h.async_pread(buf.data(), buf.size(), loop.device());
     FAIL() << "read past the end of the device";
@@ -348,7 +348,7 @@ TEST_P(Failures, DirectRequestRefusedWithEINVALIsRedoneBuffered) {
     return std::nullopt;
   });
   Handle h(opts({.block_size = 1 << 18}));
-  PinnedBuffer buf(1 << 20);
+  UniqueLockedBuffer buf(1 << 20);
   std::memset(buf.data(), 0x33, buf.size());
   h.sync_pwrite(buf.data(), buf.size(), dir_.file("e"));
   detail::set_fault_hook({});

@@ -87,7 +87,7 @@ class FixedBuffers : public testing::Test {
 TEST_F(FixedBuffers, PinnedMemoryGoesThroughARegisteredBuffer) {
   const std::size_t n = (4 << 20) + 100;  // a buffered tail as well as the direct body
   const auto data = pattern(n, 1);
-  PinnedBuffer out(n), in(n);
+  UniqueLockedBuffer out(n), in(n);
   if (!out.locked()) GTEST_SKIP() << "mlock refused here: no locked allocation to register";
   std::memcpy(out.data(), data.data(), n);
   const std::string path = dir_.file("f");
@@ -117,7 +117,7 @@ TEST_F(FixedBuffers, FreeingEndsTheRegistrationBeforeTheMemoryIsReturned) {
   ASSERT_GE(before, 0) << "no VmPin in /proc/self/status";
   long during = -1;
   {
-    PinnedBuffer b(8 << 20);
+    UniqueLockedBuffer b(8 << 20);
     if (!b.locked()) GTEST_SKIP() << "mlock refused here";
     std::memset(b.data(), 7, b.size());
     h.sync_pwrite(b.data(), b.size(), path);
@@ -140,13 +140,13 @@ TEST_F(FixedBuffers, AReusedAddressGetsTheNewAllocationsPages) {
   std::vector<void*> seen;
   bool reused = false;
   for (std::uint32_t round = 0; round < 12; ++round) {
-    PinnedBuffer b(n);
+    UniqueLockedBuffer b(n);
     reused = reused || std::find(seen.begin(), seen.end(), b.data()) != seen.end();
     seen.push_back(b.data());
     const auto data = pattern(n, 100 + round);
     std::memcpy(b.data(), data.data(), n);
     h.sync_pwrite(b.data(), n, path, round * n);
-    PinnedBuffer back(n);
+    UniqueLockedBuffer back(n);
     std::memset(back.data(), 0, n);
     h.sync_pread(back.data(), n, path, round * n);
     ASSERT_EQ(std::memcmp(back.data(), data.data(), n), 0) << "round " << round;
@@ -167,7 +167,7 @@ TEST_F(FixedBuffers, MoreLiveAllocationsThanTableSlots) {
   Handle h(opts({.queue_depth = 16}));
   const std::size_t n = 16 << 10;
   constexpr std::uint32_t kCount = 300;
-  std::vector<PinnedBuffer> bufs;
+  std::vector<UniqueLockedBuffer> bufs;
   for (std::uint32_t i = 0; i < kCount; ++i) {
     bufs.emplace_back(n);
     const auto data = pattern(n, i);
@@ -193,7 +193,7 @@ TEST_F(FixedBuffers, ARequestCrossingTwoRegistrationPiecesTakesTheOrdinaryPath) 
   // Allocations are registered in 64 MiB pieces (the kernel takes at most 1 GiB per buffer);
   // a request that crosses from one piece into the next cannot use either.
   const std::size_t piece = std::size_t{64} << 20;
-  PinnedBuffer big(piece + (4 << 20));
+  UniqueLockedBuffer big(piece + (4 << 20));
   if (!big.locked()) GTEST_SKIP() << "cannot lock 68 MiB here";
   const std::size_t n = 2 << 20;
   std::byte* p = big.bytes() + piece - (1 << 20);  // 1 MiB on each side of the boundary
@@ -228,7 +228,7 @@ TEST_F(FixedBuffers, ARegistrationRefusedByRlimitMemlockFallsBackToTheOrdinaryPa
     if (::setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 90;
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 90;
     const std::size_t n = 6 << 20;
-    PinnedBuffer b(n);
+    UniqueLockedBuffer b(n);
     if (!b.locked()) return 91;
     const auto data = pattern(n, 5);
     std::memcpy(b.data(), data.data(), n);
@@ -262,7 +262,7 @@ TEST_F(FixedBuffers, FreesRaceWithIoOnOtherBuffers) {
       for (std::uint32_t i = 0; i < 25; ++i) {
         const std::size_t n = (256 << 10) + i * 4096;
         const auto data = pattern(n, static_cast<std::uint32_t>(t * 100) + i);
-        PinnedBuffer b(n);
+        UniqueLockedBuffer b(n);
         std::memcpy(b.data(), data.data(), n);
         auto w = h.async_pwrite(b.data(), n, path);
         w.get();
@@ -279,7 +279,7 @@ TEST_F(FixedBuffers, FreesRaceWithIoOnOtherBuffers) {
 }
 
 TEST(LockedRegions, FindLockedRegionCoversTheWholeMapping) {
-  PinnedBuffer b(10000);
+  UniqueLockedBuffer b(10000);
   if (!b.locked()) GTEST_SKIP() << "mlock refused here";
   const auto r = detail::find_locked_region(b.bytes() + 100, 500);
   EXPECT_NE(r.id, 0u);
@@ -288,7 +288,7 @@ TEST(LockedRegions, FindLockedRegionCoversTheWholeMapping) {
   EXPECT_EQ(detail::find_locked_region(b.bytes() + 4096, 3 * 4096).id, 0u) << "past the mapping";
   std::vector<char> foreign(100);
   EXPECT_EQ(detail::find_locked_region(foreign.data(), 100).id, 0u);
-  PinnedBuffer other(10000);
+  UniqueLockedBuffer other(10000);
   EXPECT_NE(detail::find_locked_region(other.data(), 1).id, r.id) << "ids differ";
   std::vector<std::uint64_t> released;
   const auto token = detail::add_release_listener([&](std::uint64_t id) { released.push_back(id); });

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,20 +23,20 @@ TEST(LockedMemory, AllocationIsPageAlignedAndRegistered) {
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data) % 4096, 0u);
   EXPECT_EQ(b.nbytes, 10000u);
   std::memset(b.data, 0xab, b.nbytes);  // writable over the whole size
-  EXPECT_TRUE(is_pinned(b.data, 10000));
-  EXPECT_TRUE(is_pinned(static_cast<char*>(b.data) + 100, 500)) << "views inside count";
-  EXPECT_TRUE(is_pinned(static_cast<char*>(b.data) + 9999, 1));
-  EXPECT_FALSE(is_pinned(static_cast<char*>(b.data) + 9999, 2)) << "range past the end";
-  EXPECT_FALSE(is_pinned(static_cast<char*>(b.data) - 1, 1));
+  EXPECT_TRUE(is_locked(b.data, 10000));
+  EXPECT_TRUE(is_locked(static_cast<char*>(b.data) + 100, 500)) << "views inside count";
+  EXPECT_TRUE(is_locked(static_cast<char*>(b.data) + 9999, 1));
+  EXPECT_FALSE(is_locked(static_cast<char*>(b.data) + 9999, 2)) << "range past the end";
+  EXPECT_FALSE(is_locked(static_cast<char*>(b.data) - 1, 1));
   EXPECT_FALSE(free_locked(static_cast<char*>(b.data) + 4096)) << "a view is not a base";
   EXPECT_TRUE(free_locked(b.data));
   EXPECT_FALSE(free_locked(b.data)) << "double free is refused";
-  EXPECT_FALSE(is_pinned(b.data, 1));
+  EXPECT_FALSE(is_locked(b.data, 1));
 }
 
-TEST(LockedMemory, ForeignMemoryIsNotPinned) {
+TEST(LockedMemory, ForeignMemoryIsNotLocked) {
   std::vector<char> v(4096);
-  EXPECT_FALSE(is_pinned(v.data(), v.size()));
+  EXPECT_FALSE(is_locked(v.data(), v.size()));
   EXPECT_FALSE(free_locked(v.data()));
   EXPECT_FALSE(free_locked(nullptr));
 }
@@ -64,7 +65,7 @@ TEST(LockedMemory, OverTheMemlockLimitFallsBackToUnlockedAndSaysSo) {
   } else {
     EXPECT_TRUE(b.lock_errno == ENOMEM || b.lock_errno == EPERM || b.lock_errno == EAGAIN) << b.lock_errno;
   }
-  EXPECT_TRUE(is_pinned(b.data, b.nbytes)) << "registered either way";
+  EXPECT_TRUE(is_locked(b.data, b.nbytes)) << "registered either way";
   std::memset(b.data, 1, b.nbytes);
   EXPECT_TRUE(free_locked(b.data));
   setrlimit(RLIMIT_MEMLOCK, &rl);
@@ -73,7 +74,7 @@ TEST(LockedMemory, OverTheMemlockLimitFallsBackToUnlockedAndSaysSo) {
 TEST(LockedMemory, StatsFollowAllocations) {
   const auto before = locked_memory_stats();
   {
-    PinnedBuffer a(8192), c(100);
+    UniqueLockedBuffer a(8192), c(100);
     const auto during = locked_memory_stats();
     EXPECT_EQ(during.allocations, before.allocations + 2);
     EXPECT_EQ(during.bytes, before.bytes + 8192 + 100);
@@ -86,25 +87,48 @@ TEST(LockedMemory, ManyThreadsAllocateAndFree) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([] {
       for (int i = 0; i < 200; ++i) {
-        PinnedBuffer b(static_cast<std::size_t>(4096 * (1 + i % 4)));
+        UniqueLockedBuffer b(static_cast<std::size_t>(4096 * (1 + i % 4)));
         static_cast<char*>(b.data())[0] = 1;
-        EXPECT_TRUE(is_pinned(b.data(), b.size()));
+        EXPECT_TRUE(is_locked(b.data(), b.size()));
       }
     });
   }
   for (auto& t : threads) t.join();
 }
 
-TEST(LockedMemory, PinnedBufferMoves) {
-  PinnedBuffer a(4096);
+TEST(LockedMemory, UniqueLockedBufferMoves) {
+  UniqueLockedBuffer a(4096);
   void* p = a.data();
-  PinnedBuffer b(std::move(a));
+  UniqueLockedBuffer b(std::move(a));
   EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from state is specified
   EXPECT_EQ(b.data(), p);
-  EXPECT_TRUE(is_pinned(p, 4096));
+  EXPECT_TRUE(is_locked(p, 4096));
   b.reset();
-  EXPECT_FALSE(is_pinned(p, 1));
+  EXPECT_FALSE(is_locked(p, 1));
 }
+
+// The old names ("pinned", before deepio settled on "locked" for its memory) still compile, as
+// deprecated aliases of the new ones: PinnedBuffer is UniqueLockedBuffer, is_pinned() is
+// is_locked(). The deprecation warning, an error under DEEPIO_WERROR, is silenced here only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static_assert(std::is_same_v<PinnedBuffer, UniqueLockedBuffer>);
+TEST(LockedMemory, OldPinnedNamesAreAliasesOfTheLockedOnes) {
+  PinnedBuffer old_name(8192);
+  UniqueLockedBuffer& same = old_name;
+  ASSERT_NE(same.data(), nullptr);
+  EXPECT_TRUE(is_pinned(same.data(), 8192));
+  EXPECT_TRUE(is_locked(same.data(), 8192));
+  EXPECT_EQ(is_pinned(same.bytes() + 8191, 2), is_locked(same.bytes() + 8191, 2));
+  int on_stack = 0;
+  EXPECT_FALSE(is_pinned(&on_stack, sizeof on_stack));
+  bool (*const old_fn)(const void*, std::size_t) noexcept = &is_pinned;
+  void* p = same.data();
+  old_name.reset();
+  EXPECT_FALSE(old_fn(p, 1));
+  EXPECT_FALSE(is_locked(p, 1));
+}
+#pragma GCC diagnostic pop
 
 // The AnonHugePages (kB) of the mapping that starts at `base`, from /proc/self/smaps; -1 if none.
 long anon_huge_kb(const void* base) {
@@ -147,7 +171,7 @@ TEST(LockedMemory, LargeAllocationsUseTransparentHugePagesWhereTheSystemAllows) 
   }
   if (mode.find("[never]") != std::string::npos || mode.empty()) GTEST_SKIP() << "no transparent huge pages here";
   const long fallbacks = thp_fault_fallbacks();
-  PinnedBuffer big(16 << 20);
+  UniqueLockedBuffer big(16 << 20);
   std::memset(big.data(), 1, big.size());
   const long huge = anon_huge_kb(big.data());
   if (huge < (8 << 10) && thp_fault_fallbacks() > fallbacks) {
@@ -155,7 +179,7 @@ TEST(LockedMemory, LargeAllocationsUseTransparentHugePagesWhereTheSystemAllows) 
   }
   // At least half of it: the ends of a mapping that is not 2 MiB aligned stay small pages.
   EXPECT_GE(huge, 8 << 10) << "THP mode: " << mode;
-  PinnedBuffer small(1 << 20);
+  UniqueLockedBuffer small(1 << 20);
   std::memset(small.data(), 1, small.size());
   EXPECT_EQ(anon_huge_kb(small.data()), 0) << "small buffers stay on small pages";
 }
@@ -200,7 +224,7 @@ TEST(LockedMemory, RetireUnlocksAndUnregistersButKeepsTheDataMappedUntilFreed) {
   if (observable) {
     EXPECT_EQ(vm_locked_kb(), vm_before) << "unlocked at once";
   }
-  EXPECT_FALSE(is_pinned(b.data, 1));
+  EXPECT_FALSE(is_locked(b.data, 1));
   EXPECT_EQ(detail::find_locked_region(b.data, 1).id, 0u) << "no new registration can find it";
   EXPECT_EQ(locked_memory_stats().allocations, stats_before.allocations);
   {

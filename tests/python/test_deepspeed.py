@@ -284,7 +284,7 @@ def test_zero3_nvme_offload_trains_bit_identically_to_cpu_offload(tmp_path, dtyp
 
 def test_fastpersist_checkpoint_writer_saves_through_deepio(tmp_path):
     """DeepSpeed's fast checkpoint writer (FastPersist) saves through deepio's aio_handle and a
-    buffer pinned by deepio's pin_memory op; torch.load reads the checkpoint back equal."""
+    buffer locked by deepio's pin_memory op; torch.load reads the checkpoint back equal."""
     import torch
 
     folder = tmp_path / "ckpt"
@@ -294,7 +294,7 @@ def test_fastpersist_checkpoint_writer_saves_through_deepio(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     r = torch.load(out, weights_only=False)
     assert r["builder"] == "deepio.compat"
-    assert r["buffer_pinned_for_deepio"] is True, "DeepSpeed's pinned buffer is pinned for deepio's handles too"
+    assert r["buffer_pinned_for_deepio"] is True, "the pin_memory op's buffer is locked for deepio too"
     assert r["saved"].keys() == r["live"].keys() and len(r["live"]) == 6
     for name, value in r["live"].items():
         assert torch.equal(r["saved"][name], value), name

@@ -171,7 +171,7 @@ def test_locked_tensor_freed_while_in_flight(random_file, fault):
     assert h.free_cpu_locked_tensor(t)
     del t
     during = deepio.locked_memory_stats()
-    assert during["allocations"] == before["allocations"]  # freed: no longer counted or pinned
+    assert during["allocations"] == before["allocations"]  # freed: no longer counted or locked
     assert during["released_but_referenced"] == before["released_but_referenced"] + 1  # the op holds it
     assert h.wait() == 1
     assert deepio.locked_memory_stats() == before

@@ -1,4 +1,4 @@
-"""Locked (pinned) host memory: DeepNVMe's test_pinned_manager.py (reference §5.4) and the
+"""Locked (page-locked) host memory: DeepNVMe's test_pinned_manager.py (reference §5.4) and the
 lifetime guarantees deepio adds."""
 
 from __future__ import annotations
@@ -310,3 +310,61 @@ def test_free_by_ptr_refuses_what_it_does_not_own():
         pin.free_cpu_locked_tensor_by_ptr(True)
     with pytest.raises(TypeError):
         pin.free_cpu_locked_tensor_by_ptr("0x1000")
+
+
+# deepio's own word for the memory it allocates page-aligned and mlocks is "locked"
+# (docs/python.md, "Words"); "pinned" in a Python name is DeepNVMe's, kept exactly as DeepNVMe
+# spells it: is_pinned (deepio's locked memory or torch-pinned memory), and the GDS
+# registrations of device memory.
+DEEPNVME_PIN_NAMES = {
+    "aio_handle": {"is_pinned"},
+    "gds_handle": {
+        "is_pinned",
+        "pin_device_tensor",
+        "unpin_device_tensor",
+        "new_pinned_device_tensor",
+        "free_pinned_device_tensor",
+    },
+    "pin_handle": {"is_pinned"},
+}
+
+
+def test_pinned_in_a_public_name_is_deepnvmes_only():
+    from deepio import compat
+
+    assert [n for n in deepio.__all__ if "pin" in n.lower()] == []
+    assert [n for n in dir(deepio) if "pin" in n.lower()] == []
+    for name, cls in (
+        ("aio_handle", deepio.aio_handle),
+        ("gds_handle", deepio.gds_handle),
+        ("pin_handle", compat.pin_handle),
+    ):
+        assert {n for n in dir(cls) if "pin" in n.lower()} == DEEPNVME_PIN_NAMES[name], name
+    # DeepSpeed's module and builder names.
+    assert {n for n in dir(compat) if "pin" in n.lower()} == {"PinMemoryBuilder", "pin_handle", "pin_memory"}
+
+
+@needs_numpy
+def test_is_pinned_is_deepios_locked_check():
+    """DeepNVMe's is_pinned, on every handle and on pin_handle, answers what deepio's locked
+    check does (the binding's is_locked_range over deepio::is_locked) for deepio's memory,
+    views of it, foreign memory and freed memory."""
+    import numpy as np
+
+    from deepio import _buffers, _deepio
+
+    pin = PinMemoryBuilder().load().pin_handle()
+    h = deepio.aio_handle(1024, 2, False, False, 1)
+    buf = h.new_cpu_locked_tensor(N, np.empty(1, dtype=np.float32))
+    foreign = np.zeros(N, dtype=np.float32)
+    cases = {"locked": buf, "view": buf[1024:2048], "foreign": foreign}
+    for name, b in cases.items():
+        want = name != "foreign"
+        assert _deepio.is_locked_range(b) is want, name
+        assert _buffers.is_locked_or_pinned(b) is want, name
+        assert h.is_pinned(b) is want and pin.is_pinned(b) is want, name
+    view = buf[1024:2048]
+    assert h.free_cpu_locked_tensor(buf)
+    for b in (buf, view):
+        assert not _deepio.is_locked_range(b)
+        assert not _buffers.is_locked_or_pinned(b) and not h.is_pinned(b) and not pin.is_pinned(b)

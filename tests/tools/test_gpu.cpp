@@ -338,7 +338,7 @@ TEST(GpuFake, CopyCeilingsMoveEveryByteFromRegisteredMemory) {
   if (!fake_driver()) GTEST_SKIP() << "DEEPIO_CUDA_LIBRARY does not name the fake driver";
   CudaDevice dev(0);
   const std::size_t n = 4 << 20;
-  PinnedBuffer host(n);
+  UniqueLockedBuffer host(n);
   fill_pattern(host.data(), n, 9);
   const std::string want(static_cast<const char*>(host.data()), n);
   DeviceBuffer d(n);

@@ -23,7 +23,7 @@ constexpr std::size_t kSize = 4 << 20;
 
 TEST(Measure, EveryEngineRoundTrips) {
   test::TempDir dir;
-  PinnedBuffer src(kSize), dst(kSize);
+  UniqueLockedBuffer src(kSize), dst(kSize);
   fill_pattern(src.data(), kSize, 42);
   const Sample w = naive_write(src.data(), kSize, dir.file("naive"));
   EXPECT_EQ(w.nbytes, kSize);
@@ -43,7 +43,7 @@ TEST(Measure, EveryEngineRoundTrips) {
 // bytes, in place (a piece size that does not divide the file leaves a short last piece).
 TEST(Measure, OneHandleOverSeveralFiles) {
   test::TempDir a, b, c;
-  PinnedBuffer src(kSize), d0(kSize), d1(kSize), d2(kSize);
+  UniqueLockedBuffer src(kSize), d0(kSize), d1(kSize), d2(kSize);
   fill_pattern(src.data(), kSize, 5);
   const std::vector<std::string> paths = {a.file("f"), b.file("f"), c.file("f")};
   Handle h(HandleOptions{.block_size = 256 << 10, .queue_depth = 8});
@@ -53,14 +53,14 @@ TEST(Measure, OneHandleOverSeveralFiles) {
   const Sample r = deepio_read_files(h, {d0.data(), d1.data(), d2.data()}, kSize, paths, chunk);
   EXPECT_EQ(r.nbytes, 3 * kSize);
   EXPECT_GT(r.seconds, 0.0);
-  for (const PinnedBuffer* d : {&d0, &d1, &d2}) EXPECT_EQ(std::memcmp(src.data(), d->data(), kSize), 0);
+  for (const UniqueLockedBuffer* d : {&d0, &d1, &d2}) EXPECT_EQ(std::memcmp(src.data(), d->data(), kSize), 0);
 }
 
 // Jobs run at once: the aggregate is every job's bytes over one wall time; a failure of one
 // comes back after all have finished.
 TEST(Measure, RunTogether) {
   test::TempDir a, b;
-  PinnedBuffer src(kSize);
+  UniqueLockedBuffer src(kSize);
   fill_pattern(src.data(), kSize, 9);
   std::vector<Sample> each;
   const Sample s = run_together({[&] { return naive_write(src.data(), kSize, a.file("n")); },
@@ -91,7 +91,7 @@ TEST(Measure, RunTogether) {
 // pages: page-locked buffers of 2 MiB and more are advised onto them.
 TEST(Measure, ThpShareOfABuffer) {
   constexpr std::size_t kBig = 16 << 20;
-  PinnedBuffer big(kBig);
+  UniqueLockedBuffer big(kBig);
   touch_pages(big.data(), kBig);
   const std::uint64_t huge = thp_bytes(big.data(), kBig);
   EXPECT_LE(huge, kBig);
@@ -106,7 +106,7 @@ TEST(Measure, ThpShareOfABuffer) {
 TEST(Measure, RawDirectLoopOnManyThreads) {
   test::TempDir dir;
   if (!probe_direct_io(dir.path().string()).supported) GTEST_SKIP() << "no O_DIRECT here";
-  PinnedBuffer src(kSize), dst(kSize);
+  UniqueLockedBuffer src(kSize), dst(kSize);
   fill_pattern(src.data(), kSize, 7);
   // 5 threads over 16 blocks of 256 KiB: uneven shares, each block written exactly once.
   EXPECT_EQ(raw_direct(true, src.data(), kSize, 256 << 10, 5, dir.file("raw")).nbytes, kSize);
@@ -117,7 +117,7 @@ TEST(Measure, RawDirectLoopOnManyThreads) {
 TEST(Measure, ShortFilesAndMismatchesAreReported) {
   test::TempDir dir;
   write_file_plain(dir.file("f"), kSize / 2, 3);
-  PinnedBuffer buf(kSize);
+  UniqueLockedBuffer buf(kSize);
   try {
     naive_read(buf.data(), kSize, dir.file("f"));
     ADD_FAILURE() << "a short file read as a success";

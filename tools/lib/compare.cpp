@@ -141,7 +141,7 @@ struct GpuRows {
       : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho, GdsMode::Auto)) {}
   CudaDevice cuda;
   DeviceBuffer dev;
-  PinnedBuffer host;
+  UniqueLockedBuffer host;
   HostRegistration reg;
   Handle staged;
   GdsHandle gds;
@@ -169,7 +169,7 @@ class CompareRun {
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
     for (std::size_t i = 1; i < nf_; ++i) {
-      more_dst_.push_back(std::make_unique<PinnedBuffer>(n_));
+      more_dst_.push_back(std::make_unique<UniqueLockedBuffer>(n_));
       rep_.locked = rep_.locked && more_dst_.back()->locked();
       touch_pages(more_dst_.back()->data(), n_);
     }
@@ -211,9 +211,9 @@ class CompareRun {
   CompareReport& rep_;
   std::size_t n_;
   std::size_t nf_;  // folders, measured at once
-  PinnedBuffer src_, dst_;
-  std::vector<std::unique_ptr<PinnedBuffer>> more_dst_;  // read buffers of folders 1..nf_-1
-  std::vector<std::uint64_t> folder_bytes_;              // of the last sample, per folder
+  UniqueLockedBuffer src_, dst_;
+  std::vector<std::unique_ptr<UniqueLockedBuffer>> more_dst_;  // read buffers of folders 1..nf_-1
+  std::vector<std::uint64_t> folder_bytes_;                    // of the last sample, per folder
   Handle h_;
   std::optional<GpuRows> gpu_;
   std::string fio_path_, fio_engine_;

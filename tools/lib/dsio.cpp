@@ -157,7 +157,7 @@ struct ProcMemory {
     if (dev) dev->download(host.data(), n);
     return host.data();
   }
-  PinnedBuffer host;
+  UniqueLockedBuffer host;
   std::optional<CudaDevice> device;
   std::optional<DeviceBuffer> dev;
 };
