@@ -191,7 +191,7 @@ std::string memory_line(const InfoReport& r) {
   return "\nmemory: RAM " + human_bytes(r.ram_bytes) + ", RLIMIT_MEMLOCK " + memlock_text(limit) +
          (r.ipc_lock ? " (not enforced: this process has CAP_IPC_LOCK)"
           : limit != UINT64_MAX && limit < (1ULL << 30)
-              ? " (larger pinned buffers are allocated unlocked; raise with ulimit -l)"
+              ? " (larger locked buffers are allocated unlocked; raise with ulimit -l)"
               : "") +
          "\n";
 }
