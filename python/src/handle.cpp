@@ -545,10 +545,16 @@ void init_handle(nb::module_& m) {
             const DirectIo mode = direct_from(direct_io);
             auto h = self.engine();
             detail::CallerFile f;
+            std::optional<Error> err;
             {
               nb::gil_scoped_release release;  // an open may wait for this handle's ops to free descriptors
-              f = detail::open_for_caller(*h, path, flags, mode);
+              try {
+                f = detail::open_for_caller(*h, path, flags, mode);
+              } catch (const Error& e) {
+                err.emplace(e);  // raised with the GIL back, naming the file as OSError.filename
+              }
             }
+            if (err) raise_error(*err);
             return nb::make_tuple(f.fd, f.direct);
           },
           nb::arg("path"), nb::arg("flags"), nb::arg("direct_io") = "auto",
