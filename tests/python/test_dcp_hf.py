@@ -114,6 +114,19 @@ def test_partial_load(tmp_dir, engine_bytes):
     assert sorted(engine_bytes) == sorted(sd[k].nbytes for k in keys)
 
 
+def test_several_files(tmp_dir, engine_bytes):
+    """fqn_to_index_mapping spreads the items over three files; each is read by its header."""
+    sd = _state()
+    mapping = {k: 1 + i % 3 for i, k in enumerate(sd)}
+    dcp.save(sd, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp_dir / "hf"), fqn_to_index_mapping=mapping))
+    assert len(list((tmp_dir / "hf").glob("*.safetensors"))) == 3
+    out = _zeros(sd)
+    dcp.load(out, storage_reader=deepio.dcp.HuggingFaceStorageReader(str(tmp_dir / "hf"), thread_count=3))
+    for k, v in sd.items():
+        assert _same(out[k], v), k
+    assert sorted(engine_bytes) == sorted(v.nbytes for v in sd.values() if v.nbytes)
+
+
 def test_fallback_items_are_torchs_and_correct(tmp_dir, engine_bytes, fallback_items):
     """A destination of another dtype and a non-contiguous destination go to torch's
     _process_read_request; the other items still through the engine."""
