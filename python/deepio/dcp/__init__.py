@@ -14,6 +14,12 @@ spreads each rank's data files over ``path`` and those folders; the metadata in 
 records where each went, so ``FileSystemReader(path)`` finds them (``folder_map={old: new}``
 where extra folders moved).
 
+``HuggingFaceStorageReader`` is torch's reader of a folder of ``.safetensors`` files (what
+torch's ``HuggingFaceStorageWriter`` saves) whose tensors are read through the engine straight
+into their destinations where they can be (``_hf``: what is deepio's, what is torch's)::
+
+    dcp.load(state_dict, storage_reader=deepio.dcp.HuggingFaceStorageReader("/nvme/hf"))
+
 Data files are written and read through the engine (``_writer``, ``_reader``: each module's
 docstring says what is still torch's code); ``.metadata`` goes in place last and durably, so a
 save killed midway leaves a folder that ``dcp.load`` refuses rather than half-loads. Importing
@@ -23,7 +29,8 @@ docs/checkpoints.md, "Distributed checkpoint (DCP)".
 
 from __future__ import annotations
 
+from ._hf import HuggingFaceStorageReader
 from ._reader import FileSystemReader
 from ._writer import FileSystemWriter
 
-__all__ = ["FileSystemReader", "FileSystemWriter"]
+__all__ = ["FileSystemReader", "FileSystemWriter", "HuggingFaceStorageReader"]
