@@ -29,7 +29,11 @@
  * implicit synchronisation of blocking streams with the legacy stream.
  *   deepio_fake_cuda_enqueue_fill(stream, ptr, byte, nbytes, delay_us): a "kernel" on `stream`
  *     that, when the stream reaches it, sleeps delay_us and then sets nbytes at ptr to byte
- *     (a producer whose work is still queued); returns 0 or a CUresult.
+ *     (a producer whose work is still queued); returns 0 or a CUresult. delay_us < 0: the fill
+ *     waits instead while fills are held (deepio_fake_cuda_hold_fills), however long that is.
+ *   deepio_fake_cuda_hold_fills(hold): 1 holds every fill queued with delay_us < 0 when its
+ *     stream reaches it; 0 lets them all run. A test then knows, without a clock, that what
+ *     returned while fills were held did not wait for the producer.
  *   deepio_fake_cuda_set_copy_delay_us(us): each asynchronous copy takes at least us.
  *   deepio_fake_cuda_stream_waits(): how many cuStreamWaitEvent calls were made.
  * cuMemcpyDtoDAsync_v2 and cuMemsetD8Async (stream ops too) are exported for tests that play a
@@ -439,6 +443,7 @@ static struct stream streams[MAX_STREAMS];
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcond = PTHREAD_COND_INITIALIZER;
 static long copy_delay_us; /* guarded by qlock */
+static int fills_held;     /* guarded by qlock */
 static long stream_waits;  /* guarded by qlock */
 
 static void sleep_us(long us) {
@@ -465,6 +470,10 @@ static void* stream_main(void* arg) {
       continue;
     }
     if (o->kind == OP_WAIT && !reached(o->wait_slot, o->wait_gen, o->wait_target)) {
+      pthread_cond_wait(&qcond, &qlock);
+      continue;
+    }
+    if (o->kind == OP_FILL && o->delay_us < 0 && fills_held) {
       pthread_cond_wait(&qcond, &qlock);
       continue;
     }
@@ -571,6 +580,13 @@ EXPORT CUresult deepio_fake_cuda_enqueue_fill(void* stream, uintptr_t ptr, int b
   o->nbytes = nbytes;
   o->delay_us = delay_us;
   return enqueue(stream, o);
+}
+
+EXPORT void deepio_fake_cuda_hold_fills(int hold) {
+  pthread_mutex_lock(&qlock);
+  fills_held = hold;
+  pthread_cond_broadcast(&qcond);
+  pthread_mutex_unlock(&qlock);
 }
 
 EXPORT void deepio_fake_cuda_set_copy_delay_us(long us) {
