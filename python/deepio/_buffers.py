@@ -32,7 +32,13 @@ def is_torch_cuda(obj: Any) -> bool:
 
 
 def is_device_buffer(obj: Any) -> bool:
-    """A torch CUDA tensor, or an object whose ``__dlpack_device__()`` says kDLCUDA (2)."""
+    """A torch CUDA tensor, or an object whose ``__dlpack_device__()`` says kDLCUDA (2).
+
+    This asks what the *framework* calls the object (such an object has no buffer protocol:
+    its bytes reach the engine through DLPack), not where its memory is. Where the memory is
+    (device memory, or CUDA managed memory, which deepio treats as host memory) is decided
+    once, in C++, by the CUDA driver deepio loaded (``python/src/buffer.cpp``'s
+    ``require_device`` over ``deepio::device_of``), when the engine imports the buffer."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return bool(obj.is_cuda)
