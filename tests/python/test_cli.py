@@ -534,19 +534,18 @@ def test_several_folders_refused_where_they_cannot_be(tmp_dir):
     assert list(a.iterdir()) == [] and list(b.iterdir()) == []
 
 
-def test_tune_several_folders_at_once(tmp_dir):
+def sweep_space(tmp_dir, **values) -> str:
+    """A --sweep_config file: one block size (256K), queue depths 4 and 8, one worker,
+    overlapped and batched submissions, with `values` replacing any of them."""
     space = tmp_dir / "space.json"
-    space.write_text(
-        json.dumps(
-            {
-                "block_size": ["256K"],
-                "queue_depth": [4, 8],
-                "io_parallel": [1],
-                "sequential_requests": [False],
-                "single_submit": [False],
-            }
-        )
-    )
+    axes = {"block_size": ["256K"], "queue_depth": [4, 8], "io_parallel": [1]}
+    axes |= {"sequential_requests": [False], "single_submit": [False]}
+    space.write_text(json.dumps(axes | values))
+    return str(space)
+
+
+def test_tune_several_folders_at_once(tmp_dir):
+    space = sweep_space(tmp_dir)
     a, b = some_folders(tmp_dir, 2)
     args = ["tune", "--folder", str(a), "--folder", str(b), "--io_size", "1M", "--sweep_config", str(space)]
     r = run(*args, "--exhaustive", "--json", timeout=120)
@@ -700,18 +699,7 @@ def test_tune_output_is_deepspeed_aio_section(tmp_dir, mode):
 
 
 def test_tune_json_counts(tmp_dir):
-    space = tmp_dir / "space.json"
-    space.write_text(
-        json.dumps(
-            {
-                "block_size": ["256K"],
-                "queue_depth": [4, 8],
-                "io_parallel": [1],
-                "sequential_requests": [False],
-                "single_submit": [False, True],
-            }
-        )
-    )
+    space = sweep_space(tmp_dir, single_submit=[False, True])
     r = run(
         "tune",
         "--nvme_dir",

@@ -192,6 +192,9 @@ class CompareRun {
   Sample ceiling_sample(std::size_t op);
   Sample multi_sample(std::size_t op, std::size_t e, bool first);
   Sample multi_ceiling_sample(std::size_t op, bool preallocate);
+  /// Adds one deepio run's handle counters (s1 - s0) to this op's totals; a fresh-file write
+  /// that allocated any of its files first counts as one preallocated run.
+  void account(std::size_t op, const HandleStats& s0, const HandleStats& s1);
   /// The read buffer of folder i.
   [[nodiscard]] void* dst(std::size_t i) const noexcept { return i == 0 ? dst_.data() : more_dst_[i - 1]->data(); }
   /// Every folder's file of engine e (write targets) or deepio's files (what every engine reads).
@@ -504,17 +507,20 @@ Sample CompareRun::multi_sample(std::size_t op, std::size_t e, bool first) {
   const HandleStats s0 = h_.stats();
   const Sample s = write ? deepio_write_files(h_, src_.data(), n_, targets, chunk)
                          : deepio_read_files(h_, bufs, n_, reads, chunk);
-  const HandleStats s1 = h_.stats();
+  account(op, s0, h_.stats());
+  folder_bytes_.assign(nf_, n_);
+  return s;
+}
+
+void CompareRun::account(std::size_t op, const HandleStats& s0, const HandleStats& s1) {
   acc_[0] += s1.bytes_direct - s0.bytes_direct;
   acc_[1] += s1.bytes_bounced - s0.bytes_bounced;
   acc_[2] += s1.bytes_buffered - s0.bytes_buffered;
   acc_[3] += s1.direct_refused - s0.direct_refused;
   if (op == kWrite) {
-    preallocated_ += s1.preallocated - s0.preallocated > 0 ? 1 : 0;
+    preallocated_ += s1.preallocated > s0.preallocated ? 1 : 0;
     rep_.deepio_preallocated = preallocated_;
   }
-  folder_bytes_.assign(nf_, n_);
-  return s;
 }
 
 /// One timed transfer of engine `e`; a write goes to a fresh file, an overwrite over the file
@@ -540,15 +546,7 @@ Sample CompareRun::sample(std::size_t op, std::size_t e, bool first) {
   if (e == kCeiling) return ceiling_sample(op);
   const HandleStats s0 = h_.stats();
   const Sample s = write ? deepio_write(h_, src_.data(), n_, f.f_deepio) : deepio_read(h_, dst_.data(), n_, f.f_deepio);
-  const HandleStats s1 = h_.stats();
-  acc_[0] += s1.bytes_direct - s0.bytes_direct;
-  acc_[1] += s1.bytes_bounced - s0.bytes_bounced;
-  acc_[2] += s1.bytes_buffered - s0.bytes_buffered;
-  acc_[3] += s1.direct_refused - s0.direct_refused;
-  if (op == kWrite) {
-    preallocated_ += s1.preallocated - s0.preallocated;
-    rep_.deepio_preallocated = preallocated_;
-  }
+  account(op, s0, h_.stats());
   return s;
 }
 

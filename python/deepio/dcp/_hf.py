@@ -71,18 +71,7 @@ def _place(header: Header, t: TensorInfo | None, req: Any, planner: Any) -> tupl
     lay = _record.Layout(
         dtype, t.shape, _record._contiguous_strides(t.shape), 0, header.data_offset + t.begin, t.nbytes
     )
-    where = _record.piece(lay, req.storage_offsets, req.lengths)
-    if where is None:
-        return None
-    target = planner.resolve_tensor(req).detach()
-    fits = (
-        target.device.type == "cpu"
-        and target.dtype == dtype
-        and tuple(target.shape) == tuple(int(n) for n in req.lengths)
-        and target.is_contiguous()
-        and target.nbytes == where[1]
-    )
-    return (target, where[0]) if fits else None
+    return FileSystemReader._destination(req, lay, planner)  # the same test as DCP's own format's
 
 
 class HuggingFaceStorageReader(_TorchHFReader):
