@@ -29,8 +29,19 @@ docs/checkpoints.md, "Distributed checkpoint (DCP)".
 
 from __future__ import annotations
 
-from ._hf import HuggingFaceStorageReader
+from typing import Any
+
 from ._reader import FileSystemReader
 from ._writer import FileSystemWriter
 
 __all__ = ["FileSystemReader", "FileSystemWriter", "HuggingFaceStorageReader"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: torch's HuggingFaceStorageReader is newer than its file system
+    # storage, and a torch without it must not cost users the two classes above.
+    if name == "HuggingFaceStorageReader":
+        from ._hf import HuggingFaceStorageReader
+
+        return HuggingFaceStorageReader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
