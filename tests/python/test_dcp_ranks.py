@@ -49,6 +49,16 @@ def _program(mode: str, *args: object) -> subprocess.CompletedProcess:
     return r
 
 
+def _torch_aborted_at_exit(r: subprocess.CompletedProcess, ranks: int) -> bool:
+    """Whether the run failed only as torch's gloo is known to at a process's exit: every rank
+    finished its work and its checks ("rank N resumed"), and then libstdc++ aborted on a thread
+    still running ("terminate called without an active exception": gloo's worker threads at
+    interpreter teardown, pytorch/pytorch#190489; deepio's wheel links libc++, whose message
+    differs). Such a run is run once more; any other failure is the test's."""
+    done = all(f"rank {i} resumed" in r.stdout for i in range(ranks))
+    return r.returncode != 0 and done and "terminate called without an active exception" in r.stderr
+
+
 def _same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
     return (
         got.dtype == want.dtype
@@ -65,6 +75,9 @@ def test_example_trains_saves_and_resumes(tmp_dir):
     program checks the resumed state and the losses after it); its checkpoint loads whole in
     one process with torch's own reader."""
     r = _run(REPO / "examples" / "dcp_train.py", "--dir", tmp_dir)
+    if _torch_aborted_at_exit(r, ranks=2):  # once in a CI run of 2026-11-26, in torch's code
+        r = _run(REPO / "examples" / "dcp_train.py", "--dir", tmp_dir / "again")
+        tmp_dir = tmp_dir / "again"
     assert r.returncode == 0 and "dcp_train: OK" in r.stdout, r.stdout + r.stderr
     checkpoint = tmp_dir / "checkpoint"
     assert sorted(os.listdir(checkpoint)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
