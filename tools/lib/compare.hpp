@@ -155,6 +155,9 @@ CompareReport run_compare(const CompareRequest& req, const SizeChoice& size, con
 /// and the ceiling's 4 KiB-page buffers are split by the device, the reason says that instead
 /// (the likelier cause). None when no ceiling was measured.
 [[nodiscard]] CeilingVerdict ceiling_verdict(const CompareReport& r, double g, const EngineResult& ceiling);
+/// True when the device (q) splits a direct request of block_size bytes made of 4 KiB pages
+/// (more pages than it takes segments per request): a ceiling on such buffers is low.
+[[nodiscard]] bool splits_small_pages(const QueueLimits& q, std::size_t block_size);
 /// The GPU rows that move data to or from the disk ("gpu_staged", "gpu_gds"; not the copy
 /// ceilings "h2d"/"d2h"). Flagged, their figure is not a result: the page cache or a fake
 /// driver served it, not the disk.
