@@ -576,8 +576,8 @@ def _filled_items(monkeypatch) -> list[int]:
     filled: list[int] = []
     real = deepio.dcp._writer._write_filled
 
-    def spy(t, w, crc):
-        got = real(t, w, crc)
+    def spy(t, w, crc, pool=None):
+        got = real(t, w, crc, pool)
         if got[0] is not None:
             filled.append(t.untyped_storage().nbytes())
         return got
@@ -607,8 +607,22 @@ def test_large_tensors_take_the_filling_route_and_write_torchs_bytes(tmp_dir, mo
     beside the writes and patched in, the serialization id with them): the data files are
     still byte for byte torch's, with small items, objects, odd lengths and views in the same
     file; every item's CRC-32s hold, and both readers load the checkpoint."""
+    from deepio.checkpoint import _filling
+
     monkeypatch.setattr(deepio.dcp._writer, "_FILL_MIN", 1 << 20)
     filled = _filled_items(monkeypatch)
+    pools: list[str] = []  # the CRC thread pools made, by module: one per data file, by _writer
+
+    def counting(module):
+        class Pool(module.ThreadPoolExecutor):
+            def __init__(self, *a, **kw):
+                pools.append(module.__name__)
+                super().__init__(*a, **kw)
+
+        monkeypatch.setattr(module, "ThreadPoolExecutor", Pool)
+
+    counting(deepio.dcp._writer)
+    counting(_filling)
     sd = _mixed()
     kw = {"single_file_per_rank": single_file_per_rank}
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d", **kw))
@@ -616,6 +630,7 @@ def test_large_tensors_take_the_filling_route_and_write_torchs_bytes(tmp_dir, mo
     large = [sd[k].untyped_storage().nbytes() for k in ("odd", "transposed", "i64")] + [sd["slice"].nbytes]
     assert sorted(filled) == sorted(large)
     ours, theirs = _data_files(tmp_dir / "d"), _data_files(tmp_dir / "t")
+    assert pools == ["deepio.dcp._writer"] * len(ours)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert ours[name] == theirs[name], name

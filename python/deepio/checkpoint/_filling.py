@@ -34,6 +34,7 @@ import os
 import pickle
 import warnings
 import zlib
+from concurrent import futures
 from concurrent.futures import Future as _CrcFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -305,16 +306,18 @@ def _save_filling(
     found: tuple[list[Any], bool],
     crc: bool = False,
     aligned: bool = True,
+    pool: ThreadPoolExecutor | None = None,
 ) -> dict[int, tuple[int, int]]:
     """torch.save under skip_data into ``w`` from its write position on, which puts each
     storage in its record (the storages torch's pickler saw, queued by
     _filling_pickle_module), records aligned as _record_alignment says for the dry pass's
     storages ``found`` (and whether it saw a meta tensor); with ``aligned`` False, as torch's
     own option says (the records torch.save would write: deepio.dcp's). With ``crc``, the
-    CRC-32 of every host storage is computed on a helper thread as it is placed; returns
+    CRC-32 of every host storage is computed on a helper thread as it is placed (on ``pool``
+    where given, a caller's pool for many objects; else on a pool of its own); returns
     {file offset of a record's data: (nbytes, CRC-32)} for _patch_crcs (empty without
-    ``crc``). Raises _FillMismatch where torch's records and the storages
-    queued for them disagree (_starts_again)."""
+    ``crc``). No CRC still reads a storage when it returns or raises. Raises _FillMismatch
+    where torch's records and the storages queued for them disagree (_starts_again)."""
     import torch
 
     storages, meta = found
@@ -322,8 +325,8 @@ def _save_filling(
         if meta:  # torch warns that a meta tensor under skip_data is a no-op; it is saved as
             # torch.save saves it (no data), so the warning would only puzzle the caller
             warnings.filterwarnings("ignore", message="Serializing tensors on the meta device under skip_data")
-        pool = ThreadPoolExecutor(_crc_threads(), thread_name_prefix="deepio-crc") if crc else None
-        w._crc_pool = pool
+        own = ThreadPoolExecutor(_crc_threads(), thread_name_prefix="deepio-crc") if crc and pool is None else None
+        w._crc_pool = (pool or own) if crc else None
         w._filling = True
         try:
             with torch.serialization.skip_data():
@@ -332,8 +335,10 @@ def _save_filling(
         finally:
             w._filling = False
             w._crc_pool = None
-            if pool is not None:
-                pool.shutdown(wait=True)  # no CRC still reading a storage after this
+            if own is not None:
+                own.shutdown(wait=True)  # no CRC still reading a storage after this
+            elif pool is not None:  # the caller's pool goes on: wait for this object's CRCs
+                futures.wait([f for _, pieces in w._crcs.values() for _, f in pieces])
     if w._fills:
         raise _FillMismatch(f"deepio.save: {len(w._fills)} storage(s) were not placed (torch changed its format?)")
     crcs = {at: (n, _crc_of_pieces(pieces)) for at, (n, pieces) in w._crcs.items()}

@@ -14,10 +14,12 @@ spreads each rank's data files over ``path`` and those folders; the metadata in 
 records where each went, so ``FileSystemReader(path)`` finds them (``folder_map={old: new}``
 where extra folders moved).
 
-``HuggingFaceStorageReader`` is torch's reader of a folder of ``.safetensors`` files (what
-torch's ``HuggingFaceStorageWriter`` saves) whose tensors are read through the engine straight
-into their destinations where they can be (``_hf``: what is deepio's, what is torch's)::
+``HuggingFaceStorageWriter`` and ``HuggingFaceStorageReader`` are torch's storage of a folder
+of ``.safetensors`` files, the writer's files written durably through the engine (byte-identical
+to torch's), the reader's tensors read through the engine straight into their destinations where
+they can be (``_hf``: what is deepio's, what is torch's)::
 
+    dcp.save(state_dict, storage_writer=deepio.dcp.HuggingFaceStorageWriter("/nvme/hf"))
     dcp.load(state_dict, storage_reader=deepio.dcp.HuggingFaceStorageReader("/nvme/hf"))
 
 Data files are written and read through the engine (``_writer``, ``_reader``: each module's
@@ -34,14 +36,14 @@ from typing import Any
 from ._reader import FileSystemReader
 from ._writer import FileSystemWriter
 
-__all__ = ["FileSystemReader", "FileSystemWriter", "HuggingFaceStorageReader"]
+__all__ = ["FileSystemReader", "FileSystemWriter", "HuggingFaceStorageReader", "HuggingFaceStorageWriter"]
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: torch's HuggingFaceStorageReader is newer than its file system
+    # Imported on first use: torch's HuggingFace storage is newer than its file system
     # storage, and a torch without it must not cost users the two classes above.
-    if name == "HuggingFaceStorageReader":
-        from ._hf import HuggingFaceStorageReader
+    if name in ("HuggingFaceStorageReader", "HuggingFaceStorageWriter"):
+        from . import _hf
 
-        return HuggingFaceStorageReader
+        return getattr(_hf, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,21 @@
-"""``deepio.dcp.HuggingFaceStorageReader``: torch.distributed.checkpoint's
-HuggingFaceStorageReader (a folder of ``.safetensors`` files) whose tensor bytes are read
-through deepio's engine.
+"""``deepio.dcp.HuggingFaceStorageWriter`` and ``HuggingFaceStorageReader``:
+torch.distributed.checkpoint's storage of a folder of ``.safetensors`` files (torch's classes of
+the same names), with the tensor bytes written and read through deepio's engine.
 
-What is torch's and what is deepio's. The constructor, the planning and the metadata (built by
-torch from each file's header with ``safetensors.safe_open``) are torch's. deepio's:
+The writer. Constructor, planning (``fqn_to_index_mapping``, ``save_distributed``), file names,
+``model.safetensors.index.json`` and consolidation (``enable_consolidation``) are torch's.
+deepio's is ``write_data``: each data file is written by ``deepio.safetensors.save_file`` (the
+tensors from their own memory, CPU or CUDA, by direct I/O where the file system takes it; a
+temporary name, fsync, rename and folder fsync) when ``sync_files`` (the default, as torch's),
+else in place without a flush. The files are byte-identical to torch's writer's: the same
+tensors in the same order (torch's loader order: as planned, or by size where torch would use
+its CUDA-overlapping loader), the same ``__metadata__``. What torch would write wrongly is
+refused before any file is written: a non-tensor value (torch writes its pickled bytes in front
+of the safetensors data, a file nothing can read) raises ``ValueError`` naming it. I/O errors
+raise the engine's ``OSError`` naming the file; a file being replaced is then untouched.
+
+The reader. The constructor, the planning and the metadata (built by torch from each file's
+header with ``safetensors.safe_open``) are torch's. deepio's:
 
 - ``read_metadata`` first checks every ``.safetensors`` file of the folder with deepio's
   safetensors parser (``deepio.safetensors.read_header``), so that a truncated or corrupt file
@@ -22,12 +34,13 @@ torch from each file's header with ``safetensors.safe_open``) are torch's. deepi
   and other dtypes torch cannot view directly) goes to torch's own ``_process_read_request``
   over ``safe_open`` (``get_slice`` and ``copy_``), after the direct reads of its file.
 
-``thread_count`` is accepted and ignored: the engine's workers read in parallel already.
-Thread-safety: one reader per load, as torch's.
+``thread_count`` is accepted and ignored by both: the engine's workers write and read in
+parallel already. Thread-safety: one writer per save and one reader per load, as torch's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -36,18 +49,30 @@ import torch
 from .._file import File, Future
 from ..safetensors._format import Header, TensorInfo
 from ..safetensors._load import read_header
+from ..safetensors._save import save_file, write_in_place
 from ..safetensors._tensors import torch_dtype
 from . import _record
 from ._reader import FileSystemReader
 
 try:
+    from torch.distributed.checkpoint import _hf_utils
     from torch.distributed.checkpoint import hf_storage as _hf_storage
-    from torch.distributed.checkpoint._hf_utils import SUFFIX as _SUFFIX
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
 
+    _SUFFIX = _hf_utils.SUFFIX
     _TorchHFReader: Any = _hf_storage.HuggingFaceStorageReader
+    _TorchHFWriter: Any = _hf_storage.HuggingFaceStorageWriter
+    _FILE_METADATA = {  # what torch's writer puts in every file's __metadata__, less the items
+        _hf_utils.DCP_VERSION_KEY: str(_hf_utils.HF_DCP_VERSION),
+        _hf_utils.FORMAT_KEY: _hf_utils.FORMAT_VALUE,
+    }
+    _gen_file_name = _hf_utils._gen_file_name
+    _CUSTOM_METADATA_KEY = _hf_utils.CUSTOM_METADATA_KEY
 except (ImportError, AttributeError) as e:  # pragma: no cover - depends on the torch installed
     raise ImportError(
-        f"deepio.dcp needs torch.distributed.checkpoint's HuggingFaceStorageReader as torch 2.13 has it; "
+        f"deepio.dcp needs torch.distributed.checkpoint's HuggingFace storage as torch 2.13 has it; "
         f"torch {torch.__version__} lacks {e}"
     ) from e
 
@@ -131,3 +156,71 @@ class HuggingFaceStorageReader(_TorchHFReader):
             buf = target.reshape(-1).view(torch.uint8)
             if buf.nbytes:
                 reads.append((_read_into(f, buf, at), req, at))
+
+
+def _nbytes(item: Any) -> int:
+    """The bytes of a planned tensor item (torch's ``_item_size``)."""
+    return int(item.tensor_data.size.numel()) * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+
+
+def _overlapping_order(writer: Any) -> bool:
+    """Whether torch's writer would take its items through ``_OverlappingCpuLoader`` (which
+    hands them over smallest first): one thread, an accelerator, copy-ahead on."""
+    backend = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    accel = torch.cuda.is_available() or bool(backend is not None and backend.is_available())
+    return writer.thread_count == 1 and accel and writer.per_thread_copy_ahead > 0
+
+
+class HuggingFaceStorageWriter(_TorchHFWriter):
+    """``torch.distributed.checkpoint.HuggingFaceStorageWriter`` through deepio's engine (see
+    the module). Same arguments as torch's (``path``, ``fqn_to_index_mapping``,
+    ``thread_count``, ``save_distributed``, ``enable_consolidation``,
+    ``thread_count_consolidation``); ``sync_files`` (an attribute, True as torch's) chooses the
+    durable write. Use it as torch's:
+    ``dcp.save(state_dict, storage_writer=deepio.dcp.HuggingFaceStorageWriter(path))``.
+
+    Raises, besides torch's errors (``dcp.save`` wraps each in its ``CheckpointException``):
+    ``ValueError`` naming a non-tensor value, before any file is written; the engine's
+    ``OSError`` naming the file for I/O."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        odd = [i.index.fqn for i in plan.items if i.type == WriteItemType.BYTE_IO]
+        if odd:
+            raise ValueError(
+                f"deepio.dcp.HuggingFaceStorageWriter: {odd[0]!r} is not a tensor, and a .safetensors file holds "
+                f"tensors only (torch's writer would put its pickled bytes in front of the file's header)"
+            )
+        storage = plan.storage_data or {}
+        mapping = storage.get("fqn_to_index_mapping")
+        highest = max(mapping.values()) if mapping else 1
+        results: list[Any] = []
+        if plan.items:
+            for index, items in self._split_by_storage_plan(mapping, plan.items).items():
+                name = _gen_file_name(index, highest, storage.get("shard_index"))
+                results += self._write_file(os.fspath(self.fs.concat_path(self.path, name)), name, items, planner)
+        fut: torch.futures.Future[list[Any]] = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
+        """Writes one data file of ``items`` as torch's writer would, through the engine."""
+        if _overlapping_order(self):
+            items = sorted(items, key=_nbytes)  # stable, as torch's loader's sort
+        tensors: dict[str, torch.Tensor] = {}
+        offsets: dict[str, Any] = {}
+        results = []
+        for item in items:
+            t = planner.resolve_data(item).detach()
+            if t.untyped_storage().nbytes() != t.nbytes:  # a view: its own minimal storage, as torch
+                t = t.clone()
+            tensors[item.index.fqn] = t
+            offsets[item.index.fqn] = {"saved_offsets": item.tensor_data.chunk.offsets}
+            results.append(
+                WriteResult(index=item.index, size_in_bytes=t.nbytes, storage_data=_StorageInfo(name, 0, t.nbytes))
+            )
+        metadata = {_CUSTOM_METADATA_KEY: json.dumps(offsets), **_FILE_METADATA}
+        if self.sync_files:
+            save_file(tensors, path, metadata)
+        else:
+            write_in_place(tensors, path, metadata)
+        return results

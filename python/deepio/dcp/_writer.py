@@ -66,6 +66,7 @@ import pickle
 import queue
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, cast
 
 import torch
@@ -165,12 +166,13 @@ _FILL_MIN = 4 << 20
 
 
 def _write_filled(
-    t: torch.Tensor, w: _filling.FillingWriter, crc: bool
+    t: torch.Tensor, w: _filling.FillingWriter, crc: bool, pool: ThreadPoolExecutor | None = None
 ) -> tuple[dict[int, tuple[int, int]] | None, bool]:
     """Writes the contiguous CPU tensor ``t`` at ``w``'s write position as torch.save writes
     it, on deepio.save's filling route (torch's record alignment, so the bytes torch's writer
-    writes). Returns ({file offset of a storage record's data: (nbytes, CRC-32)} for
-    _zip._patch_crcs, empty without ``crc``; whether an attempt started again). The dict is
+    writes; the CRC-32s on ``pool``, the file's). Returns ({file offset of a storage record's
+    data: (nbytes, CRC-32)} for _zip._patch_crcs, empty without ``crc``; whether an attempt
+    started again). The dict is
     None where the route is not taken (a tensor torch refuses under skip_data, a torch
     without skip_data) or started again (_filling._starts_again: ``w`` is back at the item's
     start, and bytes of the attempt may lie past it, for later items or the caller's truncate
@@ -184,7 +186,7 @@ def _write_filled(
         return None, False
     offset = w.tell()
     try:
-        return _filling._save_filling(t, w, protocol, found, crc=crc, aligned=False), False
+        return _filling._save_filling(t, w, protocol, found, crc=crc, aligned=False, pool=pool), False
     except Exception as e:
         if not _filling._starts_again(e, w):
             raise
@@ -196,8 +198,8 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
     """Writes one data file: the bytes items, then the tensors (torch's order); returns the
     WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
     bytes or more go on the filling route, the others through torch.save; the CRC-32s of the
-    filled records are put in once every item is written, before the file is closed (and
-    flushed to stable storage when ``durable``)."""
+    filled records (computed on one thread pool for the file) are put in once every item is
+    written, before the file is closed (and flushed to stable storage when ``durable``)."""
     results = []
     size, count = _staging_for(items)
     w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count)
@@ -205,6 +207,7 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
     crcs: dict[int, tuple[int, int]] = {}
     archives: list[tuple[int, int]] = []  # (offset, length) of each filled item's zip
     started_again = False
+    pool = ThreadPoolExecutor(_filling._crc_threads(), thread_name_prefix="deepio-crc") if crc else None
     try:
         ordered = [i for i in items if i.type == T.WriteItemType.BYTE_IO]
         ordered += [i for i in items if i.type != T.WriteItemType.BYTE_IO]
@@ -217,7 +220,9 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
                 w.write(data.getbuffer())
             else:
                 t = _contiguous_cpu(data)
-                filled, again = _write_filled(t, w, crc) if t.untyped_storage().nbytes() >= _FILL_MIN else (None, False)
+                filled, again = (
+                    _write_filled(t, w, crc, pool) if t.untyped_storage().nbytes() >= _FILL_MIN else (None, False)
+                )
                 started_again = started_again or again
                 if filled is not None:
                     crcs.update(filled)
@@ -246,6 +251,9 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
             # ("unexpected pos"): the Writer's error, naming the file, is the one to report.
             raise cause from None
         raise
+    finally:
+        if pool is not None:  # threads start with the first filled item, if any
+            pool.shutdown(wait=True)
     return results
 
 

@@ -120,7 +120,11 @@ def _runs(head: bytes, plan: list[tuple[Any, int]]) -> list[tuple[int, Any]]:
 
 
 def _write(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None, path: str) -> None:
-    head, plan = _plan(tensors, metadata)
+    _write_planned(_plan(tensors, metadata), path)
+
+
+def _write_planned(head_plan: tuple[bytes, list[tuple[Any, int]]], path: str) -> None:
+    head, plan = head_plan
     runs = _runs(head, plan)
     # One batch: one call, the file opened once off this thread; run waits for every write
     # and raises the first failure (an open failure included).
@@ -143,6 +147,17 @@ def save_file(
             os.chmod(tmp, os.stat(name).st_mode & 0o7777)
         except FileNotFoundError:
             pass
+
+
+def write_in_place(tensors: Mapping[str, Any], filename: PathArg, metadata: Mapping[str, str] | None = None) -> None:
+    """``save_file`` without its durability: the file is truncated (or created, 0666 less the
+    umask) and written under its own name, nothing flushed (what a writer asked not to sync
+    wants). A failure leaves a partial file. Errors as for ``save_file``, the safetensors
+    refusals still raised before the file is touched."""
+    name = os.fspath(filename)
+    head_plan = _plan(tensors, metadata)  # refusals first: the old file stays
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666))
+    _write_planned(head_plan, name)
 
 
 def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
