@@ -119,6 +119,18 @@ std::pair<UniqueFd, bool> Engine::open_for_caller(const std::string& path, int f
 
 UniqueFd Engine::open_maybe_direct(const std::string& path, int flags, DirectIo mode, FileFacts* facts, bool* direct) {
   *direct = mode != DirectIo::Off;
+  // Every refusal of direct I/O, wherever it shows: direct_io=on raises naming the file
+  // (`undo` first: what this call made that must not outlive it); auto counts it and goes on
+  // without O_DIRECT.
+  const auto refuse = [&](const char* why, const std::function<void()>& undo = {}) {
+    if (mode == DirectIo::On) {
+      if (undo) undo();
+      throw_error(EINVAL, why, path);
+    }
+    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+    *direct = false;
+  };
+  constexpr const char* kRefused = "the file system refuses O_DIRECT (direct_io=on)";
   UniqueFd fd;
   Status s;
   if (*direct && (flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL)) {
@@ -130,25 +142,16 @@ UniqueFd Engine::open_maybe_direct(const std::string& path, int flags, DirectIo 
       if (now < 0) throw_error(errno, "cannot read the file's flags (fcntl)", path);
       if (::fcntl(fd.get(), F_SETFL, now | O_DIRECT) != 0) {
         if (errno != EINVAL) throw_error(errno, "cannot set O_DIRECT (fcntl)", path);
-        s = Status::failure(EINVAL, "cannot open", path);
+        refuse(kRefused, [&] {
+          fd.reset();
+          ::unlink(path.c_str());  // created by this call (O_EXCL), and of no use to anyone
+        });                        // `fd` stays open, without O_DIRECT
       }
-    }
-    if (!s.ok() && s.errnum == EINVAL && fd.get() >= 0) {
-      if (mode == DirectIo::On) {
-        fd.reset();
-        ::unlink(path.c_str());  // created by this call (O_EXCL), and of no use to anyone
-        throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
-      }
-      counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-      *direct = false;
-      s = Status::success();  // `fd` is open, without O_DIRECT
     }
   } else {
     s = open_with_backpressure(path, flags | (*direct ? O_DIRECT : 0), &fd);
     if (!s.ok() && s.errnum == EINVAL && *direct) {
-      if (mode == DirectIo::On) throw_error(EINVAL, "the file system refuses O_DIRECT (direct_io=on)", path);
-      counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
-      *direct = false;
+      refuse(kRefused);
       s = open_with_backpressure(path, flags, &fd);
     }
   }
@@ -156,16 +159,12 @@ UniqueFd Engine::open_maybe_direct(const std::string& path, int flags, DirectIo 
   throw_if_error(file_facts(fd.get(), path, facts));
   if (*direct && facts->from_statx && facts->dio_offset_align == 0) {
     // Opened with O_DIRECT but the file system says it cannot do direct I/O on this file.
-    if (mode == DirectIo::On) {
-      throw_error(EINVAL, "the file system does not support direct I/O on this file (direct_io=on)", path);
-    }
-    counters_.direct_refused.fetch_add(1, std::memory_order_relaxed);
+    refuse("the file system does not support direct I/O on this file (direct_io=on)");
     // Our own open file description (no caller shares it yet): clearing the flag is safe here.
     const int now = ::fcntl(fd.get(), F_GETFL);
     if (now < 0 || ::fcntl(fd.get(), F_SETFL, now & ~O_DIRECT) != 0) {
       throw_error(errno, "cannot clear O_DIRECT (fcntl)", path);
     }
-    *direct = false;
   }
   return fd;
 }
