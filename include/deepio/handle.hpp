@@ -145,6 +145,13 @@ struct HandleStats {
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
   std::uint64_t synced = 0;           ///< writes with OpOptions::fsync whose fdatasync succeeded
+  /// The handle's staging memory (the workers' bounce arenas and the binding's Writer/Reader
+  /// windows, lent from one pool): blocks mapped, borrows served by a block given back
+  /// earlier, and the bytes lent out and kept for the next borrower now.
+  std::uint64_t staging_allocations = 0;
+  std::uint64_t staging_reuses = 0;
+  std::uint64_t staging_lent_bytes = 0;
+  std::uint64_t staging_kept_bytes = 0;
 };
 
 /// One read or write of a batch (Handle::submit_batch). Exactly one of `path` (non-empty) and

@@ -9,7 +9,7 @@ namespace deepio::detail {
 bool Staging::ensure() {
   if (!free_.empty() || arena_.data() != nullptr) return true;
   try {
-    arena_ = AlignedBuffer(slot_bytes_ * slots_, 4096);
+    arena_ = pool_->take(slot_bytes_ * slots_);
   } catch (...) {
     return false;
   }
@@ -56,7 +56,7 @@ void Staging::drain(bool block, const std::function<void(std::uint32_t id, Statu
 
 void Staging::abandon() {
   if (arena_.data() == nullptr) return;
-  new AlignedBuffer(std::move(arena_));  // NOLINT(cppcoreguidelines-owning-memory)
+  arena_.abandon();
   free_.clear();
 }
 

@@ -1,17 +1,17 @@
 // Staging: one worker's bounce slots and the stagers that copy between them and device memory.
 //
-// The bounce slots are one page-aligned host arena of `slots` x `slot_bytes`, allocated on
-// first use (ensure()) and cut into numbered slots taken and given back by the worker: for
-// requests whose memory the kernel may not use directly (SegmentMode::Bounce) and for every
-// request of an op on device memory. For each device, a DeviceStager (core/stager.hpp) is made
-// on first use with the whole arena registered to it; after a read its host-to-device copy may
-// still run, so the slot is "draining" (drain()) until the copy is done, and only then given
-// back and its op told.
+// The bounce slots are one page-aligned host arena of `slots` x `slot_bytes`, borrowed from
+// the engine's StagingPool on first use (ensure(); memory/pool.hpp) and cut into numbered slots taken and given back by
+// the worker: for requests whose memory the kernel may not use directly (SegmentMode::Bounce) and for every request of
+// an op on device memory. For each device, a DeviceStager (core/stager.hpp) is made on first use with the whole arena
+// registered to it; after a read its host-to-device copy may still run, so the slot is "draining" (drain()) until the
+// copy is done, and only then given back and its op told.
 //
 // Errors: ensure() says false when the arena cannot be allocated; stager() returns the
 // factory's or registration's Status; drain() hands each copy's Status to the worker.
-// Teardown: the stagers go before the arena (they unregister it), and abandon() leaks the
-// arena on purpose where a dead kernel queue may still write into it. The worker's backend is
+// Teardown: the stagers go before the arena (they unregister it; the arena then goes back to
+// the pool), and abandon() leaks the arena on purpose where a dead kernel queue may still
+// write into it. The worker's backend is
 // destroyed before its Staging (worker.cpp), so no kernel request outlives the arena.
 // Thread safety: none; used only by the worker thread that owns it.
 #pragma once
@@ -26,17 +26,21 @@
 #include <vector>
 
 #include "core/stager.hpp"
-#include "memory/aligned.hpp"
+#include "memory/pool.hpp"
 #include "platform/status.hpp"
 
 namespace deepio::detail {
 
 class Staging {
  public:
-  /// `slots` bounce slots of `slot_bytes` each (nothing allocated yet); `factory` makes the
-  /// stager of a device (empty: device memory cannot be staged).
-  Staging(std::size_t slot_bytes, std::size_t slots, StagerFactory factory)
-      : slot_bytes_(slot_bytes), slots_(slots), factory_(std::move(factory)) {}
+  /// `slots` bounce slots of `slot_bytes` each, borrowed from `pool` (nothing yet; null: a
+  /// pool of this Staging's own); `factory` makes the stager of a device (empty: device
+  /// memory cannot be staged).
+  Staging(std::size_t slot_bytes, std::size_t slots, StagerFactory factory, std::shared_ptr<StagingPool> pool)
+      : slot_bytes_(slot_bytes),
+        slots_(slots),
+        factory_(std::move(factory)),
+        pool_(pool ? std::move(pool) : std::make_shared<StagingPool>(0)) {}
 
   /// Allocates the arena on first use and makes every slot free. False when it cannot be
   /// allocated (nothing changes then).
@@ -77,8 +81,9 @@ class Staging {
   };
   std::size_t slot_bytes_, slots_;
   StagerFactory factory_;
+  std::shared_ptr<StagingPool> pool_;
   // The arena before the stagers: they are destroyed first, unregistering it.
-  AlignedBuffer arena_;
+  StagingPool::Lease arena_;
   std::vector<int> free_;
   std::map<int, std::unique_ptr<DeviceStager>> stagers_;  // by device ordinal
   std::deque<Draining> draining_;                         // copies back to device that may still run

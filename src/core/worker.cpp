@@ -83,7 +83,7 @@ struct Worker::Impl {
   explicit Impl(Worker& worker)
       : w(worker),
         cursor(active.end()),
-        staging(w.config_.bounce_slot_bytes, w.config_.bounce_slots, w.config_.stager_factory),
+        staging(w.config_.bounce_slot_bytes, w.config_.bounce_slots, w.config_.stager_factory, w.config_.pool),
         backend(std::move(worker.backend_)) {
     const std::size_t qd = w.config_.queue_depth;
     slots.resize(qd);

@@ -32,6 +32,7 @@
 #include "core/op.hpp"
 #include "core/plan.hpp"
 #include "core/stager.hpp"
+#include "memory/pool.hpp"
 
 namespace deepio::detail {
 
@@ -42,6 +43,7 @@ struct WorkerConfig {
   std::size_t bounce_slot_bytes = 1 << 20;  ///< size of one bounce slot
   std::size_t bounce_slots = 16;            ///< slots allocated on first use
   StagerFactory stager_factory;             ///< for ops on device memory; empty: none possible
+  std::shared_ptr<StagingPool> pool;        ///< where the bounce arena comes from (null: its own)
 };
 
 struct SliceTask {

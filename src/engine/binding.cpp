@@ -32,6 +32,10 @@ CallerFile open_for_caller(Handle& h, const std::string& path, int flags, Direct
   return {fd.release(), direct};
 }
 
+StagingPool::Lease lend_staging(Handle& h, std::size_t nbytes) {
+  return HandleAccess::engine(h).staging_pool().take(nbytes);
+}
+
 Collected collect(Handle& h, const BindingCollect& options) {
   return HandleAccess::engine(h).collect(options,
                                          options.with != nullptr ? HandleAccess::state(*options.with) : nullptr);

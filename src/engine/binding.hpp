@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "deepio/handle.hpp"
+#include "memory/pool.hpp"
 
 namespace deepio::detail {
 
@@ -102,6 +103,13 @@ struct CallerFile {
 /// descriptors when the process has none left. The caller owns the descriptor. Throws
 /// deepio::Error naming the path (and ForkedHandle in a forked child).
 CallerFile open_for_caller(Handle& h, const std::string& path, int flags, DirectIo direct_io);
+
+/// A block of at least `nbytes` of the handle's staging memory (page-aligned, locked where
+/// RLIMIT_MEMLOCK allows), for a binding's file window (deepio.Writer, deepio.Reader): the
+/// pool the workers' bounce arenas come from. Destroying the lease gives it back for the next
+/// borrower; the caller must first be sure no request still uses it. Throws deepio::Error
+/// (ENOMEM).
+StagingPool::Lease lend_staging(Handle& h, std::size_t nbytes);
 
 /// Handle::collect with the binding's selection, handing the keep-alives to the caller.
 /// Never throws except std::bad_alloc (and ForkedHandle).

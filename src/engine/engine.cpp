@@ -28,6 +28,9 @@ namespace deepio::detail {
 namespace {
 constexpr std::size_t kMaxBlock = std::size_t{1} << 30;       // one request never exceeds 1 GiB
 constexpr std::size_t kBounceBudget = std::size_t{16} << 20;  // bounce memory per worker (DEEPIO_STAGING_BYTES)
+// Staging memory given back and kept for the next borrower: two of deepio.Writer's default
+// rings (4 x 16 MiB), so saving file after file maps and locks its staging once.
+constexpr std::size_t kKeptStaging = std::size_t{128} << 20;
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
@@ -46,6 +49,7 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
   check_count("block_size", options_.block_size, kMaxCount);
   check_count("queue_depth", options_.queue_depth, 65536);
   check_count("intra_op_parallelism", options_.intra_op_parallelism, 1024);
+  pool_ = std::make_shared<StagingPool>(kKeptStaging);
 
   const std::size_t page = page_size();
   bounce_slot_bytes_ = round_up(std::clamp<std::size_t>(options_.block_size, 64 << 10, 4 << 20), page);
@@ -56,6 +60,7 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
   wc.single_submit = options_.single_submit;
   wc.overlap_events = options_.overlap_events;
   wc.bounce_slot_bytes = bounce_slot_bytes_;
+  wc.pool = pool_;
   // At least two slots so disk and copies overlap, but never more than can be in flight.
   const std::size_t budget = env_staging_bytes().value_or(kBounceBudget);
   wc.bounce_slots = std::min(std::max<std::size_t>(budget / bounce_slot_bytes_, 2), options_.queue_depth);
@@ -295,6 +300,11 @@ HandleStats Engine::stats() const noexcept {
   s.short_transfers = counters_.short_transfers.load();
   s.retries = counters_.retries.load();
   s.synced = counters_.synced.load();
+  const StagingPool::Stats pool = pool_->stats();
+  s.staging_allocations = pool.allocations;
+  s.staging_reuses = pool.reuses;
+  s.staging_lent_bytes = pool.lent_bytes;
+  s.staging_kept_bytes = pool.kept_bytes;
   return s;
 }
 

@@ -85,6 +85,8 @@ class Engine {
   [[nodiscard]] HandleStats stats() const noexcept;
   /// The raw counters (GdsHandle reads the device ones).
   [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
+  /// The one supply of staging memory: the workers' bounce arenas and the binding's windows.
+  [[nodiscard]] StagingPool& staging_pool() noexcept { return *pool_; }
   /// False in a process forked after the engine was made: every submission and collection
   /// there throws deepio::ForkedHandle, and the engine must be leaked, not destroyed (its
   /// threads are not in this process).
@@ -179,6 +181,8 @@ class Engine {
   std::size_t bounce_slot_bytes_ = 0;
   DeviceSupport device_;
   Counters counters_;
+  // Before the workers: their bounce arenas go back to it when they are destroyed.
+  std::shared_ptr<StagingPool> pool_;
   CompletionSignal signal_;
   std::atomic<std::uint64_t> submitted_{0};
   std::shared_ptr<DeviceRoute> route_;
