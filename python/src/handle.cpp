@@ -247,6 +247,10 @@ nb::dict PyHandle::stats() const {
   d["short_transfers"] = s.short_transfers;
   d["retries"] = s.retries;
   d["synced"] = s.synced;
+  d["staging_allocations"] = s.staging_allocations;
+  d["staging_reuses"] = s.staging_reuses;
+  d["staging_lent_bytes"] = s.staging_lent_bytes;
+  d["staging_kept_bytes"] = s.staging_kept_bytes;
   return d;
 }
 

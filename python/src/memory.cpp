@@ -10,6 +10,12 @@
 // operation in flight using them is gone: an array used after the free is valid memory, not a
 // crash, and an operation still running on it never sees its memory change.
 // The registry below maps base addresses to live owners; it is touched only with the GIL held.
+//
+// lend_staging(): a block of a handle's staging memory (engine/binding.hpp), owned by one
+// `_deepio.StagingLease`. It goes back to the handle's pool when that object dies, so a
+// Python window (deepio.Writer/Reader) keeps the object alive from every view of the block
+// (a view held by an operation in flight included): the block is reused only once nothing can
+// touch it.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -18,8 +24,11 @@
 #include <limits>
 #include <string>
 #include <map>
+#include <memory>
 
 #include "common.hpp"
+#include "engine/binding.hpp"
+#include "handle.hpp"
 #include "memory/regions.hpp"
 
 namespace deepio::py {
@@ -83,7 +92,34 @@ LockedAllocation::~LockedAllocation() {
 
 }  // namespace
 
+struct StagingLease {
+  detail::StagingPool::Lease lease;
+};
+
 void init_memory(nb::module_& m) {
+  nb::class_<StagingLease>(m, "StagingLease",
+                           "One block of a handle's staging memory; back to the handle's pool when this object dies.")
+      .def_prop_ro("address", [](const StagingLease& l) { return reinterpret_cast<std::uintptr_t>(l.lease.data()); })
+      .def_prop_ro("nbytes", [](const StagingLease& l) { return l.lease.size(); })
+      .def_prop_ro("locked", [](const StagingLease& l) { return l.lease.locked(); });
+
+  m.def(
+      "lend_staging",
+      [](const PyHandle& handle, std::int64_t nbytes) {
+        if (nbytes < 0) throw nb::value_error("the size of a staging block must be non-negative");
+        auto h = handle.engine();
+        auto out = std::make_unique<StagingLease>();
+        {
+          nb::gil_scoped_release release;  // a fresh block is mapped, faulted in and locked
+          out->lease = detail::lend_staging(*h, static_cast<std::size_t>(nbytes));
+        }
+        return nb::cast(out.release(), nb::rv_policy::take_ownership);
+      },
+      nb::arg("handle"), nb::arg("nbytes"),
+      "A block of at least nbytes (whole pages) of the handle's staging memory (page-aligned, locked where "
+      "RLIMIT_MEMLOCK allows), from the pool its workers' bounce slots come from; it goes back there when the "
+      "returned StagingLease dies. Keep the lease alive from every view of the block.");
+
   nb::class_<LockedAllocation>(m, "LockedAllocation",
                                "Owner of one page-aligned (and, when the limit allows, locked) allocation.")
       .def_prop_ro("address", &LockedAllocation::address)
@@ -158,6 +194,7 @@ void init_memory(nb::module_& m) {
     d["bytes"] = s.bytes;
     d["locked_bytes"] = s.locked_bytes;
     d["released_but_referenced"] = released;
+    d["staging_blocks"] = detail::StagingPool::live_blocks();
     return d;
   });
 }

@@ -1,5 +1,6 @@
 #include "memory/pool.hpp"
 
+#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -7,10 +8,21 @@
 
 namespace deepio::detail {
 
+namespace {
+std::atomic<std::uint64_t> g_live_blocks{0};
+
+void free_block(const LockedBuffer& b) noexcept {
+  free_locked(b.data);
+  g_live_blocks.fetch_sub(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+std::uint64_t StagingPool::live_blocks() noexcept { return g_live_blocks.load(std::memory_order_relaxed); }
+
 struct StagingPool::State {
   explicit State(std::size_t keep) : keep_bytes(keep) {}
   ~State() {
-    for (auto& [size, buf] : kept) free_locked(buf.data);
+    for (auto& [size, buf] : kept) free_block(buf);
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -33,7 +45,7 @@ StagingPool::~StagingPool() {
     state_->kept.clear();
     state_->stats.kept_bytes = 0;
   }
-  for (auto& b : freed) free_locked(b.data);
+  for (auto& b : freed) free_block(b);
 }
 
 StagingPool::Lease StagingPool::take(std::size_t nbytes) {
@@ -52,6 +64,7 @@ StagingPool::Lease StagingPool::take(std::size_t nbytes) {
     }
   }
   LockedBuffer b = allocate_locked(size);  // throws Error(ENOMEM); outside the lock: it faults pages in
+  g_live_blocks.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(state_->mutex);
   state_->stats.lent_bytes += size;
   ++state_->stats.allocations;
@@ -71,7 +84,7 @@ void StagingPool::trim() noexcept {
     state_->kept.clear();
     state_->stats.kept_bytes = 0;
   }
-  for (auto& b : freed) free_locked(b.data);
+  for (auto& b : freed) free_block(b);
 }
 
 StagingPool::Lease& StagingPool::Lease::operator=(Lease&& o) noexcept {
@@ -97,7 +110,7 @@ void StagingPool::Lease::give_back() noexcept {
     }
   }
   pool_.reset();
-  if (!keep) free_locked(b.data);
+  if (!keep) free_block(b);
 }
 
 void StagingPool::Lease::retire() noexcept {
@@ -108,12 +121,13 @@ void StagingPool::Lease::retire() noexcept {
     pool_->stats.lent_bytes -= b.nbytes;
   }
   pool_.reset();
-  free_locked(b.data);
+  free_block(b);
 }
 
 void StagingPool::Lease::abandon() noexcept {
   if (buf_.data == nullptr) return;
   const std::size_t n = std::exchange(buf_, LockedBuffer{}).nbytes;  // never freed
+  g_live_blocks.fetch_sub(1, std::memory_order_relaxed);             // nor the pool's any more
   {
     std::lock_guard lock(pool_->mutex);
     pool_->stats.lent_bytes -= n;

@@ -27,6 +27,7 @@ using detail::StagingPool;
 const std::size_t kPage = detail::page_size();
 
 TEST(StagingPool, ABlockGivenBackIsLentAgain) {
+  const std::uint64_t blocks = StagingPool::live_blocks();
   StagingPool pool(1 << 20);
   std::byte* first = nullptr;
   {
@@ -49,6 +50,7 @@ TEST(StagingPool, ABlockGivenBackIsLentAgain) {
   EXPECT_EQ(s.allocations, 1u);
   EXPECT_EQ(s.reuses, 1u);
   EXPECT_EQ(s.kept_bytes, 0u);
+  EXPECT_EQ(StagingPool::live_blocks(), blocks + 1);
 }
 
 TEST(StagingPool, OnlyABlockOfTheSameSizeIsReused) {
@@ -87,6 +89,7 @@ TEST(StagingPool, KeepsNoMoreThanItsBudgetAndFreesTheRest) {
 }
 
 TEST(StagingPool, RetiredAndAbandonedBlocksAreNeverLentAgain) {
+  const std::uint64_t blocks = StagingPool::live_blocks();
   StagingPool pool(1 << 20);
   StagingPool::Lease a = pool.take(kPage);
   std::byte* retired = a.data();
@@ -104,6 +107,9 @@ TEST(StagingPool, RetiredAndAbandonedBlocksAreNeverLentAgain) {
   EXPECT_EQ(s.reuses, 0u);
   EXPECT_EQ(s.lent_bytes, kPage) << "only c is out";
   EXPECT_TRUE(free_locked(abandoned));  // the test's own clean-up of the leak
+  c.give_back();
+  pool.trim();
+  EXPECT_EQ(StagingPool::live_blocks(), blocks) << "an abandoned block is no pool's";
 }
 
 TEST(StagingPool, ALeaseOutlivesItsPool) {

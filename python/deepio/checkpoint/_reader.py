@@ -1,8 +1,9 @@
 """``deepio.Reader``: a binary file opened for reading through the engine, with read-ahead.
 
 Protocol. The file is read in aligned chunks of ``buffer_size`` into a ring of ``buffers``
-page-locked buffers (direct I/O into aligned memory), and copied from there into the
-caller's memory. A large read starts every chunk it covers, up to the ring's size ahead,
+buffers lent by the engine from its staging pool (page-locked where RLIMIT_MEMLOCK allows;
+direct I/O into aligned memory; given back for the next file when the Reader closes), and
+copied from there into the caller's memory. A large read starts every chunk it covers, up to the ring's size ahead,
 plus the chunk after it; a small read that continues the previous one starts the next chunk.
 Reading straight into the caller's memory would be slower: a tensor's memory is rarely
 page-aligned, and the engine then bounces every block (measured in docs/checkpoints.md).
@@ -84,7 +85,7 @@ class Reader(_EngineFile):
         self._file = File(path, "r", handle=handle, direct_io=direct_io)
         try:
             self._end = self._file.size()
-            self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
+            self._bufs = [_Staging(buffer_size, self._file._engine()) for _ in range(buffers)]
         except BaseException:
             self._close_all()
             raise
@@ -168,9 +169,7 @@ class Reader(_EngineFile):
                 f.wait()  # a read-ahead nobody asked for: its outcome does not matter
                 self._fut[i] = None
         f_, self._file = self._file, None
-        for b in self._bufs:
-            b.release()
-        self._bufs = []
+        self._bufs = []  # back to the engine's pool once no view of them is left
         if f_ is not None:
             f_.close()
 

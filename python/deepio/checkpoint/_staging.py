@@ -1,5 +1,6 @@
-"""What ``Writer`` and ``Reader`` share: page-locked staging buffers, byte views of what
-callers hand over, the copy between them, and the ``io.RawIOBase`` answers of an engine file.
+"""What ``Writer`` and ``Reader`` share: staging buffers lent by their engine, byte views of
+what callers hand over, the copy between them, and the ``io.RawIOBase`` answers of an engine
+file.
 
 ``_copy`` is looked up through this module at each call (``_staging._copy``), so that a test
 replacing it here sees every copy of both classes.
@@ -33,21 +34,19 @@ def _check_sizes(buffer_size: Any, buffers: Any) -> int:
 
 
 class _Staging:
-    """One page-locked (when RLIMIT_MEMLOCK allows; else page-aligned) buffer of nbytes,
-    seen as a writable memoryview of bytes. release() unlocks it at once; the memory stays
-    mapped while any view of it lives (the ctypes array holds the allocation), so an
-    operation interrupted before it finished can never write into freed memory."""
+    """One buffer of nbytes of the engine's staging memory (``_deepio.lend_staging``: the pool
+    the engine's bounce slots come from; page-aligned, locked when RLIMIT_MEMLOCK allows), seen
+    as a writable memoryview of bytes. The block goes back to the engine's pool, for the next
+    file's window, when the last view of it dies (the ctypes array holds the lease): never
+    while an operation, even one interrupted before it finished, still holds a view of it."""
 
-    __slots__ = ("owner", "view")
+    __slots__ = ("view",)
 
-    def __init__(self, nbytes: int) -> None:
-        capsule, self.owner = _deepio.alloc_locked(nbytes, "raw")
-        raw = (ctypes.c_char * nbytes).from_address(self.owner.address)
-        raw._deepio_allocation = capsule  # type: ignore[attr-defined]
+    def __init__(self, nbytes: int, engine: Any) -> None:
+        lease = _deepio.lend_staging(engine, nbytes)
+        raw = (ctypes.c_char * nbytes).from_address(lease.address)
+        raw._deepio_lease = lease  # type: ignore[attr-defined]
         self.view = memoryview(raw).cast("B")
-
-    def release(self) -> None:
-        self.owner.release()
 
 
 def _byte_view(b: Any) -> memoryview:

@@ -1,7 +1,9 @@
 """``deepio.Writer``: a binary file opened for writing whose bytes go through the engine.
 
 Protocol. Bytes handed to ``write()`` are copied into a ring of ``buffers``
-page-locked staging buffers (``buffer_size`` each). A full buffer is submitted to the engine
+staging buffers (``buffer_size`` each) lent by the engine from the pool its bounce slots come
+from (page-locked where RLIMIT_MEMLOCK allows; given back when the Writer is done with them,
+so the next file's Writer reuses the memory instead of mapping and locking its own). A full buffer is submitted to the engine
 as one positional write and filling continues in the next buffer while the earlier ones are on
 their way to the disk; before a buffer is filled again its write is waited for (and its error
 raised). Buffers cover file ranges that end at multiples of ``buffer_size``, so every full
@@ -67,7 +69,7 @@ class Writer(_EngineFile):
         self.name = os.fspath(path)
         self._file = File(path, "w", handle=handle, direct_io=direct_io)
         try:
-            self._bufs = [_Staging(buffer_size) for _ in range(buffers)]
+            self._bufs = [_Staging(buffer_size, self._file._engine()) for _ in range(buffers)]
         except BaseException:
             self._release()
             raise
@@ -281,9 +283,7 @@ class Writer(_EngineFile):
         except BaseException:
             pass
         f, self._file = self._file, None
-        for b in self._bufs:
-            b.release()
-        self._bufs = []
+        self._bufs = []  # back to the engine's pool once no view of them is left
         if f is not None:
             f.close()
 
