@@ -153,6 +153,25 @@ class Handle:
     @property
     def direct_io(self) -> str: ...
 
+class StagingLease:
+    """
+    One block of a handle's staging memory; back to the handle's pool when this object dies.
+    """
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def locked(self) -> bool: ...
+
+def lend_staging(handle: Handle, nbytes: int) -> object:
+    """
+    A block of at least nbytes (whole pages) of the handle's staging memory (page-aligned, locked where RLIMIT_MEMLOCK allows), from the pool its workers' bounce slots come from; it goes back there when the returned StagingLease dies. Keep the lease alive from every view of the block.
+    """
+
 class LockedAllocation:
     """
     Owner of one page-aligned (and, when the limit allows, locked) allocation.
