@@ -167,7 +167,7 @@ class StagingLease:
     @property
     def locked(self) -> bool: ...
 
-def lend_staging(handle: Handle, nbytes: int) -> object:
+def lend_staging(handle: Handle, nbytes: int) -> StagingLease:
     """
     A block of at least nbytes (whole pages) of the handle's staging memory (page-aligned, locked where RLIMIT_MEMLOCK allows), from the pool its workers' bounce slots come from; it goes back there when the returned StagingLease dies. Keep the lease alive from every view of the block.
     """

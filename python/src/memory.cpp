@@ -113,9 +113,9 @@ void init_memory(nb::module_& m) {
           nb::gil_scoped_release release;  // a fresh block is mapped, faulted in and locked
           out->lease = detail::lend_staging(*h, static_cast<std::size_t>(nbytes));
         }
-        return nb::cast(out.release(), nb::rv_policy::take_ownership);
+        return out.release();
       },
-      nb::arg("handle"), nb::arg("nbytes"),
+      nb::arg("handle"), nb::arg("nbytes"), nb::rv_policy::take_ownership,
       "A block of at least nbytes (whole pages) of the handle's staging memory (page-aligned, locked where "
       "RLIMIT_MEMLOCK allows), from the pool its workers' bounce slots come from; it goes back there when the "
       "returned StagingLease dies. Keep the lease alive from every view of the block.");
