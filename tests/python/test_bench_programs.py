@@ -133,6 +133,32 @@ def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
 
 
 @needs_torch
+def test_dcp_hf_bench_times_both_writers_and_readers_and_verifies(tmp_dir):
+    """A tiny run of bench/dcp_hf_bench.py: each of the four methods timed in every round, the
+    loads checked against the saved values (an assertion in the program), nothing left."""
+    out = _bench("dcp_hf_bench.py", "--dir", str(tmp_dir), "--gib", "0.05", "--rounds", "2", "--files", "2", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(doc["samples"]) == {"save torch", "save deepio", "load torch", "load deepio"}
+    for name, samples in doc["samples"].items():
+        assert len(samples) == 2 and all(bw > 0 and cpu >= 0 for bw, cpu in samples), name
+    assert not list(tmp_dir.iterdir())
+
+
+def test_writer_files_compares_two_packages(tmp_dir):
+    """bench/writer_files.py --compare with the same package on both sides: both sides run
+    every round and the ratio line is printed."""
+    here = os.pathsep.join(sys.path)
+    out = _bench(
+        "writer_files.py", "--dir", str(tmp_dir), "--files", "3", "--mib", "1", "--rounds", "2", "--compare", here, here
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("old: ") and lines[1].startswith("new: ") and lines[2].startswith("new/old: files/s ")
+    assert not list(tmp_dir.iterdir())
+
+
+@needs_torch
 def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
     """--extra-dirs adds the "deepio N folders" save and load rows (deepio.dcp's extra_paths),
     verified like the others, and leaves nothing behind in any of the folders."""
