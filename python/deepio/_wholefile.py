@@ -11,12 +11,14 @@ the file (``size`` None: to its end as it is when opened). Every file is opened 
 the engine (``deepio.File``: direct I/O where the file system takes it) and given one mapping
 of fresh anonymous memory, from the page boundary below ``start`` to the end, so that file
 offsets and buffer addresses share their alignment and every aligned piece goes by direct I/O,
-unbounced (with ``HUGEPAGES`` the mapping is 2 MiB larger and asked for transparent huge pages:
-the read then starts on a 2 MiB boundary). Then the files are cut into ``CHUNK``-byte positional
-reads, all of them in flight at once, file after file. With ``POPULATE_THREADS`` helper threads
-(one ``_populate.Ahead`` over every buffer: ``MADV_POPULATE_WRITE``, in the same pieces), each
-piece is submitted once its memory is faulted in: faulting fresh memory in costs as much as the
-disk on the development VM (docs/benchmarks.md), and on the helper it runs beside the reads.
+unbounced (with ``HUGEPAGES``, off by default, the mapping is 2 MiB larger and asked for
+transparent huge pages: the read then starts on a 2 MiB boundary). Then the files are cut into
+``CHUNK``-byte positional reads, all of them in flight at once, file after file. With
+``POPULATE_THREADS`` helper threads (one by default; one ``_populate.Ahead`` over every buffer:
+``MADV_POPULATE_WRITE``, in the same pieces), each piece is submitted once its memory is
+faulted in: faulting fresh memory in costs as much as the disk on the development VM, and on
+the helper it runs beside the reads. The defaults are the one tuning both loads measured best
+(docs/benchmarks.md, "One whole-file reader (issue 25)").
 ``read(path)`` is ``read_many`` of one whole file.
 
 Errors. Every read is waited for before anything is raised (no read may outlive its buffer, a
@@ -45,11 +47,14 @@ from ._file import File, Future
 #: Engine request size of a whole-file read, and the piece populated ahead of each request.
 CHUNK = 16 << 20
 #: Helper threads faulting the buffers in ahead of the reads (0: the reads fault them themselves).
+#: On 4 KiB pages one costs no CPU and was 1.05x (safetensors) to 1.3x (deepio.load) as fast on
+#: the development VM (docs/benchmarks.md, "One whole-file reader (issue 25)").
 POPULATE_THREADS = 1
-#: Transparent huge pages for the buffers: on the development VM a load on them cost 0.16-0.20
-#: CPU s/GiB against 0.50-0.57 on 4 KiB pages (faulting fresh memory in is paid per page) and
-#: ran about 2x as fast (docs/benchmarks.md, "deepio.load reads the whole file into huge pages").
-HUGEPAGES = True
+#: Transparent huge pages for the buffers (2 MiB-aligned, MADV_HUGEPAGE). Off: on the
+#: development VM they were cheaper only where another process had just freed huge pages; in a
+#: fresh process after ordinary ones they cost 1.4-2.8x the CPU of 4 KiB pages and were no
+#: faster (docs/benchmarks.md, "One whole-file reader (issue 25)").
+HUGEPAGES = False
 
 _PAGE = mmap.PAGESIZE
 
