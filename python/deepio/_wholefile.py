@@ -51,9 +51,10 @@ CHUNK = 16 << 20
 #: the development VM (docs/benchmarks.md, "One whole-file reader (issue 25)").
 POPULATE_THREADS = 1
 #: Transparent huge pages for the buffers (2 MiB-aligned, MADV_HUGEPAGE). Off: on the
-#: development VM they were cheaper only where another process had just freed huge pages; in a
-#: fresh process after ordinary ones they cost 1.4-2.8x the CPU of 4 KiB pages and were no
-#: faster (docs/benchmarks.md, "One whole-file reader (issue 25)").
+#: development VM they were cheaper only where huge pages just freed (by an earlier load in the
+#: process, or a process before) were reused; in a fresh process after ordinary ones they cost
+#: 1.4-2.8x the CPU of 4 KiB pages and were no faster (docs/benchmarks.md, "One whole-file
+#: reader (issue 25)").
 HUGEPAGES = False
 
 _PAGE = mmap.PAGESIZE
