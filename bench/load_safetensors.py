@@ -14,6 +14,7 @@ uses ``ceiling`` and ``ceiling_memory`` from here.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import sys
@@ -31,9 +32,9 @@ def ceiling_memory(paths: list[str], populated: bool = True) -> Any:
     that the ceiling is the disk's and not the cost of fresh memory. None when the files are
     empty."""
     from deepio import _populate
-    from deepio.safetensors import _cpu
 
-    buf = _cpu.host_buffer(sum(-(-os.path.getsize(p) // PAGE) * PAGE for p in paths))
+    nbytes = sum(-(-os.path.getsize(p) // PAGE) * PAGE for p in paths)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if nbytes else None
     if not populated:
         return buf
     if buf is not None and _populate.populate(_populate.address(buf), len(buf)) != 0:
@@ -47,7 +48,7 @@ def ceiling(paths: list[str], buf: Any = None) -> None:
     """The disk ceiling: every file read whole, sequentially, by the same engine into one big
     page-aligned buffer (no parsing, no tensors). ``buf``: from ``ceiling_memory`` (the disk
     alone); None reads into fresh memory that the reads fault in (the disk and the memory)."""
-    from deepio.safetensors import _cpu, _io
+    from deepio.safetensors import _io
 
     sizes = [os.path.getsize(p) for p in paths]
     if buf is None:
@@ -58,7 +59,7 @@ def ceiling(paths: list[str], buf: Any = None) -> None:
     ops: list[Any] = []
     at = 0
     for p, n in zip(paths, sizes):
-        _io.submit_read(_io.engine("cpu"), _cpu._cut(view, at), p, 0, n, ops)
+        _io.submit_read(_io.engine("cpu"), lambda a, k, at=at: view[at + a : at + a + k], p, 0, n, ops)
         at += -(-n // PAGE) * PAGE  # each file page-aligned in the buffer, as a load places it
     try:
         _io.run(ops)

@@ -9,13 +9,15 @@ the page cache dropped before every run (root), interleaved, one fresh process p
                into one big buffer that was faulted in before the clock started
   ceiling.fresh the same into fresh anonymous memory that the reads fault in (disk + memory)
   populate     no I/O: faulting in fresh anonymous memory of the same size (MADV_POPULATE_WRITE,
-               one thread): what provisioning the destination costs on this machine
+               one thread) on 4 KiB pages: what provisioning the destination costs on this machine
+  populate.huge the same on transparent huge pages (deepio._populate.anonymous)
   deepio       deepio.safetensors.load_files(shards, device)
   deepio.mmap  load_files(..., backend="mmap"): the files mapped copy-on-write and read into the
                page cache by helper threads (MADV_POPULATE_READ) before returning
   deepio.popN  the same with N helper threads populating the memory ahead of the reads
-               (deepio's default: none, as deepio.pop0: the reads fault the memory in)
-  deepio.locked the same with the data in deepio's page-locked allocator instead of plain memory
+               (deepio._wholefile.POPULATE_THREADS; 0: the reads fault the memory in), on the
+               reader's default pages; deepio.popN.4k on 4 KiB pages, deepio.popN.huge on
+               transparent huge pages (deepio._wholefile.HUGEPAGES False / True)
   per_tensor   one engine request per tensor into its own torch.empty (the layout not taken)
   st.load_file safetensors.torch.load_file(shard, device) for each shard, merged
   st.safe_open safe_open(shard).get_tensor(name) for each tensor
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import resource
 import statistics
@@ -167,7 +170,7 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
 
     import deepio._populate as populate
     import deepio.safetensors as ds
-    from deepio.safetensors import _cpu
+    from deepio import _wholefile
 
     if method.startswith("st"):
         from safetensors import safe_open
@@ -186,17 +189,23 @@ def run_one(method: str, paths: list[str], device: str) -> dict:
         ceiling(paths)
     elif method == "populate":
         n = sum(os.path.getsize(p) for p in paths)
-        buf = _cpu.host_buffer(n)
+        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         populate.populate(populate.address(buf), n)
+    elif method == "populate.huge":
+        n = sum(os.path.getsize(p) for p in paths)
+        buf, off = populate.anonymous(n, True)
+        populate.populate(populate.address(buf) + off, n)
     elif method == "deepio":
         sd = ds.load_files(paths, device=device)
     elif method == "deepio.mmap":  # the page-cache backend
         sd = ds.load_files(paths, device=device, backend="mmap")
-    elif method.startswith("deepio.pop"):  # deepio.popN: N helper threads populate (0: none)
-        _cpu._POPULATE_THREADS = int(method[len("deepio.pop") :])
-        sd = ds.load_files(paths, device=device)
-    elif method == "deepio.locked":  # the same into deepio's page-locked allocator
-        _cpu._HOST_MEMORY = "locked"
+    elif method.startswith("deepio.pop"):  # deepio.popN[.4k|.huge]: N helper threads populate (0: none)
+        threads, _, pages = method[len("deepio.pop") :].partition(".")
+        _wholefile.POPULATE_THREADS = int(threads)
+        if pages:
+            if pages not in ("4k", "huge"):
+                raise SystemExit(f"unknown method {method}")
+            _wholefile.HUGEPAGES = pages == "huge"
         sd = ds.load_files(paths, device=device)
     elif method == "per_tensor":  # the layout not taken: one engine request per tensor
         sd = _per_tensor(paths)
@@ -262,6 +271,7 @@ def main() -> int:
     methods = args.methods.split(",")
     import deepio
     import deepio.safetensors as ds
+    from deepio import _wholefile
     from deepio.safetensors import _io
 
     h = _io.engine("cpu")
@@ -270,7 +280,8 @@ def main() -> int:
         f"load_weights: {len(paths)} shards, {gib:.3f} GiB, {sum(len(ds.read_header(p).tensors) for p in paths)} "
         f"tensors in {args.dir} ({deepio.info(args.dir)['direct_io'].get('filesystem', '?')}); device {args.device}; "
         f"deepio engine {h.backend}, direct_io {h.direct_io}, block {h.block_size >> 10} KiB, queue depth "
-        f"{h.queue_depth}, {h.intra_op_parallelism} workers, {_io._CHUNK_BYTES >> 20} MiB requests; "
+        f"{h.queue_depth}, {h.intra_op_parallelism} workers; CPU loads: {_wholefile.CHUNK >> 20} MiB requests, "
+        f"{_wholefile.POPULATE_THREADS} populating thread(s), huge pages {_wholefile.HUGEPAGES} by default; "
         f"page cache {'dropped before every run' if dropped else 'NOT dropped (not root): warm figures'}; "
         f"{os.cpu_count()} CPUs; {args.pairs} interleaved runs of each"
     )
@@ -332,7 +343,10 @@ def main() -> int:
             f"{v['extra_rss_gib']:8.2f} {v['disk_request_kib']:11.0f}"
         )
     # Within each round (the same minute of the shared machine): time ratios, median and range.
-    for a, b in (("deepio", "st.load_file"), ("deepio", "ceiling"), ("deepio", "deepio.pop0")):
+    pairs = [("deepio", "st.load_file"), ("deepio", "ceiling"), ("deepio", "deepio.pop0")]
+    pairs += [("deepio.pop1.huge", "deepio.pop0.4k"), ("deepio.pop0.huge", "deepio.pop0.4k")]
+    pairs += [("deepio.pop1.huge", "deepio.pop0.huge"), ("deepio.pop1.4k", "deepio.pop0.4k")]
+    for a, b in pairs:
         if a in medians and b in medians:
             ratios = sorted(
                 rb["wall_s"] / ra["wall_s"]

@@ -111,7 +111,7 @@ def main() -> int:
         action="store_true",
         help="add deepio.save with every storage copied into the staging buffers (before 2026-11-25), "
         "deepio.load through the Reader (each storage read into memory torch allocates: deepio.load "
-        "before 2026-11-23 19:45), the whole-file read without its populating helper thread and without huge "
+        "before 2026-11-23 19:45), the whole-file read without its populating helper thread and on huge "
         "pages, the Reader with each destination populated in one call before the copies instead of ahead "
         "of them on a helper thread, and the engine reading the file into pre-faulted 4 KiB or huge pages",
     )
@@ -252,7 +252,7 @@ def main() -> int:
         saves["deepio.save, CRC whole"] = save_variant(_CRC_PIECE=1 << 62)
         loads["deepio.load Reader"] = variant(_WHOLE_FILE=False)
         loads["deepio.load whole, no helper"] = variant(_WHOLE_POPULATE_THREADS=0)
-        loads["deepio.load whole, 4 KiB pages"] = variant(_WHOLE_HUGEPAGES=False)
+        loads["deepio.load whole, huge pages"] = variant(_WHOLE_HUGEPAGES=True)
         loads["deepio.load Reader pop. first"] = variant(_WHOLE_FILE=False, _POPULATE_AHEAD=False)
     if args.variants:
         # What the whole-file route's destination costs the disk: the engine reading the
@@ -363,7 +363,7 @@ def main() -> int:
         ("deepio.load", "engine read (ceiling)"),
         ("deepio.load", "deepio.load Reader"),
         ("deepio.load", "deepio.load whole, no helper"),
-        ("deepio.load", "deepio.load whole, 4 KiB pages"),
+        ("deepio.load", "deepio.load whole, huge pages"),
         ("deepio.load Reader", "deepio.load Reader pop. first"),
         ("deepio.load Reader", "torch.load"),
         ("engine read, huge pages", "engine read, 4 KiB pages"),

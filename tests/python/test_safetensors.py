@@ -26,7 +26,7 @@ from hypothesis import strategies as hs  # noqa: E402
 import deepio  # noqa: E402
 import deepio.safetensors as ds  # noqa: E402
 from conftest import REPO  # noqa: E402
-from deepio import _deepio  # noqa: E402
+from deepio import _deepio, _wholefile  # noqa: E402
 from deepio.safetensors import _cpu, _io, _load  # noqa: E402
 
 EXAMPLES = int(os.environ.get("DEEPIO_HYPOTHESIS_EXAMPLES", "60"))
@@ -128,8 +128,8 @@ def test_large_and_odd_sized_tensors(sizes, tmp_dir):
 
 
 def test_tiny_engine_requests(tmp_dir, monkeypatch):
-    """Many data requests per file (chunks of 4 KiB + 1): same result."""
-    monkeypatch.setattr(_io, "_CHUNK_BYTES", 4097)
+    """Many data requests per file (the whole-file reader's chunks of 4 KiB + 1): same result."""
+    monkeypatch.setattr(_wholefile, "CHUNK", 4097)
     sd = {"a": rand_tensor((300, 77), torch.bfloat16, 1), "b": rand_tensor((5,), torch.int64, 2)}
     p = tmp_dir / "m.safetensors"
     st.save_file(sd, str(p))
@@ -471,7 +471,7 @@ def test_read_error_raises_and_returns_nothing(tmp_dir, fault):
 def test_read_error_in_one_shard_fails_the_whole_load(tmp_dir, fault, monkeypatch):
     """Many requests over three shards in flight at once; EIO in one of them: OSError naming
     its shard after every request finished, no dict; the next load works."""
-    monkeypatch.setattr(_io, "_CHUNK_BYTES", 1000)  # 5 requests per shard
+    monkeypatch.setattr(_wholefile, "CHUNK", 1000)  # 5 requests per shard
     want = make_shards(tmp_dir)
     fault("read", errno=errno.EIO, after=6, count=1)
     with pytest.raises(OSError) as ei:
@@ -801,16 +801,17 @@ def test_populate_ahead_keeps_contents_and_covers_every_byte():
     assert all(m[at : at + 4096] == pattern for at in range(0, 10 << 20, 1 << 20))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_direct_backend_populating_ahead(threads, tmp_dir, monkeypatch, fault):
-    """The direct backend with helper threads populating pieces of 2 pages + 3 bytes ahead of
-    the reads (many requests): same tensors; an EIO still fails the whole load with nothing
-    left in flight, and the next load works."""
-    monkeypatch.setattr(_cpu, "_POPULATE_THREADS", threads)
-    monkeypatch.setattr(_cpu, "_PIECE_BYTES", 2 * 4096 + 3)
-    monkeypatch.setattr(_io, "_CHUNK_BYTES", 5000)
+@pytest.mark.parametrize(("threads", "huge"), [(0, False), (1, True), (2, False), (2, True)])
+def test_direct_backend_populating_ahead(threads, huge, tmp_dir, monkeypatch, fault):
+    """The direct backend through the whole-file reader with 0-2 helper threads populating
+    pieces of 2 pages + 3 bytes ahead of the reads (many requests), on 4 KiB or huge pages:
+    same tensors; an EIO still fails the whole load naming its shard with nothing left in
+    flight, and the next load works."""
+    monkeypatch.setattr(_wholefile, "POPULATE_THREADS", threads)
+    monkeypatch.setattr(_wholefile, "HUGEPAGES", huge)
+    monkeypatch.setattr(_wholefile, "CHUNK", 2 * 4096 + 3)
     want = make_shards(tmp_dir)
-    big = {"big": rand_tensor(((1 << 20) + 7,), torch.uint8, 5)}
+    big = {"big": rand_tensor(((3 << 20) + 7,), torch.uint8, 5)}  # over 2 MiB: huge pages apply
     st.save_file(big, str(tmp_dir / "z-big.safetensors"))
     want.update(big)
     assert_same_dict(ds.load_files(tmp_dir), want)
@@ -818,6 +819,29 @@ def test_direct_backend_populating_ahead(threads, tmp_dir, monkeypatch, fault):
     with pytest.raises(OSError) as ei:
         ds.load_files(tmp_dir)
     assert ei.value.errno == errno.EIO
+    assert ei.value.filename in {str(p) for p in tmp_dir.glob("*.safetensors")}
     _deepio._clear_fault()
     assert _io.engine("cpu").pending() == 0
     assert_same_dict(ds.load_files(tmp_dir), want)
+
+
+@pytest.mark.parametrize("cut", [1, 5000, "all"])
+def test_direct_backend_file_shrank_after_its_header(tmp_dir, cut):
+    """A file cut short between its header and its data (by a byte, by more than a request,
+    to nothing): OSError EIO naming that file, after the other file's reads finished; no dict.
+    Put back, the same headers load."""
+    sd = {"a": rand_tensor((1 << 16,), torch.uint8, 1), "b": rand_tensor((999,), torch.float64, 2)}
+    p, q = tmp_dir / "s.safetensors", tmp_dir / "t.safetensors"
+    st.save_file(sd, str(p))
+    st.save_file({"c": rand_tensor((1 << 15,), torch.int32, 3)}, str(q))
+    whole = p.read_bytes()
+    hs = [ds.read_header(q), ds.read_header(p)]
+    os.truncate(p, 0 if cut == "all" else len(whole) - cut)
+    with pytest.raises(OSError) as ei:
+        _load._load_headers(hs, "cpu", "direct")
+    assert ei.value.errno == errno.EIO and ei.value.filename == str(p)
+    assert "shrank" in str(ei.value)
+    assert _io.engine("cpu").pending() == 0
+    p.write_bytes(whole)
+    got = _load._load_headers(hs, "cpu", "direct")
+    assert_same_dict({k: got[k] for k in sd}, sd)

@@ -16,10 +16,13 @@ what happens in detail, what it costs, and where it differs from safetensors.
 
 Importing this package does not import torch (the first load or save does). Its parts, one job
 each: ``_format`` (the format itself, pure: header bytes to ``Header`` and back), ``_load``
-(reading), ``_save`` (writing), ``_cpu`` (where CPU loads land: buffers, the mmap backend),
-``_io`` (the engine requests), ``_tensors`` (dtypes and shapes as torch's). The tuning knobs
-live in the module that reads them (``_io._CHUNK_BYTES``, ``_cpu._HOST_MEMORY``, ...): set them
-there, not on this package. bench/load_safetensors.py measures a load against the disk.
+(reading), ``_save`` (writing), ``_cpu`` (where CPU loads land: the direct backend through
+deepio's one whole-file reader ``deepio._wholefile``, the mmap backend), ``_io`` (the engine
+requests of CUDA loads and saves), ``_tensors`` (dtypes and shapes as torch's). The tuning knobs
+live in the module that reads them (``_io._CHUNK_BYTES``, ``_cpu._MMAP_THREADS``, and the
+whole-file reader's ``deepio._wholefile.CHUNK``, ``HUGEPAGES``, ``POPULATE_THREADS``, which
+``deepio.load`` shares): set them there, not on this package. bench/load_safetensors.py
+measures a load against the disk.
 """
 
 from __future__ import annotations

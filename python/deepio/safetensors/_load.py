@@ -2,19 +2,22 @@
 
 Every header is read and checked completely (``_format.parse``) before any data is read, so a
 corrupt or truncated file raises ``deepio.CorruptFileError`` naming the file and the tensor,
-and no dict is ever returned half filled. The data section is then read with a few large
-engine requests (direct I/O, many blocks in flight) into ONE page-aligned buffer per file
-(``_cpu``); each CPU tensor is a ``torch.frombuffer`` view of its range with a storage of its own
-(as safetensors gives), and all of them keep the buffer alive: the memory returns to the system
-when the last tensor of the file is dropped. A tensor whose range is not aligned to its element
-size (possible only in files written by other tools) is copied. To a CUDA device the data
-section goes into one device allocation through the engine's GPU path (GPUDirect Storage where
-usable, else the staging pipeline: bounded pinned slots, no full-size host copy) and tensors are
-views of that allocation (they share its storage).
+and no dict is ever returned half filled. To the CPU (``backend="direct"``) the data sections
+of all the files are read by deepio's one whole-file reader (``_cpu.read_files``, over
+``deepio._wholefile.read_many``: large engine requests, direct I/O, every file in flight at
+once) into ONE page-aligned buffer per file; each CPU tensor is a ``torch.frombuffer`` view of
+its range with a storage of its own (as safetensors gives), and all of them keep the buffer
+alive: the memory returns to the system when the last tensor of the file is dropped. A tensor
+whose range is not aligned to its element size (possible only in files written by other tools)
+is copied. To a CUDA device the data section goes into one device allocation through the
+engine's GPU path (GPUDirect Storage where usable, else the staging pipeline: bounded pinned
+slots, no full-size host copy) and tensors are views of that allocation (they share its
+storage).
 
-Errors: when a load raises, every request it queued has finished (``_io.run``). Thread-safe:
-loads in several threads at once share the default engine; the knobs of ``_io`` and ``_cpu``
-must not change during a load."""
+Errors: when a load raises, every request it queued has finished (``_io.run``, and
+``_wholefile.read_many`` for CPU loads). Thread-safe: loads in several threads at once share
+the default engine; the knobs of ``_io``, ``_cpu`` and ``deepio._wholefile`` must not change
+during a load."""
 
 from __future__ import annotations
 
@@ -34,9 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PathArg = Union[str, "os.PathLike[str]"]
 
-# CPU loads (docs/models.md, "Reading"): "direct" reads with the engine into ordinary
-# anonymous memory; "mmap" maps each file copy-on-write and faults the mapping in from the page
-# cache on helper threads (tensors tied to the file, as safetensors' own).
+# CPU loads (docs/models.md, "Reading"): "direct" reads with the engine into fresh anonymous
+# memory (deepio._wholefile, the reader deepio.load uses too); "mmap" maps each file
+# copy-on-write and faults the mapping in from the page cache on helper threads (tensors tied
+# to the file, as safetensors' own).
 _BACKENDS = ("direct", "mmap")
 DEFAULT_BACKEND = "direct"
 
@@ -90,22 +94,11 @@ def _device(device: Any) -> Any:
     return torch.device(device)
 
 
-def _start(header: Header, dev: Any, ops: list[Any], host_reads: list[tuple[Any, str, int, int]]) -> _Pending:
-    """Allocates the destination of one file's data section and queues its reads (CUDA) or
-    adds them to ``host_reads`` as (memoryview, path, file offset, nbytes) (CPU: submitted by
-    ``_cpu.read_host`` as its memory is populated)."""
+def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
+    """Allocates the device memory of one file's data section and queues its reads."""
     torch = torch_module()
     path = header.path
     nbytes = header.data_bytes
-    if dev.type == "cpu":
-        # Read from the page boundary below the data section so that file offsets and buffer
-        # addresses share their alignment: the whole body then goes direct, unbounced.
-        lo = header.data_offset // _cpu.PAGE * _cpu.PAGE
-        buf = _cpu.host_buffer(header.file_size - lo)
-        base = header.data_offset - lo
-        if buf is not None and nbytes:
-            host_reads.append((memoryview(buf), path, lo, header.file_size - lo))
-        return _Pending(header, buf, base, dev)
     if dev.type != "cuda":
         raise ValueError(f"device must be 'cpu' or a CUDA device, not {str(dev)!r}")
     # Checked before allocating: a clear reason where torch has no CUDA.
@@ -176,18 +169,20 @@ def _load_headers(headers: list[Header], device: Any, backend: str = "direct") -
         for t in h.tensors:
             torch_dtype(h, t)
             torch_shape(h, t)
-    if dev.type == "cpu" and backend == "mmap":
-        out_m: dict[str, Any] = {}
-        for h, m in zip(headers, _cpu.map_files(headers)):
-            _finish(_Pending(h, m, h.data_offset, dev), out_m)
-        return out_m
+    if dev.type == "cpu":
+        if backend == "mmap":
+            places = [(m, h.data_offset) for h, m in zip(headers, _cpu.map_files(headers))]
+        else:
+            places = _cpu.read_files(headers)
+        out_h: dict[str, Any] = {}
+        for h, (buf, base) in zip(headers, places):
+            _finish(_Pending(h, buf, base, dev), out_h)
+        return out_h
     ops: list[Any] = []
     pending: list[_Pending] = []
-    host_reads: list[tuple[Any, str, int, int]] = []
     try:
         for h in headers:
-            pending.append(_start(h, dev, ops, host_reads))
-        _cpu.read_host(host_reads, ops)
+            pending.append(_start(h, dev, ops))
     finally:
         run(ops)  # also when a later file failed to start: nothing is left in flight
     out: dict[str, Any] = {}
