@@ -199,7 +199,9 @@ def parent_handle(folder: str) -> bool:
             own_kib = (own["staging_lent_bytes"] + own["staging_kept_bytes"]) // 1024
             ok = vmlck <= own_kib and freed and not again and after == locked_before - 1
             lines.append(
-                "ok inherited locked memory" if ok else f"FAIL locked: {vmlck} kB > {own_kib}, {freed}, {again}, {after}"
+                "ok inherited locked memory"
+                if ok
+                else f"FAIL locked: {vmlck} kB > {own_kib}, {freed}, {again}, {after}"
             )
         except BaseException as e:  # noqa: BLE001
             lines.append(f"FAIL inherited locked memory: {type(e).__name__}: {e}")

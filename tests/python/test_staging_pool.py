@@ -9,9 +9,8 @@ import os
 
 import pytest
 
-from conftest import threads_in_fault_delay, wait_until
-
 import deepio
+from conftest import threads_in_fault_delay, wait_until
 from deepio import _deepio
 from deepio.checkpoint import _staging
 

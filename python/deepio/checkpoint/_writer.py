@@ -3,7 +3,8 @@
 Protocol. Bytes handed to ``write()`` are copied into a ring of ``buffers``
 staging buffers (``buffer_size`` each) lent by the engine from the pool its bounce slots come
 from (page-locked where RLIMIT_MEMLOCK allows; given back when the Writer is done with them,
-so the next file's Writer reuses the memory instead of mapping and locking its own). A full buffer is submitted to the engine
+so the next file's Writer reuses the memory instead of mapping and locking its own). A full
+buffer is submitted to the engine
 as one positional write and filling continues in the next buffer while the earlier ones are on
 their way to the disk; before a buffer is filled again its write is waited for (and its error
 raised). Buffers cover file ranges that end at multiples of ``buffer_size``, so every full
