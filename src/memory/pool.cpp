@@ -37,15 +37,11 @@ struct StagingPool::State {
 StagingPool::StagingPool(std::size_t keep_bytes) : state_(std::make_shared<State>(keep_bytes)) {}
 
 StagingPool::~StagingPool() {
-  std::vector<LockedBuffer> freed;
   {
     std::lock_guard lock(state_->mutex);
-    state_->open = false;
-    for (auto& [size, buf] : state_->kept) freed.push_back(buf);
-    state_->kept.clear();
-    state_->stats.kept_bytes = 0;
+    state_->open = false;  // leases given back from now on are freed, never kept
   }
-  for (auto& b : freed) free_block(b);
+  trim();
 }
 
 StagingPool::Lease StagingPool::take(std::size_t nbytes) {

@@ -160,7 +160,7 @@ class HuggingFaceStorageReader(_TorchHFReader):
 
 def _nbytes(item: Any) -> int:
     """The bytes of a planned tensor item (torch's ``_item_size``)."""
-    return int(item.tensor_data.size.numel()) * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+    return int(item.tensor_data.size.numel()) * item.tensor_data.properties.dtype.itemsize
 
 
 def _overlapping_order(writer: Any) -> bool:
