@@ -99,13 +99,38 @@ def test_concurrent_gpu_and_cpu_ops_on_one_handle(tmp_dir):
 
 
 @needs_gpu
-def test_dcp_of_cuda_tensors_with_either_reader(tmp_dir):
+def test_dcp_of_cuda_tensors_with_either_reader(tmp_dir, monkeypatch):
     # deepio.dcp on CUDA state: saved by deepio's writer (CUDA tensors large enough for the
-    # filling route, a view, an unaligned size, a CPU tensor and bytes), loaded into CUDA
-    # destinations by deepio's reader and by torch's, and torch's checkpoint by deepio's reader.
+    # filling route, staged from device memory through host buffers in several pieces; a view;
+    # an unaligned size; a CPU tensor and bytes), loaded into CUDA destinations by deepio's
+    # reader (straight into them through the engine's GPU path) and by torch's, and torch's
+    # checkpoint by deepio's reader. The files are torch's byte for byte (its writer takes the
+    # tensors smallest first here: one thread and a GPU).
     import torch.distributed.checkpoint as dcp
 
     import deepio.dcp
+    from deepio.checkpoint import _filling
+    from deepio.dcp import _reader
+
+    monkeypatch.setattr(_filling, "_STAGE_CHUNK", 5 << 20)  # the 12 MiB tensor in 3 pieces
+    staged: list[int] = []
+    real_staged = _filling.FillingWriter._write_staged
+
+    def staging(self, src):
+        staged.append(int(src.numel()))
+        return real_staged(self, src)
+
+    monkeypatch.setattr(_filling.FillingWriter, "_write_staged", staging)
+    into: list[str] = []  # the device of each destination read straight into
+    real_destination = _reader.FileSystemReader._destination
+
+    def destination(req, lay, planner):
+        got = real_destination(req, lay, planner)
+        if got is not None:
+            into.append(got[0].device.type)
+        return got
+
+    monkeypatch.setattr(_reader.FileSystemReader, "_destination", staticmethod(destination))
 
     def state(fill: bool) -> dict:
         g = torch.Generator(device="cuda").manual_seed(7)
@@ -123,6 +148,7 @@ def test_dcp_of_cuda_tensors_with_either_reader(tmp_dir):
 
     want = state(True)
     dcp.save(want, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d"))
+    assert staged == [want["big"].nbytes]
     dcp.save(want, storage_writer=dcp.FileSystemWriter(tmp_dir / "t"))
     for folder, reader in (
         (tmp_dir / "d", deepio.dcp.FileSystemReader),
@@ -134,6 +160,7 @@ def test_dcp_of_cuda_tensors_with_either_reader(tmp_dir):
         for k, v in want.items():
             if isinstance(v, torch.Tensor):
                 assert got[k].device == v.device and torch.equal(got[k], v), (folder.name, reader, k)
+    assert into.count("cuda") == 3 * 2  # "big", "odd" and "view" (> 8 KiB), from both folders
     assert {p.name: p.read_bytes() for p in (tmp_dir / "d").glob("*.distcp")} == {
         p.name: p.read_bytes() for p in (tmp_dir / "t").glob("*.distcp")
     }

@@ -10,6 +10,9 @@ record key. While ``_filling``, every forward ``seek(n, SEEK_CUR)`` must be the 
 storage's record of ``n`` bytes: CUDA storages go through the engine's GPU path; host storages
 of ``_IN_PLACE_MIN`` bytes or more straight from their memory by direct I/O where the device
 takes their address (``_direct_unit``), their unaligned ends staged; smaller ones are staged.
+A host stand-in's storage that the caller twinned with device bytes (``FillingWriter._twins``,
+deepio.dcp's CUDA items: the record of the tensor's host copy, CRC-32 included) gets those
+bytes through host memory in pieces (``_write_staged``).
 With CRC-32s wanted, each host storage's CRC-32 is computed on helper threads (``_crc32``, in
 ``_CRC_PIECE`` pieces combined where zlib-ng can) while it is written; ``_save_filling``
 returns them for ``_zip._patch_crcs`` to put into the file once it is closed.
@@ -21,8 +24,8 @@ mismatch as its error, so torch's own complaint about the failed seek ("unexpect
 recognised too. The CRC threads are shut down before ``_save_filling`` returns or raises: none
 reads a storage after it.
 
-Hooks and settings (``_crc32``, ``_crc32_combine``, ``_CRC_PIECE``, ``_IN_PLACE_MIN``) are read
-from this module at each use.
+Hooks and settings (``_crc32``, ``_crc32_combine``, ``_CRC_PIECE``, ``_IN_PLACE_MIN``,
+``_STAGE_CHUNK``, ``_STAGE_BUFFERS``) are read from this module at each use.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from ._zip import _record_alignment, _torch_zip
 # "zlib-ng", the "checkpoint" extra; carry-less multiplication, 12 GiB/s on one core of the
 # development VM) when it is installed, else the standard library's zlib (3.5 GiB/s there), whose
 # CRC then bounds a save on a fast device. Both release the GIL and give the same values.
-_crc32: Callable[[Any], int]
+_crc32: Callable[..., int]  # (data, value=0), as zlib's
 # zlib-ng's crc32_combine(crc1, crc2, len2): the CRC-32 of two pieces one after the other, so a
 # large storage's CRC is computed in _CRC_PIECE pieces on all the helper threads at once (the
 # standard library's zlib has none: a storage is one piece there).
@@ -67,6 +70,22 @@ _CRC_PIECE = 32 << 20
 #: it for direct I/O (FillingWriter._direct_unit); smaller ones, and the others, are copied into the
 #: staging buffers with the zip's headers around them.
 _IN_PLACE_MIN = 4 << 20
+
+#: A device storage placed through host memory (FillingWriter._write_staged) goes in pieces of
+#: this size through a ring of this many page-locked buffers.
+_STAGE_CHUNK = 32 << 20
+_STAGE_BUFFERS = 3
+
+
+class _Staged:
+    """A storage's bytes on a device (``src``: a flat uint8 tensor) that the Writer places
+    through host memory with their CRC-32 (FillingWriter._write_staged), not from device
+    memory through the engine's GPU path as CUDA sources are."""
+
+    __slots__ = ("src",)
+
+    def __init__(self, src: Any) -> None:
+        self.src = src
 
 
 class _FillMismatch(RuntimeError):
@@ -90,6 +109,10 @@ class FillingWriter(Writer):
         # the bytes are written: {file offset of the record's data: (nbytes, future CRC)}.
         self._crc_pool: ThreadPoolExecutor | None = None
         self._crcs: dict[int, tuple[int, list[tuple[int, _CrcFuture[int]]]]] = {}
+        # {_cdata of a host stand-in's storage: _Staged}: deepio.dcp pickles a device tensor's
+        # host stand-in (the record torch's writer writes for the tensor's host copy) and
+        # places the device bytes in its record, staged through host memory (_write_staged).
+        self._twins: dict[int, _Staged] = {}
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         if not (self._filling and whence == os.SEEK_CUR and offset > 0):
@@ -102,6 +125,9 @@ class FillingWriter(Writer):
         if nbytes != offset:
             self._error = _FillMismatch(f"deepio.save: torch skipped {offset} bytes where a {nbytes}-byte storage goes")
             raise self._error
+        if isinstance(source, _Staged):
+            self._write_staged(source.src)
+            return self.tell()
         if _is_device(source):
             self._write_device(source)
             return self.tell()
@@ -114,6 +140,76 @@ class FillingWriter(Writer):
             self.write(view)
         return self.tell()
 
+    def _write_staged(self, src: Any) -> None:
+        """Writes the bytes of ``src`` (a flat uint8 tensor, on a device) at the write position
+        through host memory: ``_STAGE_CHUNK`` pieces copied into a ring of
+        ``_STAGE_BUFFERS`` page-locked host buffers (CUDA: on a stream of their own, ordered
+        after the caller's current stream, the next pieces' copies in flight while one is
+        written), each written into the staging buffers and its CRC-32 computed on the CRC
+        threads (or, without zlib-ng's combine, on this thread) from the same host bytes: the
+        record torch's writer writes for the tensor's host copy, with no whole host copy. A
+        piece's buffer is taken again only once its CRC is done; on an error every copy in
+        flight is waited for before the buffers go."""
+        import torch
+
+        n = int(src.numel())
+        chunk = max(1, min(_STAGE_CHUNK, n))
+        count = -(-n // chunk)
+        cuda = src.device.type == "cuda"
+        ring = [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(min(_STAGE_BUFFERS, count))]
+        stream = torch.cuda.Stream(src.device) if cuda else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(src.device))
+        pool = self._crc_pool
+        pieces: list[tuple[int, _CrcFuture[int]]] = []
+        if pool is not None:
+            self._crcs[self.tell()] = (n, pieces)
+        busy: list[_CrcFuture[int] | None] = [None] * len(ring)  # the CRC still reading a buffer
+        copies: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        running = 0  # the CRC-32 so far, where pieces cannot be combined
+
+        def start(i: int) -> None:
+            slot = i % len(ring)
+            reading = busy[slot]
+            if reading is not None:
+                futures.wait([reading])
+            k = min(chunk, n - i * chunk)
+            dst, piece = ring[slot][:k], src[i * chunk : i * chunk + k]
+            event = None
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    dst.copy_(piece, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+            else:
+                dst.copy_(piece)
+            copies.append((slot, dst, event))
+
+        try:
+            for i in range(len(ring) - 1):
+                start(i)
+            for i in range(count):
+                if i + len(ring) - 1 < count:
+                    start(i + len(ring) - 1)  # into the buffer the piece before this one used
+                slot, dst, event = copies.popleft()
+                if event is not None:
+                    event.synchronize()
+                view = memoryview(dst.numpy()).cast("B")
+                self.write(view)
+                if pool is not None and _crc32_combine is not None:
+                    crc = pool.submit(_crc32, view)
+                    busy[slot] = crc
+                    pieces.append((len(view), crc))
+                elif pool is not None:
+                    running = _crc32(view, running)
+            if pool is not None and _crc32_combine is None:
+                whole: _CrcFuture[int] = _CrcFuture()
+                whole.set_result(running)
+                pieces.append((n, whole))
+        finally:
+            if stream is not None:
+                stream.synchronize()  # no copy into a buffer that goes back to torch's cache
+
     def _rewind(self, offset: int) -> None:
         """After a _save_filling into this Writer that is to start again (_starts_again): forgets
         the mismatch, the storages still queued and the CRC-32s begun, and moves the write
@@ -124,6 +220,7 @@ class FillingWriter(Writer):
             self._error = None
         self._fills.clear()
         self._crcs = {}
+        self._twins.clear()
         self.seek(offset)
 
     def _write_host_in_place(self, src: memoryview, unit: int) -> None:
@@ -291,7 +388,8 @@ def _filling_pickle_module(w: FillingWriter) -> Any:
                     keys.add(pid[2])
                     st = o._untyped_storage if isinstance(o, torch.storage.TypedStorage) else o
                     if st.nbytes():  # torch skips nothing for an empty record
-                        w._fills.append(_fill_source(st))
+                        twin = w._twins.get(st._cdata)
+                        w._fills.append((st.nbytes(), twin) if twin is not None else _fill_source(st))
                 return pid
 
             cls.persistent_id = persistent_id  # type: ignore[method-assign]

@@ -24,13 +24,14 @@ header with ``safetensors.safe_open``) are torch's. deepio's:
   again, it may have changed since the metadata was read); each item whose requested piece is
   one run of the stored tensor's bytes (``_record.piece``: the whole tensor, or whole
   leading-dimension rows) and whose destination (``planner.resolve_tensor``) is a contiguous
-  host tensor of the stored dtype and the piece's shape is read straight into the destination
+  host or CUDA tensor of the stored dtype and the piece's shape (CUDA where the engine found
+  the driver, through its GPU path) is read straight into the destination
   through the process's default engine (one ``deepio.File``, direct I/O where the file system
   takes it, all of the file's reads in flight at once), then committed;
 - a read error raises the engine's ``OSError`` naming the file, a short read
   ``deepio.CorruptFileError`` naming the file, the item and the byte range (as
   ``deepio.dcp.FileSystemReader``); every read is waited for before anything is raised;
-- every other item (column pieces, other-dtype or non-contiguous or device destinations, F4
+- every other item (column pieces, other-dtype or non-contiguous or other-device destinations, F4
   and other dtypes torch cannot view directly) goes to torch's own ``_process_read_request``
   over ``safe_open`` (``get_slice`` and ``copy_``), after the direct reads of its file.
 
@@ -53,6 +54,7 @@ from ..safetensors._save import save_file, write_in_place
 from ..safetensors._tensors import torch_dtype
 from . import _record
 from ._reader import FileSystemReader
+from ._writer import _nbytes, _overlapping_order
 
 try:
     from torch.distributed.checkpoint import _hf_utils
@@ -85,8 +87,9 @@ def _read_into(f: File, buf: torch.Tensor, at: int) -> Future:
 
 def _place(header: Header, t: TensorInfo | None, req: Any, planner: Any) -> tuple[torch.Tensor, int] | None:
     """The destination of ``req`` as bytes and where its piece starts in the file, where the
-    piece of stored tensor ``t`` is one run of bytes and the destination a contiguous host
-    tensor of the stored dtype and the piece's shape; None otherwise (torch then reads it)."""
+    piece of stored tensor ``t`` is one run of bytes and the destination a contiguous host (or
+    CUDA) tensor of the stored dtype and the piece's shape (``FileSystemReader._destination``);
+    None otherwise (torch then reads it)."""
     if t is None or t.dtype == "F4":  # F4: the file counts values, torch packs two a byte
         return None
     try:
@@ -156,19 +159,6 @@ class HuggingFaceStorageReader(_TorchHFReader):
             buf = target.reshape(-1).view(torch.uint8)
             if buf.nbytes:
                 reads.append((_read_into(f, buf, at), req, at))
-
-
-def _nbytes(item: Any) -> int:
-    """The bytes of a planned tensor item (torch's ``_item_size``)."""
-    return int(item.tensor_data.size.numel()) * item.tensor_data.properties.dtype.itemsize
-
-
-def _overlapping_order(writer: Any) -> bool:
-    """Whether torch's writer would take its items through ``_OverlappingCpuLoader`` (which
-    hands them over smallest first): one thread, an accelerator, copy-ahead on."""
-    backend = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
-    accel = torch.cuda.is_available() or bool(backend is not None and backend.is_available())
-    return writer.thread_count == 1 and accel and writer.per_thread_copy_ahead > 0
 
 
 class HuggingFaceStorageWriter(_TorchHFWriter):

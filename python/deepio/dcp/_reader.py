@@ -15,10 +15,12 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
 - a tensor item of more than ``HEAD_BYTES + TAIL_BYTES`` has those first and last bytes read
   (torch.save's local headers, data.pkl and zip directory: ``_record.layout``); where the
   requested piece is one run of the stored bytes (``_record.piece``: the whole tensor, whole
-  rows) and the destination a contiguous host tensor of the stored dtype and the piece's
-  shape, the piece is read straight into the destination: no copy, no torch.load;
-- every other item (small ones, bytes items, column pieces, transposed tensors, device or
-  other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
+  rows) and the destination a contiguous tensor of the stored dtype and the piece's shape, in
+  host memory or in CUDA memory (where the engine found the CUDA driver: its GPU path,
+  GPUDirect Storage or pinned staging), the piece is read straight into the destination: no
+  copy, no torch.load;
+- every other item (small ones, bytes items, column pieces, transposed tensors, other device
+  or other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
   a tensor record is rebuilt by ``torch.load`` (``weights_only=True``,
   ``map_location="cpu"``: torch's zip reader over the bytes read; no file I/O), narrowed to
   the requested piece and copied into the destination as torch does; a bytes item goes to
@@ -36,6 +38,7 @@ Thread-safety: one reader per load, as torch's.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 from collections.abc import Mapping
@@ -43,6 +46,7 @@ from typing import Any, cast
 
 import torch
 
+from .. import _deepio
 from .._errors import CorruptFileError
 from .._file import File, Future
 from ..checkpoint._zip import _MemoryFile
@@ -55,6 +59,12 @@ READ_BATCH_BYTES = 256 << 20
 #: at most both is read whole.
 HEAD_BYTES = 4096
 TAIL_BYTES = 4096
+
+
+@functools.cache
+def _engine_reads_cuda() -> bool:
+    """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
+    return bool(_deepio.gpu_info().get("cuda_found"))
 
 
 def _item_name(req: Any) -> str:
@@ -227,8 +237,10 @@ class FileSystemReader(T.FileSystemReader):
     @staticmethod
     def _destination(req: Any, lay: _record.Layout | None, planner: Any) -> tuple[torch.Tensor, int] | None:
         """The destination tensor of ``req`` and where its bytes start in the item, where the
-        piece is one run of the stored bytes and the destination a contiguous host tensor of
-        the stored dtype and the piece's shape: the bytes then go straight into it."""
+        piece is one run of the stored bytes and the destination a contiguous tensor of the
+        stored dtype and the piece's shape, in host memory or (where deepio's engine found the
+        CUDA driver) CUDA memory: the bytes then go straight into it (CUDA memory through the
+        engine's GPU path: GPUDirect Storage, or pinned staging)."""
         if lay is None:
             return None
         where = _record.piece(lay, req.storage_offsets, req.lengths)
@@ -236,7 +248,7 @@ class FileSystemReader(T.FileSystemReader):
             return None
         target = planner.resolve_tensor(req).detach()
         fits = (
-            target.device.type == "cpu"
+            (target.device.type == "cpu" or (target.is_cuda and _engine_reads_cuda()))
             and target.dtype == lay.dtype
             and tuple(target.shape) == tuple(int(n) for n in req.lengths)
             and target.is_contiguous()

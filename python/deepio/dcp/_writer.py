@@ -10,9 +10,17 @@ with three steps replaced:
   buffers, aligned direct I/O through the process's default engine, ``fsync`` when
   ``sync_files``) instead of a Python file object; a small file gets staging the size of its
   estimated bytes (``_staging_for``).
-  Each item's bytes are what torch's own writer puts there. Tensors are made contiguous CPU
-  tensors first exactly as torch's loader does (``detach().cpu()``, cloned where the storage
-  holds more than the view). A tensor of ``_FILL_MIN`` bytes or more takes deepio.save's
+  Each item's bytes are what torch's own writer puts there, in its order (bytes items first,
+  then the tensors as planned, or smallest first where torch's writer would take them
+  through its overlapping loader: one thread and an accelerator, ``_overlapping_order``).
+  Tensors are made contiguous CPU tensors first exactly as torch's loader does
+  (``detach().cpu()``, cloned where the storage holds more than the view), except CUDA
+  tensors of ``_FILL_MIN`` bytes or more: for those torch's record is pickled from an
+  unfilled host stand-in of the same sizes and strides (``_device_twin``), and the Writer
+  fills it from device memory through a small ring of page-locked buffers, computing the
+  CRC-32 from the same host bytes (``FillingWriter._write_staged``): no whole host copy of
+  the tensor. A non-dense CUDA tensor is cloned on its device first (torch's loader makes it
+  dense on the host). A tensor of ``_FILL_MIN`` bytes or more takes deepio.save's
   filling route (``_write_filled``; checkpoint/_filling.py): ``torch.save`` under skip_data
   writes its zip, with torch's record alignment and CRC option, from the item's offset without
   the storage's bytes; the Writer places the storage where torch seeks over it (from the
@@ -112,6 +120,46 @@ class _NoClose(io.RawIOBase):
         pass  # the Writer keeps staging: nothing must reach the disk before close()
 
 
+def _nbytes(item: Any) -> int:
+    """The bytes of a planned tensor item (torch's ``_item_size``)."""
+    return int(item.tensor_data.size.numel()) * item.tensor_data.properties.dtype.itemsize
+
+
+def _overlapping_order(writer: Any) -> bool:
+    """Whether torch's writer would take its tensor items through ``_OverlappingCpuLoader``
+    (which hands them over smallest first, stable): one thread, an accelerator, copy-ahead on.
+    Its files then hold the tensors in that order, and so do deepio's."""
+    backend = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    accel = torch.cuda.is_available() or bool(backend is not None and backend.is_available())
+    return writer.thread_count == 1 and accel and writer.per_thread_copy_ahead > 0
+
+
+#: Devices whose tensor items of ``_FILL_MIN`` bytes or more are written from device memory
+#: through host staging (``_device_twin``; FillingWriter._write_staged) instead of a whole host
+#: copy first. Read at each use (tests add "cpu" to run the same route on the host).
+_STAGED_DEVICES = frozenset({"cuda"})
+
+
+def _device_twin(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For a tensor item on a ``_STAGED_DEVICES`` device: (a host stand-in, the device bytes
+    of its storage as a flat uint8 tensor). The stand-in is what torch's loader hands its
+    writer (``.cpu()``, or ``.to("cpu")``: the same sizes and strides, a storage of its own
+    bytes), left unfilled: pickled under skip_data it gives the record torch writes. The
+    device bytes are laid out as its storage: the tensor's own span of its storage where its
+    strides are the stand-in's (dense; a view's offset kept), else a device clone. None for
+    other devices."""
+    d = data.detach()
+    if d.device.type not in _STAGED_DEVICES:
+        return None
+    stand = torch.empty_like(d, device="cpu")
+    if stand.stride() != d.stride():  # not dense: .cpu() makes it contiguous, as clone() does
+        d = d.clone()
+        stand = torch.empty_like(d, device="cpu")
+    src = torch.empty(0, dtype=torch.uint8, device=d.device)
+    src.set_(d.untyped_storage(), d.storage_offset() * d.element_size(), (d.numel() * d.element_size(),), (1,))
+    return stand, src
+
+
 #: torch.save's zip around one tensor's bytes (local headers, data.pkl, directory, padding)
 #: is under 2 KiB; a bytes item of unknown size is guessed at this.
 _ITEM_OVERHEAD = 4096
@@ -123,10 +171,7 @@ def _estimate_bytes(items: list[Any]) -> int:
     estimate = 0
     for item in items:
         if item.tensor_data is not None:
-            numel = 1
-            for n in item.tensor_data.size:
-                numel *= int(n)
-            estimate += numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+            estimate += _nbytes(item)
         elif item.bytes_io_data is not None:
             estimate += int(item.bytes_io_data.nbytes)
         estimate += _ITEM_OVERHEAD
@@ -194,12 +239,15 @@ def _write_filled(
     return None, True
 
 
-def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bool) -> list[Any]:
-    """Writes one data file: the bytes items, then the tensors (torch's order); returns the
-    WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
-    bytes or more go on the filling route, the others through torch.save; the CRC-32s of the
-    filled records (computed on one thread pool for the file) are put in once every item is
-    written, before the file is closed (and flushed to stable storage when ``durable``)."""
+def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bool, by_size: bool = False) -> list[Any]:
+    """Writes one data file: the bytes items, then the tensors (torch's order: as planned, or
+    smallest first with ``by_size``, as torch's overlapping loader hands them over); returns
+    the WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
+    bytes or more go on the filling route (a ``_STAGED_DEVICES`` tensor as its host
+    stand-in's record, filled from device memory through host staging), the others through
+    torch.save of their host copy; the CRC-32s of the filled records (computed on one thread
+    pool for the file) are put in once every item is written, before the file is closed (and
+    flushed to stable storage when ``durable``)."""
     results = []
     size, count = _staging_for(items)
     w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count)
@@ -209,8 +257,9 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
     started_again = False
     pool = ThreadPoolExecutor(_filling._crc_threads(), thread_name_prefix="deepio-crc") if crc else None
     try:
+        tensors = [i for i in items if i.type != T.WriteItemType.BYTE_IO]
         ordered = [i for i in items if i.type == T.WriteItemType.BYTE_IO]
-        ordered += [i for i in items if i.type != T.WriteItemType.BYTE_IO]
+        ordered += sorted(tensors, key=_nbytes) if by_size else tensors
         for item in ordered:
             data = planner.resolve_data(item)
             offset = w.tell()
@@ -219,10 +268,17 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
                     raise TypeError(f"deepio.dcp: bytes item {item.index.fqn!r} resolved to {type(data).__name__}")
                 w.write(data.getbuffer())
             else:
-                t = _contiguous_cpu(data)
+                twin = _device_twin(data) if data.nbytes >= _FILL_MIN else None
+                t = twin[0] if twin is not None else _contiguous_cpu(data)
+                if twin is not None:
+                    w._twins[t.untyped_storage()._cdata] = _filling._Staged(twin[1])
                 filled, again = (
                     _write_filled(t, w, crc, pool) if t.untyped_storage().nbytes() >= _FILL_MIN else (None, False)
                 )
+                if twin is not None:
+                    w._twins.clear()
+                    if filled is None:  # the plain route needs the bytes on the host
+                        t = _contiguous_cpu(data)
                 started_again = started_again or again
                 if filled is not None:
                     crcs.update(filled)
@@ -423,6 +479,7 @@ class FileSystemWriter(T.FileSystemWriter):
         results: list[Any] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
+        by_size = _overlapping_order(self)
 
         def work() -> None:
             while not errors:
@@ -431,7 +488,7 @@ class FileSystemWriter(T.FileSystemWriter):
                 except queue.Empty:
                     return
                 try:
-                    done = _write_file(path, key, items, planner, self.sync_files)
+                    done = _write_file(path, key, items, planner, self.sync_files, by_size)
                 except BaseException as e:
                     with lock:
                         errors.append(e)
