@@ -451,6 +451,70 @@ def test_missing_file_in_an_extra_folder_is_named(tmp_dir):
     assert f"its folder {str(extra[1])!r} has no {gone.name}" in str(e)
 
 
+def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir, monkeypatch):
+    """deepio's reader reads the files of each folder (drive) on a thread of its own, all
+    folders at once: each folder's first file waits at a barrier for the other two (which
+    sequential reading would never reach: BrokenBarrierError). The planner still sees one
+    call at a time."""
+    import threading
+    import time
+
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    main, extra = _drives(tmp_dir)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    barrier = threading.Barrier(3, timeout=20)
+    first: set[str] = set()
+    real = deepio.dcp.FileSystemReader._read_file
+
+    def meeting(self, path, reqs, planner):
+        folder = os.path.dirname(path)
+        if folder not in first:
+            first.add(folder)
+            barrier.wait()
+        return real(self, path, reqs, planner)
+
+    monkeypatch.setattr(deepio.dcp.FileSystemReader, "_read_file", meeting)
+    inside = []  # planner calls running now: never more than one
+
+    class Watching(DefaultLoadPlanner):
+        def _watch(self, call, *args):
+            inside.append(1)
+            try:
+                assert len(inside) == 1, "two planner calls at once"
+                time.sleep(0.001)
+                return call(*args)
+            finally:
+                inside.pop()
+
+        def resolve_tensor(self, req):
+            return self._watch(super().resolve_tensor, req)
+
+        def commit_tensor(self, req, tensor):
+            return self._watch(super().commit_tensor, req, tensor)
+
+        def load_bytes(self, req, value):
+            return self._watch(super().load_bytes, req, value)
+
+    out = _with_big(_state(fill=False))
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main), planner=Watching())
+    assert first == {str(main), str(extra[0]), str(extra[1])}
+    _assert_same(out, _with_big(_state()))
+
+
+def test_a_corrupt_file_on_one_drive_fails_the_load_naming_it(tmp_dir):
+    """A data file cut short in one extra folder while the other folders read: the load
+    raises CorruptFileError naming that file, once every folder's thread stopped."""
+    main, extra = _drives(tmp_dir)
+    dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    victim = max(extra[1].glob("*.distcp"), key=lambda p: p.stat().st_size)
+    os.truncate(victim, victim.stat().st_size // 2)
+    with pytest.raises(CheckpointException) as info:
+        dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
+    e = _cause(info)
+    assert isinstance(e, deepio.CorruptFileError) and str(victim) in str(e)
+
+
 def test_overwrite_false_refuses_data_in_an_extra_folder(tmp_dir):
     """overwrite=False refuses when an extra folder holds data files already (another
     checkpoint's, or this one's from a save that never finished), before writing anything;

@@ -30,7 +30,8 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
 A data file the metadata records by an absolute path (deepio's writer with ``extra_paths``) is
 read from there, or from where ``folder_map`` says its folder moved; one that is missing is
 refused with ``FileNotFoundError`` naming the file, its folder and ``folder_map``, before
-anything is read.
+anything is read. A rank's files in several folders (drives) are read one thread per folder,
+all folders at once (``_read_folders``); the planner is called by one of them at a time.
 
 Thread-safety: one reader per load, as torch's.
 """
@@ -41,6 +42,7 @@ import errno
 import functools
 import io
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -65,6 +67,28 @@ TAIL_BYTES = 4096
 def _engine_reads_cuda() -> bool:
     """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
     return bool(_deepio.gpu_info().get("cuda_found"))
+
+
+class _OneAtATime:
+    """A load planner as the folders' reading threads share it: each call it gets
+    (``resolve_tensor``, ``commit_tensor``, ``load_bytes``) runs under one lock, so a planner
+    sees one call at a time, as under torch's own reader."""
+
+    def __init__(self, planner: Any) -> None:
+        self._planner = planner
+        self._lock = threading.Lock()
+
+    def resolve_tensor(self, req: Any) -> Any:
+        with self._lock:
+            return self._planner.resolve_tensor(req)
+
+    def commit_tensor(self, req: Any, tensor: Any) -> None:
+        with self._lock:
+            self._planner.commit_tensor(req, tensor)
+
+    def load_bytes(self, req: Any, value: Any) -> None:
+        with self._lock:
+            self._planner.load_bytes(req, value)
 
 
 def _item_name(req: Any) -> str:
@@ -132,11 +156,47 @@ class FileSystemReader(T.FileSystemReader):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         paths = {relative_path: self._data_path(relative_path) for relative_path in per_file}
+        per_folder: dict[str, list[tuple[str, list[Any]]]] = {}
         for relative_path, reqs in per_file.items():
-            self._read_file(paths[relative_path], reqs, planner)
+            path = paths[relative_path]
+            per_folder.setdefault(os.path.dirname(path), []).append((path, reqs))
+        if len(per_folder) > 1:  # several drives (extra_paths): all at once
+            self._read_folders(list(per_folder.values()), planner)
+        else:
+            for path, reqs in next(iter(per_folder.values()), []):
+                self._read_file(path, reqs, planner)
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+    def _read_folders(self, folders: list[list[tuple[str, list[Any]]]], planner: Any) -> None:
+        """Reads the files of each folder (a drive, for a checkpoint saved with
+        ``extra_paths``) on a thread of its own, every folder at once; the planner is called
+        by one thread at a time (``_OneAtATime``). The first failure is raised once every
+        thread has stopped; the others stop at their next file."""
+        errors: list[BaseException] = []
+        one = _OneAtATime(planner)
+
+        def work(files: list[tuple[str, list[Any]]]) -> None:
+            for path, reqs in files:
+                if errors:
+                    return
+                try:
+                    self._read_file(path, reqs, one)
+                except BaseException as e:
+                    errors.append(e)
+                    return
+
+        helpers = [threading.Thread(target=work, args=(f,), name=f"deepio.dcp-read-{i}") for i, f in enumerate(folders)]
+        for t in helpers[1:]:
+            t.start()
+        try:
+            work(folders[0])
+        finally:
+            for t in helpers[1:]:
+                t.join()
+        if errors:
+            raise errors[0]
 
     def _read_file(self, path: str, reqs: list[Any], planner: Any) -> None:
         with File(path, "r") as f:
