@@ -452,10 +452,10 @@ def test_missing_file_in_an_extra_folder_is_named(tmp_dir):
 
 
 def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir, monkeypatch):
-    """deepio's reader reads the files of each folder (drive) on a thread of its own, all
-    folders at once: each folder's first file waits at a barrier for the other two (which
-    sequential reading would never reach: BrokenBarrierError). The planner still sees one
-    call at a time."""
+    """deepio's reader reads the files of each folder (drive) on a thread and an engine of
+    its own, all folders at once: each folder's first file waits at a barrier for the other
+    two (which sequential reading would never reach: BrokenBarrierError). The planner still
+    sees one call at a time."""
     import threading
     import time
 
@@ -465,14 +465,16 @@ def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir,
     dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
     barrier = threading.Barrier(3, timeout=20)
     first: set[str] = set()
+    engines = set()  # the engine each folder's files went through
     real = deepio.dcp.FileSystemReader._read_file
 
-    def meeting(self, path, reqs, planner):
+    def meeting(self, path, reqs, planner, handle=None):
         folder = os.path.dirname(path)
         if folder not in first:
             first.add(folder)
+            engines.add(id(handle) if handle is not None else None)
             barrier.wait()
-        return real(self, path, reqs, planner)
+        return real(self, path, reqs, planner, handle)
 
     monkeypatch.setattr(deepio.dcp.FileSystemReader, "_read_file", meeting)
     inside = []  # planner calls running now: never more than one
@@ -499,6 +501,32 @@ def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir,
     out = _with_big(_state(fill=False))
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main), planner=Watching())
     assert first == {str(main), str(extra[0]), str(extra[1])}
+    assert len(engines) == 3 and None in engines  # the default engine and one of its own each
+    _assert_same(out, _with_big(_state()))
+
+
+def test_each_extra_folder_is_written_through_an_engine_of_its_own(tmp_dir, monkeypatch):
+    """The writer's files in the main path go through the default engine, each extra
+    folder's through an engine of its own (one engine serves its requests in order, which
+    would keep the drives busy one after another); those engines are closed when write_data
+    returns."""
+    main, extra = _drives(tmp_dir)
+    used: dict[str, set] = {}
+    real = deepio.dcp._writer._write_file
+
+    def spy(path, key, items, planner, durable, by_size=False, handle=None):
+        used.setdefault(os.path.dirname(path), set()).add(handle)
+        return real(path, key, items, planner, durable, by_size, handle)
+
+    monkeypatch.setattr(deepio.dcp._writer, "_write_file", spy)
+    writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, thread_count=4)
+    dcp.save(_with_big(_state()), storage_writer=writer)
+    assert used[str(main)] == {None}
+    mine = [used[str(folder)] for folder in extra]
+    assert all(len(m) == 1 and None not in m for m in mine) and mine[0] != mine[1], used
+    assert all(h.closed for m in mine for h in m)
+    out = _with_big(_state(fill=False))
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
     _assert_same(out, _with_big(_state()))
 
 

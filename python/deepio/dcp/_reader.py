@@ -30,8 +30,9 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
 A data file the metadata records by an absolute path (deepio's writer with ``extra_paths``) is
 read from there, or from where ``folder_map`` says its folder moved; one that is missing is
 refused with ``FileNotFoundError`` naming the file, its folder and ``folder_map``, before
-anything is read. A rank's files in several folders (drives) are read one thread per folder,
-all folders at once (``_read_folders``); the planner is called by one of them at a time.
+anything is read. A rank's files in several folders (drives) are read one thread and one
+engine per folder (``_DriveEngines``), all folders at once (``_read_folders``); the planner is
+called by one of them at a time.
 
 Thread-safety: one reader per load, as torch's.
 """
@@ -54,6 +55,7 @@ from .._file import File, Future
 from ..checkpoint._zip import _MemoryFile
 from . import _record
 from . import _torchapi as T
+from ._writer import _DriveEngines
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -176,30 +178,34 @@ class FileSystemReader(T.FileSystemReader):
         thread has stopped; the others stop at their next file."""
         errors: list[BaseException] = []
         one = _OneAtATime(planner)
+        engines = _DriveEngines(len(folders))
 
-        def work(files: list[tuple[str, list[Any]]]) -> None:
-            for path, reqs in files:
+        def work(n: int) -> None:
+            for path, reqs in folders[n]:
                 if errors:
                     return
                 try:
-                    self._read_file(path, reqs, one)
+                    self._read_file(path, reqs, one, engines.handle(n))
                 except BaseException as e:
                     errors.append(e)
                     return
 
-        helpers = [threading.Thread(target=work, args=(f,), name=f"deepio.dcp-read-{i}") for i, f in enumerate(folders)]
-        for t in helpers[1:]:
+        helpers = [
+            threading.Thread(target=work, args=(n,), name=f"deepio.dcp-read-{n}") for n in range(1, len(folders))
+        ]
+        for t in helpers:
             t.start()
         try:
-            work(folders[0])
+            work(0)
         finally:
-            for t in helpers[1:]:
+            for t in helpers:
                 t.join()
+            engines.close()
         if errors:
             raise errors[0]
 
-    def _read_file(self, path: str, reqs: list[Any], planner: Any) -> None:
-        with File(path, "r") as f:
+    def _read_file(self, path: str, reqs: list[Any], planner: Any, handle: Any = None) -> None:
+        with File(path, "r", handle=handle) as f:
             size = f.size()
             reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
             past = [r for r in reqs if self._end(r) > size]

@@ -50,7 +50,9 @@ are spread over the main path and the extra folders. With ``single_file_per_rank
 items are split by size (torch's split) into max(``thread_count``, folders) files, empty ones
 dropped; the files go largest first each to the folder with the fewest bytes so far, ties to
 the folders from the rank's own (``assign_folders``), and are written by as many threads as
-folders (at least). A file in an extra folder is recorded in the metadata by its absolute
+folders (at least), each folder's files through an engine of its own (``_DriveEngines``: one
+engine's requests are served in order, which would keep the drives busy one after another).
+A file in an extra folder is recorded in the metadata by its absolute
 path (torch's ``StorageInfo.relative_path``: joined to the main path, an absolute path stands
 alone, so torch's own reader loads such a checkpoint too while the folders stay put); files
 in the main path by their name, as always: without extra folders nothing changes. The extra
@@ -79,6 +81,7 @@ from typing import IO, Any, cast
 
 import torch
 
+from .. import _deepio, _engine
 from .._durable import fsync_path, replacing
 from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer, _filling, _zip
 from ..checkpoint._save import _crc_wanted
@@ -239,7 +242,9 @@ def _write_filled(
     return None, True
 
 
-def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bool, by_size: bool = False) -> list[Any]:
+def _write_file(
+    path: str, key: str, items: list[Any], planner: Any, durable: bool, by_size: bool = False, handle: Any = None
+) -> list[Any]:
     """Writes one data file: the bytes items, then the tensors (torch's order: as planned, or
     smallest first with ``by_size``, as torch's overlapping loader hands them over); returns
     the WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
@@ -247,10 +252,10 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
     stand-in's record, filled from device memory through host staging), the others through
     torch.save of their host copy; the CRC-32s of the filled records (computed on one thread
     pool for the file) are put in once every item is written, before the file is closed (and
-    flushed to stable storage when ``durable``)."""
+    flushed to stable storage when ``durable``). ``handle``: the engine (None: the default)."""
     results = []
     size, count = _staging_for(items)
-    w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count)
+    w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count, handle=handle)
     crc = _crc_wanted(None)  # torch.save's choice: torch's writer calls it with its defaults
     crcs: dict[int, tuple[int, int]] = {}
     archives: list[tuple[int, int]] = []  # (offset, length) of each filled item's zip
@@ -311,6 +316,36 @@ def _write_file(path: str, key: str, items: list[Any], planner: Any, durable: bo
         if pool is not None:  # threads start with the first filled item, if any
             pool.shutdown(wait=True)
     return results
+
+
+class _DriveEngines:
+    """The engine each folder (drive) of a checkpoint is written or read through: the
+    process's default engine for the first, an engine of its own (the default's settings)
+    for each other one, made on first use and closed by ``close()``. The engine's workers
+    serve their requests in the order they came (a request of the next operation waits for
+    every request of the one before it): behind one engine the drives would be busy one
+    after another (measured: docs/benchmarks.md, "Several drives"). One engine each keeps
+    every drive's queue full, as DeepNVMe runs one process per drive. Thread-safe."""
+
+    def __init__(self, folders: int) -> None:
+        self._handles: list[Any] = [None] * folders
+        self._lock = threading.Lock()
+
+    def handle(self, folder: int) -> Any:
+        """The engine for folder ``folder`` (0: the default engine, as ``None``)."""
+        if folder == 0:
+            return None
+        with self._lock:
+            if self._handles[folder] is None:
+                self._handles[folder] = _deepio.Handle(*_engine.DEFAULT_OPTIONS)
+            return self._handles[folder]
+
+    def close(self) -> None:
+        """Closes the engines made (each waits for its operations first)."""
+        with self._lock:
+            made, self._handles = [h for h in self._handles if h is not None], [None] * len(self._handles)
+        for h in made:
+            h.close()
 
 
 def _check_extra_paths(path: Any, extra_paths: Sequence[Any] | None) -> list[str]:
@@ -454,7 +489,7 @@ class FileSystemWriter(T.FileSystemWriter):
         else:
             buckets = [[item] for item in plan.items]
         files = [(f"{prefix}{n}{T.DATA_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
-        jobs: queue.Queue[tuple[str, str, list[Any]]] = queue.Queue()
+        jobs: queue.Queue[tuple[str, str, list[Any], int]] = queue.Queue()  # (path, key, items, folder)
         used: set[str] = set()
         if self.extra_paths:
             files = [(key, bucket) for key, bucket in files if bucket]  # no empty files on the drives
@@ -464,7 +499,7 @@ class FileSystemWriter(T.FileSystemWriter):
             for n in sorted(range(len(files)), key=lambda i: -sizes[i]):  # the largest start first
                 key, bucket = files[n]
                 if where[n] == 0:
-                    jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket))
+                    jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket, 0))
                 else:
                     # The metadata records the file by its absolute path: torch's
                     # StorageInfo.relative_path, which both readers join to the main path
@@ -472,23 +507,25 @@ class FileSystemWriter(T.FileSystemWriter):
                     folder = self.extra_paths[where[n] - 1]
                     used.add(folder)
                     full = os.path.join(folder, key)
-                    jobs.put((full, full, bucket))
+                    jobs.put((full, full, bucket, where[n]))
         else:
             for key, bucket in files:
-                jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket))
+                jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket, 0))
         results: list[Any] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
         by_size = _overlapping_order(self)
 
+        engines = _DriveEngines(folders)
+
         def work() -> None:
             while not errors:
                 try:
-                    path, key, items = jobs.get_nowait()
+                    path, key, items, drive = jobs.get_nowait()
                 except queue.Empty:
                     return
                 try:
-                    done = _write_file(path, key, items, planner, self.sync_files, by_size)
+                    done = _write_file(path, key, items, planner, self.sync_files, by_size, engines.handle(drive))
                 except BaseException as e:
                     with lock:
                         errors.append(e)
@@ -504,6 +541,7 @@ class FileSystemWriter(T.FileSystemWriter):
         finally:
             for t in helpers:
                 t.join()
+            engines.close()
         if errors:
             raise errors[0]
         if self.sync_files:
