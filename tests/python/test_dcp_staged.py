@@ -14,9 +14,7 @@ overlapping loader (one thread and an accelerator: smallest first).
 from __future__ import annotations
 
 import errno
-import io
 import time
-import zipfile
 import zlib
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 import deepio.dcp  # noqa: E402
 from deepio.checkpoint import _filling  # noqa: E402
 from deepio.dcp import _writer  # noqa: E402
+from test_dcp import _data_files, _items_are_zips_with_their_crcs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -68,21 +67,6 @@ def _state() -> dict:
         "step": torch.tensor(3.0),
         "name": "run-27",
     }
-
-
-def _data_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.distcp"))}
-
-
-def _crcs_hold(folder: Path) -> None:
-    md = dcp.FileSystemReader(folder).read_metadata()
-    for index, place in md.storage_data.items():
-        with open(folder / place.relative_path, "rb") as f:
-            f.seek(place.offset)
-            raw = f.read(place.length)
-        if raw[:4] == b"PK\x03\x04":
-            with zipfile.ZipFile(io.BytesIO(raw)) as z:
-                assert z.testzip() is None, index.fqn
 
 
 def _loads(folder: Path, want: dict) -> None:
@@ -137,7 +121,7 @@ def test_staged_route_writes_torchs_bytes(tmp_dir, staged, monkeypatch, combine,
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert ours[name] == theirs[name], name
-    _crcs_hold(tmp_dir / "d")
+    _items_are_zips_with_their_crcs(tmp_dir / "d")
     _loads(tmp_dir / "d", sd)
 
 

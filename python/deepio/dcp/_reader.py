@@ -55,7 +55,7 @@ from .._file import File, Future
 from ..checkpoint._zip import _MemoryFile
 from . import _record
 from . import _torchapi as T
-from ._writer import _DriveEngines
+from ._writer import _DriveEngines, _side_by_side
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -190,16 +190,9 @@ class FileSystemReader(T.FileSystemReader):
                     errors.append(e)
                     return
 
-        helpers = [
-            threading.Thread(target=work, args=(n,), name=f"deepio.dcp-read-{n}") for n in range(1, len(folders))
-        ]
-        for t in helpers:
-            t.start()
         try:
-            work(0)
+            _side_by_side([functools.partial(work, n) for n in range(len(folders))], "deepio.dcp-read")
         finally:
-            for t in helpers:
-                t.join()
             engines.close()
         if errors:
             raise errors[0]

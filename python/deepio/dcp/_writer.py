@@ -75,7 +75,7 @@ import os
 import pickle
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, cast
 
@@ -318,6 +318,19 @@ def _write_file(
     return results
 
 
+def _side_by_side(tasks: list[Callable[[], None]], name: str) -> None:
+    """Runs ``tasks[0]`` on the calling thread and each other task on a thread of its own
+    (named ``name-N``), and returns once every one has ended."""
+    helpers = [threading.Thread(target=task, name=f"{name}-{n}") for n, task in enumerate(tasks) if n]
+    for t in helpers:
+        t.start()
+    try:
+        tasks[0]()
+    finally:
+        for t in helpers:
+            t.join()
+
+
 class _DriveEngines:
     """The engine each folder (drive) of a checkpoint is written or read through: the
     process's default engine for the first, an engine of its own (the default's settings)
@@ -533,14 +546,9 @@ class FileSystemWriter(T.FileSystemWriter):
                 with lock:
                     results.extend(done)
 
-        helpers = [threading.Thread(target=work, name=f"deepio.dcp-{i}") for i in range(1, threads)]
-        for t in helpers:
-            t.start()
         try:
-            work()
+            _side_by_side([work] * threads, "deepio.dcp")
         finally:
-            for t in helpers:
-                t.join()
             engines.close()
         if errors:
             raise errors[0]
