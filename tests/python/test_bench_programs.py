@@ -176,6 +176,19 @@ def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
     assert not [p for d in (main, a, b) for p in d.iterdir()]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="bench/dcp_drive_timeline.py empties the page cache: needs root")
+def test_dcp_drive_timeline_reports_every_drives_file(tmp_dir):
+    """bench/dcp_drive_timeline.py saves over three folders, loads (checked) and prints one
+    line per data file with its folder and when its reading started and ended."""
+    folders = [tmp_dir / n for n in ("main", "a", "b")]
+    out = _bench("dcp_drive_timeline.py", *map(str, folders), "--mib", "64", timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("load 6") and "GiB/s" in lines[0], lines
+    assert {line.split("/")[-2] for line in lines[1:]} == {"main", "a", "b"}, lines
+    assert all(" -> " in line and "s on " in line for line in lines[1:]), lines
+
+
 # The ceiling rule's cases, as the C++ table tests state them: Reports.CeilingVerdictTable
 # (tests/tools/test_reports.cpp) and GpuReports.GpuRowsFollowTheOneCeilingRule
 # (tests/tools/test_gpu.cpp). benchutil.judge_against_ceiling mirrors tools/lib's rule, so the
