@@ -741,20 +741,25 @@ def test_small_tensors_stay_on_torch_save(tmp_dir, monkeypatch):
     assert filled == []
 
 
+def _save_both_with_crc32(sd: dict, folder: Path, crc32: bool) -> None:
+    """Saves ``sd`` with deepio's writer into ``folder/d`` and torch's into ``folder/t``, with
+    torch.serialization's CRC-32 option set to ``crc32`` (restored after)."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(crc32)
+    try:
+        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder / "d"))
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(folder / "t"))
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
 @pytest.mark.parametrize("crc32", [True, False])
 def test_filling_route_follows_torchs_crc32_option(tmp_dir, monkeypatch, crc32):
     """torch's writer calls torch.save, whose records carry CRC-32s as
     torch.serialization.set_crc32_options says: the filling route follows it, byte for byte."""
     monkeypatch.setattr(deepio.dcp._writer, "_FILL_MIN", 1 << 20)
     filled = _filled_items(monkeypatch)
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(crc32)
-    try:
-        sd = _mixed()
-        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d"))
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp_dir / "t"))
-    finally:
-        torch.serialization.set_crc32_options(before)
+    _save_both_with_crc32(_mixed(), tmp_dir, crc32)
     assert len(filled) == 4 and _data_files(tmp_dir / "d") == _data_files(tmp_dir / "t")
 
 

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 import deepio.dcp  # noqa: E402
 from deepio.checkpoint import _filling  # noqa: E402
 from deepio.dcp import _writer  # noqa: E402
-from test_dcp import _data_files, _items_are_zips_with_their_crcs  # noqa: E402
+from test_dcp import _data_files, _items_are_zips_with_their_crcs, _save_both_with_crc32  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -127,14 +127,7 @@ def test_staged_route_writes_torchs_bytes(tmp_dir, staged, monkeypatch, combine,
 
 @pytest.mark.parametrize("crc32", [True, False])
 def test_staged_route_follows_torchs_crc32_option(tmp_dir, staged, crc32):
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(crc32)
-    try:
-        sd = _state()
-        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "d"))
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp_dir / "t"))
-    finally:
-        torch.serialization.set_crc32_options(before)
+    _save_both_with_crc32(_state(), tmp_dir, crc32)
     assert len(staged) == 5 and _data_files(tmp_dir / "d") == _data_files(tmp_dir / "t")
 
 
