@@ -30,6 +30,8 @@ plat=manylinux_${glibc/./_}_x86_64
 work=$root/build/wheel
 venv=$work/venv
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+# Zig's compilers are a configuration of their own: no compiler launcher (scripts/test.sh's ccache).
+unset CMAKE_C_COMPILER_LAUNCHER CMAKE_CXX_COMPILER_LAUNCHER
 
 step() { printf '\n==== wheel: %s ====\n' "$*"; }
 

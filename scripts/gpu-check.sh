@@ -9,8 +9,8 @@
 #     scripts/gpu-check.sh --dry-run                   # print the steps, run nothing
 #
 # Steps (each with its own `timeout`, all inside one time budget, 500 s by default, so the whole
-# run ends inside 9 minutes): unpack the .debs, configure and build (RelWithDebInfo, no
-# -Werror, MPI off), probe the CUDA driver, the CUDA staging tests and `ctest -L gpu` on the
+# run ends inside 9 minutes): unpack the .debs, configure and build (RelWithDebInfo, MPI off;
+# -Werror only in fake mode), probe the CUDA driver, the CUDA staging tests and `ctest -L gpu` on the
 # real driver (and again with cuFile disabled, and with CUDA disabled), pip install with the
 # test hooks, the GPU pytest files, the CUDA rows of the other pytest files (safetensors to
 # cuda, the comm engines on CUDA tensors: with MPI where the machine has mpicc), the GPU
@@ -67,14 +67,19 @@ if [[ $FAKE == 1 ]]; then
     BENCH_SIZE=${DEEPIO_GPU_CHECK_BENCH_SIZE:-33554432}
     ROUNDS=${DEEPIO_GPU_CHECK_ROUNDS:-2}
     EXAMPLE_MB=${DEEPIO_GPU_CHECK_EXAMPLE_MB:-8}
+    # The development machine's compiler: warnings are errors, as in every build there, and the
+    # flags are the CI build's, so that ccache (scripts/test.sh) serves its objects.
+    WERROR=ON
 else
     BENCH_SIZE=${DEEPIO_GPU_CHECK_BENCH_SIZE:-1073741824}
     ROUNDS=${DEEPIO_GPU_CHECK_ROUNDS:-3}
     EXAMPLE_MB=${DEEPIO_GPU_CHECK_EXAMPLE_MB:-256}
+    # Whatever compiler the GPU machine has: its warnings do not stop the check.
+    WERROR=OFF
     # The real driver and libcufile, whatever the calling shell had set.
     unset DEEPIO_CUDA_LIBRARY DEEPIO_CUFILE_LIBRARY
 fi
-export ROOT FAKE OUT B JOBS WORK DEPS SITE BENCH_SIZE ROUNDS EXAMPLE_MB
+export ROOT FAKE OUT B JOBS WORK DEPS SITE BENCH_SIZE ROUNDS EXAMPLE_MB WERROR
 export PYTHONDONTWRITEBYTECODE=1
 
 # ---- the steps: one function each, run as `timeout N bash -c step_<name>` ----
@@ -106,7 +111,7 @@ step_configure() {
         launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     fi
     set -x
-    cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPIO_WERROR=OFF -DDEEPIO_WITH_MPI=OFF \
+    cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEEPIO_WERROR="$WERROR" -DDEEPIO_WITH_MPI=OFF \
         -DDEEPIO_BUILD_TESTS=ON -DDEEPIO_BUILD_BENCH=ON "${launcher[@]}"
 }
 
@@ -173,7 +178,7 @@ step_pip() {
     rm -rf "$SITE"
     set -x
     python3 -m pip install --no-build-isolation --no-deps --no-index --target "$SITE" -Cbuild-dir="$B-py" \
-        -Ccmake.build-type=RelWithDebInfo -Ccmake.define.DEEPIO_WITH_MPI=OFF -Ccmake.define.DEEPIO_WERROR=OFF \
+        -Ccmake.build-type=RelWithDebInfo -Ccmake.define.DEEPIO_WITH_MPI=OFF -Ccmake.define.DEEPIO_WERROR="$WERROR" \
         -Ccmake.define.DEEPIO_TEST_HOOKS=ON "$ROOT"
 }
 
@@ -231,7 +236,7 @@ step_pip_mpi() {
     fi
     set -x
     python3 -m pip install --no-build-isolation --no-deps --no-index --target "$SITE-mpi" -Cbuild-dir="$B-py-mpi" \
-        -Ccmake.build-type=RelWithDebInfo -Ccmake.define.DEEPIO_WITH_MPI=ON -Ccmake.define.DEEPIO_WERROR=OFF \
+        -Ccmake.build-type=RelWithDebInfo -Ccmake.define.DEEPIO_WITH_MPI=ON -Ccmake.define.DEEPIO_WERROR="$WERROR" \
         -Ccmake.define.DEEPIO_TEST_HOOKS=ON "$ROOT"
 }
 
@@ -328,7 +333,8 @@ if [[ $FAKE == 1 ]]; then
     export DEEPIO_CUDA_LIBRARY=$fake_dir/libdeepio_fake_cuda.so DEEPIO_CUFILE_LIBRARY=$fake_dir/libdeepio_fake_cufile.so
 fi
 
-selected=" ${DEEPIO_GPU_CHECK_STEPS//,/ } "
+steps_wanted=${DEEPIO_GPU_CHECK_STEPS:-}
+selected=" ${steps_wanted//,/ } "
 not_selected=0
 for s in "${STEPS[@]}"; do
     read -r name max needs what <<<"$s"

@@ -6,7 +6,7 @@ set -euo pipefail
 
 apt_pkgs=(build-essential cmake ninja-build pkg-config
           liburing-dev libaio-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin fio iproute2 clang-format)
+          libopenmpi-dev openmpi-bin fio iproute2 clang-format ccache)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -76,6 +76,7 @@ def test_durable_many_files_runs_and_counts_its_flushes(tmp_dir):
 
 
 @needs_torch
+@pytest.mark.slow
 def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
     """A small run of bench/save_load.py's save side with the variants (the all-staged save, the
     CRC settings): every method is timed, the saved file is checked against the state dict
@@ -90,6 +91,7 @@ def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
 
 
 @needs_torch
+@pytest.mark.slow
 def test_save_load_runs_only_the_methods_named(tmp_dir):
     """--method keeps the named methods only (a load without the saves that write its file
     gets that file written before the clock), and refuses a name it does not know."""
@@ -106,6 +108,7 @@ def test_save_load_runs_only_the_methods_named(tmp_dir):
 
 
 @needs_torch
+@pytest.mark.slow
 def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
     """A tiny run of bench/dcp_bench.py (2 gloo ranks): every save, load and async_save row is
     timed, each load is checked against the saved tensors (the program exits non-zero on a
@@ -133,6 +136,7 @@ def test_dcp_bench_runs_every_method_and_verifies(tmp_dir):
 
 
 @needs_torch
+@pytest.mark.slow
 def test_dcp_hf_bench_times_both_writers_and_readers_and_verifies(tmp_dir):
     """A tiny run of bench/dcp_hf_bench.py: each of the four methods timed in every round, the
     loads checked against the saved values (an assertion in the program), nothing left."""
@@ -145,6 +149,7 @@ def test_dcp_hf_bench_times_both_writers_and_readers_and_verifies(tmp_dir):
     assert not list(tmp_dir.iterdir())
 
 
+@pytest.mark.slow
 def test_writer_files_compares_two_packages(tmp_dir):
     """bench/writer_files.py --compare with the same package on both sides: both sides run
     every round and the ratio line is printed."""
@@ -159,6 +164,7 @@ def test_writer_files_compares_two_packages(tmp_dir):
 
 
 @needs_torch
+@pytest.mark.slow
 def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
     """--extra-dirs adds the "deepio N folders" save and load rows (deepio.dcp's extra_paths),
     verified like the others, and leaves nothing behind in any of the folders."""
@@ -177,6 +183,7 @@ def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="bench/dcp_drive_timeline.py empties the page cache: needs root")
+@pytest.mark.slow
 def test_dcp_drive_timeline_reports_every_drives_file(tmp_dir):
     """bench/dcp_drive_timeline.py saves over three folders, loads (checked) and prints one
     line per data file with its folder and when its reading started and ended."""
@@ -255,6 +262,7 @@ def test_gpu_vs_host_help_runs_without_a_gpu():
     assert "judge_against_ceiling" in out.stdout
 
 
+@pytest.mark.slow
 def test_gpu_vs_host_runs_on_the_fake_driver_and_judges_its_rows(tmp_dir, tmp_path):
     """The whole script at 4 MiB, one round, on the fake CUDA driver and cuFile of tests/gpu
     (its figures mean nothing): every row verified, every file row judged by the one ceiling

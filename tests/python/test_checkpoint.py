@@ -339,6 +339,7 @@ def assert_same(a, b):
         assert a == b
 
 
+@pytest.mark.wheel
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(obj=containers())
 def test_round_trips_with_torch(tmp_dir, obj):

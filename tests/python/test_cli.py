@@ -71,6 +71,7 @@ def ds_io_lines(stdout: str) -> dict:
 # ---------------------------------------------------------------------------------- basics
 
 
+@pytest.mark.wheel
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and re.match(r"^deepio \d+\.\d+\.\d+$", r.stdout.strip()), r
@@ -89,6 +90,7 @@ def test_version_and_help():
     assert r.returncode == 2 and "usage: deepio" in r.stderr
 
 
+@pytest.mark.wheel
 def test_info_text_and_json(tmp_dir):
     r = run("info", "--folder", str(tmp_dir))
     assert r.returncode == 0, r.stderr
@@ -189,6 +191,7 @@ DS_IO_JSON_KEYS = {
 }  # added by issue 11 (bench --gpu); tests/python/test_gpu_cli.py checks it
 
 
+@pytest.mark.wheel
 def test_ds_io_json_schema(tmp_dir):
     r = run(
         "bench",

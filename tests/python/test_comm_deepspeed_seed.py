@@ -50,7 +50,8 @@ def _have(mod):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 @pytest.mark.skipif(not (_have("mpi4py") and _have("torch")), reason="needs mpi4py and torch")
 @pytest.mark.skipif(not _have("deepio.comm"), reason="deepio built without MPI (no deepio._comm)")
-@pytest.mark.parametrize("np_", [2, 3, 4])
+# Two ranks in the default run; three and four (slow) in the full run (scripts/test.sh --full).
+@pytest.mark.parametrize("np_", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
 def test_deepspeed_mpi_backend_seed(np_):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *_python(), HERE, "--worker"]

@@ -91,7 +91,8 @@ def _run_world(np_):
 @pytest.mark.skipif(not _have("mpi4py"), reason="needs mpi4py")
 @pytest.mark.skipif(not _have("deepio.comm"), reason="deepio built without MPI (no deepio._comm)")
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("np_", [2, 3, 4])
+# Two ranks in the default run; three and four (slow) in the full run (scripts/test.sh --full).
+@pytest.mark.parametrize("np_", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
 def test_comm_mpi(np_, case):
     res, rc, out, err = _run_world(np_)
     if case not in res:

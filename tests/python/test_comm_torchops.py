@@ -261,7 +261,8 @@ def mpi_out(tmp_path_factory):
 @needs_comm
 @needs_mpirun
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("np_", [2, 4])
+# Two ranks in the default run; three and four (slow) in the full run (scripts/test.sh --full).
+@pytest.mark.parametrize("np_", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_torchops_mpi(np_, case, mpi_out):
     res, rc, out, err = _run_world(np_, mpi_out)
     if case not in res:
@@ -274,7 +275,7 @@ def test_torchops_mpi(np_, case, mpi_out):
 
 @needs_comm
 @needs_mpirun
-@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("np_", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_nccl_backend_gloo_ranks_equal_mpi_path(np_, mpi_out, tmp_path):
     # Plain torch.distributed ranks (no MPI in these processes) against the MPI job's files.
     res, rc, out, err = _run_world(np_, mpi_out)

@@ -70,6 +70,7 @@ def _same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
 # ------------------------------------------------------------------------------- the example
 
 
+@pytest.mark.slow
 def test_example_trains_saves_and_resumes(tmp_dir):
     """examples/dcp_train.py: 2 ranks, FSDP2, save and resume through deepio.dcp (the
     program checks the resumed state and the losses after it); its checkpoint loads whole in
@@ -111,6 +112,7 @@ def saved_by_4(session_dir):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_reshard_4_to_2(saved_by_4):
     """2 ranks load what 4 saved, in other placements (DTensors sharded the other way or
     replicated, a ShardedTensor of 2 shards, the ShardedTensor as a DTensor, the tensors of
@@ -120,6 +122,7 @@ def test_reshard_4_to_2(saved_by_4):
     _program("load2", saved_by_4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", [deepio.dcp.FileSystemReader, dcp.FileSystemReader], ids=["deepio", "torch"])
 def test_reshard_4_to_1(saved_by_4, reader):
     """One process, no process group, loads every tensor whole: bytes equal to the full
@@ -148,6 +151,7 @@ def test_reshard_4_to_1(saved_by_4, reader):
 # --------------------------------------------------------------- async_save, thread and process
 
 
+@pytest.mark.slow
 def test_async_save_thread_and_process(tmp_dir):
     """dcp.async_save with deepio.dcp's writer on 2 ranks, with each of torch's checkpointer
     types: THREAD, and PROCESS, where the writer is pickled to each rank's background process
@@ -207,6 +211,7 @@ def tmpfs_2m(tmp_dir):
         yield mnt
 
 
+@pytest.mark.slow
 def test_enospc_fails_every_rank(tmp_dir, tmpfs_2m):
     """2 ranks save over a checkpoint on a 2 MiB tmpfs a state dict of 6 MiB: dcp.save raises
     on every rank (naming ENOSPC), and nothing claims completion: the old .metadata is gone,

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import needs_torch
 
 PROGRAM = textwrap.dedent(
@@ -44,6 +46,7 @@ PROGRAM = textwrap.dedent(
 )
 
 
+@pytest.mark.wheel
 @needs_torch
 def test_every_api_shares_one_engine(tmp_dir):
     r = subprocess.run([sys.executable, "-c", PROGRAM, str(tmp_dir)], capture_output=True, text=True, timeout=300)

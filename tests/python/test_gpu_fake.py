@@ -89,9 +89,11 @@ def test_gpu_cases_with_fake_drivers(fakes):
     run_cases("fake", str(fakes[0]), str(fakes[1]))
 
 
+@pytest.mark.slow
 def test_gpu_cases_with_fake_cuda_without_cufile(fakes):
     run_cases("nocufile", str(fakes[0]), "none")
 
 
+@pytest.mark.slow
 def test_gpu_cases_without_cuda():
     run_cases("absent", "none", "none")

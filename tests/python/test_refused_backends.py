@@ -93,6 +93,7 @@ def _cli_backends() -> str:
     [((True, False), "libaio"), ((True, True), "threads")],
     ids=["io_uring-refused", "io_uring-and-libaio-refused"],
 )
+@pytest.mark.wheel
 def test_a_refused_backend_falls_back_and_says_why(tmp_path, refuse, refused, expected):
     io_uring, aio = refused
     refuse(io_uring=io_uring, aio=aio)
@@ -108,6 +109,7 @@ def test_a_refused_backend_falls_back_and_says_why(tmp_path, refuse, refused, ex
         assert "io_uring  unavailable" in text, text
 
 
+@pytest.mark.wheel
 def test_nothing_refused_picks_io_uring(tmp_path):
     """The control: the same child, sysctls untouched, gets io_uring (so the cases above test
     the refusal, not this machine)."""

@@ -94,6 +94,7 @@ state_dicts = hs.dictionaries(names.filter(lambda s: s != "__metadata__"), tenso
 metadatas = hs.none() | hs.dictionaries(hs.text(max_size=5), hs.text(max_size=8), max_size=3)
 
 
+@pytest.mark.wheel
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sd=state_dicts, md=metadatas)
 def test_same_bytes_and_tensors_as_safetensors(sd, md, tmp_dir):
@@ -584,6 +585,7 @@ def test_save_is_renamed_into_place(tmp_dir):
 # -------------------------------------------------------------------- benchmark program
 
 
+@pytest.mark.slow
 def test_load_safetensors_bench_program(tmp_dir):
     """bench/load_safetensors.py (once ``python -m deepio.safetensors``): a tiny run prints the
     load beside the disk ceiling; a missing file and a CUDA device torch lacks are one line on

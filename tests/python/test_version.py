@@ -24,11 +24,13 @@ def _project_version() -> str:
     return m.group(1)
 
 
+@pytest.mark.wheel
 def test_the_package_the_metadata_and_cmake_agree():
     assert deepio.__version__ == _project_version()
     assert importlib.metadata.version("deepio") == deepio.__version__
 
 
+@pytest.mark.wheel
 def test_the_command_reports_the_same_version():
     if CLI is None:
         pytest.skip("the deepio command is not built (set DEEPIO_CLI)")
