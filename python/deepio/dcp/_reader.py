@@ -427,12 +427,16 @@ class FileSystemReader(T.FileSystemReader):
         first = self._submitting(
             reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads, device)
         )
-        self._collect(path, reads, first)
+        checks = {id(req): (target, crc) for req, target, crc in direct if crc} if self.verify_crc else {}
+
+        def check(req: Any) -> BaseException | None:
+            # Each destination's CRC-32 as soon as its read is done, while later reads run.
+            target, crc = checks.get(id(req), (None, 0))
+            got = _crc_of(target) if target is not None else crc
+            return CorruptFileError(path, _crc_message(req, "the tensor's data", crc, got)) if got != crc else None
+
+        self._collect(path, reads, first, check if checks else None)
         if self.verify_crc:
-            for req, target, crc in direct:
-                got = _crc_of(target)
-                if crc and got != crc:
-                    raise CorruptFileError(path, _crc_message(req, "the tensor's data", crc, got))
             for req in reqs:
                 info = self.storage_data[req.storage_index]
                 if req.storage_index in whole and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
@@ -542,9 +546,15 @@ class FileSystemReader(T.FileSystemReader):
         return (target, where[0]) if fits else None
 
     @staticmethod
-    def _collect(path: str, reads: list[tuple[Future, Any, int]], first: BaseException | None) -> None:
-        """Waits for every read of ``reads`` (emptied) and raises ``first``, a read's error or
-        ``CorruptFileError`` for a short read."""
+    def _collect(
+        path: str,
+        reads: list[tuple[Future, Any, int]],
+        first: BaseException | None,
+        check: Callable[[Any], BaseException | None] | None = None,
+    ) -> None:
+        """Waits for every read of ``reads`` (emptied, in order) and raises ``first``, a read's
+        error, ``CorruptFileError`` for a short read or what ``check(request)`` returns, called
+        once each read is complete while nothing failed yet."""
         for fut, req, at in reads:
             try:
                 got = fut.result()
@@ -556,6 +566,8 @@ class FileSystemReader(T.FileSystemReader):
                     path,
                     f"truncated: item {_item_name(req)}: only {got} of the {fut.nbytes} bytes at {at} could be read",
                 )
+            elif check is not None and first is None:
+                first = check(req)
         reads.clear()
         if first is not None:
             raise first
