@@ -107,6 +107,22 @@ def test_a_data_file_of_another_checkpoint_is_refused_naming_both(tmp_dir):
     assert f"the checkpoint at {str(a)!r}" in str(e) and f"the checkpoint at {str(b)!r}" in str(e)
 
 
+def test_a_multi_folder_checkpoint_from_before_still_loads(tmp_dir, monkeypatch):
+    """A checkpoint saved with extra_paths before issue 36 (files at the top of the extra
+    folders, no owner mark: the writer's naming and mark turned off here) still loads."""
+    from deepio.dcp import _owner
+
+    main, extra = tmp_dir / "ck", [tmp_dir / "nvme1", tmp_dir / "nvme2"]
+    with monkeypatch.context() as m:
+        m.setattr(_owner, "extra_dir", lambda main, save_id: "")
+        m.setattr(_owner, "mark", lambda main, save_id: b"")
+        dcp.save(_step(5.0), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
+    assert all(list(f.glob("*.distcp")) for f in extra)
+    out = _empty()
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
+    _same(out, _step(5.0))
+
+
 @pytest.mark.parametrize("fqn", ["big", "w.w1", "small"])
 def test_a_flipped_byte_is_refused_naming_the_file_and_the_item(tmp_dir, fqn):
     """A byte of a tensor's stored data flipped: read straight into the destination ("big",

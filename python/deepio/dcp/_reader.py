@@ -336,11 +336,16 @@ class FileSystemReader(T.FileSystemReader):
             raise errors[0]
 
     def _expects_mark(self, reqs: list[Any]) -> bool:
-        """Whether the file of ``reqs`` must carry this checkpoint's owner mark: every file
-        not at torch's names at the top of the main path (_owner), where the metadata
-        records a save id."""
+        """Whether the file of ``reqs`` must carry this checkpoint's owner mark: every file in
+        a save's folder (``_owner``: in an extra folder, or ``save.*`` in the main path), where
+        the metadata records a save id. Files at torch's names at the top of the main path
+        carry none, nor do those of checkpoints saved before issue 36 with ``extra_paths``
+        (at the top of the extra folders): those still load, unchecked."""
         rel = self.storage_data[reqs[0].storage_index].relative_path if reqs else ""
-        return self._owner is not None and (os.path.isabs(rel) or "/" in rel)
+        parent = os.path.basename(os.path.dirname(rel))
+        if os.path.isabs(rel):
+            return self._owner is not None and _owner.is_extra_dir(parent)
+        return self._owner is not None and _owner.is_save_dir(parent)
 
     def _check_owner(self, f: File, path: str, size: int) -> None:
         """Refuses a file whose owner mark names another checkpoint (or that has none) with
@@ -591,5 +596,8 @@ class FileSystemReader(T.FileSystemReader):
                 f"deepio.dcp: item {_item_name(req)}: the checkpoint holds a piece of size "
                 f"{tuple(tensor.size())}, the destination is {tuple(target.size())}"
             )
-        target.copy_(tensor)
+        if target.is_cuda:  # on the caller's current stream, from its thread (_OnCaller)
+            self._on_caller.run(functools.partial(target.copy_, tensor))
+        else:
+            target.copy_(tensor)
         planner.commit_tensor(req, target)
