@@ -147,16 +147,22 @@ class _OnCaller:
                     slot[1] = e
                 done.set()
         finally:
-            with self._lock:
-                self._closed = True
-            while True:  # refuse what is still queued: nobody will run it
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job[1][1] = RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
-                    job[2].set()
+            self.close()
+
+    def close(self) -> None:
+        """Stops taking hand-overs: what is queued, and any later ``run`` from another
+        thread, raises RuntimeError (also where ``serve`` never ran: a reading thread that
+        started while a later one failed to)."""
+        with self._lock:
+            self._closed = True
+        while True:  # refuse what is still queued: nobody will run it
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[1][1] = RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
+                job[2].set()
 
 
 class _OneAtATime:
@@ -331,6 +337,7 @@ class FileSystemReader(T.FileSystemReader):
         try:
             _side_by_side(tasks, "deepio.dcp-read")
         finally:
+            caller.close()
             engines.close()
         if errors:
             raise errors[0]
