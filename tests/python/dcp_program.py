@@ -7,9 +7,11 @@ FOLDER/torch; then each rank loads it back in the same layout, resharded (Shard(
 and crosswise (torch's reader over deepio's files, deepio's over torch's), and checks every
 value. Exit status 0 when all ranks passed.
 
-``dcp_program.py killed FOLDER``: one process saves a complete checkpoint to FOLDER, then
-saves over it (overwrite=True, one file per item) a state dict whose last item kills the
-process with SIGKILL while it is pickled, after the tensors before it were written.
+``dcp_program.py killed FOLDER [EXTRA...]``: one process saves a complete checkpoint to
+FOLDER (with the extra folders EXTRA, if any), then saves over it (overwrite=True, one file per
+item) a state dict whose last item kills the process with SIGKILL while it is pickled, after
+the tensors before it were written. ``killed-first FOLDER``: the second save alone, into a
+folder with no checkpoint.
 
 ``dcp_program.py save4 FOLDER``: four ranks save ``resharded_state`` (DTensors sharded
 unevenly by rows and by columns, a ShardedTensor, an optimizer-like nested part, each rank's
@@ -116,11 +118,13 @@ class _Killer:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _killed(folder: str) -> None:
+def _killed(folder: str, extra: list[str], first: bool = True) -> None:
     sd: dict[str, Any] = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(1000)}
-    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder))
+    if first:
+        dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder, extra_paths=extra))
     sd = {"a": torch.zeros(1 << 20), "b": torch.zeros(1000), "z": _Killer()}
-    dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(folder, single_file_per_rank=False))
+    writer = deepio.dcp.FileSystemWriter(folder, single_file_per_rank=False, extra_paths=extra)
+    dcp.save(sd, storage_writer=writer)
     raise SystemExit("not killed")
 
 
@@ -404,7 +408,9 @@ if __name__ == "__main__":
         mp.spawn(_spawned, args=(folder,), nprocs=WORLD, join=True)
         print("ranks OK")
     elif mode == "killed":
-        _killed(folder)
+        _killed(folder, sys.argv[3:])
+    elif mode == "killed-first":
+        _killed(folder, [], first=False)
     elif mode == "save4":
         _run_ranks(4, folder, _save4)
     elif mode == "load2":

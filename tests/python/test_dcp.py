@@ -177,30 +177,35 @@ class _Unpicklable:
         raise RuntimeError("cannot pickle this")
 
 
-def test_failed_overwrite_leaves_no_checkpoint(tmp_dir):
-    """A save over an old checkpoint that fails once data files are being rewritten leaves a
-    folder load refuses, not the old metadata over new data (what torch's writer leaves)."""
+def test_failed_overwrite_leaves_the_old_checkpoint(tmp_dir):
+    """A save over an old checkpoint that fails once data files are being written leaves the
+    old checkpoint whole (new data goes under new names, .metadata is switched last): load
+    gives the old values, not a mix (what torch's writer leaves) and not nothing."""
     dcp.save({"a": torch.ones(4), "b": torch.ones(4)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     bad = {"a": torch.zeros(4), "b": torch.zeros(4), "z": _Unpicklable()}
     with pytest.raises(CheckpointException, match="cannot pickle this"):
         dcp.save(bad, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck", single_file_per_rank=False))
-    assert not (tmp_dir / "ck" / ".metadata").exists()
-    with pytest.raises(CheckpointException) as info:
-        dcp.load({"a": torch.empty(4)}, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
-    assert "no checkpoint at" in str(_cause(info))
+    out = {"a": torch.empty(4), "b": torch.empty(4)}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    assert torch.equal(out["a"], torch.ones(4)) and torch.equal(out["b"], torch.ones(4))
 
 
-def test_write_error_mid_save_leaves_no_checkpoint(tmp_dir, fault):
+def test_write_error_mid_save_leaves_the_old_checkpoint(tmp_dir, fault):
     """An EIO from the engine on a data file's write (test hooks) fails dcp.save with that
-    OSError naming the data file, after the old .metadata is gone: load refuses the folder."""
+    OSError naming the data file (the save's own, in a folder of its own next to the old
+    checkpoint's files); the old checkpoint still loads."""
     dcp.save({"t0": torch.ones(4)}, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     fault("write", errno=errno.EIO, after=2, path_contains=".distcp")
     with pytest.raises(CheckpointException) as info:
         sd = {f"t{i}": torch.randn(1 << 20) for i in range(4)}
         dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "ck"))
     e = _cause(info)
-    assert isinstance(e, OSError) and e.errno == errno.EIO and e.filename == str(tmp_dir / "ck" / "__0_0.distcp")
-    assert not (tmp_dir / "ck" / ".metadata").exists()
+    assert isinstance(e, OSError) and e.errno == errno.EIO
+    name = Path(e.filename)
+    assert name.name == "__0_0.distcp" and name.parent.parent == tmp_dir / "ck" and name.parent.name.startswith("save.")
+    out = {"t0": torch.empty(4)}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(tmp_dir / "ck"))
+    assert torch.equal(out["t0"], torch.ones(4))
 
 
 def test_read_errors_at_load(tmp_dir, fault):
@@ -223,12 +228,13 @@ def test_read_errors_at_load(tmp_dir, fault):
         assert torch.equal(out[k], v), k
 
 
-def test_killed_save_is_refused(tmp_dir):
-    """A save killed with SIGKILL mid-way (over an older checkpoint) leaves data files and no
-    metadata; dcp.load refuses the folder, saying why."""
+def test_killed_first_save_is_refused(tmp_dir):
+    """A first save killed with SIGKILL mid-way leaves data files and no metadata; dcp.load
+    refuses the folder, saying why. (Killed over an older checkpoint, the old one stays:
+    test_dcp_ownership.py.)"""
     folder = tmp_dir / "ck"
     r = subprocess.run(
-        [sys.executable, "-W", "ignore", str(HERE / "dcp_program.py"), "killed", str(folder)],
+        [sys.executable, "-W", "ignore", str(HERE / "dcp_program.py"), "killed-first", str(folder)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -379,13 +385,16 @@ def test_extra_paths_spread_files_and_load_from_the_main_path(tmp_dir, single_fi
     assert sorted(n for n in os.listdir(main) if not n.endswith(".distcp")) == [".metadata"]
     sizes = []
     for folder in (main, *extra):
-        files = list(folder.glob("*.distcp"))
+        files = list(folder.glob("*.distcp")) + list(folder.glob("*/*.distcp"))
         assert files, f"{folder} got no data file"
         sizes.append(sum(f.stat().st_size for f in files))
-    assert all(sorted(os.listdir(folder)) == sorted(f.name for f in folder.glob("*.distcp")) for folder in extra)
+    # each extra folder holds one folder of this save's own (issue 36): data files and its owner
+    assert all(len(os.listdir(folder)) == 1 for folder in extra)
+    for d in (d for f in extra for d in f.iterdir()):
+        assert sorted(os.listdir(d)) == sorted([*(f.name for f in d.glob("*.distcp")), "owner"])
     assert max(sizes) - min(sizes) <= 4 * 25000 + 8192, sizes  # round robin by size: within one file
     recorded = _relative_paths(main)
-    assert {os.path.dirname(p) for p in recorded} == {"", str(extra[0]), str(extra[1])}, recorded
+    assert {os.path.dirname(os.path.dirname(p)) for p in recorded} == {"", str(extra[0]), str(extra[1])}, recorded
     for reader in (deepio.dcp.FileSystemReader(main), dcp.FileSystemReader(main)):
         out = _with_big(_state(fill=False))
         dcp.load(out, storage_reader=reader)
@@ -411,14 +420,18 @@ def test_moved_extra_folders_load_with_folder_map(tmp_dir):
     moved = [tmp_dir / "new1", tmp_dir / "new2"]
     for old, new in zip(extra, moved):
         os.rename(old, new)
-    missing = {str(p) for p in _relative_paths(main) if os.path.dirname(p) == str(extra[0])}
+
+    def extra_of(p: str) -> str:
+        return os.path.dirname(os.path.dirname(p))
+
+    missing = {str(p) for p in _relative_paths(main) if extra_of(p) == str(extra[0])}
     with pytest.raises(CheckpointException) as info:
         dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
     e = _cause(info)
     assert isinstance(e, FileNotFoundError) and e.filename in missing | {
-        str(p) for p in _relative_paths(main) if os.path.dirname(p) == str(extra[1])
+        str(p) for p in _relative_paths(main) if extra_of(p) == str(extra[1])
     }
-    folder = os.path.dirname(e.filename)
+    folder = extra_of(e.filename)
     assert f"its folder {folder!r} does not exist" in str(e) and f"folder_map={{{folder!r}: NEW_FOLDER}}" in str(e)
     with pytest.raises(CheckpointException) as info:
         dcp.load(_with_big(_state(fill=False)), storage_reader=dcp.FileSystemReader(main))
@@ -427,7 +440,7 @@ def test_moved_extra_folders_load_with_folder_map(tmp_dir):
     with pytest.raises(CheckpointException) as info:
         reader = deepio.dcp.FileSystemReader(main, folder_map={extra[0]: moved[0]})
         dcp.load(_with_big(_state(fill=False)), storage_reader=reader)
-    assert os.path.dirname(_cause(info).filename) == str(extra[1])
+    assert extra_of(_cause(info).filename) == str(extra[1])
     cwd = os.getcwd()
     os.chdir(tmp_dir)
     try:
@@ -442,13 +455,13 @@ def test_moved_extra_folders_load_with_folder_map(tmp_dir):
 def test_missing_file_in_an_extra_folder_is_named(tmp_dir):
     main, extra = _drives(tmp_dir)
     dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
-    gone = next(extra[1].glob("*.distcp"))
+    gone = next(extra[1].glob("*/*.distcp"))
     gone.unlink()
     with pytest.raises(CheckpointException) as info:
         dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
     e = _cause(info)
     assert isinstance(e, FileNotFoundError) and e.filename == str(gone)
-    assert f"its folder {str(extra[1])!r} has no {gone.name}" in str(e)
+    assert f"its folder {str(extra[1])!r} has no {gone.parent.name}/{gone.name}" in str(e)
 
 
 def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir, monkeypatch):
@@ -470,6 +483,7 @@ def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir,
 
     def meeting(self, path, reqs, planner, handle=None):
         folder = os.path.dirname(path)
+        folder = folder if folder == str(main) else os.path.dirname(folder)
         if folder not in first:
             first.add(folder)
             engines.add(id(handle) if handle is not None else None)
@@ -514,9 +528,10 @@ def test_each_extra_folder_is_written_through_an_engine_of_its_own(tmp_dir, monk
     used: dict[str, set] = {}
     real = deepio.dcp._writer._write_file
 
-    def spy(path, key, items, planner, durable, by_size=False, handle=None):
-        used.setdefault(os.path.dirname(path), set()).add(handle)
-        return real(path, key, items, planner, durable, by_size, handle)
+    def spy(path, key, items, planner, durable, by_size=False, handle=None, **kw):
+        folder = os.path.dirname(path)
+        used.setdefault(folder if folder == str(main) else os.path.dirname(folder), set()).add(handle)
+        return real(path, key, items, planner, durable, by_size, handle, **kw)
 
     monkeypatch.setattr(deepio.dcp._writer, "_write_file", spy)
     writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, thread_count=4)
@@ -535,7 +550,7 @@ def test_a_corrupt_file_on_one_drive_fails_the_load_naming_it(tmp_dir):
     raises CorruptFileError naming that file, once every folder's thread stopped."""
     main, extra = _drives(tmp_dir)
     dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
-    victim = max(extra[1].glob("*.distcp"), key=lambda p: p.stat().st_size)
+    victim = max(extra[1].glob("*/*.distcp"), key=lambda p: p.stat().st_size)
     os.truncate(victim, victim.stat().st_size // 2)
     with pytest.raises(CheckpointException) as info:
         dcp.load(_with_big(_state(fill=False)), storage_reader=deepio.dcp.FileSystemReader(main))
@@ -543,31 +558,27 @@ def test_a_corrupt_file_on_one_drive_fails_the_load_naming_it(tmp_dir):
     assert isinstance(e, deepio.CorruptFileError) and str(victim) in str(e)
 
 
-def test_overwrite_false_refuses_data_in_an_extra_folder(tmp_dir):
-    """overwrite=False refuses when an extra folder holds data files already (another
-    checkpoint's, or this one's from a save that never finished), before writing anything;
-    empty or missing extra folders are fine (made)."""
+def test_overwrite_false_and_shared_extra_folders(tmp_dir):
+    """overwrite=False refuses a main path that holds a checkpoint, before writing anything;
+    another checkpoint's files in an extra folder are no reason to refuse (each save's files
+    are in a folder of its own there: issue 36), and both checkpoints load; missing extra
+    folders are made."""
     main, extra = _drives(tmp_dir)
     dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
-    before = {f: _data_files(f) for f in (main, *extra)}
-    other = tmp_dir / "other"
+    before = {f: sorted(f.rglob("*")) for f in (main, *extra)}
     with pytest.raises(CheckpointException) as info:
-        dcp.save(
-            _with_big(_state()),
-            storage_writer=deepio.dcp.FileSystemWriter(
-                other, extra_paths=[tmp_dir / "fresh", extra[1]], overwrite=False
-            ),
-        )
-    e = _cause(info)
-    assert isinstance(e, FileExistsError) and e.filename == str(extra[1]) and "overwrite=False" in str(e)
-    assert not list(other.glob("*")) and not (tmp_dir / "fresh").exists()
-    assert {f: _data_files(f) for f in (main, *extra)} == before
-    (main / ".metadata").unlink()  # a save that never finished: its data files still count
-    with pytest.raises(CheckpointException):
         dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra, overwrite=False))
-    new = [tmp_dir / "a" / "b", tmp_dir / "c"]
+    e = _cause(info)
+    assert isinstance(e, FileExistsError) and e.filename == str(main) and "overwrite=False" in str(e)
+    assert {f: sorted(f.rglob("*")) for f in (main, *extra)} == before
+    other = tmp_dir / "other"
+    new = [tmp_dir / "a" / "b", extra[1]]
     dcp.save(_state(), storage_writer=deepio.dcp.FileSystemWriter(other, extra_paths=new, overwrite=False))
-    assert all(list(f.glob("*.distcp")) for f in new)
+    assert list(new[0].glob("*/*.distcp"))
+    for folder, want in ((main, _with_big(_state())), (other, _state())):
+        out = _with_big(_state(fill=False)) if folder == main else _state(fill=False)
+        dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(folder))
+        _assert_same(out, want)
 
 
 def test_extra_folders_are_flushed_before_the_metadata(tmp_dir, monkeypatch):
@@ -638,7 +649,7 @@ def test_extra_paths_with_async_save(tmp_dir):
     main, extra = _drives(tmp_dir)
     fut = dcp.async_save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
     fut.result()
-    assert all(list(f.glob("*.distcp")) for f in (main, *extra))
+    assert list(main.glob("*.distcp")) and all(list(f.glob("*/*.distcp")) for f in extra)
     out = _with_big(_state(fill=False))
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
     _assert_same(out, _with_big(_state()))

@@ -10,9 +10,10 @@ torch's reader loads what deepio writes and the other way round)::
     dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader("/nvme/step100"))
 
 Several drives without RAID: ``FileSystemWriter(path, extra_paths=[folder_on_drive2, ...])``
-spreads each rank's data files over ``path`` and those folders; the metadata in ``path``
-records where each went, so ``FileSystemReader(path)`` finds them (``folder_map={old: new}``
-where extra folders moved).
+spreads each rank's data files over ``path`` and those folders (which checkpoints may share:
+each save's files go to a folder of its own there); the metadata in ``path`` records where
+each went, so ``FileSystemReader(path)`` finds them (``folder_map={old: new}`` where extra
+folders moved).
 
 ``HuggingFaceStorageWriter`` and ``HuggingFaceStorageReader`` are torch's storage of a folder
 of ``.safetensors`` files, the writer's files written durably through the engine (byte-identical
@@ -23,8 +24,12 @@ they can be (``_hf``: what is deepio's, what is torch's)::
     dcp.load(state_dict, storage_reader=deepio.dcp.HuggingFaceStorageReader("/nvme/hf"))
 
 Data files are written and read through the engine (``_writer``, ``_reader``: each module's
-docstring says what is still torch's code); ``.metadata`` goes in place last and durably, so a
-save killed midway leaves a folder that ``dcp.load`` refuses rather than half-loads. Importing
+docstring says what is still torch's code). A checkpoint owns its files (``_owner``): a save
+over an existing checkpoint writes new names and switches ``.metadata`` last and durably, so a
+save killed midway leaves the old checkpoint loadable (a first save killed leaves a folder
+``dcp.load`` refuses); the reader refuses a data file another save wrote, and checks the
+CRC-32 of every record it reads (``FileSystemReader(path, verify_crc=False)`` skips that), both
+with ``deepio.CorruptFileError``. Importing
 this package imports torch.distributed.checkpoint (``import deepio`` does not). See
 docs/checkpoints.md, "Distributed checkpoint (DCP)".
 """

@@ -16,9 +16,18 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
   (torch.save's local headers, data.pkl and zip directory: ``_record.layout``); where the
   requested piece is one run of the stored bytes (``_record.piece``: the whole tensor, whole
   rows) and the destination a contiguous tensor of the stored dtype and the piece's shape, in
-  host memory or in CUDA memory (where the engine found the CUDA driver: its GPU path,
-  GPUDirect Storage or pinned staging), the piece is read straight into the destination: no
-  copy, no torch.load;
+  host memory or in CUDA memory (where the engine found the CUDA driver), the piece is read
+  straight into the destination: no copy, no torch.load. CUDA memory is read through
+  ``_cuda_engine()`` (the default GdsHandle where GPUDirect Storage is usable, else the
+  default engine's staging pipeline; the file opened on that engine too), the read submitted
+  on the thread that called ``read_data`` (``_OnCaller``), so that its ordering event is
+  recorded on that thread's current stream;
+- with ``verify_crc`` (the default) each stored record read is checked against the CRC-32 its
+  zip records, before the batch's items reach the planner: every record of an item read
+  whole; the tensor's record of a piece read straight into its destination (CUDA memory
+  copied back in ``CRC_CHUNK_BYTES`` pieces); a piece that is part of its record is read as
+  an item read whole instead. A mismatch is ``deepio.CorruptFileError`` naming the file and
+  the item. Records without a CRC-32 (0), bytes items and stream extensions are not checked;
 - every other item (small ones, bytes items, column pieces, transposed tensors, other device
   or other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
   a tensor record is rebuilt by ``torch.load`` (``weights_only=True``,
@@ -26,6 +35,11 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
   the requested piece and copied into the destination as torch does; a bytes item goes to
   ``planner.load_bytes`` as an ``io.BytesIO``; stream extensions are undone by torch's
   transforms over the bytes read.
+
+Ownership (``_owner``): a data file not at torch's names at the top of the main path must end
+with the owner mark of the save ``.metadata`` records (``StorageMeta.save_id``); one that
+names another save, or has none, is refused with ``deepio.CorruptFileError`` naming both
+checkpoints, before its items are read.
 
 A data file the metadata records by an absolute path (deepio's writer with ``extra_paths``) is
 read from there, or from where ``folder_map`` says its folder moved; one that is missing is
@@ -43,17 +57,19 @@ import errno
 import functools
 import io
 import os
+import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
 
-from .. import _deepio
+from .. import _deepio, _engine
 from .._errors import CorruptFileError
 from .._file import File, Future
+from ..checkpoint._filling import _crc32
 from ..checkpoint._zip import _MemoryFile
-from . import _record
+from . import _owner, _record
 from . import _torchapi as T
 from ._writer import _DriveEngines, _side_by_side
 
@@ -69,6 +85,84 @@ TAIL_BYTES = 4096
 def _engine_reads_cuda() -> bool:
     """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
     return bool(_deepio.gpu_info().get("cuda_found"))
+
+
+def _cuda_engine() -> Any:
+    """The engine reads into CUDA memory go through, as deepio.safetensors': the default
+    GdsHandle where GPUDirect Storage is usable (cuFile: file to device memory), else the
+    default engine (its staging pipeline: bounded page-locked slots, copies on its own
+    streams). Looked up at each use (a forked child gets its own)."""
+    return _engine.default("gds" if _deepio.gpu_info().get("gds_mode") == "gds" else "cpu")
+
+
+#: Bytes of a CUDA destination copied back to the host at a time for its CRC-32.
+CRC_CHUNK_BYTES = 64 << 20
+
+
+class _OnCaller:
+    """Runs the submissions of reads into CUDA memory on the thread that called ``read_data``,
+    so that the event each one records (on ``torch.cuda.current_stream()``, the binding's
+    ordering after the destination's producer: docs/gpu.md) is recorded on the caller's current
+    stream, from the caller's thread; torch's current stream is per thread. On that thread
+    ``run(fn)`` calls ``fn`` at once; on another (a folder's reading thread) it hands ``fn`` to
+    ``serve``, which the calling thread runs while the others read, and waits for its result.
+    Once ``serve`` stopped (Ctrl-C), ``run`` raises instead of waiting."""
+
+    def __init__(self) -> None:
+        self._caller = threading.get_ident()
+        self._jobs: queue.Queue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        if threading.get_ident() == self._caller:
+            return fn()
+        slot: list[Any] = [None, None]  # (result, exception)
+        done = threading.Event()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
+            self._jobs.put((fn, slot, done))
+        done.wait()
+        if slot[1] is not None:
+            raise slot[1]
+        return slot[0]
+
+    def ended(self) -> None:
+        """A reading thread is done (called once by each, however it ended)."""
+        self._jobs.put(None)
+
+    def serve(self, threads: int) -> None:
+        """On the calling thread: runs what ``run`` hands over until ``threads`` threads ended."""
+        try:
+            while threads:
+                job = self._jobs.get()
+                if job is None:
+                    threads -= 1
+                    continue
+                fn, slot, done = job
+                try:
+                    slot[0] = fn()
+                except BaseException as e:  # the reading thread raises it
+                    slot[1] = e
+                done.set()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops taking hand-overs: what is queued, and any later ``run`` from another
+        thread, raises RuntimeError (also where ``serve`` never ran: a reading thread that
+        started while a later one failed to)."""
+        with self._lock:
+            self._closed = True
+        while True:  # refuse what is still queued: nobody will run it
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[1][1] = RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
+                job[2].set()
 
 
 class _OneAtATime:
@@ -93,6 +187,25 @@ class _OneAtATime:
             self._planner.load_bytes(req, value)
 
 
+def _crc_of(t: torch.Tensor) -> int:
+    """The CRC-32 of a contiguous tensor's bytes: in place for host memory, CUDA memory copied
+    back ``CRC_CHUNK_BYTES`` at a time (the read is complete for every stream: docs/gpu.md)."""
+    flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    if not flat.is_cuda:
+        return int(_crc32(memoryview(cast(Any, flat.numpy())))) & 0xFFFFFFFF
+    crc = 0
+    for at in range(0, flat.numel(), CRC_CHUNK_BYTES):
+        crc = _crc32(memoryview(cast(Any, flat[at : at + CRC_CHUNK_BYTES].cpu().numpy())), crc)
+    return int(crc) & 0xFFFFFFFF
+
+
+def _crc_message(req: Any, what: str, stored: int, got: int) -> str:
+    return (
+        f"item {_item_name(req)}: {what} does not match its CRC-32 (recorded {stored:08x}, read {got:08x}): "
+        "the file changed after it was written (load with verify_crc=False to skip this check)"
+    )
+
+
 def _item_name(req: Any) -> str:
     idx = req.storage_index
     return f"{idx.fqn!r}" + (f" (chunk at {list(idx.offset)})" if idx.offset is not None else "")
@@ -104,18 +217,35 @@ class FileSystemReader(T.FileSystemReader):
     Reads checkpoints written by torch's FileSystemWriter and by deepio.dcp's alike. Use it as
     torch's: ``dcp.load(state_dict, storage_reader=deepio.dcp.FileSystemReader(path))``.
 
-    deepio's own argument, keyword only: ``folder_map``, ``{old: new}`` for a checkpoint
+    deepio's own arguments, keyword only: ``verify_crc=True`` (False: no CRC-32 check of
+    the records read; see the module) and ``folder_map``, ``{old: new}`` for a checkpoint
     written with ``extra_paths`` whose extra folders moved: a data file the metadata records
     in folder ``old`` (the absolute path the writer was given) is read from ``new``. Relative
     paths are taken from the current folder. A data file whose folder is gone raises
     ``FileNotFoundError`` naming the file, its folder and ``folder_map``."""
 
-    def __init__(self, path: Any, *args: Any, folder_map: Mapping[Any, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: Any,
+        *args: Any,
+        folder_map: Mapping[Any, Any] | None = None,
+        verify_crc: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(path, *args, **kwargs)
         self.folder_map: dict[str, str] = {
             os.path.abspath(os.fsdecode(old)): os.path.abspath(os.fsdecode(new))
             for old, new in (folder_map or {}).items()
         }
+        self.verify_crc = bool(verify_crc)
+        self._owner: _owner.Owner | None = None
+        self._on_caller = _OnCaller()
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        meta = getattr(metadata, "storage_meta", None)
+        save_id = getattr(meta, "save_id", None)
+        self._owner = _owner.Owner(os.path.abspath(os.fspath(self.path)), save_id) if save_id else None
 
     def _data_path(self, relative_path: str) -> str:
         """Where a data file the metadata records as ``relative_path`` is: in the main path,
@@ -124,12 +254,18 @@ class FileSystemReader(T.FileSystemReader):
         naming it, before any read."""
         if not os.path.isabs(relative_path):
             return os.fspath(self.fs.concat_path(self.path, relative_path))
+        # The extra folder the writer was given: the file's folder, or (deepio's naming since
+        # issue 36: _owner.extra_dir) that folder's parent.
         recorded, name = os.path.split(relative_path)
+        if _owner.is_extra_dir(os.path.basename(recorded)):
+            recorded, name = os.path.dirname(recorded), os.path.join(os.path.basename(recorded), name)
         folder = self.folder_map.get(recorded, recorded)
         path = os.path.join(folder, name)
         if not os.path.exists(path):
             moved = f" (folder_map moved it from {recorded!r})" if folder != recorded else ""
             what = "does not exist" if not os.path.isdir(folder) else f"has no {name}"
+            if os.path.isdir(folder) and not os.path.isdir(os.path.dirname(path)):
+                what = f"has no {os.path.dirname(name)} (the folder of this save's files)"
             raise FileNotFoundError(
                 errno.ENOENT,
                 f"deepio.dcp: data file {path!r} of the checkpoint at {os.fspath(self.path)!r} is missing: "
@@ -154,6 +290,7 @@ class FileSystemReader(T.FileSystemReader):
         return super().read_metadata(*args, **kwargs)
 
     def read_data(self, plan: Any, planner: Any) -> Any:
+        self._on_caller = _OnCaller()  # this thread's: reads into CUDA memory are submitted on it
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
@@ -173,29 +310,73 @@ class FileSystemReader(T.FileSystemReader):
 
     def _read_folders(self, folders: list[list[tuple[str, list[Any]]]], planner: Any) -> None:
         """Reads the files of each folder (a drive, for a checkpoint saved with
-        ``extra_paths``) on a thread of its own, every folder at once; the planner is called
+        ``extra_paths``) on a thread of its own, every folder at once, while the calling
+        thread submits their reads into CUDA memory (``_OnCaller``); the planner is called
         by one thread at a time (``_OneAtATime``). The first failure is raised once every
         thread has stopped; the others stop at their next file."""
         errors: list[BaseException] = []
         one = _OneAtATime(planner)
         engines = _DriveEngines(len(folders))
+        caller = self._on_caller
 
         def work(n: int) -> None:
-            for path, reqs in folders[n]:
-                if errors:
-                    return
-                try:
-                    self._read_file(path, reqs, one, engines.handle(n))
-                except BaseException as e:
-                    errors.append(e)
-                    return
+            try:
+                for path, reqs in folders[n]:
+                    if errors:
+                        return
+                    try:
+                        self._read_file(path, reqs, one, engines.handle(n))
+                    except BaseException as e:
+                        errors.append(e)
+                        return
+            finally:
+                caller.ended()
 
+        tasks: list[Callable[[], None]] = [functools.partial(caller.serve, len(folders))]
+        tasks += [functools.partial(work, n) for n in range(len(folders))]
         try:
-            _side_by_side([functools.partial(work, n) for n in range(len(folders))], "deepio.dcp-read")
+            _side_by_side(tasks, "deepio.dcp-read")
         finally:
+            caller.close()
             engines.close()
         if errors:
             raise errors[0]
+
+    def _expects_mark(self, reqs: list[Any]) -> bool:
+        """Whether the file of ``reqs`` must carry this checkpoint's owner mark: every file in
+        a save's folder (``_owner``: in an extra folder, or ``save.*`` in the main path), where
+        the metadata records a save id. Files at torch's names at the top of the main path
+        carry none, nor do those of checkpoints saved before issue 36 with ``extra_paths``
+        (at the top of the extra folders): those still load, unchecked."""
+        rel = self.storage_data[reqs[0].storage_index].relative_path if reqs else ""
+        parent = os.path.basename(os.path.dirname(rel))
+        if os.path.isabs(rel):
+            return self._owner is not None and _owner.is_extra_dir(parent)
+        return self._owner is not None and _owner.is_save_dir(parent)
+
+    def _check_owner(self, f: File, path: str, size: int) -> None:
+        """Refuses a file whose owner mark names another checkpoint (or that has none) with
+        CorruptFileError naming both."""
+        assert self._owner is not None
+        n = min(size, _owner.MAX_MARK)
+        tail = torch.empty(n, dtype=torch.uint8)
+        if n:
+            got = f.read_into(tail, size - n)
+            if got != n:
+                raise CorruptFileError(path, f"truncated: only {got} of its last {n} bytes could be read")
+        found = _owner.owner(tail.numpy().tobytes())
+        if found is None:
+            raise CorruptFileError(
+                path,
+                f"not a data file of {self._owner}: it carries no owner mark (deepio.dcp marks every data file "
+                "outside the main path's top with the checkpoint that wrote it)",
+            )
+        if found.save_id != self._owner.save_id:
+            raise CorruptFileError(
+                path,
+                f"a data file of {found}, not of {self._owner}, whose metadata points here: "
+                "the file was replaced after this checkpoint was saved",
+            )
 
     def _read_file(self, path: str, reqs: list[Any], planner: Any, handle: Any = None) -> None:
         with File(path, "r", handle=handle) as f:
@@ -210,36 +391,74 @@ class FileSystemReader(T.FileSystemReader):
                     f"truncated: item {_item_name(past[0])} is stored at bytes [{info.offset}, "
                     f"{info.offset + info.length}) but the file has {size} bytes{more}",
                 )
-            start = 0
-            while start < len(reqs):
-                end, nbytes = start, 0
-                while end < len(reqs) and (end == start or nbytes < READ_BATCH_BYTES):
-                    nbytes += self.storage_data[reqs[end].storage_index].length
-                    end += 1
-                self._read_batch(f, path, reqs[start:end], planner)
-                start = end
+            if self._expects_mark(reqs):
+                self._check_owner(f, path, size)
+            cuda: list[File] = []  # the file on the engine for CUDA memory, opened at first use
+
+            def on_device() -> File:
+                if not cuda:
+                    engine = _cuda_engine()
+                    same = engine is (handle if handle is not None else _engine.default())
+                    cuda.append(f if same else File(path, "r", handle=engine))
+                return cuda[0]
+
+            try:
+                start = 0
+                while start < len(reqs):
+                    end, nbytes = start, 0
+                    while end < len(reqs) and (end == start or nbytes < READ_BATCH_BYTES):
+                        nbytes += self.storage_data[reqs[end].storage_index].length
+                        end += 1
+                    self._read_batch(f, path, reqs[start:end], planner, on_device)
+                    start = end
+            finally:
+                if cuda and cuda[0] is not f:
+                    cuda[0].close()
 
     def _end(self, req: Any) -> int:
         info = self.storage_data[req.storage_index]
         return int(info.offset + info.length)
 
-    def _read_batch(self, f: File, path: str, reqs: list[Any], planner: Any) -> None:
+    def _read_batch(
+        self, f: File, path: str, reqs: list[Any], planner: Any, on_device: Callable[[], File] | None = None
+    ) -> None:
         """Loads the items of ``reqs``: the first and last bytes of each large tensor item
         (its zip's local headers, data.pkl and directory), then each piece a request wants
-        straight into its destination where ``_record`` says it is one run of bytes; every
+        straight into its destination where ``_record`` says it is one run of bytes (into
+        CUDA memory through ``on_device()``'s file, submitted on the caller's thread); every
         other item whole into host memory. Every read is waited for before anything is
-        raised."""
+        raised; with ``verify_crc`` each stored record read is checked against its CRC-32
+        before any of the batch's items is committed."""
         whole: dict[Any, torch.Tensor] = {}  # storage_index -> the item's bytes
         ends: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # storage_index -> (head, tail)
         reads: list[tuple[Future, Any, int]] = []
         first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, reads))
         self._collect(path, reads, first)
-        direct: list[tuple[Any, torch.Tensor]] = []
-        first = self._submitting(reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads))
-        self._collect(path, reads, first)
-        for req, target in direct:
+        direct: list[tuple[Any, torch.Tensor, int]] = []  # (request, destination, CRC-32 to match)
+        device = on_device if on_device is not None else (lambda: f)
+        first = self._submitting(
+            reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads, device)
+        )
+        checks = {id(req): (target, crc) for req, target, crc in direct if crc} if self.verify_crc else {}
+
+        def check(req: Any) -> BaseException | None:
+            # Each destination's CRC-32 as soon as its read is done, while later reads run.
+            target, crc = checks.get(id(req), (None, 0))
+            got = _crc_of(target) if target is not None else crc
+            return CorruptFileError(path, _crc_message(req, "the tensor's data", crc, got)) if got != crc else None
+
+        self._collect(path, reads, first, check if checks else None)
+        if self.verify_crc:
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                if req.storage_index in whole and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
+                    raw = whole[req.storage_index]
+                    bad = _record.bad_record(raw.numpy() if raw.numel() else b"", _crc32)
+                    if bad is not None:
+                        raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
+        for req, target, _ in direct:
             planner.commit_tensor(req, target)
-        done = {id(req) for req, _ in direct}
+        done = {id(req) for req, _, _ in direct}
         for req in reqs:
             if id(req) not in done:
                 self._load_item(req, whole[req.storage_index], planner)
@@ -273,7 +492,15 @@ class FileSystemReader(T.FileSystemReader):
             self._read(f, reads, tail, info.offset + info.length - TAIL_BYTES, req)
 
     def _start_pieces(
-        self, f: File, reqs: list[Any], ends: dict, whole: dict, direct: list[Any], planner: Any, reads: list[Any]
+        self,
+        f: File,
+        reqs: list[Any],
+        ends: dict,
+        whole: dict,
+        direct: list[Any],
+        planner: Any,
+        reads: list[Any],
+        on_device: Callable[[], File],
     ) -> None:
         layouts = {
             idx: _record.layout(h.numpy().tobytes(), t.numpy().tobytes(), self.storage_data[idx].length)
@@ -286,9 +513,24 @@ class FileSystemReader(T.FileSystemReader):
                 continue
             info = self.storage_data[idx]
             target = self._destination(req, lay, planner)
+            if (
+                target is not None
+                and self.verify_crc
+                and lay is not None
+                and lay.crc
+                and target[0].nbytes != lay.data_nbytes
+            ):
+                # A part of the stored tensor: its CRC-32 covers all of it, which this load
+                # would not read. Read the item whole, checked, and copy the part.
+                target = None
             if target is not None:
-                direct.append((req, target[0]))
-                self._read(f, reads, target[0], info.offset + target[1], req)
+                dest, at = target[0], info.offset + target[1]
+                direct.append((req, dest, lay.crc if lay is not None else 0))
+                if dest.is_cuda:
+                    g = on_device()
+                    self._on_caller.run(functools.partial(self._read, g, reads, dest, at, req))
+                else:
+                    self._read(f, reads, dest, at, req)
             else:
                 whole[idx] = torch.empty(info.length, dtype=torch.uint8)
                 self._read(f, reads, whole[idx], info.offset, req)
@@ -316,9 +558,15 @@ class FileSystemReader(T.FileSystemReader):
         return (target, where[0]) if fits else None
 
     @staticmethod
-    def _collect(path: str, reads: list[tuple[Future, Any, int]], first: BaseException | None) -> None:
-        """Waits for every read of ``reads`` (emptied) and raises ``first``, a read's error or
-        ``CorruptFileError`` for a short read."""
+    def _collect(
+        path: str,
+        reads: list[tuple[Future, Any, int]],
+        first: BaseException | None,
+        check: Callable[[Any], BaseException | None] | None = None,
+    ) -> None:
+        """Waits for every read of ``reads`` (emptied, in order) and raises ``first``, a read's
+        error, ``CorruptFileError`` for a short read or what ``check(request)`` returns, called
+        once each read is complete while nothing failed yet."""
         for fut, req, at in reads:
             try:
                 got = fut.result()
@@ -330,6 +578,8 @@ class FileSystemReader(T.FileSystemReader):
                     path,
                     f"truncated: item {_item_name(req)}: only {got} of the {fut.nbytes} bytes at {at} could be read",
                 )
+            elif check is not None and first is None:
+                first = check(req)
         reads.clear()
         if first is not None:
             raise first
@@ -353,5 +603,8 @@ class FileSystemReader(T.FileSystemReader):
                 f"deepio.dcp: item {_item_name(req)}: the checkpoint holds a piece of size "
                 f"{tuple(tensor.size())}, the destination is {tuple(target.size())}"
             )
-        target.copy_(tensor)
+        if target.is_cuda:  # on the caller's current stream, from its thread (_OnCaller)
+            self._on_caller.run(functools.partial(target.copy_, tensor))
+        else:
+            target.copy_(tensor)
         planner.commit_tensor(req, target)

@@ -27,7 +27,7 @@ from typing import IO, Any, NamedTuple, cast
 
 import torch
 
-from ..checkpoint._zip import _data_start, _Seekable
+from ..checkpoint._zip import _data_start, _MemoryFile, _Seekable
 
 
 class Layout(NamedTuple):
@@ -37,6 +37,7 @@ class Layout(NamedTuple):
     storage_offset: int  # elements
     data_start: int  # the storage's first byte, from the item's start
     data_nbytes: int
+    crc: int = 0  # the CRC-32 the zip records for the storage's bytes (0: none recorded)
 
 
 class _Sparse(_Seekable):
@@ -134,9 +135,35 @@ def layout(head: bytes, tail: bytes, length: int) -> Layout | None:
         nbytes = storage.numel * torch.empty((), dtype=storage.dtype).element_size()
         if rec.file_size != nbytes or data + nbytes > length:
             return None
-        return Layout(storage.dtype, size, stride, offset, data, nbytes)
+        return Layout(storage.dtype, size, stride, offset, data, nbytes, rec.CRC)
     except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, EOFError):
         return None
+
+
+def bad_record(item: Any, crc32: Any) -> tuple[str, int, int] | None:
+    """The first record of the zip ``item`` (a whole DCP tensor item: bytes, a memoryview)
+    whose stored bytes do not match the CRC-32 its central directory records: (its name, the
+    recorded CRC-32, the CRC-32 of its bytes); None where all match. Records that carry no
+    CRC-32 (0: torch's crc32 option off) are not checked; nor is an item that is not a zip
+    of stored records (torch.load reports what it makes of that). ``crc32(data, value=0)`` as
+    zlib's."""
+    view = memoryview(item).cast("B")
+    try:
+        with zipfile.ZipFile(cast(IO[bytes], _MemoryFile(view))) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return None
+    for info in infos:
+        if info.CRC == 0 or info.compress_type != zipfile.ZIP_STORED:
+            continue
+        try:
+            start = _data_start(info.header_offset, bytes(view[info.header_offset : info.header_offset + 30]))
+        except zipfile.BadZipFile:
+            return info.filename, info.CRC, 0
+        got = crc32(view[start : start + info.file_size]) & 0xFFFFFFFF
+        if start + info.file_size > len(view) or got != info.CRC:
+            return info.filename, info.CRC, got
+    return None
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:

@@ -36,14 +36,20 @@ with three steps replaced:
   stream extensions (``_extensions``) or another ``serialization_format`` uses torch's own
   write path.
 - the checkpoint's start (``prepare_local_plan``/``prepare_global_plan``): an existing
-  checkpoint is refused with ``FileExistsError`` under ``overwrite=False``; under
-  ``overwrite=True`` its ``.metadata`` is removed (and the removal flushed) before any data
-  file is rewritten, so a save killed midway never leaves old metadata over new data.
+  checkpoint is refused with ``FileExistsError`` under ``overwrite=False``. The coordinator
+  names the save's files (``_Naming``, in each rank's global plan; ``_owner``): torch's names
+  in the main path for a first save; under ``overwrite=True`` over an existing checkpoint,
+  new names in a folder of the save's own there (``save.<id>/``), so the old checkpoint stays
+  whole until the new ``.metadata`` replaces its own; in each extra folder, always a folder of
+  the save's own (``<name of path>.<id>/``, its ``owner`` file first). Every file not at
+  torch's names ends with the save's owner mark, which the reader checks.
 - ``finish``: ``.metadata`` (torch's pickle of torch's ``Metadata``) is written last, under a
   temporary name, flushed, renamed into place and the folder flushed (``deepio._durable``,
   the same steps as ``deepio.save``); the folder is flushed before the rename too, so the
   data files' names are on disk before the metadata that points at them. Without
-  ``sync_files`` only the rename is kept (no flushes, as torch).
+  ``sync_files`` only the rename is kept (no flushes, as torch). Then the files the old
+  ``.metadata`` named, and those of saves of this checkpoint that never finished, are removed
+  (``_remove_unused``).
 
 Several drives without RAID (``extra_paths``, deepio's own argument): each rank's data files
 are spread over the main path and the extra folders. With ``single_file_per_rank`` a rank's
@@ -56,11 +62,11 @@ A file in an extra folder is recorded in the metadata by its absolute
 path (torch's ``StorageInfo.relative_path``: joined to the main path, an absolute path stands
 alone, so torch's own reader loads such a checkpoint too while the folders stay put); files
 in the main path by their name, as always: without extra folders nothing changes. The extra
-folders are made where missing (their parent flushed under ``sync_files``), refused under
-``overwrite=False`` when they hold any data file already, and flushed by each rank that wrote
-there before its ``write_data`` returns, so before the coordinator puts ``.metadata`` in
-place. The extra folders belong to one checkpoint: ``reset`` to another ``checkpoint_id``
-raises ``ValueError``. One tensor is not split across folders.
+folders are made where missing (their parent flushed under ``sync_files``), may be shared by
+checkpoints (each save's files are in a folder of its own there), and are flushed by each rank
+that wrote there before its ``write_data`` returns, so before the coordinator puts
+``.metadata`` in place. A writer's ``reset`` to another ``checkpoint_id`` raises
+``ValueError`` (make a writer per checkpoint). One tensor is not split across folders.
 
 Threads: ``thread_count`` threads each write their own files (torch's split of the items
 by size); the engine is shared and thread-safe. The first failure of any thread is raised by
@@ -69,6 +75,7 @@ by size); the engine is shared and thread-safe. The first failure of any thread 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import os
@@ -85,6 +92,7 @@ from .. import _deepio, _engine
 from .._durable import fsync_path, replacing
 from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer, _filling, _zip
 from ..checkpoint._save import _crc_wanted
+from . import _owner
 from . import _torchapi as T
 
 
@@ -243,7 +251,14 @@ def _write_filled(
 
 
 def _write_file(
-    path: str, key: str, items: list[Any], planner: Any, durable: bool, by_size: bool = False, handle: Any = None
+    path: str,
+    key: str,
+    items: list[Any],
+    planner: Any,
+    durable: bool,
+    by_size: bool = False,
+    handle: Any = None,
+    mark: bytes = b"",
 ) -> list[Any]:
     """Writes one data file: the bytes items, then the tensors (torch's order: as planned, or
     smallest first with ``by_size``, as torch's overlapping loader hands them over); returns
@@ -252,7 +267,8 @@ def _write_file(
     stand-in's record, filled from device memory through host staging), the others through
     torch.save of their host copy; the CRC-32s of the filled records (computed on one thread
     pool for the file) are put in once every item is written, before the file is closed (and
-    flushed to stable storage when ``durable``). ``handle``: the engine (None: the default)."""
+    flushed to stable storage when ``durable``). ``handle``: the engine (None: the default).
+    ``mark``: the owner mark written past the last item (``_owner.mark``; empty: none)."""
     results = []
     size, count = _staging_for(items)
     w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count, handle=handle)
@@ -298,6 +314,8 @@ def _write_file(
             length = w.tell() - offset
             place = T.StorageInfo(key, offset, length)
             results.append(T.WriteResult(index=item.index, size_in_bytes=length, storage_data=place))
+        if mark:
+            w.write(mark)  # past every item: no reader's range reaches it
         if started_again:
             w.truncate()  # what a filling attempt left past the last item
         if crcs:
@@ -388,6 +406,17 @@ def _data_files_in(folder: str) -> list[str]:
         return []
 
 
+def _make_save_folder(folder: str, mark: bytes, durable: bool) -> None:
+    """Makes a save's folder in an extra folder with its ``_owner.OWNER_FILE`` (the save's
+    owner mark), before any data file goes there: what the next save of the same checkpoint
+    removes, should this one never finish, is known by it."""
+    _make_folder(folder, durable)
+    path = os.path.join(folder, _owner.OWNER_FILE)
+    if not os.path.exists(path):  # each rank of the save makes it alike
+        with replacing(path, durable=durable) as tmp, open(tmp, "wb") as f:
+            f.write(mark)
+
+
 def _make_folder(folder: str, durable: bool) -> None:
     """Makes ``folder`` (and its parents); where it made it and ``durable``, flushes its
     parent, so that the folder's name outlives a crash as its files do."""
@@ -396,6 +425,75 @@ def _make_folder(folder: str, durable: bool) -> None:
     os.makedirs(folder, exist_ok=True)
     if durable:
         fsync_path(os.path.dirname(folder) or ".")
+
+
+@dataclasses.dataclass
+class _Naming(T.StoragePrefix):
+    """A rank's plan's names for one save (the coordinator's, in its global plan): torch's
+    prefix (``__{rank}_``), the save's id and the folder of its files in the main path
+    (``_owner.main_dir``; empty: torch's names at the top of the main path)."""
+
+    save_id: str = ""
+    main_dir: str = ""
+
+
+def _owned_by(folder: str, main: str) -> bool:
+    """Whether the save folder ``folder`` (in an extra folder) is one of the checkpoint at
+    ``main``: its ``_owner.OWNER_FILE`` names it."""
+    try:
+        with open(os.path.join(folder, _owner.OWNER_FILE), "rb") as f:
+            found = _owner.owner(f.read(_owner.MAX_MARK))
+    except OSError:
+        return False
+    return found is not None and found.checkpoint == main
+
+
+def _remove_unused(main: str, extra: list[str], replaced: set[str], keep: set[str], sweep: bool) -> None:
+    """After a save's ``.metadata`` is in place: removes the files of ``replaced`` (the ones the
+    previous ``.metadata`` named) that ``keep`` (the new one's) does not name and, with
+    ``sweep`` (one ``.metadata`` for the whole checkpoint), the data files of saves of this
+    checkpoint that never finished: in ``main`` and its save folders, those it does not name;
+    in the ``extra`` folders, those in folders of this checkpoint's naming whose owner mark
+    names ``main`` (extra folders may be shared: another checkpoint's files stay). Then the
+    folders of this module's naming left empty. Best effort: the new checkpoint is whole
+    already, and a file that cannot be removed is only space."""
+    gone = sorted(replaced - keep)
+    if sweep:
+        try:
+            names = os.listdir(main)
+        except OSError:
+            names = []
+        for name in names:
+            full = os.path.join(main, name)
+            if name.endswith(T.DATA_SUFFIX) and full not in keep:
+                gone.append(full)
+            elif _owner.is_save_dir(name):
+                gone += [os.path.join(full, n) for n in _data_files_in(full) if os.path.join(full, n) not in keep]
+        mine = _owner.extra_dir(main, "")[: -len(_owner.short(""))]  # "<name of main>."
+        for folder in extra:
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                full = os.path.join(folder, name)
+                if name.startswith(mine) and _owner.is_extra_dir(name) and _owned_by(full, main):
+                    gone += [p for p in (os.path.join(full, n) for n in _data_files_in(full)) if p not in keep]
+    for path in gone:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    for folder in sorted({os.path.dirname(p) for p in gone}):
+        if folder != main and folder not in extra and not _data_files_in(folder):
+            try:
+                os.unlink(os.path.join(folder, _owner.OWNER_FILE))
+            except OSError:
+                pass
+            try:
+                os.rmdir(folder)  # only where empty
+            except OSError:
+                pass
 
 
 class FileSystemWriter(T.FileSystemWriter):
@@ -407,8 +505,8 @@ class FileSystemWriter(T.FileSystemWriter):
     ``_extensions``/``serialization_format`` (which take torch's own write path). Use it as
     torch's: ``dcp.save(state_dict, storage_writer=deepio.dcp.FileSystemWriter(path))``.
 
-    deepio's own argument, keyword only: ``extra_paths``, folders (one per drive, each a
-    folder of this checkpoint alone, as ``path`` is) over which each rank's data files are
+    deepio's own argument, keyword only: ``extra_paths``, folders (one per drive, which
+    checkpoints may share: each save's files go to a folder of its own there) over which each rank's data files are
     spread with ``path`` (``assign_folders``); ``.metadata`` stays in ``path`` and records
     where each file went, so ``deepio.dcp.FileSystemReader(path)`` finds them (see the
     module). Raises ``ValueError`` for an extra path that is ``path`` or given twice, and with
@@ -445,16 +543,17 @@ class FileSystemWriter(T.FileSystemWriter):
             return os.fspath(self._get_metadata_path(self.rank))
         return os.fspath(self._get_metadata_path())
 
-    def _clear_old_metadata(self) -> None:
-        """Under overwrite=True: the old checkpoint stops being one before any of its data
-        files is rewritten (its .metadata removed and the removal flushed)."""
-        meta = self._meta_path()
+    def _old_files(self) -> set[str]:
+        """The data files (absolute paths) the checkpoint in place (its ``.metadata``)
+        points at; empty where there is none or it cannot be read."""
         try:
-            os.unlink(meta)
-        except FileNotFoundError:
-            return
-        if self.sync_files:
-            fsync_path(os.fspath(self.path))
+            with open(self._meta_path(), "rb") as f:
+                old = pickle.load(f)
+            infos = old.storage_data.values()
+        except Exception:  # no checkpoint, or not one this writer can read: nothing to remove
+            return set()
+        main = os.path.abspath(os.fspath(self.path))
+        return {os.path.join(main, info.relative_path) for info in infos}
 
     def prepare_local_plan(self, plan: Any) -> Any:
         self.fs.mkdir(self.path)
@@ -466,34 +565,51 @@ class FileSystemWriter(T.FileSystemWriter):
                 os.fspath(self.path),
             )
         for folder in self.extra_paths:
-            held = _data_files_in(folder)
-            if held and not self.overwrite:
-                raise FileExistsError(
-                    errno.EEXIST,
-                    f"deepio.dcp: the extra folder {folder!r} holds data files of a checkpoint already "
-                    f"({held[0]}{f' and {len(held) - 1} more' if len(held) > 1 else ''}) and the writer was "
-                    "made with overwrite=False",
-                    folder,
-                )
-        for folder in self.extra_paths:
             _make_folder(folder, self.sync_files)
-        if not self.use_collectives:
-            self._clear_old_metadata()  # every rank its own __{rank}.metadata
         if self.rank is not None and not self.use_collectives:
-            import dataclasses
-
             plan = dataclasses.replace(plan, storage_data=T.StoragePrefix(f"__{self.rank}_"))
         return plan
 
     def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-        # The coordinator, after every rank's local plan and before any rank writes data.
-        self._clear_old_metadata()
-        return super().prepare_global_plan(plans)
+        # The coordinator, after every rank's local plan and before any rank writes data:
+        # the names of this save (_owner), the same for every rank.
+        self._replaced = self._old_files()
+        over = self._metadata_exists()
+        plans = super().prepare_global_plan(plans)
+        return [
+            dataclasses.replace(
+                p,
+                storage_data=_Naming(
+                    p.storage_data.prefix, self.save_id, _owner.main_dir(self.save_id) if over else ""
+                ),
+            )
+            if isinstance(p.storage_data, T.StoragePrefix)
+            else p
+            for p in plans
+        ]
+
+    def _naming(self, plan: Any) -> _Naming:
+        storage = plan.storage_data
+        if isinstance(storage, _Naming):
+            return storage
+        # A plan the coordinator did not name (not through prepare_global_plan): this rank's own.
+        over = self._metadata_exists()
+        return _Naming(storage.prefix, self.save_id, _owner.main_dir(self.save_id) if over else "")
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         if not self._deepio_path():
             return super().write_data(plan, planner)
-        prefix = plan.storage_data.prefix
+        naming = self._naming(plan)
+        prefix = naming.prefix
+        main = os.fspath(self.path)
+        mark = _owner.mark(main, naming.save_id)
+
+        def in_main(name: str) -> tuple[str, str]:
+            if not naming.main_dir:  # torch's names: torch's bytes, no mark
+                return os.fspath(self.fs.concat_path(self.path, name)), name
+            key = f"{naming.main_dir}/{name}"
+            return os.path.join(main, naming.main_dir, name), key
+
         folders = len(self.extra_paths) + 1
         threads = max(1, self.thread_count)
         if self.single_file_per_rank:
@@ -503,7 +619,10 @@ class FileSystemWriter(T.FileSystemWriter):
             buckets = [[item] for item in plan.items]
         files = [(f"{prefix}{n}{T.DATA_SUFFIX}", bucket) for n, bucket in enumerate(buckets)]
         jobs: queue.Queue[tuple[str, str, list[Any], int]] = queue.Queue()  # (path, key, items, folder)
-        used: set[str] = set()
+        used: set[str] = set()  # folders this rank made files in, outside the main path's top
+        if naming.main_dir:
+            _make_folder(os.path.join(main, naming.main_dir), self.sync_files)
+            used.add(os.path.join(main, naming.main_dir))
         if self.extra_paths:
             files = [(key, bucket) for key, bucket in files if bucket]  # no empty files on the drives
             sizes = [_estimate_bytes(bucket) for _, bucket in files]
@@ -512,18 +631,21 @@ class FileSystemWriter(T.FileSystemWriter):
             for n in sorted(range(len(files)), key=lambda i: -sizes[i]):  # the largest start first
                 key, bucket = files[n]
                 if where[n] == 0:
-                    jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket, 0))
+                    jobs.put((*in_main(key), bucket, 0))
                 else:
                     # The metadata records the file by its absolute path: torch's
                     # StorageInfo.relative_path, which both readers join to the main path
-                    # (an absolute one stands alone: pathlib's and os.path's rule).
-                    folder = self.extra_paths[where[n] - 1]
-                    used.add(folder)
+                    # (an absolute one stands alone: pathlib's and os.path's rule). The
+                    # file is in a folder of this save's own (_owner.extra_dir).
+                    folder = os.path.join(self.extra_paths[where[n] - 1], _owner.extra_dir(main, naming.save_id))
+                    if folder not in used:
+                        _make_save_folder(folder, mark, self.sync_files)
+                        used.add(folder)
                     full = os.path.join(folder, key)
                     jobs.put((full, full, bucket, where[n]))
         else:
             for key, bucket in files:
-                jobs.put((os.fspath(self.fs.concat_path(self.path, key)), key, bucket, 0))
+                jobs.put((*in_main(key), bucket, 0))
         results: list[Any] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
@@ -538,7 +660,10 @@ class FileSystemWriter(T.FileSystemWriter):
                 except queue.Empty:
                     return
                 try:
-                    done = _write_file(path, key, items, planner, self.sync_files, by_size, engines.handle(drive))
+                    own = mark if os.path.isabs(key) or naming.main_dir else b""
+                    done = _write_file(
+                        path, key, items, planner, self.sync_files, by_size, engines.handle(drive), mark=own
+                    )
                 except BaseException as e:
                     with lock:
                         errors.append(e)
@@ -572,3 +697,10 @@ class FileSystemWriter(T.FileSystemWriter):
             fsync_path(folder)  # the data files' names first: the metadata points at them
         with replacing(final, durable=self.sync_files) as tmp, open(tmp, "wb") as f:
             pickle.dump(metadata, f)
+        # The new checkpoint is in place: the old one's files go (never before: a save that
+        # fails or is killed leaves the old checkpoint whole), and leftovers of saves that
+        # never finished in the main path (extra folders may be shared: only files the old
+        # metadata named are removed there).
+        main = os.path.abspath(os.fspath(self.path))
+        keep = {os.path.join(main, info.relative_path) for info in storage_md.values()}
+        _remove_unused(main, self.extra_paths, getattr(self, "_replaced", set()), keep, sweep=self.use_collectives)
