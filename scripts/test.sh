@@ -94,6 +94,9 @@ stage setup 120 bash scripts/setup.sh
 export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
 export CCACHE_DIR=${CCACHE_DIR:-$root/build/ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-4G}
+# One compiler name for every build: CMake alone picks c++, scikit-build-core g++, and ccache keys
+# on the name.
+export CC=${CC:-gcc} CXX=${CXX:-g++}
 ccache --zero-stats >/dev/null
 
 stage format 30 bash scripts/check-format.sh

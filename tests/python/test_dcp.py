@@ -101,6 +101,7 @@ def _data_files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.glob("*.distcp"))}
 
 
+@pytest.mark.wheel
 @pytest.mark.parametrize("single_file_per_rank", [True, False])
 @pytest.mark.parametrize("sync_files", [True, False])
 def test_round_trip(tmp_dir, single_file_per_rank, sync_files):
@@ -273,6 +274,8 @@ def test_truncated_data_file_is_refused(tmp_dir, keep):
     assert "truncated: item '" in str(e) and f"has {os.path.getsize(data)} bytes" in str(e)
 
 
+# Two gloo ranks over one folder: slow (the default run has test_dcp_ranks.py's two ranks over three folders).
+@pytest.mark.slow
 def test_two_ranks_gloo(tmp_dir):
     """Two processes over gloo: DTensors sharded over both ranks, tensors of each rank's own,
     shared values; loaded back in the same layout, resharded, and crosswise with torch's
