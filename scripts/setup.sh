@@ -20,7 +20,7 @@ fi
 py=${PYTHON:-python3}
 # Pinned: nanobind (its stub generator's output is compared with python/deepio/*.pyi by
 # tests/python/test_stubs.py), ruff and mypy (new releases bring new findings; scripts/lint.sh).
-pip_pkgs=("nanobind==3.1.0" scikit-build-core numpy pytest hypothesis mpi4py "torch==2.13.0"
+pip_pkgs=("nanobind==3.1.0" scikit-build-core numpy pytest "pytest-xdist==3.8.0" hypothesis mpi4py "torch==2.13.0"
           "ruff==0.17.6" "mypy==2.4.1" "safetensors==0.8.0" zlib-ng)
 need=()
 for p in "${pip_pkgs[@]}"; do

@@ -34,7 +34,11 @@ def _find_cli() -> str | None:
 
 
 CLI = _find_cli()
-pytestmark = pytest.mark.skipif(CLI is None, reason="the deepio command is not built (set DEEPIO_CLI)")
+pytestmark = [
+    pytest.mark.skipif(CLI is None, reason="the deepio command is not built (set DEEPIO_CLI)"),
+    # fio ceilings and vm.nr_hugepages are the machine's: no other test runs meanwhile (scripts/test.sh).
+    pytest.mark.machine,
+]
 
 
 @pytest.fixture

@@ -23,10 +23,14 @@ from test_cli import CLI
 IO_URING = Path("/proc/sys/kernel/io_uring_disabled")
 AIO_MAX = Path("/proc/sys/fs/aio-max-nr")
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not IO_URING.exists() or not AIO_MAX.exists(),
-    reason="needs root and the sysctls kernel.io_uring_disabled (Linux 6.6+) and fs.aio-max-nr",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not IO_URING.exists() or not AIO_MAX.exists(),
+        reason="needs root and the sysctls kernel.io_uring_disabled (Linux 6.6+) and fs.aio-max-nr",
+    ),
+    # The sysctls are the machine's: no other test may run meanwhile (scripts/test.sh).
+    pytest.mark.machine,
+]
 
 CHILD = r"""
 import json, sys
