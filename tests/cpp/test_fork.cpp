@@ -150,14 +150,19 @@ TEST_P(ForkLocks, AForkWhileAnotherThreadHoldsTheLockLeavesAWorkingChild) {
   const std::string path = dir.file("f");
   test::put(path, data);
   std::atomic<bool> holding{false};
+  std::atomic<bool> forked{false};
   std::thread holder([&] {
     fns.lock();
     holding.store(true);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the fork comes meanwhile
     fns.unlock();
+    // Alive until the child is gone: under TSan a thread that finished unjoined before the
+    // fork is reported as leaked by the child.
+    while (!forked.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   while (!holding.load()) std::this_thread::yield();
   const int code = in_child([&] { return child_works(path, data); });
+  forked.store(true);
   holder.join();
   EXPECT_EQ(code, 0) << "214: the child hung";
 }
