@@ -182,11 +182,13 @@ class File:
         """Ends a _use_fd(); records `op`, the operation it submitted, first (so a close() that
         waited for this call then waits for the operation)."""
         with self._lock:
-            if op is not None:
-                self._track(op)
-            self._users -= 1
-            if self._users == 0:
-                self._idle.notify_all()
+            try:
+                if op is not None:
+                    self._track(op)
+            finally:  # whatever happens, a close() waiting for this call is not left waiting
+                self._users -= 1
+                if self._users == 0:
+                    self._idle.notify_all()
 
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
         fd = self._use_fd()
