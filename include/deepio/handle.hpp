@@ -63,16 +63,22 @@ class DEEPIO_API Future {
 
   /// False for a default-constructed Future.
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
-  /// True once every byte of the operation moved or it failed. Never blocks.
-  [[nodiscard]] bool done() const noexcept;
-  /// Blocks until done(). Never throws.
-  void wait() const noexcept;
-  /// Blocks until done() or the timeout; returns done().
-  [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const noexcept;
+  // Fork: a Future belongs to the process whose handle made it. In a child made by fork()
+  // (where the operation's workers are not) done(), wait(), wait_for() and get() throw
+  // deepio::ForkedHandle at once, whatever the operation's state; copying and destroying the
+  // Future there are safe and do nothing else.
+
+  /// True once every byte of the operation moved or it failed. Never blocks; throws only
+  /// deepio::ForkedHandle (in a forked child).
+  [[nodiscard]] bool done() const;
+  /// Blocks until done(). Throws only deepio::ForkedHandle (in a forked child).
+  void wait() const;
+  /// Blocks until done() or the timeout; returns done(). Throws only deepio::ForkedHandle.
+  [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const;
   /// Blocks until done(); returns the number of bytes transferred or throws the operation's
-  /// deepio::Error (deepio::InvalidArgument for an empty Future). The first get() collects the
-  /// operation if no wait() did (it is then not counted or reported by wait()); later calls
-  /// return or throw the same again.
+  /// deepio::Error (deepio::InvalidArgument for an empty Future, deepio::ForkedHandle in a
+  /// forked child). The first get() collects the operation if no wait() did (it is then not
+  /// counted or reported by wait()); later calls return or throw the same again.
   std::size_t get();
 
  private:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Generator, Sequence
+from collections import deque
+from collections.abc import Generator
 from typing import Any, Union
 
 from . import _deepio, _engine
@@ -13,6 +14,7 @@ from ._aio import _direct_io_arg, _range_args
 from ._errors import describe, with_name
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+_PRUNE_MIN = 64  # a File's tracked operations below this never get a full pass
 
 
 def _engine_handle(handle: Any) -> Any:
@@ -27,15 +29,24 @@ def _engine_handle(handle: Any) -> Any:
     return inner
 
 
-def _raise_first(errors: Sequence[BaseException], what: str) -> None:
-    """Raises errors[0] with the others attached as ``other_errors`` (as wait() does)."""
+def _raise_first(errors: list[BaseException], what: str) -> None:
+    """Raises errors[0] with the others attached as ``other_errors`` (as wait() does).
+
+    Empties ``errors`` and keeps no local reference to the exception: the traceback refers to
+    the caller's frames, and a frame referring back to the exception would be a cycle that
+    keeps the File (``self`` in those frames), and so its descriptor, until the garbage
+    collector runs."""
     if not errors:
         return
     first = errors[0]
-    first.other_errors = list(errors[1:])  # type: ignore[attr-defined]
+    first.other_errors = errors[1:]  # type: ignore[attr-defined]
     if len(errors) > 1:
         first.add_note(f"{len(errors) - 1} more of the failures {what} (see .other_errors)")
-    raise first
+    errors.clear()
+    try:
+        raise first
+    finally:
+        del first
 
 
 class Future:
@@ -134,9 +145,19 @@ class File:
             raise ValueError(f"invalid mode {mode!r} (expected r, r+, w, w+, x, x+, a or a+)")
         direct = _direct_io_arg(direct_io)  # the names themselves are checked by the engine
         self._h = _engine_handle(handle)
-        self._ops: list[Any] = []
+        # Under self._lock: the operations not yet seen done, in submission order, and the done
+        # ones holding a failure nobody retrieved (close()/fsync() raise those).
+        self._ops: deque[Any] = deque()
+        self._failed: list[Any] = []
+        self._prune_at = _PRUNE_MIN  # len(_ops) that triggers a full pass (amortised O(1))
         self._ops_pid = os.getpid()  # the process whose engine runs the operations in _ops
         self._lock = threading.Lock()
+        # Calls using self._fd right now (a submission, fsync, size, truncate): close() marks
+        # the File closing (new calls are refused), waits until none is left, and only then
+        # waits for the operations and closes the descriptor.
+        self._users = 0
+        self._closing = False
+        self._idle = threading.Condition(self._lock)  # notified when _users drops to 0 or _fd closes
         self.name = os.fspath(path)
         self.mode = mode
         # The engine opens it as it opens its own files: O_DIRECT where the file system takes
@@ -147,23 +168,67 @@ class File:
     def _engine(self) -> Any:
         return self._h if self._h is not None else _engine.default()
 
-    def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
-        if self._fd < 0:
-            raise ValueError("I/O operation on a closed file")
-        try:
-            op = self._engine().submit_future(write, buffer, self._fd, offset)
-        except OSError as e:  # refused at submission (a read past the end, ...): named as later ones
-            raise with_name(e, self.name) from None
-        return self._track(op)
-
-    def _track(self, op: Any) -> Future:
-        # Kept until done, so close() can wait for it, and after that while it holds a failure
-        # nobody retrieved, so close()/fsync() can raise it; the rest are dropped on the way.
+    def _use_fd(self) -> int:
+        """The descriptor, counted as in use until _end_use(): close() never closes it under a
+        call. ValueError once the File is closed or closing."""
         with self._lock:
             self._adopt()
-            self._ops = [o for o in self._ops if not o.done() or o.unobserved_failure()]
-            self._ops.append(op)
+            if self._fd < 0 or self._closing:
+                raise ValueError("I/O operation on a closed file")
+            self._users += 1
+            return self._fd
+
+    def _end_use(self, op: Any = None) -> None:
+        """Ends a _use_fd(); records `op`, the operation it submitted, first (so a close() that
+        waited for this call then waits for the operation)."""
+        with self._lock:
+            try:
+                if op is not None:
+                    self._track(op)
+            finally:  # whatever happens, a close() waiting for this call is not left waiting
+                self._users -= 1
+                if self._users == 0:
+                    self._idle.notify_all()
+
+    def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
+        fd = self._use_fd()
+        op = None
+        try:
+            op = self._engine().submit_future(write, buffer, fd, offset)
+        except OSError as e:  # refused at submission (a read past the end, ...): named as later ones
+            raise with_name(e, self.name) from None
+        finally:
+            self._end_use(op)
         return Future(op, self.name)
+
+    def _track(self, op: Any) -> None:
+        """Under self._lock. Kept until done, so close() can wait for it, and after that while
+        it holds a failure nobody retrieved, so close()/fsync() can raise it. Operations finish
+        about in submission order: the done ones at the front go at each call, and a full pass
+        runs only when the deque doubled since the last one, so each operation costs O(1)."""
+        ops = self._ops
+        while ops and ops[0].done():
+            self._settle(ops.popleft())
+        ops.append(op)
+        if len(ops) > self._prune_at or len(self._failed) > self._prune_at:
+            self._prune()
+
+    def _settle(self, op: Any) -> None:
+        """Under self._lock: a done operation leaves _ops; kept in _failed if its failure is unretrieved."""
+        if op.unobserved_failure():
+            self._failed.append(op)
+
+    def _prune(self) -> None:
+        """Under self._lock: drops every done operation nobody needs any more."""
+        kept: deque[Any] = deque()
+        for o in self._ops:
+            if o.done():
+                self._settle(o)
+            else:
+                kept.append(o)
+        self._ops = kept
+        self._failed = [o for o in self._failed if o.unobserved_failure()]
+        self._prune_at = max(_PRUNE_MIN, 2 * max(len(kept), len(self._failed)))
 
     def pread(self, buffer: Any, offset: int = 0) -> Future:
         """Starts reading ``buffer.nbytes`` bytes at ``offset`` into ``buffer``."""
@@ -185,14 +250,16 @@ class File:
         return self._submit_ranges(True, buffer, file_offsets, sizes, buffer_offsets)
 
     def _submit_ranges(self, write: bool, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any) -> Future:
-        if self._fd < 0:
-            raise ValueError("I/O operation on a closed file")
         args = _range_args(file_offsets, sizes, buffer_offsets)
+        fd = self._use_fd()
+        op = None
         try:
-            op = self._engine().submit_ranges(write, buffer, self._fd, *args, False, True)
+            op = self._engine().submit_ranges(write, buffer, fd, *args, False, True)
         except OSError as e:
             raise with_name(e, self.name) from None
-        return self._track(op)
+        finally:
+            self._end_use(op)
+        return Future(op, self.name)
 
     def read_into(self, buffer: Any, offset: int = 0) -> int:
         """Reads synchronously; returns the number of bytes read."""
@@ -203,17 +270,29 @@ class File:
         return self.pwrite(buffer, offset).result()
 
     def size(self) -> int:
-        return os.fstat(self._check()).st_size
+        fd = self._use_fd()
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            self._end_use()
 
     def truncate(self, length: int) -> None:
-        os.ftruncate(self._check(), length)
+        fd = self._use_fd()
+        try:
+            os.ftruncate(fd, length)
+        finally:
+            self._end_use()
 
     def fsync(self) -> None:
         """Waits for the file's running operations, raises the first failure nobody
         retrieved (see the class), then flushes the file to storage."""
         self._check()
         self._drain()
-        os.fsync(self._check())
+        fd = self._use_fd()
+        try:
+            os.fsync(fd)
+        finally:
+            self._end_use()
 
     def fileno(self) -> int:
         return self._check()
@@ -224,13 +303,27 @@ class File:
 
     def close(self) -> None:
         """Waits for the file's operations, closes the descriptor, then raises the first
-        failure nobody retrieved (see the class)."""
-        if self._fd < 0:
-            return
+        failure nobody retrieved (see the class). Thread-safe: from the moment it starts, new
+        calls on the File raise ValueError; a submission already under way on another thread
+        finishes first and its operation is waited for like the others; the descriptor is
+        closed only then. A second close() waits for the first."""
+        with self._lock:
+            self._adopt()
+            if self._closing:
+                while self._fd >= 0:
+                    self._idle.wait()
+                return
+            if self._fd < 0:
+                return
+            self._closing = True
+            while self._users:
+                self._idle.wait()
         try:
             self._drain()
         finally:
-            fd, self._fd = self._fd, -1
+            with self._lock:
+                fd, self._fd = self._fd, -1
+                self._idle.notify_all()
             os.close(fd)
 
     def _drain(self) -> None:
@@ -238,21 +331,26 @@ class File:
         (marking them all retrieved: each is raised once)."""
         with self._lock:
             self._adopt()
-            ops = list(self._ops)
+            ops = [*self._ops, *self._failed]
         for op in ops:
             op.wait(None)
-        errors = [with_name(e, self.name) for e in (op.take_unobserved() for op in ops) if e is not None]
+        errors: list[BaseException] = [
+            with_name(e, self.name) for e in (op.take_unobserved() for op in ops) if e is not None
+        ]
+        del ops
         with self._lock:
-            self._ops = [o for o in self._ops if not o.done()]
+            self._prune()
         _deepio.flush_unobserved()
         _raise_first(errors, f"of operations on {self.name!r} nobody retrieved")
 
     def _adopt(self) -> None:
         """In a child forked from the process that ran this File's operations: forget them
-        (under self._lock). They belong to the parent, whose workers finish and report them;
-        here they would never finish, and waiting for them would hang."""
+        and the parent's calls under way (under self._lock). They belong to the parent, whose
+        workers finish and report them; here they would never finish, and waiting for them
+        would hang."""
         if self._ops_pid != os.getpid():
-            self._ops, self._ops_pid = [], os.getpid()
+            self._ops, self._failed, self._ops_pid = deque(), [], os.getpid()
+            self._users, self._closing, self._prune_at = 0, False, _PRUNE_MIN
 
     def _check(self) -> int:
         if self._fd < 0:

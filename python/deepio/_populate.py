@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 import threading
 from typing import Any
 
@@ -30,6 +31,9 @@ _PAGE = mmap.PAGESIZE
 _madvise: Any = None  # ctypes function, or False where there is none
 _supported = True  # False once the kernel said EINVAL (no MADV_POPULATE_WRITE)
 _lock = threading.Lock()
+# Held across os.fork(): a child never inherits it locked by a parent thread half way
+# through setting _madvise.
+os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_lock.release)
 
 
 def _fn() -> Any:

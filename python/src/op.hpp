@@ -19,16 +19,20 @@ class Op {
     // Collect a finished operation now (GIL held) so that its buffer is released at once; a
     // failure nobody retrieved becomes a warning here. A running one is collected by its
     // handle once done, and its failure, if any, reported by the engine when it finishes
-    // (Future's rule), as a warning at the next flush_unobserved().
-    if (fut_.done()) {
-      try {
-        fut_.get();
-      } catch (const Error& e) {
-        if (!collected_) {
-          warn_unobserved(std::string("deepio: a ") + (write_ ? "write" : "read") +
-                          " failed and its deepio.Future was dropped before result() or exception(): " + e.what());
+    // (Future's rule), as a warning at the next flush_unobserved(). In a forked child the
+    // operation is the parent's (done() throws ForkedHandle): it is collected there.
+    try {
+      if (fut_.done()) {
+        try {
+          fut_.get();
+        } catch (const Error& e) {
+          if (!collected_) {
+            warn_unobserved(std::string("deepio: a ") + (write_ ? "write" : "read") +
+                            " failed and its deepio.Future was dropped before result() or exception(): " + e.what());
+          }
         }
       }
+    } catch (const ForkedHandle&) {
     }
   }
   Op(const Op&) = delete;

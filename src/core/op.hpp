@@ -45,6 +45,7 @@
 #include "core/stager.hpp"
 #include "memory/regions.hpp"
 #include "platform/fd.hpp"
+#include "platform/process.hpp"
 #include "platform/status.hpp"
 
 namespace deepio::detail {
@@ -101,6 +102,9 @@ class OpState : public std::enable_shared_from_this<OpState> {
 
   [[nodiscard]] bool write() const noexcept { return write_; }
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// The process that made the op: its workers, and every thread that may hold mutex_, are
+  /// there (Future refuses to wait on it anywhere else).
+  [[nodiscard]] const ProcessStamp& stamp() const noexcept { return stamp_; }
   [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
   [[nodiscard]] std::size_t nbytes() const noexcept { return nbytes_; }
   /// The GPU whose memory the buffer is in, or -1 for host memory. Set before dispatch.
@@ -223,6 +227,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   /// All slices done: finish, or hand a durable write that has not failed to its runner.
   void slices_finished() noexcept;
 
+  const ProcessStamp stamp_;
   const bool write_;
   const std::string path_;
   const std::uint64_t offset_;

@@ -35,6 +35,7 @@
 
 #include "gpu/cuda.hpp"
 #include "gpu/loader.hpp"
+#include "platform/process.hpp"
 
 namespace deepio::detail {
 
@@ -188,6 +189,9 @@ class FencePool {
     std::lock_guard lock(mutex_);
     free_.push_back(e);
   }
+  // For fork's handlers (fence_pool()): held across a fork, never inherited locked.
+  void lock_for_fork() noexcept { mutex_.lock(); }
+  void unlock_for_fork() noexcept { mutex_.unlock(); }
   const CudaApi& api() const { return api_; }
   CUcontext context() const { return ctx_; }
 
@@ -290,17 +294,37 @@ std::shared_ptr<DeviceFence> FencePool::record(std::uintptr_t stream, Status* wh
   }
 }
 
+using FencePools = std::map<std::pair<std::uintptr_t, int>, FencePool*>;
+std::mutex g_pools_mutex;
+FencePools* g_pools = nullptr;  // guarded by g_pools_mutex; never freed: see FencePool
+
 // The pool for (driver, device), made on first use. Keyed by the driver's cuInit address,
 // which names the loaded library even when a test's CudaApi object has gone.
 FencePool& fence_pool(const CudaApi* api, int device) {
-  static std::mutex mutex;
-  static auto* pools = new std::map<std::pair<std::uintptr_t, int>, FencePool*>();  // never freed: see FencePool
   const auto key = std::make_pair(reinterpret_cast<std::uintptr_t>(api->cuInit), device);
-  std::lock_guard lock(mutex);
-  auto it = pools->find(key);
-  if (it == pools->end()) it = pools->emplace(key, new FencePool(*api, device)).first;
+  std::lock_guard lock(g_pools_mutex);
+  if (g_pools == nullptr) g_pools = new FencePools();
+  auto it = g_pools->find(key);
+  if (it == g_pools->end()) it = g_pools->emplace(key, new FencePool(*api, device)).first;
   return *it->second;
 }
+
+// fork() while another thread holds the map's or a pool's mutex would leave it locked forever
+// in the child (platform/process.hpp): the atfork handlers take the map's, then every pool's.
+void lock_pools_for_fork() noexcept {
+  g_pools_mutex.lock();
+  if (g_pools != nullptr) {
+    for (auto& [key, pool] : *g_pools) pool->lock_for_fork();
+  }
+}
+void unlock_pools_for_fork() noexcept {
+  if (g_pools != nullptr) {
+    for (auto& [key, pool] : *g_pools) pool->unlock_for_fork();
+  }
+  g_pools_mutex.unlock();
+}
+[[maybe_unused]] const bool g_fork_locks = register_fork_lock(ForkLockRank::kFencePools,
+                                                              {&lock_pools_for_fork, &unlock_pools_for_fork});
 
 FenceFactory fence_factory(const CudaApi* api) {
   return [api](int device, std::uintptr_t stream, Status* why) -> std::shared_ptr<DeviceFence> {

@@ -2,6 +2,8 @@
 
 #include <mutex>
 
+#include "platform/process.hpp"
+
 #if DEEPIO_HAVE_GPU
 #include "engine/cuda_stager.hpp"
 #endif
@@ -11,6 +13,12 @@ namespace deepio::detail {
 namespace {
 std::mutex g_mutex;
 DeviceSupport g_override;  // guarded by g_mutex
+
+// Held across every fork (platform/process.hpp): a child never inherits it locked.
+void lock_for_fork() noexcept { g_mutex.lock(); }
+void unlock_for_fork() noexcept { g_mutex.unlock(); }
+[[maybe_unused]] const bool g_fork_lock = register_fork_lock(ForkLockRank::kDeviceSupport,
+                                                             {&lock_for_fork, &unlock_for_fork});
 
 DeviceSupport default_support() {
 #if DEEPIO_HAVE_GPU

@@ -4,11 +4,19 @@
 
 namespace deepio {
 
+namespace {
+// In a process forked from the op's, the op's count of Futures is never looked at again and
+// its mutex may have been held by a parent thread at the fork: copies and drops there leave it.
+bool counts_futures(const std::shared_ptr<detail::OpState>& state) noexcept {
+  return state != nullptr && state->stamp().here();
+}
+}  // namespace
+
 Future::Future(std::shared_ptr<detail::OpState> state) noexcept : state_(std::move(state)) {
-  if (state_) state_->add_future();
+  if (counts_futures(state_)) state_->add_future();
 }
 Future::Future(const Future& other) noexcept : state_(other.state_) {
-  if (state_) state_->add_future();
+  if (counts_futures(state_)) state_->add_future();
 }
 Future& Future::operator=(const Future& other) noexcept {
   if (this != &other) *this = Future(other);
@@ -16,27 +24,36 @@ Future& Future::operator=(const Future& other) noexcept {
 }
 Future& Future::operator=(Future&& other) noexcept {
   if (this != &other) {
-    if (state_) state_->drop_future();
+    if (counts_futures(state_)) state_->drop_future();
     state_ = std::move(other.state_);
   }
   return *this;
 }
 Future::~Future() {
-  if (state_) state_->drop_future();
+  if (counts_futures(state_)) state_->drop_future();
 }
 
-bool Future::done() const noexcept { return state_ == nullptr || state_->done(); }
-
-void Future::wait() const noexcept {
-  if (state_) state_->wait();
+bool Future::done() const {
+  if (state_ == nullptr) return true;
+  state_->stamp().check();
+  return state_->done();
 }
 
-bool Future::wait_for(std::chrono::nanoseconds timeout) const noexcept {
-  return state_ == nullptr || state_->wait_for(timeout);
+void Future::wait() const {
+  if (state_ == nullptr) return;
+  state_->stamp().check();
+  state_->wait();
+}
+
+bool Future::wait_for(std::chrono::nanoseconds timeout) const {
+  if (state_ == nullptr) return true;
+  state_->stamp().check();
+  return state_->wait_for(timeout);
 }
 
 std::size_t Future::get() {
   if (!state_) throw InvalidArgument("get() on an empty Future");
+  state_->stamp().check();
   std::shared_ptr<void> keep_alive;  // released on return, on this thread
   detail::throw_if_error(state_->take_result(&keep_alive));
   return state_->nbytes();

@@ -19,6 +19,7 @@
 
 #include "deepio/memory.hpp"
 #include "memory/regions.hpp"
+#include "platform/process.hpp"
 #include "platform/status.hpp"
 #include "platform/sys.hpp"
 
@@ -46,6 +47,18 @@ Registry& registry() {
   static auto* r = new Registry;  // leaked on purpose, see above
   return *r;
 }
+
+// fork() while another thread holds either mutex would leave it locked forever in the child
+// (platform/process.hpp): the atfork handlers take both around every fork. listener_mutex
+// first: listeners run under it and take backend locks whose holders may want `mutex`.
+void lock_listeners() noexcept { registry().listener_mutex.lock(); }
+void unlock_listeners() noexcept { registry().listener_mutex.unlock(); }
+void lock_entries() noexcept { registry().mutex.lock(); }
+void unlock_entries() noexcept { registry().mutex.unlock(); }
+[[maybe_unused]] const bool g_fork_locks = detail::register_fork_lock(detail::ForkLockRank::kLockedListeners,
+                                                                      {&lock_listeners, &unlock_listeners}) &&
+                                           detail::register_fork_lock(detail::ForkLockRank::kLockedRegistry,
+                                                                      {&lock_entries, &unlock_entries});
 
 // The allocation holding [p, p + nbytes) when `size` of it counts, or nullptr. Caller holds r.mutex.
 template <typename SizeOf>

@@ -4,12 +4,20 @@
 #include <memory>
 #include <mutex>
 
+#include "platform/process.hpp"
+
 namespace deepio::detail {
 
 namespace {
 std::atomic<bool> g_enabled{false};
 std::mutex g_mutex;
 std::shared_ptr<const FaultHook> g_hook;  // guarded by g_mutex
+
+// Held across every fork (platform/process.hpp): a child never inherits it locked.
+void lock_for_fork() noexcept { g_mutex.lock(); }
+void unlock_for_fork() noexcept { g_mutex.unlock(); }
+[[maybe_unused]] const bool g_fork_lock = register_fork_lock(ForkLockRank::kFaultHook,
+                                                             {&lock_for_fork, &unlock_for_fork});
 }  // namespace
 
 void set_fault_hook(FaultHook hook) {

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
+import subprocess
+import threading
+import time
 import weakref
 
 import pytest
 
 import deepio
-from conftest import FRAMEWORKS, as_bytes, fill, make_buffer, mounted, needs_numpy
+from conftest import (
+    FRAMEWORKS,
+    as_bytes,
+    fill,
+    make_buffer,
+    mounted,
+    needs_numpy,
+    small_tmpfs,
+    threads_in_fault_delay,
+    wait_until,
+)
 
 try:
     import numpy as np
@@ -250,3 +264,111 @@ def test_stats_show_direct_and_buffered_bytes(tmp_dir):
     assert s["ops_completed"] == 2
     assert s["bytes_direct"] + s["bytes_bounced"] + s["bytes_buffered"] == (1 << 20) + 100
     assert s["bytes_buffered"] >= 100
+
+
+def test_close_from_another_thread_while_a_loop_submits(tmp_dir, fault):
+    """close() on one thread while another submits writes in a loop: every write submitted
+    completes (close() waits for it, the descriptor stays open until then), later ones raise
+    ValueError, and a file opened right after close() gets no byte of them."""
+    fault("write", delay=0.002, count=1 << 30)  # a slow device: writes queue up behind each other
+    block = b"\x5a" * 4096
+    for rnd in range(3):
+        a = deepio.File(tmp_dir / f"a{rnd}.bin", "w")
+        futures: list = []
+        refused: list = []
+
+        def loop(a=a, futures=futures, refused=refused) -> None:
+            offset = 0
+            while True:
+                try:
+                    futures.append(a.pwrite(block, offset))
+                except ValueError as e:
+                    refused.append(e)
+                    return
+                offset += len(block)
+
+        t = threading.Thread(target=loop)
+        t.start()
+        wait_until(lambda futures=futures: len(futures) >= 8, "writes to be queued")
+        a.close()
+        b = deepio.File(tmp_dir / f"b{rnd}.bin", "w")  # most likely a's descriptor number
+        t.join()
+        assert refused, "the loop ended without a refusal"
+        assert all(fut.done() for fut in futures), "close() returned before a write it took finished"
+        assert all(fut.result() == len(block) for fut in futures)
+        b.close()
+        assert os.path.getsize(tmp_dir / f"b{rnd}.bin") == 0, "a write of the closed file reached another"
+        assert (tmp_dir / f"a{rnd}.bin").read_bytes() == block * len(futures)
+
+
+def test_concurrent_closes_both_return_once_closed(tmp_dir, fault):
+    f = deepio.File(tmp_dir / "c.bin", "w")
+    fault("write", delay=0.3)
+    fut = f.pwrite(b"\x01" * 4096)
+    closers = [threading.Thread(target=f.close) for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    assert fut.done() and f.closed
+
+
+def test_file_tracks_each_operation_in_constant_time(tmp_dir, fault):
+    """With every operation still running (the one worker held), the last third of 6000
+    submissions through one File costs about what the first third did: no rescan of the
+    tracked operations per submission (that made it quadratic)."""
+    h = deepio.aio_handle(intra_op_parallelism=1)
+    fault("write", delay=2.0)
+    with deepio.File(tmp_dir / "many.bin", "w", handle=h) as f:
+        first = f.pwrite(b"\x02" * 16, 0)
+        wait_until(lambda: threads_in_fault_delay() >= 1, "the worker to be held")
+        n = 2000
+        spans = []
+        offset = 16
+        futures = [first]
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(n):
+                futures.append(f.pwrite(b"\x02" * 16, offset))
+                offset += 16
+            spans.append(time.perf_counter() - start)
+        still_running = sum(not x.done() for x in futures)
+    assert spans[2] < 2.5 * spans[0] + 0.02, f"submissions slowed down as operations accumulated: {spans}"
+    assert still_running > n, "the worker was not held: nothing was measured"
+    assert all(x.result() == 16 for x in futures)
+
+
+def test_a_file_whose_fsync_raised_holds_no_descriptor_once_dropped(tmp_dir):
+    """A write that hit ENOSPC on a tiny tmpfs, its Future dropped: fsync() raises it; once the
+    caller drops the File (no gc.collect(), the collector off), its descriptor is closed and
+    the file system unmounts."""
+    gc.disable()
+    try:
+        with small_tmpfs(tmp_dir, "64k") as mnt:
+            f = deepio.File(mnt / "full.bin", "w")
+            f.pwrite(b"\x03" * (1 << 20))  # more than the file system holds
+            err = 0
+            try:
+                f.fsync()
+            except OSError as e:
+                err = e.errno
+            assert err == errno.ENOSPC
+            del f
+            held = [t for t in _fd_targets() if t.startswith(str(mnt))]
+            assert not held, f"descriptors still open on the tmpfs: {held}"
+            r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            mnt.rmdir()
+            mnt.mkdir()  # small_tmpfs's own unmount then finds nothing to do
+    finally:
+        gc.enable()
+
+
+def _fd_targets() -> list[str]:
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            pass
+    return out

@@ -39,12 +39,15 @@ All calls are collective over the communicator/group. The native engine releases
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 try:
     from .. import _comm
 except ImportError as e:  # the binary wheel, or a source build that found no MPI
-    if e.name != "deepio._comm":
+    # `from .. import _comm` names the package ("deepio"), not the module, when the module is
+    # missing; a _comm that is there but fails to load (no libmpi.so) raises its own error.
+    if importlib.util.find_spec("deepio._comm") is not None:
         raise
     raise ImportError(
         "deepio.comm needs deepio built with MPI: this deepio has no deepio._comm (the binary wheel "

@@ -1,0 +1,69 @@
+"""``import deepio.comm`` in a deepio without deepio._comm (the binary wheel, a build that found
+no MPI) raises the message that says how to get it; a deepio._comm that is there but does not
+load raises its own error. Both against a real copy of the installed package (symbolic links to
+its files) with _comm left out or replaced, imported in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import deepio
+
+FRIENDLY = "deepio.comm needs deepio built with MPI"
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import deepio
+assert deepio.__file__.startswith(sys.argv[1]), deepio.__file__
+try:
+    import deepio.comm
+except ImportError as e:
+    print("ImportError", e.name, "|", e)
+else:
+    print("imported")
+"""
+
+
+def _package_copy(dest: Path, comm_so: bytes | None) -> Path:
+    """deepio's installed files linked into dest/deepio, without its _comm extension; with
+    comm_so, a file of those bytes in its place."""
+    src = Path(deepio.__file__).parent
+    pkg = dest / "deepio"
+    pkg.mkdir()
+    for entry in src.iterdir():
+        if entry.name == "__pycache__":
+            continue
+        if entry.name.startswith("_comm.") and entry.name.endswith(".so"):
+            if comm_so is not None:
+                (pkg / entry.name).write_bytes(comm_so)
+            continue
+        (pkg / entry.name).symlink_to(entry)
+    if comm_so is not None and not any(p.name.startswith("_comm.") and p.name.endswith(".so") for p in pkg.iterdir()):
+        (pkg / f"_comm{_ext_suffix()}").write_bytes(comm_so)
+    return dest
+
+
+def _ext_suffix() -> str:
+    import sysconfig
+
+    return sysconfig.get_config_var("EXT_SUFFIX")
+
+
+def _probe(root: Path) -> str:
+    r = subprocess.run([sys.executable, "-c", PROBE, str(root)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_import_without_comm_module_says_how_to_get_it(tmp_path):
+    out = _probe(_package_copy(tmp_path, None))
+    assert out.startswith("ImportError deepio._comm |"), out
+    assert FRIENDLY in out and "libopenmpi-dev" in out, out
+
+
+def test_a_comm_module_that_does_not_load_raises_its_own_error(tmp_path):
+    out = _probe(_package_copy(tmp_path, b"not an ELF file"))
+    assert out.startswith("ImportError"), out
+    assert FRIENDLY not in out, out
