@@ -134,20 +134,28 @@ pytest_run() {
   (cd tests && DEEPIO_REQUIRE=torch,numpy,safetensors,hypothesis,deepspeed \
     python3 -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2 "$@" python)
 }
-stage pytest 420 pytest_run -m "not slow"
+# One file per worker at a time (pytest-xdist, --dist loadfile: a file's tests share fixtures and
+# module state), then the tests marked machine (sysctls, huge pages, fio) alone.
+pytest_default() {
+  pytest_run -m "not slow and not machine" -n "$jobs" --dist loadfile
+  pytest_run -m "machine and not slow"
+}
+stage pytest 300 pytest_default
 
 stage lint 90 bash scripts/lint.sh
 
 if [ "$full" -eq 1 ]; then
-  stage pytest-slow 600 pytest_run -m slow
+  # One at a time: these are the multi-rank and multi-process programs.
+  stage pytest-slow 420 pytest_run -m slow
 
+  # Only the test programs they run are built.
+  sanitized() {
+    cmake --preset "$1" -DDEEPIO_BUILD_TOOLS=OFF >/dev/null
+    cmake --build --preset "$1" --target deepio_tests deepio_cuda_staging_tests deepio_gpu_tests \
+      test_comm_mpi test_comm_kernels
+    ctest --preset "$1" -L 'unit|gpu|mpi' --timeout 1200 -j "$jobs"
+  }
   for san in asan tsan; do
-    sanitized() {
-      cmake --preset "$1" -DDEEPIO_BUILD_TOOLS=OFF >/dev/null
-      cmake --build --preset "$1" --target deepio_tests deepio_cuda_staging_tests deepio_gpu_tests \
-        test_comm_mpi test_comm_kernels
-      ctest --preset "$1" -L 'unit|gpu|mpi' --timeout 1200 -j "$jobs"
-    }
     stage "$san" 600 sanitized "$san"
   done
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import deepio
 
 FRIENDLY = "deepio.comm needs deepio built with MPI"
@@ -57,6 +59,7 @@ def _probe(root: Path) -> str:
     return r.stdout
 
 
+@pytest.mark.wheel
 def test_import_without_comm_module_says_how_to_get_it(tmp_path):
     out = _probe(_package_copy(tmp_path, None))
     assert out.startswith("ImportError deepio._comm |"), out
@@ -67,3 +70,16 @@ def test_a_comm_module_that_does_not_load_raises_its_own_error(tmp_path):
     out = _probe(_package_copy(tmp_path, b"not an ELF file"))
     assert out.startswith("ImportError"), out
     assert FRIENDLY not in out, out
+
+
+@pytest.mark.wheel
+def test_this_deepio_without_its_comm_module_says_so():
+    """The installed deepio itself (the binary wheel has no deepio._comm): where it lacks the
+    module, the message; where it has it (a source build with MPI), deepio.comm imports."""
+    import importlib.util
+
+    out = _probe(Path(deepio.__file__).parent.parent)
+    if importlib.util.find_spec("deepio._comm") is None:
+        assert out.startswith("ImportError deepio._comm |") and FRIENDLY in out, out
+    else:
+        assert out.strip() == "imported", out

@@ -34,6 +34,7 @@ except ImportError:
 pytestmark = needs_numpy
 
 
+@pytest.mark.wheel
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("direct_io", ["auto", "off"])
 def test_file_roundtrip(framework, direct_io, tmp_dir):
@@ -313,6 +314,8 @@ def test_concurrent_closes_both_return_once_closed(tmp_dir, fault):
     assert fut.done() and f.closed
 
 
+# It measures time: alone, never beside another test (scripts/test.sh).
+@pytest.mark.machine
 def test_file_tracks_each_operation_in_constant_time(tmp_dir, fault):
     """With every operation still running (the one worker held), the last third of 6000
     submissions through one File costs about what the first third did: no rescan of the

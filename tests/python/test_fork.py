@@ -39,14 +39,18 @@ def _run(*args: str, timeout: float = 240) -> str:
     return r.stdout
 
 
+# fork in the default run and the wheel's set; spawn (a fresh interpreter per worker) is slow.
 @needs_torch
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize(
+    "method", [pytest.param("fork", marks=pytest.mark.wheel), pytest.param("spawn", marks=pytest.mark.slow)]
+)
 def test_dataloader_workers_read_through_deepio(tmp_dir, method):
     out = _run("dataloader", method, str(tmp_dir))
     assert out.count("ok ") == 8 * 4 + 2, out  # every item four ways, workers, parent after
 
 
 @needs_numpy
+@pytest.mark.wheel
 def test_parent_handle_in_forked_child_refuses_at_once(tmp_dir):
     out = _run("parent-handle", str(tmp_dir), timeout=60)
     for name in ("aio_handle.sync_pread", "aio_handle.async_pread", "aio_handle.wait", "File on the parent's handle"):
