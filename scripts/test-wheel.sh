@@ -90,7 +90,9 @@ if [ "${DEEPIO_WHEEL_FULL:-0}" = 1 ] || [ "$current" != "$recorded" ]; then
   why="DEEPIO_WHEEL_FULL=1"
   [ "$current" != "$recorded" ] && why="packaging files changed since scripts/wheel-tested.sha256"
   step "the whole suite against the installed wheel ($why)"
-  wheel_pytest python
+  # As scripts/test.sh runs it: two files at a time, the tests marked machine alone.
+  wheel_pytest -m "not machine" -n "$(nproc)" --dist loadfile python
+  wheel_pytest -m machine python
   if [ "$current" != "$recorded" ]; then
     echo "test-wheel.sh: the whole suite passed against this wheel; record it with:"
     echo "    echo $current > scripts/wheel-tested.sha256"
