@@ -79,11 +79,19 @@ table() {
 trap table EXIT
 
 # stage NAME BUDGET COMMAND...: runs COMMAND, its output to the terminal and build/test-logs/NAME.log.
+# COMMAND runs in a subshell with errexit of its own: a failing command inside a stage function
+# fails the stage (in the condition of `||` bash would ignore errexit in the whole function).
 stage() {
   local name=$1 budget=$2 t0=$SECONDS rc=0
   shift 2
   printf '\n==== %s ====\n' "$name"
-  "$@" 2>&1 | tee "$logs/$name.log" || rc=$?
+  set +e
+  (
+    set -e
+    "$@"
+  ) 2>&1 | tee "$logs/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
   stages+=("$name $budget $((SECONDS - t0)) $([ "$rc" -eq 0 ] && echo ok || echo "FAILED($rc)")")
   return "$rc"
 }
