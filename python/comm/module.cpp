@@ -7,10 +7,14 @@
 // in as the integer from mpi4py's MPI._handleof(comm): for Open MPI that is the MPI_Comm
 // pointer value, for MPICH-ABI MPIs the MPI_Comm integer. mpi4py is not linked.
 //
-// Errors: every deepio::Error becomes the exception deepio's I/O calls raise for it
-// (python/src/errors.cpp): deepio.InvalidArgumentError (an OSError and a ValueError, errno
-// EINVAL) for an argument deepio refused, else OSError(errno, message), which Python turns into
-// the subclass for that errno (plain OSError for EIO). The classes are deepio's own, looked up
+// Errors: comm's own errors (deepio::comm::ArgumentError, CommError) become the exceptions
+// deepio's I/O calls raise for their kind (python/src/errors.cpp): deepio.InvalidArgumentError
+// (an OSError and a ValueError, errno EINVAL) for an argument deepio refused, else
+// OSError(errno, message), which Python turns into the subclass for that errno (plain OSError
+// for EIO). Every other deepio::Error is left to _deepio's translator: translators are shared by
+// every nanobind module of the process and the last registered is asked first, so catching them
+// all here would turn the I/O calls' own classes (ForkedHandleError, EndOfFileError, filename)
+// into plain OSErrors from the moment deepio.comm is imported. The classes are deepio's own, looked up
 // once at import (this extension cannot call into _deepio's C++ code), so comm and I/O share
 // one family of exceptions. Each carries `offset` and `nbytes` (0 here) like the I/O ones, and
 // comm adds: `reason` (the agreement's reason code, an int; 0 when none), `reason_name` and
@@ -63,6 +67,15 @@ nb::object make_exception(const deepio::Error& e) {
     exc.attr("mpi_error_class") = c->mpi_error_class();
   }
   return exc;
+}
+
+void set_exception(const deepio::Error& e) {
+  try {
+    nb::object exc = make_exception(e);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (nb::python_error& pe) {
+    pe.restore();
+  }
 }
 
 // A template so that only the branch for this MPI's handle type is instantiated.
@@ -118,14 +131,11 @@ NB_MODULE(_comm, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
-    } catch (const deepio::Error& e) {
-      try {
-        nb::object exc = make_exception(e);
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-      } catch (nb::python_error& pe) {
-        pe.restore();
-      }
-    }
+    } catch (const dc::ArgumentError& e) {
+      set_exception(e);
+    } catch (const dc::CommError& e) {
+      set_exception(e);
+    }  // anything else goes on to the next translator (_deepio's)
   });
 
   m.def("best_kernel", [] { return dc::best_kernel() == dc::Kernel::avx2 ? "avx2" : "scalar"; });

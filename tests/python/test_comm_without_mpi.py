@@ -83,3 +83,34 @@ def test_this_deepio_without_its_comm_module_says_so():
         assert out.startswith("ImportError deepio._comm |") and FRIENDLY in out, out
     else:
         assert out.strip() == "imported", out
+
+
+def test_importing_comm_keeps_the_io_calls_own_exceptions(tmp_path):
+    """deepio._comm registers an exception translator, and nanobind asks the last registered
+    first: it must leave the I/O calls' errors to deepio's own. It once caught every deepio
+    error, so that after ``import deepio.comm`` a parent's Future waited in a forked child
+    raised a plain OSError instead of deepio.ForkedHandleError."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepio._comm") is None:
+        pytest.skip("this deepio has no deepio._comm (built without MPI)")
+    code = f"""
+import os, deepio, deepio.comm
+with deepio.File({str(tmp_path / "f.bin")!r}, "w") as f:
+    fut = f.pwrite(b"x" * 4096)
+    fut.result()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fut.result()
+        except deepio.ForkedHandleError:
+            os._exit(0)
+        except OSError as e:
+            print("child:", type(e).__module__, type(e).__name__, flush=True)
+            os._exit(1)
+        os._exit(2)
+    print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("child exit 0"), r.stdout

@@ -87,9 +87,6 @@ def _in_child(fn, timeout: float = 10.0) -> int:
         time.sleep(0.005)
 
 
-# Alone (machine): beside another worker it once raised a plain OSError in the child instead of
-# ForkedHandleError (scripts/test.sh, 2026-11-28; not reproduced since, issue note).
-@pytest.mark.machine
 def test_parents_future_waited_in_a_forked_child_raises_at_once(tmp_dir, fault):
     f = deepio.File(tmp_dir / "held.bin", "w")
     fault("write", delay=1.5)  # the parent's write stays in flight while the child runs
