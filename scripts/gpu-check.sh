@@ -285,7 +285,7 @@ PROBE_NEEDS=-
 [[ $FAKE == 1 ]] && PROBE_NEEDS=build  # the fake driver is built here
 STEPS=(
     "deps 30 - unpack .gpu-debs/*.deb into $DEPS"
-    "configure 60 deps cmake -S . -B $B RelWithDebInfo, no -Werror, MPI off"
+    "configure 60 deps cmake -S . -B $B RelWithDebInfo, DEEPIO_WERROR=$WERROR, MPI off"
     "build 200 configure cmake --build $B -j $JOBS ${DEEPIO_GPU_CHECK_TARGETS:-(all targets)}"
     "probe 20 $PROBE_NEEDS load the CUDA driver, cuInit, count devices"
     "staging 60 build,probe $B/tests/cpp/deepio_cuda_staging_tests (real driver)"
