@@ -34,6 +34,13 @@ class DeviceFence {
   /// Blocks the calling thread until the work before the point has finished (for transfers
   /// no stream orders: cuFile, host imitations). Returns the driver's error, if any.
   virtual Status wait() const = 0;
+  /// Whether the work before the point has finished, without blocking: false while it runs;
+  /// true when it has (*error then holds the driver's error, if any). The default waits
+  /// (imitations whose wait() does not block long); a driver's fence answers at once.
+  virtual bool poll(Status* error) const {
+    *error = wait();
+    return true;
+  }
 };
 
 class DeviceStager {

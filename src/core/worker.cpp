@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <thread>
 
 #include "core/completion.hpp"
@@ -17,14 +18,36 @@ namespace deepio::detail {
 
 namespace {
 
+constexpr auto kHoldRecheck = std::chrono::microseconds(200);
+constexpr auto kFencePoll = std::chrono::microseconds(50);
+
+struct Lane;
+
+// One slice in its lane. `closed`: nothing more is issued from it (all cut, or its op failed);
+// it is retired once its last request is released too.
 struct Active {
   SliceTask task;
+  Lane* lane = nullptr;
   std::list<Active>::iterator self;
   std::size_t seg = 0;    // next segment to issue from
   std::uint64_t pos = 0;  // bytes of segments[seg] already issued
   std::size_t outstanding = 0;
   bool ordered = false;  // the op's fence (if any) was honoured before this slice's first copy
+  bool closed = false;
   [[nodiscard]] bool issued_all() const { return seg >= task.segments.size(); }
+};
+
+// One device's slices (see the file comment of worker.hpp).
+struct Lane {
+  std::uint64_t key = 0;
+  std::list<Active> run;               // arrival order
+  std::list<Active>::iterator cursor;  // first slice not closed, or run.end()
+  std::size_t waiting = 0;             // slices not closed
+  std::size_t inflight = 0;            // queue slots held by its requests
+  std::uint64_t inflight_bytes = 0;    // their bytes
+  std::size_t bounces = 0;             // bounce slots held by its requests
+  std::int64_t deficit = 0;            // bytes left of its turn (deficit round-robin)
+  bool stalled = false;                // cannot issue in this pass (bounce slot, fence)
 };
 
 struct Slot {
@@ -52,8 +75,9 @@ std::int64_t run_in_memory(const Request& r) noexcept {
 
 struct Worker::Impl {
   Worker& w;
-  std::list<Active> active;
-  std::list<Active>::iterator cursor;  // first Active with unissued segments, or end
+  std::list<Lane> lanes;           // devices with slices here; dropped when they have none
+  std::list<Lane>::iterator turn;  // the lane whose turn it is, or lanes.end()
+  bool fence_pending = false;      // a lane waits for a producer's fence (polled)
   std::vector<Slot> slots;
   std::vector<std::uint32_t> free_slots;
   std::vector<std::uint32_t> resubmit;  // slots to submit again (retry, short, fallback)
@@ -73,6 +97,9 @@ struct Worker::Impl {
   // Slots waiting out their EAGAIN back-off: (when to resubmit, slot). Held out of the queue
   // depth like in-flight ones.
   std::vector<std::pair<std::chrono::steady_clock::time_point, std::uint32_t>> deferred;
+  // Completions a test's fault hook holds back (kFaultHold): looked at again when due. Their
+  // slots stay taken, as if still in the kernel.
+  std::vector<std::pair<std::chrono::steady_clock::time_point, Completion>> held;
   int reap_failures = 0;  // transient reap failures in a row
   // The bounce slots and the device stagers (core/staging.hpp).
   Staging staging;
@@ -82,7 +109,7 @@ struct Worker::Impl {
 
   explicit Impl(Worker& worker)
       : w(worker),
-        cursor(active.end()),
+        turn(lanes.end()),
         staging(w.config_.bounce_slot_bytes, w.config_.bounce_slots, w.config_.stager_factory, w.config_.pool),
         backend(std::move(worker.backend_)) {
     const std::size_t qd = w.config_.queue_depth;
@@ -96,27 +123,70 @@ struct Worker::Impl {
     synthetic.reserve(qd);
   }
 
-  // Moves every queued slice into `active` (one lock for many small ops). Returns false if
-  // the queue was empty.
+  // Moves every queued slice into its device's lane (one lock for many small ops). Returns
+  // false if the queue was empty.
   bool pull() {
     {
       std::lock_guard lock(w.mutex_);
       if (w.queue_.empty()) return false;
       taken.swap(w.queue_);
     }
+    Lane* last = nullptr;
     for (auto& task : taken) {
-      active.emplace_back(Active{std::move(task), {}});
-      auto it = std::prev(active.end());
+      if (last == nullptr || last->key != task.device_key) last = &lane_for(task.device_key);
+      Lane& l = *last;
+      l.run.emplace_back(Active{std::move(task), &l, {}});
+      auto it = std::prev(l.run.end());
       it->self = it;
-      if (cursor == active.end()) cursor = it;
+      ++l.waiting;
+      if (l.cursor == l.run.end()) l.cursor = it;
     }
     taken.clear();
     return true;
   }
 
+  Lane& lane_for(std::uint64_t key) {
+    for (Lane& l : lanes) {
+      if (l.key == key) return l;
+    }
+    Lane& l = lanes.emplace_back();
+    l.key = key;
+    l.cursor = l.run.end();
+    if (turn == lanes.end()) turn = std::prev(lanes.end());
+    return l;
+  }
+
+  [[nodiscard]] bool any_waiting() const {
+    return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.waiting > 0; });
+  }
+
+  // Nothing more is issued from slice `a`; retired now if none of its requests is out.
+  void close(Active& a) {
+    if (a.closed) return;
+    a.closed = true;
+    a.seg = a.task.segments.size();
+    Lane& l = *a.lane;
+    --l.waiting;
+    if (l.cursor == a.self) {
+      auto it = std::next(a.self);
+      while (it != l.run.end() && it->closed) ++it;
+      l.cursor = it;
+    }
+    if (a.outstanding == 0) retire(&a);
+  }
+
   void retire(Active* a) {
     finished.push_back(std::move(a->task.op));
-    active.erase(a->self);
+    Lane* l = a->lane;
+    l->run.erase(a->self);
+    if (!l->run.empty()) return;
+    for (auto it = lanes.begin(); it != lanes.end(); ++it) {
+      if (&*it != l) continue;
+      if (turn == it) turn = std::next(it);
+      lanes.erase(it);
+      break;
+    }
+    if (turn == lanes.end()) turn = lanes.begin();
   }
 
   // Completes the retired slices' ops. Closing a file costs about as much as reading 64 KiB
@@ -130,11 +200,17 @@ struct Worker::Impl {
 
   void release(std::uint32_t id) {
     Slot& s = slots[id];
-    if (s.bounce >= 0) staging.give_back(s.bounce);
     Active* a = s.owner;
+    Lane& l = *a->lane;
+    --l.inflight;
+    l.inflight_bytes -= s.len;
+    if (s.bounce >= 0) {
+      staging.give_back(s.bounce);
+      --l.bounces;
+    }
     s = Slot{};
     free_slots.push_back(id);
-    if (--a->outstanding == 0 && a->issued_all() && cursor != a->self) retire(a);
+    if (--a->outstanding == 0 && a->closed) retire(a);
   }
 
   // Releases slots whose host-to-device copies have finished; with `block`, waits for all.
@@ -145,26 +221,114 @@ struct Worker::Impl {
     });
   }
 
-  // Cuts the next request from the slice at the cursor into `batch`. Returns false when there
-  // is nothing to issue now (no work, or waiting for a bounce slot).
+  // The shares of the lanes while `demand` of them have requests left to issue.
+  struct Caps {
+    std::size_t requests = 0;  // queue_depth with one lane
+    std::uint64_t bytes = UINT64_MAX;
+    std::size_t bounces = SIZE_MAX;
+  };
+  [[nodiscard]] Caps caps(std::size_t demand) const {
+    Caps c;
+    const std::size_t qd = w.config_.queue_depth;
+    c.requests = qd;
+    if (demand <= 1) return c;
+    const std::uint64_t bytes = w.config_.inflight_bytes != 0 ? w.config_.inflight_bytes
+                                                              : std::uint64_t{qd} * w.config_.quantum;
+    c.requests = std::max<std::size_t>(1, (qd + demand - 1) / demand);
+    c.bytes = std::max<std::uint64_t>(1, (bytes + demand - 1) / demand);
+    c.bounces = std::max<std::size_t>(1, staging.slot_count() / demand);
+    return c;
+  }
+
+  [[nodiscard]] static bool eligible(const Lane& l, const Caps& c) {
+    return l.waiting > 0 && !l.stalled && l.inflight < c.requests && (l.inflight == 0 || l.inflight_bytes < c.bytes);
+  }
+
+  // The oldest slice of lane `l` under its share of the lane (`lane_cap` requests), or null.
+  static Active* pick_slice(Lane& l, std::size_t lane_cap) {
+    const std::size_t cap = l.waiting <= 1 ? SIZE_MAX
+                                           : std::max<std::size_t>(1, (lane_cap + l.waiting - 1) / l.waiting);
+    for (auto it = l.cursor; it != l.run.end(); ++it) {
+      if (it->closed) continue;
+      if (it->outstanding < cap || it->task.op->failed()) return &*it;
+    }
+    return nullptr;
+  }
+
+  // The lane whose turn it is (deficit round-robin by bytes over the eligible lanes), or null.
+  Lane* pick_lane(const Caps& c) {
+    if (lanes.empty()) return nullptr;
+    if (turn == lanes.end()) turn = lanes.begin();
+    const auto quantum = static_cast<std::int64_t>(w.config_.quantum);
+    // Two rounds at most: the first gives every eligible lane a quantum, so the second finds
+    // one with bytes left (a request is never larger than a quantum).
+    for (std::size_t visits = 0; visits <= 2 * lanes.size(); ++visits) {
+      Lane& l = *turn;
+      if (eligible(l, c)) {
+        if (l.deficit > 0) return &l;
+        l.deficit += quantum;  // its turn is over: the next one starts with a quantum
+      } else if (l.waiting == 0) {
+        l.deficit = 0;  // no backlog, no credit kept
+      }
+      if (++turn == lanes.end()) turn = lanes.begin();
+    }
+    return nullptr;
+  }
+
+  enum class Cut : std::uint8_t { Issued, Skipped, Stalled };
+
+  // Cuts the next request into `batch`, from the lane whose turn it is. Returns false when
+  // nothing can be issued now (no work, every lane at its share, or waiting for a bounce
+  // slot or a fence).
   bool next_request() {
+    bool pulled = false;
     for (;;) {
-      if (cursor == active.end() && !pull()) return false;
-      Active& a = *cursor;
+      std::size_t demand = 0;
+      for (const Lane& l : lanes) demand += l.waiting > 0 ? 1 : 0;
+      const Caps c = caps(demand);
+      Lane* l = pick_lane(c);
+      Active* a = l != nullptr ? pick_slice(*l, c.requests) : nullptr;
+      if (l != nullptr && a == nullptr) {
+        l->stalled = true;  // every slice at its share of the lane: the next lane's turn
+        continue;
+      }
+      if (a != nullptr) {
+        switch (cut(*a, c)) {
+          case Cut::Issued: return true;
+          case Cut::Skipped: continue;
+          case Cut::Stalled: l->stalled = true; continue;
+        }
+      }
+      if (!pulled && pull()) {
+        pulled = true;
+        continue;
+      }
+      // Only a bounce slot is missing, and copies back to the device hold some: wait for the
+      // oldest rather than for the disk.
+      const bool bounce_bound = std::any_of(lanes.begin(), lanes.end(), [](const Lane& ln) { return ln.stalled; });
+      if (bounce_bound && !fence_pending && staging.draining() && !staging.has_free()) {
+        drain(true);
+        for (Lane& ln : lanes) ln.stalled = false;
+        continue;
+      }
+      return false;
+    }
+  }
+
+  // Cuts one request of slice `a` into `batch`.
+  Cut cut(Active& a, const Caps& c) {
+    {
       OpState& op = *a.task.op;
       if (op.failed() || a.issued_all()) {
-        a.seg = a.task.segments.size();
-        auto next = std::next(cursor);
-        Active* done = a.outstanding == 0 ? &a : nullptr;
-        cursor = next;
-        if (done != nullptr) retire(done);
-        continue;
+        close(a);
+        return Cut::Skipped;
       }
       const Segment& seg = a.task.segments[a.seg];
       if (!dead.ok()) {
         // The queue is gone: nothing is cut, staged or bounced for it any more.
         op.fail(Status::failure(dead.errnum, dead.message, op.path(), seg.file_offset + a.pos, seg.nbytes - a.pos));
-        continue;  // the failed op is skipped at the top of the loop
+        close(a);
+        return Cut::Skipped;
       }
       const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(seg.chunk, seg.nbytes - a.pos));
       Slot s;
@@ -180,7 +344,8 @@ struct Worker::Impl {
       if (seg.mode == SegmentMode::Buffered) {
         if (Status st = to_buffered(s); !st.ok()) {
           op.fail(std::move(st));
-          continue;  // the failed op is skipped at the top of the loop
+          close(a);
+          return Cut::Skipped;
         }
       } else {
         s.req.fd = op.direct_fd();
@@ -188,22 +353,27 @@ struct Worker::Impl {
       s.req.buf = s.user;
       if (a.task.direct_device) s.req.driver_file = a.task.driver_file.get();
       if (a.task.direct_device && !a.ordered && op.fence() != nullptr) {
-        // A route's transfers (cuFile) follow no stream: this worker waits for the producer.
-        if (Status fs = op.fence()->wait(); !fs.ok()) {
+        // A route's transfers (cuFile) follow no stream: they wait for the producer, and the
+        // worker serves other slices meanwhile (the fence is polled).
+        Status fs;
+        if (!op.fence()->poll(&fs)) {
+          fence_pending = true;
+          return Cut::Stalled;
+        }
+        if (!fs.ok()) {
           fs.path = op.path();
           op.fail(std::move(fs));
-          continue;
+          close(a);
+          return Cut::Skipped;
         }
         a.ordered = true;
       }
       if (!staged) s.req.region = op.region();
-      if (op.device() >= 0 || s.req.driver_file != nullptr) {
-        w.counters_->device_requests.fetch_add(1, std::memory_order_relaxed);
-      }
       if (staged) {
         if (!staging.ensure()) {
           op.fail(Status::failure(ENOMEM, "cannot allocate bounce buffers", op.path(), s.req.offset, len));
-          continue;
+          close(a);
+          return Cut::Skipped;
         }
         DeviceStager* st = nullptr;
         if (op.device() >= 0) {
@@ -212,7 +382,8 @@ struct Worker::Impl {
           if (st == nullptr) {
             why.path = op.path();
             op.fail(std::move(why));
-            continue;
+            close(a);
+            return Cut::Skipped;
           }
           if (!a.ordered && op.fence() != nullptr) {
             // Before this slice's first copy, either way: a write's device-to-host copy must
@@ -221,25 +392,28 @@ struct Worker::Impl {
             if (Status os = st->order_after(*op.fence()); !os.ok()) {
               os.path = op.path();
               op.fail(std::move(os));
-              continue;
+              close(a);
+              return Cut::Skipped;
             }
             a.ordered = true;
           }
         }
-        if (!staging.has_free()) {
-          if (!staging.draining()) return false;  // wait for a disk request to come back
-          drain(true);
-        }
+        // Its share of the bounce slots, or none free: the next lane's turn (next_request
+        // waits for a copy back to the device only when no lane can issue).
+        if (a.lane->bounces >= c.bounces || !staging.has_free()) return Cut::Stalled;
         s.bounce = staging.take();
+        ++a.lane->bounces;
         std::byte* b = staging.at(s.bounce);
         if (op.write()) {
           if (st != nullptr) {
             Status cs = st->to_staging(s.bounce, b, s.user, len);
             if (!cs.ok()) {
               staging.give_back(s.bounce);
+              --a.lane->bounces;
               cs.path = op.path();
               op.fail(std::move(cs));
-              continue;
+              close(a);
+              return Cut::Skipped;
             }
           } else {
             std::memcpy(b, s.user, len);
@@ -247,19 +421,28 @@ struct Worker::Impl {
         }
         s.req.buf = b;
       }
+      if (op.device() >= 0 || s.req.driver_file != nullptr) {
+        w.counters_->device_requests.fetch_add(1, std::memory_order_relaxed);
+      }
+      const std::uint64_t seg_bytes = seg.nbytes;
       a.pos += len;
-      if (a.pos == seg.nbytes) {
+      if (a.pos == seg_bytes) {
         ++a.seg;
         a.pos = 0;
       }
       ++a.outstanding;
+      Lane& l = *a.lane;
+      ++l.inflight;
+      l.inflight_bytes += len;
+      l.deficit -= static_cast<std::int64_t>(len);
       const std::uint32_t id = free_slots.back();
       free_slots.pop_back();
       s.req.tag = id;
       slots[id] = s;
       batch.push_back(s.req);
       batch_slots.push_back(id);
-      return true;
+      if (a.issued_all()) close(a);
+      return Cut::Issued;
     }
   }
 
@@ -356,6 +539,10 @@ struct Worker::Impl {
     }
     if (auto injected = consult_fault_hook(
             {op.write() ? FaultPoint::Write : FaultPoint::Read, nullptr, s.req.fd, s.req.offset, s.req.len, res})) {
+      if (*injected == kFaultHold) {  // not finished yet, as far as the test is concerned
+        held.emplace_back(std::chrono::steady_clock::now() + kHoldRecheck, c);
+        return;
+      }
       res = *injected;
     }
     if (res >= 0 && c.fixed) {
@@ -460,23 +647,51 @@ struct Worker::Impl {
     if (!quiet) staging.abandon();
   }
 
-  // Deferred slots whose back-off is over go back to the resubmission list.
+  // Deferred slots whose back-off is over go back to the resubmission list; held completions
+  // due for another look are handled again.
   void take_due() {
-    if (deferred.empty()) return;
+    if (deferred.empty() && held.empty()) return;
     const auto now = std::chrono::steady_clock::now();
     std::erase_if(deferred, [&](const auto& d) {
       if (d.first > now) return false;
       resubmit.push_back(d.second);
       return true;
     });
+    std::erase_if(held, [&](const auto& h) {
+      if (h.first > now) return false;
+      synthetic.push_back(h.second);
+      return true;
+    });
+  }
+
+  // When the thread must look again without a completion or a new slice to wake it: the
+  // earliest back-off or held completion, or shortly for a fence being polled.
+  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> next_due() const {
+    std::optional<std::chrono::steady_clock::time_point> due;
+    const auto consider = [&](std::chrono::steady_clock::time_point t) {
+      if (!due || t < *due) due = t;
+    };
+    for (const auto& d : deferred) consider(d.first);
+    for (const auto& h : held) consider(h.first);
+    if (fence_pending) consider(std::chrono::steady_clock::now() + kFencePoll);
+    return due;
+  }
+
+  // Lanes with requests of theirs in the kernel.
+  [[nodiscard]] std::size_t busy_lanes() const {
+    std::size_t n = 0;
+    for (const Lane& l : lanes) n += l.inflight > 0 ? 1 : 0;
+    return n;
   }
 
   void run() {
-    const std::size_t qd = w.config_.queue_depth;
     for (;;) {
       if (staging.draining()) drain(false);
       take_due();
-      while (inflight + batch.size() + deferred.size() < qd) {
+      pull();
+      for (Lane& l : lanes) l.stalled = false;
+      fence_pending = false;
+      for (;;) {
         if (!resubmit.empty()) {
           const std::uint32_t id = resubmit.back();
           resubmit.pop_back();
@@ -484,7 +699,7 @@ struct Worker::Impl {
           batch_slots.push_back(id);
           continue;
         }
-        if (!next_request()) break;
+        if (free_slots.empty() || !next_request()) break;
       }
       if (!batch.empty()) submit_batch();
       finish_retired();
@@ -500,21 +715,23 @@ struct Worker::Impl {
           drain(true);
           continue;
         }
-        if (!deferred.empty()) {
+        if (auto due = next_due()) {
           // Nothing in the kernel and nothing else could be issued: sleep out the earliest
-          // back-off (a new slice wakes this early; it is looked at on the way round).
-          const auto due = std::min_element(deferred.begin(), deferred.end())->first;
+          // back-off or hold, or a fence's poll (a new slice wakes this early; it is looked
+          // at on the way round).
           std::unique_lock lock(w.mutex_);
-          w.cv_.wait_until(lock, due);
+          w.cv_.wait_until(lock, *due);
           continue;
         }
-        if (!resubmit.empty() || cursor != active.end()) continue;
+        if (!resubmit.empty() || any_waiting()) continue;
         std::unique_lock lock(w.mutex_);
         w.cv_.wait(lock, [&] { return !w.queue_.empty() || w.stopping_; });
-        if (w.queue_.empty() && w.stopping_ && active.empty()) return;
+        if (w.queue_.empty() && w.stopping_ && lanes.empty()) return;
         continue;
       }
-      const std::size_t min = w.config_.overlap_events ? 1 : inflight;
+      // Several devices in flight: each completion is taken as it comes (a batch waits for
+      // its slowest device).
+      const std::size_t min = w.config_.overlap_events || busy_lanes() > 1 ? 1 : inflight;
       const int n = reap(min);
       if (n < 0) {
         const bool transient = n == -EINTR || n == -EAGAIN || n == -EBUSY;

@@ -1,9 +1,24 @@
-// Worker: one thread, one backend queue, a FIFO of slices to run.
+// Worker: one thread, one backend queue, and a scheduler over every device it serves.
 //
 // Protocol: the engine enqueue()s slices; the worker cuts each slice's segments into
 // requests and keeps up to queue_depth of them in flight across all its slices (so many
-// small operations still fill the device queue). With overlap_events it refills as each
-// completion arrives; without, it submits a batch and reaps the whole batch before the next.
+// small operations still fill the device queue).
+//
+// Scheduling (docs/engine.md draws it): each slice goes into the lane of its file's device
+// (SliceTask::device_key, the file's st_dev); a lane holds that device's slices in arrival
+// order. Free queue slots are handed out by deficit round-robin over the lanes that have
+// requests left to issue, weighted by bytes (a lane's turn lasts for `quantum` bytes), and
+// while more than one lane has work each is capped at its share of the requests
+// (queue_depth / lanes), of the bytes in flight (inflight_bytes / lanes) and of the bounce
+// slots (at least one each): a slow device can hold no more than its share, so no device
+// waits behind another's. Within a lane the oldest slice goes first, each capped at its
+// share of the lane while several have work; within a slice requests are issued in order.
+// A lane that cannot issue now (no bounce slot for it, its producer's fence not yet reached)
+// yields to the next; nothing blocks the thread while another lane could issue.
+//
+// Completions: with overlap_events, or whenever requests of more than one device are in
+// flight, the worker refills as each completion arrives; otherwise it submits a batch and
+// reaps the whole batch before the next (DeepNVMe's overlap_events=false).
 // Every completion is checked: EINTR is resubmitted at once and EAGAIN after a back-off (1 us
 // doubling to 1 ms; a request still refused after 1000 tries fails, about a second later,
 // naming it); short transfers are finished by resubmitting the rest; a direct request refused
@@ -42,8 +57,12 @@ struct WorkerConfig {
   bool overlap_events = false;
   std::size_t bounce_slot_bytes = 1 << 20;  ///< size of one bounce slot
   std::size_t bounce_slots = 16;            ///< slots allocated on first use
-  StagerFactory stager_factory;             ///< for ops on device memory; empty: none possible
-  std::shared_ptr<StagingPool> pool;        ///< where the bounce arena comes from (null: its own)
+  /// Bytes a lane may issue in one turn of the round-robin (at least the largest request).
+  std::size_t quantum = 1 << 20;
+  /// Bytes in flight shared among the lanes with work (0: queue_depth x quantum).
+  std::size_t inflight_bytes = 0;
+  StagerFactory stager_factory;       ///< for ops on device memory; empty: none possible
+  std::shared_ptr<StagingPool> pool;  ///< where the bounce arena comes from (null: its own)
 };
 
 struct SliceTask {
@@ -56,6 +75,9 @@ struct SliceTask {
   /// The requests go to a route's backend with driver_file; false: driver_file (if any) is
   /// only held until the slice is done (an op the route declined and that is staged).
   bool direct_device = false;
+  /// The device holding the file (its st_dev): the worker's scheduler serves each device's
+  /// requests in a lane of its own, so no device waits behind another's.
+  std::uint64_t device_key = 0;
 };
 
 class Worker {

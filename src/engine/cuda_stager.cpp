@@ -225,6 +225,17 @@ class CudaFence final : public DeviceFence {
     if (r != CUDA_SUCCESS) return cuda_status(&api, r, "waiting for the producer's stream");
     return {};
   }
+  bool poll(Status* error) const override {
+    const CudaApi& api = pool_->api();
+    CUcontext prev = nullptr;
+    api.cuCtxGetCurrent(&prev);
+    if (prev != pool_->context()) api.cuCtxSetCurrent(pool_->context());
+    const CUresult r = api.cuEventQuery(event_);
+    if (prev != pool_->context()) api.cuCtxSetCurrent(prev);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    *error = r == CUDA_SUCCESS ? Status{} : cuda_status(&api, r, "waiting for the producer's stream");
+    return true;
+  }
 
  private:
   FencePool* pool_;

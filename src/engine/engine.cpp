@@ -60,6 +60,8 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
   wc.single_submit = options_.single_submit;
   wc.overlap_events = options_.overlap_events;
   wc.bounce_slot_bytes = bounce_slot_bytes_;
+  // A device's turn: one request of the largest size it can have.
+  wc.quantum = std::max(std::min(options_.block_size, kMaxBlock), bounce_slot_bytes_);
   wc.pool = pool_;
   // At least two slots so disk and copies overlap, but never more than can be in flight.
   const std::size_t budget = env_staging_bytes().value_or(kBounceBudget);
@@ -276,14 +278,14 @@ void Engine::queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices
   op->set_slices(static_cast<int>(slices.size()));
   if (pending != nullptr) {
     for (Slice& s : slices) {
-      pending->per_worker[s.worker].push_back(SliceTask{op, std::move(s.segments), route.file, route.direct});
+      pending->per_worker[s.worker].push_back(SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
     }
     pending->count += slices.size();
     return;
   }
   auto& workers = route.direct ? route_workers_ : workers_;
   for (Slice& s : slices) {
-    workers[s.worker]->enqueue(SliceTask{op, std::move(s.segments), route.file, route.direct});
+    workers[s.worker]->enqueue(SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
   }
 }
 

@@ -19,6 +19,7 @@ namespace deepio::detail {
 struct Engine::Opened {
   bool direct = false;
   bool in_memory = false;  // tmpfs/ramfs: see Segment::in_memory
+  std::uint64_t dev = 0;   // the device holding the file (st_dev): the workers' lane (SliceTask::device_key)
   std::size_t mem_align = 1;
   std::size_t offset_align = 1;
 };

@@ -100,6 +100,7 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
   UniqueFd fd = open_maybe_direct(path, write ? (O_WRONLY | O_CREAT) : O_RDONLY, options_.direct_io, &facts, &direct);
   *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
   out->in_memory = in_memory(fd.get(), facts.dev);
+  out->dev = facts.dev;
   out->direct = direct;
   if (direct) {
     // Without statx's answer, a page is a safe superset of any logical block size.
@@ -187,6 +188,7 @@ void Engine::open_op(OpState& op, const std::string* path, int fd, const std::sh
     throw_if_error(file_facts(fd, name, &facts));
     *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
     opened->in_memory = in_memory(fd, facts.dev);
+    opened->dev = facts.dev;
     op.set_borrowed_source(fd);
     opened->direct = (flags & O_DIRECT) != 0 && options_.direct_io != DirectIo::Off;
     if (opened->direct) {

@@ -33,6 +33,12 @@ struct FaultSite {
 
 using FaultHook = std::function<std::optional<std::int64_t>(const FaultSite&)>;
 
+/// A hook's answer at Read/Write: the completion is held back, as if the device had not
+/// finished the request yet. The worker keeps the request in flight (its queue slot, its
+/// device's share) and asks the hook again about 0.2 ms later, serving other requests
+/// meanwhile: how tests make one file's device slow without blocking a thread.
+inline constexpr std::int64_t kFaultHold = INT64_MIN;
+
 /// Installs (or, with an empty function, removes) the process-wide hook. Not to be called
 /// while I/O is in flight.
 void set_fault_hook(FaultHook hook);

@@ -1,0 +1,288 @@
+// The worker's scheduler (core/worker.hpp): every device served at once. A test's fault hook
+// holds back the completions of chosen files (kFaultHold: the request stays in flight, the
+// worker goes on), which is a device that has not answered yet; the tests count which
+// requests are in flight and which ops finish while others are held. No clocks decide an
+// outcome: the timeouts only bound how long a broken scheduler makes a test wait to fail.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/support.hpp"
+
+namespace deepio {
+namespace {
+
+using detail::FaultPoint;
+using detail::FaultSite;
+using test::pattern;
+
+constexpr std::size_t kBlock = 64 << 10;
+
+// The path an open descriptor names, through /proc.
+std::string fd_path(int fd) {
+  char link[64], target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(link, target, sizeof target - 1);
+  return n > 0 ? std::string(target, static_cast<std::size_t>(n)) : std::string();
+}
+
+std::uint64_t device_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_dev : 0;
+}
+
+// Holds the read completions of files whose names end with a held suffix; counts the requests
+// held (distinct offsets per file) and lets them go one at a time or all at once.
+class Gate {
+ public:
+  void hold(const std::string& suffix) {
+    std::lock_guard lock(mutex_);
+    held_suffixes_.insert(suffix);
+  }
+  // From now on `n` more held requests (any file) complete.
+  void release(int n) {
+    std::lock_guard lock(mutex_);
+    tokens_ += n;
+  }
+  void release_all(const std::string& suffix) {
+    std::lock_guard lock(mutex_);
+    held_suffixes_.erase(suffix);
+  }
+  // Requests of `suffix` being held now.
+  std::size_t held(const std::string& suffix) {
+    std::lock_guard lock(mutex_);
+    return holding_[suffix].size();
+  }
+  int tokens() {
+    std::lock_guard lock(mutex_);
+    return tokens_;
+  }
+
+  // Submissions of requests of `suffix` wait (blocking the worker) until release_submits().
+  void block_submits(const std::string& suffix) {
+    std::lock_guard lock(mutex_);
+    blocked_ = suffix;
+  }
+  void release_submits() {
+    std::lock_guard lock(mutex_);
+    blocked_.clear();
+  }
+  [[nodiscard]] bool submit_blocked() {
+    std::lock_guard lock(mutex_);
+    return submit_waiting_;
+  }
+
+  std::optional<std::int64_t> operator()(const FaultSite& s) {
+    if (s.point == FaultPoint::Submit) {
+      const std::string path = fd_path(s.fd);
+      for (;;) {
+        {
+          std::lock_guard lock(mutex_);
+          submit_waiting_ = !blocked_.empty() && path.ends_with(blocked_);
+          if (!submit_waiting_) return std::nullopt;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    if (s.point != FaultPoint::Read) return std::nullopt;
+    const std::string path = fd_path(s.fd);
+    std::lock_guard lock(mutex_);
+    for (const auto& suffix : all_suffixes_) {
+      if (!path.ends_with(suffix)) continue;
+      auto& holding = holding_[suffix];
+      if (held_suffixes_.contains(suffix)) {
+        if (tokens_ == 0) {
+          holding.insert(s.offset);
+          return detail::kFaultHold;
+        }
+        --tokens_;
+      }
+      holding.erase(s.offset);
+      return std::nullopt;
+    }
+    return std::nullopt;
+  }
+
+  void watch(const std::string& suffix) {
+    std::lock_guard lock(mutex_);
+    all_suffixes_.insert(suffix);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<std::string> all_suffixes_;
+  std::set<std::string> held_suffixes_;
+  std::map<std::string, std::set<std::uint64_t>> holding_;
+  int tokens_ = 0;
+  std::string blocked_;
+  bool submit_waiting_ = false;
+};
+
+// Waits (bounded) until pred() holds; the bound only ends a test that would otherwise hang.
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+class Scheduler : public test::BackendTest {
+ protected:
+  void SetUp() override {
+    BackendTest::SetUp();
+    if (IsSkipped()) return;
+    gate_ = std::make_shared<Gate>();
+    detail::set_fault_hook([g = gate_](const FaultSite& s) { return (*g)(s); });
+  }
+  void TearDown() override {
+    detail::set_fault_hook({});
+    for (const auto& p : shm_files_) ::unlink(p.c_str());
+    BackendTest::TearDown();
+  }
+  // A file on another device than the test folder: in /dev/shm (tmpfs). Skips without one.
+  std::string other_device_file(const std::string& name) {
+    const std::string p = "/dev/shm/deepio-sched-" + std::to_string(::getpid()) + "-" + name;
+    shm_files_.push_back(p);
+    test::put(p, {});
+    if (device_of(p) == 0 || device_of(p) == device_of(dir_.path().string())) {
+      ADD_FAILURE() << "/dev/shm is not a device of its own here";
+    }
+    return p;
+  }
+  std::shared_ptr<Gate> gate_;
+  std::vector<std::string> shm_files_;
+};
+
+// One op holds the whole queue on a device that does not answer; an op on another device (and
+// one on the same device) submitted after it completes as soon as a single request of the
+// first comes back, while the first is still pending.
+void second_op_overtakes_held_one(Scheduler& t, Gate& gate, Handle& h, const std::string& slow,
+                                  const std::string& fast) {
+  constexpr std::size_t kSlowBytes = 64 * kBlock, kFastBytes = 4 * kBlock;
+  test::put(slow, pattern(kSlowBytes, 1));
+  test::put(fast, pattern(kFastBytes, 2));
+  gate.watch("/slow");
+  gate.watch(fast.substr(fast.rfind('/')));
+  gate.hold("/slow");
+  std::vector<std::byte> a(kSlowBytes), b(kFastBytes);
+  Future first = h.async_pread(a.data(), a.size(), slow);
+  ASSERT_TRUE(eventually([&] { return gate.held("/slow") == 8; })) << "the first op fills the queue (8)";
+  Future second = h.async_pread(b.data(), b.size(), fast);
+  gate.release(1);  // one request of the first comes back: its slot goes to the second
+  EXPECT_TRUE(second.wait_for(std::chrono::seconds(5))) << "the second op waited behind the first (FIFO scheduling)";
+  EXPECT_FALSE(first.done()) << "the first is still held";
+  EXPECT_EQ(b, pattern(kFastBytes, 2));
+  gate.release_all("/slow");
+  ASSERT_TRUE(first.wait_for(std::chrono::seconds(30)));
+  first.get();
+  second.get();
+  EXPECT_EQ(a, pattern(kSlowBytes, 1));
+  (void)t;
+}
+
+TEST_P(Scheduler, AnotherDevicesOpCompletesWhileOneDeviceIsHeld) {
+  Handle h(opts({.block_size = kBlock, .queue_depth = 8, .direct_io = DirectIo::Off}));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"));
+}
+
+TEST_P(Scheduler, SameDevicesOtherOpCompletesWhileTheFirstIsHeld) {
+  Handle h(opts({.block_size = kBlock, .queue_depth = 8, .direct_io = DirectIo::Off}));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), dir_.file("fast"));
+}
+
+TEST_P(Scheduler, WithOverlapEventsToo) {
+  Handle h(opts({.block_size = kBlock, .queue_depth = 8, .overlap_events = true, .direct_io = DirectIo::Off}));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"));
+}
+
+// Three devices' ops arrive together: the queue is shared equally while all three have
+// requests to issue; once two are done, the third gets the whole queue.
+TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
+  Handle h(opts({.block_size = kBlock, .queue_depth = 12, .direct_io = DirectIo::Off}));
+  constexpr std::size_t kBytes = 32 * kBlock;
+  const std::string gate_file = dir_.file("gate");
+  const std::string files[3] = {dir_.file("one"), other_device_file("two"), other_device_file("three")};
+  // "two" and "three" are both in /dev/shm: one device. Make "three" a device of its own
+  // where the machine has one more (a disk folder and tmpfs are all a test can count on).
+  test::put(gate_file, pattern(kBlock, 9));
+  for (int i = 0; i < 3; ++i) test::put(files[i], pattern(kBytes, 10 + static_cast<std::uint32_t>(i)));
+  for (const char* s : {"/one", "-two", "-three"}) gate_->watch(s);
+  for (const char* s : {"/one", "-two", "-three"}) gate_->hold(s);
+  // The worker is kept inside the submission of the gate's request while the three are
+  // submitted, so it takes them in one go.
+  gate_->block_submits("/gate");
+  std::vector<std::byte> g(kBlock);
+  Future gate = h.async_pread(g.data(), g.size(), gate_file);
+  ASSERT_TRUE(eventually([&] { return gate_->submit_blocked(); }));
+  std::vector<std::vector<std::byte>> out(3, std::vector<std::byte>(kBytes));
+  std::vector<Future> ops;
+  for (int i = 0; i < 3; ++i) ops.push_back(h.async_pread(out[i].data(), kBytes, files[i]));
+  gate_->release_submits();
+  ASSERT_TRUE(gate.wait_for(std::chrono::seconds(20)));
+  // 12 slots over two devices (the disk folder, /dev/shm): 6 each; on /dev/shm "two" and
+  // "three" share theirs, 3 each.
+  ASSERT_TRUE(eventually([&] { return gate_->held("/one") + gate_->held("-two") + gate_->held("-three") == 12; }))
+      << gate_->held("/one") << " " << gate_->held("-two") << " " << gate_->held("-three");
+  EXPECT_EQ(gate_->held("/one"), 6u);
+  EXPECT_EQ(gate_->held("-two"), 3u);
+  EXPECT_EQ(gate_->held("-three"), 3u);
+  // The other device's ops finish: the disk's op alone takes the whole queue.
+  gate_->release_all("-two");
+  gate_->release_all("-three");
+  ASSERT_TRUE(ops[1].wait_for(std::chrono::seconds(20)));
+  ASSERT_TRUE(ops[2].wait_for(std::chrono::seconds(20)));
+  EXPECT_TRUE(eventually([&] { return gate_->held("/one") == 12; })) << gate_->held("/one");
+  EXPECT_FALSE(ops[0].done());
+  gate_->release_all("/one");
+  for (auto& op : ops) op.get();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], pattern(kBytes, 10 + static_cast<std::uint32_t>(i))) << i;
+}
+
+// One device's staged requests (a misaligned buffer read with O_DIRECT bounces) take every
+// bounce slot and are held: another device's requests, which need none, still issue and
+// complete.
+TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
+  ::setenv("DEEPIO_STAGING_BYTES", "128K", 1);  // two bounce slots of 64 KiB
+  Handle h(opts({.block_size = kBlock, .queue_depth = 16}));
+  ::unsetenv("DEEPIO_STAGING_BYTES");
+  constexpr std::size_t kBytes = 32 * kBlock;
+  const std::string slow = dir_.file("slow"), fast = other_device_file("fast");
+  test::put(slow, pattern(kBytes, 3));
+  test::put(fast, pattern(kBytes, 4));
+  gate_->watch("/slow");
+  gate_->watch("-fast");
+  gate_->hold("/slow");
+  {
+    const int probe = ::open(slow.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (probe < 0) GTEST_SKIP() << "this folder takes no O_DIRECT: nothing bounces";
+    ::close(probe);
+  }
+  test::OffsetBuffer a(kBytes, 8);  // not aligned for O_DIRECT: bounces
+  test::OffsetBuffer b(kBytes, 0);  // aligned: never bounces, whatever /dev/shm does
+  Future first = h.async_pread(a.data(), kBytes, slow);
+  ASSERT_TRUE(eventually([&] { return gate_->held("/slow") == 2; })) << "two bounce slots, both held";
+  Future second = h.async_pread(b.data(), kBytes, fast);
+  EXPECT_TRUE(second.wait_for(std::chrono::seconds(5))) << "the other device waited for a bounce slot";
+  EXPECT_FALSE(first.done());
+  EXPECT_EQ(gate_->held("/slow"), 2u);
+  EXPECT_EQ(b.copy(), pattern(kBytes, 4));
+  gate_->release_all("/slow");
+  ASSERT_TRUE(first.wait_for(std::chrono::seconds(30)));
+  first.get();
+  second.get();
+  EXPECT_EQ(a.copy(), pattern(kBytes, 3));
+  EXPECT_GT(h.stats().bytes_bounced, 0u);
+}
+
+DEEPIO_INSTANTIATE_FOR_BACKENDS(Scheduler);
+
+}  // namespace
+}  // namespace deepio
