@@ -21,7 +21,7 @@ class SyncBackend : public Backend {
     return static_cast<int>(reqs.size());
   }
 
-  int reap(std::span<Completion> out, std::size_t /*min*/) final {
+  int reap(std::span<Completion> out, std::size_t /*min*/, std::int64_t /*max_wait_us*/) final {
     std::size_t n = 0;
     while (n < out.size() && !done_.empty()) {
       out[n++] = done_.front();

@@ -56,8 +56,10 @@ class Backend {
   virtual int submit(std::span<const Request> reqs) = 0;
   /// Waits until at least `min` completions are available (min may be 0, and is never more
   /// than the number in flight), then stores up to out.size() of them. Returns the count
-  /// stored or a negative errno (EINTR is handled inside).
-  virtual int reap(std::span<Completion> out, std::size_t min) = 0;
+  /// stored or a negative errno (EINTR is handled inside). With `max_wait_us` >= 0 the wait
+  /// ends after that long even if fewer than `min` are there: what is there is stored (maybe
+  /// none), and that is no error.
+  virtual int reap(std::span<Completion> out, std::size_t min, std::int64_t max_wait_us = -1) = 0;
   /// Makes the kernel start every accepted request now, for a backend that would otherwise
   /// hold them until the next reap() (io_uring batches submission into its wait). The worker
   /// calls it before spending time on other things, so the device is never left idle.

@@ -20,6 +20,8 @@ namespace {
 
 constexpr auto kHoldRecheck = std::chrono::microseconds(200);
 constexpr auto kFencePoll = std::chrono::microseconds(50);
+// The longest wait for a one-device batch (overlap_events off) before looking for new work.
+constexpr std::int64_t kBatchWaitUs = 1000;
 
 struct Lane;
 
@@ -78,6 +80,7 @@ struct Worker::Impl {
   std::list<Lane> lanes;           // devices with slices here; dropped when they have none
   std::list<Lane>::iterator turn;  // the lane whose turn it is, or lanes.end()
   bool fence_pending = false;      // a lane waits for a producer's fence (polled)
+  bool batch_open = false;         // part of a one-device batch is still out (run())
   std::vector<Slot> slots;
   std::vector<std::uint32_t> free_slots;
   std::vector<std::uint32_t> resubmit;  // slots to submit again (retry, short, fallback)
@@ -613,11 +616,11 @@ struct Worker::Impl {
     release(id);
   }
 
-  int reap(std::size_t min) {
+  int reap(std::size_t min, std::int64_t max_wait_us) {
     if (auto injected = consult_fault_hook({FaultPoint::Reap, nullptr, -1, 0, 0, 0})) {
       if (*injected < 0) return static_cast<int>(*injected);
     }
-    return backend->reap(completions, min);
+    return backend->reap(completions, min, max_wait_us);
   }
 
   // The backend could not hand back completions and retrying cannot help (the ring or
@@ -677,6 +680,11 @@ struct Worker::Impl {
     return due;
   }
 
+  // A lane with requests to issue and none in flight: a device that has work and is idle.
+  [[nodiscard]] bool idle_lane_waiting() const {
+    return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.waiting > 0 && l.inflight == 0; });
+  }
+
   // Lanes with requests of theirs in the kernel.
   [[nodiscard]] std::size_t busy_lanes() const {
     std::size_t n = 0;
@@ -691,7 +699,10 @@ struct Worker::Impl {
       pull();
       for (Lane& l : lanes) l.stalled = false;
       fence_pending = false;
-      for (;;) {
+      // A batch of one device is being reaped (overlap_events off): nothing more is issued
+      // until it is all back, unless another device has work and nothing in flight.
+      const bool hold = batch_open && inflight > 0 && !idle_lane_waiting();
+      for (; !hold;) {
         if (!resubmit.empty()) {
           const std::uint32_t id = resubmit.back();
           resubmit.pop_back();
@@ -729,10 +740,12 @@ struct Worker::Impl {
         if (w.queue_.empty() && w.stopping_ && lanes.empty()) return;
         continue;
       }
-      // Several devices in flight: each completion is taken as it comes (a batch waits for
-      // its slowest device).
-      const std::size_t min = w.config_.overlap_events || busy_lanes() > 1 ? 1 : inflight;
-      const int n = reap(min);
+      // overlap_events off with one device in flight: the whole batch is reaped before more is
+      // issued, in waits of at most kBatchWaitUs so that work for another device, arriving
+      // meanwhile, starts at once. Several devices in flight: each completion is taken as it
+      // comes (a batch would wait for its slowest device).
+      const bool one_batch = !w.config_.overlap_events && busy_lanes() <= 1;
+      const int n = reap(one_batch ? inflight : 1, one_batch ? kBatchWaitUs : -1);
       if (n < 0) {
         const bool transient = n == -EINTR || n == -EAGAIN || n == -EBUSY;
         if (transient && ++reap_failures < kMaxRetries) {  // reap again, after a back-off
@@ -747,6 +760,7 @@ struct Worker::Impl {
       reap_failures = 0;
       inflight -= static_cast<std::size_t>(n);
       for (int i = 0; i < n; ++i) complete(completions[static_cast<std::size_t>(i)]);
+      batch_open = one_batch && inflight > 0;
     }
   }
 };

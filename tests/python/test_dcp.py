@@ -468,10 +468,10 @@ def test_missing_file_in_an_extra_folder_is_named(tmp_dir):
 
 
 def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir, monkeypatch):
-    """deepio's reader reads the files of each folder (drive) on a thread and an engine of
-    its own, all folders at once: each folder's first file waits at a barrier for the other
-    two (which sequential reading would never reach: BrokenBarrierError). The planner still
-    sees one call at a time."""
+    """deepio's reader reads the files of each folder (drive) on a thread of its own, all
+    folders at once, through the one default engine (its scheduler serves every device at
+    once): each folder's first file waits at a barrier for the other two (which sequential
+    reading would never reach: BrokenBarrierError). The planner still sees one call at a time."""
     import threading
     import time
 
@@ -518,15 +518,14 @@ def test_extra_folders_are_read_at_once_with_one_planner_call_at_a_time(tmp_dir,
     out = _with_big(_state(fill=False))
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main), planner=Watching())
     assert first == {str(main), str(extra[0]), str(extra[1])}
-    assert len(engines) == 3 and None in engines  # the default engine and one of its own each
+    assert engines == {None}  # the default engine for every folder
     _assert_same(out, _with_big(_state()))
 
 
-def test_each_extra_folder_is_written_through_an_engine_of_its_own(tmp_dir, monkeypatch):
-    """The writer's files in the main path go through the default engine, each extra
-    folder's through an engine of its own (one engine serves its requests in order, which
-    would keep the drives busy one after another); those engines are closed when write_data
-    returns."""
+def test_every_folder_is_written_through_the_one_default_engine(tmp_dir, monkeypatch):
+    """The writer's files, in the main path and in each extra folder, all go through the
+    process's default engine: no engine per drive (the engine's scheduler keeps every drive
+    busy at once, tests/cpp/test_scheduler.cpp)."""
     main, extra = _drives(tmp_dir)
     used: dict[str, set] = {}
     real = deepio.dcp._writer._write_file
@@ -539,10 +538,7 @@ def test_each_extra_folder_is_written_through_an_engine_of_its_own(tmp_dir, monk
     monkeypatch.setattr(deepio.dcp._writer, "_write_file", spy)
     writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, thread_count=4)
     dcp.save(_with_big(_state()), storage_writer=writer)
-    assert used[str(main)] == {None}
-    mine = [used[str(folder)] for folder in extra]
-    assert all(len(m) == 1 and None not in m for m in mine) and mine[0] != mine[1], used
-    assert all(h.closed for m in mine for h in m)
+    assert used == {str(main): {None}, str(extra[0]): {None}, str(extra[1]): {None}}, used
     out = _with_big(_state(fill=False))
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
     _assert_same(out, _with_big(_state()))

@@ -39,18 +39,17 @@ TEST(Measure, EveryEngineRoundTrips) {
   EXPECT_EQ(compare_with_file(src.data(), kSize, dir.file("deepio")), "");
 }
 
-// Several folders: one handle over every file, pieces queued in turn; each file gets all its
-// bytes, in place (a piece size that does not divide the file leaves a short last piece).
+// Several folders: one handle over every file, one operation each; each file gets all its
+// bytes, in place.
 TEST(Measure, OneHandleOverSeveralFiles) {
   test::TempDir a, b, c;
   UniqueLockedBuffer src(kSize), d0(kSize), d1(kSize), d2(kSize);
   fill_pattern(src.data(), kSize, 5);
   const std::vector<std::string> paths = {a.file("f"), b.file("f"), c.file("f")};
   Handle h(HandleOptions{.block_size = 256 << 10, .queue_depth = 8});
-  const std::size_t chunk = 3 * (256 << 10);
-  EXPECT_EQ(deepio_write_files(h, src.data(), kSize, paths, chunk).nbytes, 3 * kSize);
+  EXPECT_EQ(deepio_write_files(h, src.data(), kSize, paths).nbytes, 3 * kSize);
   for (const auto& p : paths) EXPECT_EQ(compare_with_file(src.data(), kSize, p), "") << p;
-  const Sample r = deepio_read_files(h, {d0.data(), d1.data(), d2.data()}, kSize, paths, chunk);
+  const Sample r = deepio_read_files(h, {d0.data(), d1.data(), d2.data()}, kSize, paths);
   EXPECT_EQ(r.nbytes, 3 * kSize);
   EXPECT_GT(r.seconds, 0.0);
   for (const UniqueLockedBuffer* d : {&d0, &d1, &d2}) EXPECT_EQ(std::memcmp(src.data(), d->data(), kSize), 0);

@@ -78,13 +78,6 @@ struct GpuRows {
   GdsHandle gds;
 };
 
-/// The handle of a run over `folders` folders at once: queue_depth requests in flight for each
-/// folder, as the ceiling's one fio job (or raw loop) per folder has; one folder: as given.
-HandleOptions per_folder_depth(HandleOptions o, std::size_t folders) {
-  o.queue_depth *= std::max<std::size_t>(folders, 1);
-  return o;
-}
-
 /// One comparison in progress: the buffers, the handle, the ceiling's state, the results.
 class CompareRun {
  public:
@@ -95,7 +88,7 @@ class CompareRun {
         nf_(std::max<std::size_t>(rep.folders.size(), 1)),
         src_(n_),
         dst_(n_),
-        h_(per_folder_depth(req.handle, nf_)) {
+        h_(req.handle) {
     rep_.locked = src_.locked() && dst_.locked();
     fill_pattern(src_.data(), n_, 42);
     touch_pages(dst_.data(), n_);
@@ -429,15 +422,12 @@ Sample CompareRun::multi_sample(std::size_t op, std::size_t e, bool first) {
     for (const auto& x : each) folder_bytes_.push_back(x.nbytes);
     return s;
   }
-  // One handle, queue_depth requests in flight per folder (per_folder_depth); pieces of every
-  // file of queue_depth blocks each queued in turn, so every folder has its share at once.
-  const HandleOptions& ho = req_.handle;
-  const std::size_t chunk = ho.block_size * ho.queue_depth * std::max<std::size_t>(1, ho.intra_op_parallelism);
+  // One handle with its own queue depth, one operation per file: its workers share the queue
+  // among the folders' devices (core/worker.hpp).
   std::vector<void*> bufs;
   for (std::size_t i = 0; i < nf_; ++i) bufs.push_back(dst(i));
   const HandleStats s0 = h_.stats();
-  const Sample s = write ? deepio_write_files(h_, src_.data(), n_, targets, chunk)
-                         : deepio_read_files(h_, bufs, n_, reads, chunk);
+  const Sample s = write ? deepio_write_files(h_, src_.data(), n_, targets) : deepio_read_files(h_, bufs, n_, reads);
   account(op, s0, h_.stats());
   folder_bytes_.assign(nf_, n_);
   return s;

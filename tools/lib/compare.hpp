@@ -20,8 +20,8 @@
 //
 // Several folders (one per drive, no RAID): every row moves the same bytes to (from) one file
 // in each folder, all folders at once, and its figure is the aggregate (all bytes over the
-// wall time, CPU of the whole process). deepio: one handle with pieces of every file queued in
-// turn (deepio_write_files); the naive copy: one thread per folder; the ceiling: fio with one
+// wall time, CPU of the whole process). deepio: one handle (its queue depth as given, shared
+// among the folders' devices), one operation per file (deepio_write_files); the naive copy: one thread per folder; the ceiling: fio with one
 // job per folder in one run, or the raw loop in every folder at once. Each result keeps the
 // bytes per folder (folder_bytes). The GPU rows are measured with one folder only.
 //

@@ -90,35 +90,20 @@ Sample deepio_read(Handle& h, void* buf, std::size_t nbytes, const std::string& 
 }
 
 namespace {
-/// Submits `chunk`-byte pieces of every file in turn (see deepio_write_files).
-template <typename Submit>
-void submit_interleaved(std::size_t nbytes, std::size_t files, std::size_t chunk, Submit submit) {
-  if (chunk == 0) chunk = nbytes;
-  for (std::size_t off = 0; off < nbytes; off += chunk) {
-    const std::size_t len = std::min(chunk, nbytes - off);
-    for (std::size_t i = 0; i < files; ++i) submit(i, off, len);
-  }
-}
 }  // namespace
 
-Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths,
-                          std::size_t chunk) {
+Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths) {
   Clock c;
-  const auto* p = static_cast<const char*>(buf);
-  submit_interleaved(nbytes, paths.size(), chunk, [&](std::size_t i, std::size_t off, std::size_t len) {
-    h.async_pwrite(p + off, len, paths[i], off);
-  });
+  for (const auto& path : paths) h.async_pwrite(buf, nbytes, path);
   h.wait();
   for (const auto& path : paths) fsync_path(path);
   return c.stop(nbytes * paths.size());
 }
 
 Sample deepio_read_files(Handle& h, const std::vector<void*>& bufs, std::size_t nbytes,
-                         const std::vector<std::string>& paths, std::size_t chunk) {
+                         const std::vector<std::string>& paths) {
   Clock c;
-  submit_interleaved(nbytes, paths.size(), chunk, [&](std::size_t i, std::size_t off, std::size_t len) {
-    h.async_pread(static_cast<char*>(bufs[i]) + off, len, paths[i], off);
-  });
+  for (std::size_t i = 0; i < paths.size(); ++i) h.async_pread(bufs[i], nbytes, paths[i]);
   h.wait();
   return c.stop(nbytes * paths.size());
 }

@@ -32,15 +32,13 @@ Sample deepio_write(Handle& h, const void* buf, std::size_t nbytes, const std::s
 /// deepio: one async_pread of the whole file range, wait().
 Sample deepio_read(Handle& h, void* buf, std::size_t nbytes, const std::string& path);
 
-/// deepio on several files at once (`deepio bench` with several folders): one handle, the
-/// same nbytes to (from) each path, submitted in `chunk`-byte pieces taken from each file in
-/// turn (file 0 piece 0, file 1 piece 0, ..., file 0 piece 1, ...) so the handle's queue
-/// holds requests for every file at once; one wait(); writes then fsync every file. A write
-/// sends `buf` to every file; a read fills bufs[i] from paths[i]. nbytes is the total.
-Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths,
-                          std::size_t chunk);
+/// deepio on several files at once (`deepio bench` with several folders): one handle, one
+/// operation of nbytes per path, all submitted, then one wait() (the handle's workers serve
+/// every device at once: core/worker.hpp); writes then fsync every file. A write sends `buf`
+/// to every file; a read fills bufs[i] from paths[i].
+Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths);
 Sample deepio_read_files(Handle& h, const std::vector<void*>& bufs, std::size_t nbytes,
-                         const std::vector<std::string>& paths, std::size_t chunk);
+                         const std::vector<std::string>& paths);
 
 /// Runs every job at once, one thread each: the aggregate sample is the bytes of all over the
 /// wall time from before the first starts to after the last ends, and the whole process's CPU

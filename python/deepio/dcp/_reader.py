@@ -44,9 +44,9 @@ checkpoints, before its items are read.
 A data file the metadata records by an absolute path (deepio's writer with ``extra_paths``) is
 read from there, or from where ``folder_map`` says its folder moved; one that is missing is
 refused with ``FileNotFoundError`` naming the file, its folder and ``folder_map``, before
-anything is read. A rank's files in several folders (drives) are read one thread and one
-engine per folder (``_DriveEngines``), all folders at once (``_read_folders``); the planner is
-called by one of them at a time.
+anything is read. A rank's files in several folders (drives) are read one thread per folder,
+all folders at once through the one default engine (``_read_folders``); the planner is called
+by one of them at a time.
 
 Thread-safety: one reader per load, as torch's.
 """
@@ -71,7 +71,7 @@ from ..checkpoint._filling import _crc32
 from ..checkpoint._zip import _MemoryFile
 from . import _owner, _record
 from . import _torchapi as T
-from ._writer import _DriveEngines, _side_by_side
+from ._writer import _side_by_side
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -316,7 +316,6 @@ class FileSystemReader(T.FileSystemReader):
         thread has stopped; the others stop at their next file."""
         errors: list[BaseException] = []
         one = _OneAtATime(planner)
-        engines = _DriveEngines(len(folders))
         caller = self._on_caller
 
         def work(n: int) -> None:
@@ -325,7 +324,7 @@ class FileSystemReader(T.FileSystemReader):
                     if errors:
                         return
                     try:
-                        self._read_file(path, reqs, one, engines.handle(n))
+                        self._read_file(path, reqs, one)
                     except BaseException as e:
                         errors.append(e)
                         return
@@ -338,7 +337,6 @@ class FileSystemReader(T.FileSystemReader):
             _side_by_side(tasks, "deepio.dcp-read")
         finally:
             caller.close()
-            engines.close()
         if errors:
             raise errors[0]
 

@@ -56,8 +56,8 @@ are spread over the main path and the extra folders. With ``single_file_per_rank
 items are split by size (torch's split) into max(``thread_count``, folders) files, empty ones
 dropped; the files go largest first each to the folder with the fewest bytes so far, ties to
 the folders from the rank's own (``assign_folders``), and are written by as many threads as
-folders (at least), each folder's files through an engine of its own (``_DriveEngines``: one
-engine's requests are served in order, which would keep the drives busy one after another).
+folders (at least), all through the process's default engine (its workers serve every drive
+at once: a lane per device, docs/engine.md).
 A file in an extra folder is recorded in the metadata by its absolute
 path (torch's ``StorageInfo.relative_path``: joined to the main path, an absolute path stands
 alone, so torch's own reader loads such a checkpoint too while the folders stay put); files
@@ -349,36 +349,6 @@ def _side_by_side(tasks: list[Callable[[], None]], name: str) -> None:
             t.join()
 
 
-class _DriveEngines:
-    """The engine each folder (drive) of a checkpoint is written or read through: the
-    process's default engine for the first, an engine of its own (the default's settings)
-    for each other one, made on first use and closed by ``close()``. The engine's workers
-    serve their requests in the order they came (a request of the next operation waits for
-    every request of the one before it): behind one engine the drives would be busy one
-    after another (measured: docs/benchmarks.md, "Several drives"). One engine each keeps
-    every drive's queue full, as DeepNVMe runs one process per drive. Thread-safe."""
-
-    def __init__(self, folders: int) -> None:
-        self._handles: list[Any] = [None] * folders
-        self._lock = threading.Lock()
-
-    def handle(self, folder: int) -> Any:
-        """The engine for folder ``folder`` (0: the default engine, as ``None``)."""
-        if folder == 0:
-            return None
-        with self._lock:
-            if self._handles[folder] is None:
-                self._handles[folder] = _deepio.Handle(*_engine.DEFAULT_OPTIONS)
-            return self._handles[folder]
-
-    def close(self) -> None:
-        """Closes the engines made (each waits for its operations first)."""
-        with self._lock:
-            made, self._handles = [h for h in self._handles if h is not None], [None] * len(self._handles)
-        for h in made:
-            h.close()
-
-
 def _check_extra_paths(path: Any, extra_paths: Sequence[Any] | None) -> list[str]:
     """The extra folders as absolute paths (what the metadata records), in order; refuses a
     lone string (a folder's name is not a list of folders), the main path and duplicates."""
@@ -651,19 +621,15 @@ class FileSystemWriter(T.FileSystemWriter):
         lock = threading.Lock()
         by_size = _overlapping_order(self)
 
-        engines = _DriveEngines(folders)
-
         def work() -> None:
             while not errors:
                 try:
-                    path, key, items, drive = jobs.get_nowait()
+                    path, key, items, _drive = jobs.get_nowait()
                 except queue.Empty:
                     return
                 try:
                     own = mark if os.path.isabs(key) or naming.main_dir else b""
-                    done = _write_file(
-                        path, key, items, planner, self.sync_files, by_size, engines.handle(drive), mark=own
-                    )
+                    done = _write_file(path, key, items, planner, self.sync_files, by_size, None, mark=own)
                 except BaseException as e:
                     with lock:
                         errors.append(e)
@@ -671,10 +637,7 @@ class FileSystemWriter(T.FileSystemWriter):
                 with lock:
                     results.extend(done)
 
-        try:
-            _side_by_side([work] * threads, "deepio.dcp")
-        finally:
-            engines.close()
+        _side_by_side([work] * threads, "deepio.dcp")
         if errors:
             raise errors[0]
         if self.sync_files:

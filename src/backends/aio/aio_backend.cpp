@@ -59,11 +59,18 @@ class AioBackend final : public Backend {
     return r;
   }
 
-  int reap(std::span<Completion> out, std::size_t min) override {
+  int reap(std::span<Completion> out, std::size_t min, std::int64_t max_wait_us) override {
     const std::size_t max = std::min(out.size(), events_.size());
+    timespec ts{};
+    if (max_wait_us >= 0) {
+      ts.tv_sec = static_cast<time_t>(max_wait_us / 1000000);
+      ts.tv_nsec = static_cast<long>(max_wait_us % 1000000) * 1000;
+    }
     int r;
     do {
-      r = io_getevents(ctx_, static_cast<long>(min), static_cast<long>(max), events_.data(), nullptr);
+      // A timeout that ends early returns what has come (maybe nothing): no error.
+      r = io_getevents(ctx_, static_cast<long>(min), static_cast<long>(max), events_.data(),
+                       max_wait_us >= 0 ? &ts : nullptr);
     } while (r == -EINTR);
     if (r < 0) return r;
     for (int i = 0; i < r; ++i) {

@@ -118,16 +118,29 @@ class UringBackend final : public Backend {
     if (!exited_ && unflushed_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
   }
 
-  int reap(std::span<Completion> out, std::size_t min) override {
+  int reap(std::span<Completion> out, std::size_t min, std::int64_t max_wait_us) override {
+    __kernel_timespec ts{};
+    // Only where the kernel takes the timeout as an argument (5.11+): an older one would get
+    // a timeout request of liburing's own in the ring, whose completion the batch peek below
+    // would take for one of ours. There the wait is unbounded, as before.
+    if ((ring_.features & IORING_FEAT_EXT_ARG) == 0) max_wait_us = -1;
+    if (max_wait_us >= 0) {
+      ts.tv_sec = max_wait_us / 1000000;
+      ts.tv_nsec = (max_wait_us % 1000000) * 1000;
+    }
     for (;;) {
       int r = 0;
+      io_uring_cqe* cqe = nullptr;
       if (unflushed_) {
-        r = io_uring_submit_and_wait(&ring_, static_cast<unsigned>(min));
-        if (r >= 0) unflushed_ = false;
+        r = max_wait_us >= 0 && min > 0
+                ? io_uring_submit_and_wait_timeout(&ring_, &cqe, static_cast<unsigned>(min), &ts, nullptr)
+                : io_uring_submit_and_wait(&ring_, static_cast<unsigned>(min));
+        if (r >= 0 || r == -ETIME) unflushed_ = false;
       } else if (min > 0) {
-        io_uring_cqe* cqe = nullptr;
-        r = io_uring_wait_cqe_nr(&ring_, &cqe, static_cast<unsigned>(min));
+        r = max_wait_us >= 0 ? io_uring_wait_cqes(&ring_, &cqe, static_cast<unsigned>(min), &ts, nullptr)
+                             : io_uring_wait_cqe_nr(&ring_, &cqe, static_cast<unsigned>(min));
       }
+      if (r == -ETIME) break;  // the time is up: what has come is taken below
       if (r == -EINTR || r == -EAGAIN || r == -EBUSY) {
         if (io_uring_cq_ready(&ring_) == 0) continue;
       } else if (r < 0) {
