@@ -284,5 +284,46 @@ TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
 
 DEEPIO_INSTANTIATE_FOR_BACKENDS(Scheduler);
 
+// overlap_events off: a worker reaps a one-device batch whole before issuing more. A read of
+// an empty pipe is a request the kernel holds for real (io_uring waits in an io-wq thread
+// until data comes); a read of a file on another device submitted meanwhile must not wait
+// for that batch. io_uring only: libaio and the threads backend run a pipe read inside the
+// submitting call.
+TEST(SchedulerBatch, AnotherDeviceStartsWhileAOneDeviceBatchIsInTheKernel) {
+  std::string why;
+  if (!test::backend_available(BackendKind::IoUring, &why)) GTEST_SKIP() << "io_uring: " << why;
+  test::TempDir dir;
+  Handle h({.block_size = kBlock, .queue_depth = 8, .backend = BackendKind::IoUring});
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  std::vector<std::byte> a(kBlock), b(4 * kBlock);
+  const std::string file = dir.file("file");
+  test::put(file, pattern(b.size(), 5));
+  std::atomic<bool> submitted{false};
+  detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Submit && s.fd == p[0]) submitted = true;
+    return std::nullopt;
+  });
+  Future held = h.async_pread(a.data(), a.size(), p[0]);
+  ASSERT_TRUE(eventually([&] { return submitted.load(); }));
+  // The worker goes on to wait for the batch; the sleep only gives it the time to get there
+  // (without it a broken scheduler could pass, never the other way round).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Future other = h.async_pread(b.data(), b.size(), file);
+  const bool overtook = other.wait_for(std::chrono::seconds(5));
+  EXPECT_TRUE(overtook) << "the read of the file waited for the pipe's batch";
+  EXPECT_FALSE(held.done());
+  const auto data = pattern(kBlock, 6);
+  ASSERT_EQ(::write(p[1], data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  ASSERT_TRUE(held.wait_for(std::chrono::seconds(30)));
+  held.get();
+  if (overtook) other.get();
+  EXPECT_EQ(a, data);
+  EXPECT_EQ(b, pattern(b.size(), 5));
+  detail::set_fault_hook({});
+  ::close(p[0]);
+  ::close(p[1]);
+}
+
 }  // namespace
 }  // namespace deepio
