@@ -29,7 +29,7 @@ Several drives without RAID: ``DEEPIO_NVME_PATHS=/mnt/nvme0,/mnt/nvme1`` (or
 ``install(nvme_paths=[...])``) spreads the swap files that DeepSpeed's parameter and optimizer
 swappers would put under their ``nvme_path`` over those folders, so one swap call reads and
 writes every drive at once through the one engine. Each swapper's folder (for example
-``<nvme_path>/zero_stage_3/bf16params/rank0``) is made under every listed folder at the same
+``<nvme_path>/zero_stage_3/bfloat16params/rank0``) is made under every listed folder at the same
 relative path, and each new swap file goes to the folder that holds the fewest bytes of that
 swapper's files so far (ties: the next one in turn), where it stays for the life of the
 process. DeepSpeed's own paths are translated in the two swap functions above, the only way
