@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, needs_torch
+from conftest import REPO, needs_deepspeed, needs_torch
 
 sys.path.insert(0, str(REPO / "bench"))
 import benchutil  # noqa: E402
@@ -181,6 +181,27 @@ def test_dcp_bench_extra_dirs_spreads_and_verifies(tmp_dir):
     assert methods["deepio 3 folders"]["kind"] == "save" and methods["deepio 3 folders"]["gib_per_s"] > 0
     assert methods["deepio load 3 folders"]["kind"] == "load" and methods["deepio load 3 folders"]["gib_per_s"] > 0
     assert not [p for d in (main, a, b) for p in d.iterdir()]
+
+
+@needs_torch
+@needs_deepspeed
+def test_deepspeed_swap_folders_spreads_verifies_and_cleans_up(tmp_dir):
+    """bench/deepspeed_swap_folders.py at a tiny size over two folders: DeepSpeed's swapper
+    over one folder and over both, data checked, the files of the spread case over both
+    folders, one row per measurement, nothing left behind."""
+    a, b = tmp_dir / "a", tmp_dir / "b"
+    for d in (a, b):
+        d.mkdir()
+    out = _bench(
+        "deepspeed_swap_folders.py", "--folders", f"{a},{b}", "--tensors", "4", "--total-mib", "2", "--pairs", "1",
+        "--json", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2 folders: 4 files over 2 folders" in out.stdout, out.stdout
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["folders"] == 2 and set(report["rows"]) == {"out fresh", "out overwrite", "in"}
+    assert all(r["one_gib_s"] > 0 and r["n_gib_s"] > 0 for r in report["rows"].values())
+    assert not [p for d in (a, b) for p in d.iterdir()]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="bench/dcp_drive_timeline.py empties the page cache: needs root")

@@ -8,6 +8,7 @@ works), where that is a failure.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import deepio
-from conftest import REQUIRED
+from conftest import REQUIRED, mounted
 
 HERE = Path(__file__).resolve().parent
 HAVE = importlib.util.find_spec("deepspeed") is not None and importlib.util.find_spec("torch") is not None
@@ -44,6 +45,7 @@ _PRELUDE = "" if _IN_SITE else f"import site; site.addsitedir({_SITE!r})\n"
 def _env(switch: str | None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("DEEPIO_DEEPSPEED", None)
+    env.pop("DEEPIO_NVME_PATHS", None)
     if switch is not None:
         env["DEEPIO_DEEPSPEED"] = switch
     env.setdefault("DS_ACCELERATOR", "cpu")
@@ -233,6 +235,127 @@ def test_status_reports_what_deepio_info_prints(tmp_path):
     assert (off["env_on"], off["active"]) == (False, False)
 
 
+def _refused(nvme_paths: object) -> BaseException:
+    """What install(nvme_paths=...) raises for a bad list, checked to change nothing."""
+    import deepio.deepspeed as dd
+
+    with pytest.raises((OSError, ValueError, TypeError)) as ei:
+        dd.install(nvme_paths=nvme_paths)  # type: ignore[arg-type]
+    assert not dd.installed(), "a refused list installs nothing"
+    return ei.value
+
+
+def test_bad_nvme_folder_lists_are_refused_naming_the_folder(tmp_path):
+    """install(nvme_paths=...): each mistake a user can make is its own clear error, naming
+    the entry (and, for a folder, its path as the OSError's filename)."""
+    good, file = tmp_path / "good", tmp_path / "file"
+    good.mkdir()
+    file.write_bytes(b"x")
+    (tmp_path / "link").symlink_to(good)
+
+    e = _refused([good, tmp_path / "missing"])
+    assert isinstance(e, FileNotFoundError) and e.errno == errno.ENOENT, e
+    assert e.filename == str(tmp_path / "missing") and "entry 2 of 2: no such folder" in str(e), e
+    e = _refused([file])
+    assert isinstance(e, NotADirectoryError) and e.filename == str(file), e
+    for same in (good / ".", tmp_path / "link", str(good) + "/"):
+        e = _refused([good, same])
+        assert type(e) is ValueError and "is the same folder as" in str(e) and str(good) in str(e), e
+    e = _refused([good, ""])
+    assert type(e) is ValueError and "entry 2 of 2 is empty" in str(e), e
+    e = _refused([])
+    assert type(e) is ValueError and "empty list" in str(e), e
+    e = _refused(f"{good},{good}")  # the variable's spelling, given as one string
+    assert type(e) is TypeError and "a list of folders" in str(e), e
+    e = _refused([good, 3])
+    assert type(e) is TypeError and "entry 2 of 2" in str(e), e
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("{good},,{good}", "entry 2 of 3 is empty"),
+        ("{good},", "entry 2 of 2 is empty"),
+        ("{good},{missing}", "entry 2 of 2: no such folder"),
+        ("{good}, {good}/.", "is the same folder as"),
+        ("", ""),
+        (" ", ""),
+    ],
+)
+def test_bad_nvme_paths_variable_is_reported_by_status(tmp_path, monkeypatch, value, error):
+    """DEEPIO_NVME_PATHS is read when a swapper is made; status() (what `deepio info` asks)
+    reports the folders or why they are refused. Empty or blank: DeepSpeed's one nvme_path."""
+    import deepio.deepspeed as dd
+
+    good = tmp_path / "good"
+    good.mkdir()
+    monkeypatch.setenv("DEEPIO_NVME_PATHS", value.format(good=good, missing=tmp_path / "missing"))
+    st = dd.status()
+    assert error in st["nvme_paths_error"] and bool(st["nvme_paths_error"]) == bool(error), st
+    assert st["nvme_paths"] == [], st
+    monkeypatch.setenv("DEEPIO_NVME_PATHS", f" {good} ,{tmp_path}")
+    assert dd.status()["nvme_paths"] == [str(good), str(tmp_path)]
+
+
+def test_unwritable_nvme_folder_is_refused(tmp_dir):
+    """A folder this process cannot write: PermissionError naming it (as an unprivileged
+    user: a child that gives up root when run as root)."""
+    folder = tmp_dir / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PRELUDE
+            + textwrap.dedent(f"""
+                import os
+                import deepio.deepspeed as dd
+                if os.geteuid() == 0:  # after the imports: the interpreter may live under /root
+                    os.setgid(65534); os.setuid(65534)
+                try:
+                    dd.install(nvme_paths=[{str(folder)!r}])
+                except PermissionError as e:
+                    print("ok", e.filename)
+            """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", str(folder)]
+
+
+def test_nvme_folder_on_a_read_only_file_system_is_refused(tmp_path):
+    import deepio.deepspeed as dd
+
+    with mounted(tmp_path, "tmpfs", "ro,size=1m") as ro:
+        with pytest.raises(OSError) as ei:
+            dd.install(nvme_paths=[tmp_path, ro])
+        assert ei.value.errno == errno.EROFS and ei.value.filename == str(ro), ei.value
+        assert "entry 2 of 2: on a read-only file system" in str(ei.value)
+        assert not dd.installed()
+
+
+def test_bad_nvme_paths_variable_fails_deepspeed_initialize(tmp_path):
+    """Through DeepSpeed itself: a missing folder in DEEPIO_NVME_PATHS fails
+    deepspeed.initialize with FileNotFoundError naming the variable and the folder."""
+    good, missing = tmp_path / "good", tmp_path / "missing"
+    good.mkdir()
+    p = _program(
+        ["train", "nvme", "bf16", str(good), str(tmp_path / "out.pt")],
+        tmp_path,
+        MASTER_PORT="29640",
+        DEEPIO_NVME_PATHS=f"{good},{missing}",
+    )
+    assert p.returncode != 0
+    assert f"FileNotFoundError: [Errno 2] DEEPIO_NVME_PATHS: entry 2 of 2: no such folder: '{missing}'" in p.stderr, (
+        p.stderr[-3000:]
+    )
+    assert not (tmp_path / "out.pt").exists()
+
+
 _RUN_PROGRAM = "import runpy, sys\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')"
 
 
@@ -247,29 +370,48 @@ def _program(args: list[str], tmp_path: Path, **env: str) -> subprocess.Complete
     )
 
 
-def _train(tmp_path: Path, offload: str, dtype: str, port: int) -> dict:
+def _train(tmp_path: Path, offload: str, dtype: str, port: int, nvme_paths: list[Path] | None = None) -> dict:
+    """One training run; its nvme_path is tmp_path/<offload>-<dtype>[-spread], and with
+    ``nvme_paths`` DEEPIO_NVME_PATHS lists those folders."""
     import torch
 
-    folder = tmp_path / f"{offload}-{dtype}"
+    name = f"{offload}-{dtype}" + ("-spread" if nvme_paths else "")
+    folder = tmp_path / name
     folder.mkdir()
-    out = tmp_path / f"{offload}-{dtype}.pt"
-    p = _program(["train", offload, dtype, str(folder), str(out)], tmp_path, MASTER_PORT=str(port))
+    out = tmp_path / f"{name}.pt"
+    env = {"MASTER_PORT": str(port)}
+    if nvme_paths:
+        env["DEEPIO_NVME_PATHS"] = ",".join(map(str, nvme_paths))
+    p = _program(["train", offload, dtype, str(folder), str(out)], tmp_path, **env)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return torch.load(out, weights_only=False)
+
+
+def _swap_files(folder: Path) -> set[str]:
+    """The swap files under ``folder``, as paths relative to it."""
+    return {str(f.relative_to(folder)) for f in folder.rglob("*.swp")}
 
 
 # bf16 swaps parameters and optimizer state (three handles): the default run's case; fp32 is slow.
 @pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
 def test_zero3_nvme_offload_trains_bit_identically_to_cpu_offload(tmp_path, dtype):
     """ZeRO-3 with the optimizer state (and, in bf16, the parameters) on NVMe through deepio,
-    plain and pipelined swapper: losses and final parameters equal, bit for bit, to the same
-    run offloading to CPU."""
+    plain swapper on one folder and pipelined swapper over two (DEEPIO_NVME_PATHS):
+    losses and final parameters equal, bit for bit, to the same run offloading to CPU. Over
+    two folders, every swap file of the one-folder run is in exactly one of them, both
+    folders are used, each swapper's bytes are split evenly, and none is left under
+    DeepSpeed's nvme_path."""
     import torch
 
     port = 29600 + (0 if dtype == "bf16" else 10)
     reference = _train(tmp_path, "cpu", dtype, port)
-    for i, offload in enumerate(("nvme", "nvme-pipelined")):
-        run = _train(tmp_path, offload, dtype, port + 1 + i)
+    drives = [tmp_path / "drive0", tmp_path / "drive1"]
+    for d in drives:
+        d.mkdir()
+    # The pipelined swapper over two folders: its files are the plain one's, in two places.
+    runs = [("nvme", None), ("nvme-pipelined", drives)]
+    for i, (offload, nvme_paths) in enumerate(runs):
+        run = _train(tmp_path, offload, dtype, port + 1 + i, nvme_paths)
         assert run["builder"] == "deepio.compat"
         assert run["losses"] == reference["losses"], (offload, run["losses"], reference["losses"])
         assert run["params"].keys() == reference["params"].keys()
@@ -281,6 +423,22 @@ def test_zero3_nvme_offload_trains_bit_identically_to_cpu_offload(tmp_path, dtyp
         for stats in handles:
             assert stats["ops_completed"] > 0 and stats["ops_failed"] == 0, handles
         assert sum(s["bytes_direct"] + s["bytes_buffered"] + s["bytes_bounced"] for s in handles) > 8 << 20
+
+    one = _swap_files(tmp_path / f"nvme-{dtype}")
+    spread = [_swap_files(d) for d in drives]
+    assert one and spread[0] | spread[1] == one, (one, spread)
+    assert not spread[0] & spread[1], "a file in both folders"
+    assert not _swap_files(tmp_path / f"nvme-pipelined-{dtype}-spread"), "files left under nvme_path"
+    assert spread[0] and spread[1], f"a folder unused: {spread}"
+    # Both swappers spread (the parameter swapper has one file: this model has one weight of
+    # at least 1 MiB), each evenly: its folders' bytes differ by at most its largest file.
+    swappers = {"zero_stage_3/optimizer/rank0"} | ({"zero_stage_3/bfloat16params/rank0"} if dtype == "bf16" else set())
+    assert {os.path.dirname(f) for f in one} == swappers, one
+    for swapper in swappers:
+        sizes = [
+            [(d / f).stat().st_size for f in files if f.startswith(swapper + "/")] for d, files in zip(drives, spread)
+        ]
+        assert abs(sum(sizes[0]) - sum(sizes[1])) <= max(sizes[0] + sizes[1]), (swapper, sizes)
 
 
 def test_fastpersist_checkpoint_writer_saves_through_deepio(tmp_path):
