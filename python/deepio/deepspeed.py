@@ -50,6 +50,7 @@ import shutil
 import sys
 import threading
 import types
+import warnings
 import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -342,8 +343,17 @@ def _patch(module: types.ModuleType) -> None:
     swapper = _SWAPPERS.get(name)
     if swapper is not None:
         cls = module.__dict__.get(swapper[0])
-        if isinstance(cls, type):
+        if isinstance(cls, type) and swapper[1] in cls.__dict__:
             _wrap_swapper(cls, swapper[1], swapper[2])
+        elif _nvme_paths_given is not None or _split_nvme_paths(os.environ.get(NVME_PATHS_VAR, "")):
+            # A DeepSpeed whose swapper is not where this switch knows it: its files would
+            # all go to nvme_path while the user asked for several folders. Said, not hidden.
+            warnings.warn(
+                f"deepio.deepspeed: {name}.{swapper[0]}.{swapper[1]} not found in this DeepSpeed; "
+                f"its swap files stay in nvme_path, not spread over {NVME_PATHS_VAR}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     ours = _ours()
     inside_builders = any(name.startswith(p + ".") for p in _BUILDER_PACKAGES)
     if not inside_builders:
