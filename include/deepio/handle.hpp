@@ -261,10 +261,13 @@ class DEEPIO_API Handle {
   Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
                              OpOptions op = {});
 
-  /// Submits, then waits for this operation and every operation submitted before it
-  /// (DeepNVMe semantics). Returns the number of operations collected, this one included: a
-  /// wait() in another thread never takes this call's own operation, so the result is >= 1.
-  /// Throws as wait() does, the first failure in submission order.
+  /// Submits, then waits for this operation alone and returns 1 (DeepNVMe's count when
+  /// nothing else is pending). Throws this operation's failure only, as async_pread does at
+  /// submission and Future::get() after. Operations submitted before it are neither waited
+  /// for nor collected: they keep running, and their count and failures stay with their
+  /// Futures and the next wait()/collect() (a wait() in another thread, likewise, never takes
+  /// this call's operation). DeepNVMe's sync calls also waited for and counted every pending
+  /// operation; call wait() first for that.
   std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0);
   /// fsync: as OpOptions::fsync (this write completes once its data is durable).
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,

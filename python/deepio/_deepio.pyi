@@ -98,9 +98,9 @@ class Handle:
         Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation completes once fdatasync made it durable.
         """
 
-    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, drain: bool = True, fsync: bool = False) -> int:
+    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, fsync: bool = False) -> int:
         """
-        Submits and waits (drain: also for everything queued for wait()); returns the count collected. fsync as for submit().
+        Submits and waits for this operation alone (raising only its failure); returns 1. What was queued for wait() before stays queued. fsync as for submit().
         """
 
     def submit_future(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> Op: ...

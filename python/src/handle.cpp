@@ -11,9 +11,10 @@
 //    submission that throws never drops the last one without the GIL.
 //  * async_* operations are ordinary engine operations, collected by wait(). A synchronous
 //    call's own operation and deepio.File's operations are detached: wait() in another
-//    thread never takes them. The synchronous call collects its own together with
-//    everything submitted before it (BindingCollect::with); an Op (deepio.Future) collects
-//    its own with Future::get(), or when it is destroyed after the operation is done.
+//    thread never takes them. The synchronous call collects its own and nothing else
+//    (BindingCollect::with, through 0): what was queued before stays for wait(), failures
+//    included; an Op (deepio.Future) collects its own with Future::get(), or when it is
+//    destroyed after the operation is done.
 //  * Waiting releases the GIL in slices of kSlice (detail::collect with a deadline, which
 //    collects nothing unless everything it covers is done) and runs PyErr_CheckSignals
 //    between slices. A KeyboardInterrupt (or any exception from a signal handler) leaves
@@ -207,12 +208,11 @@ std::size_t PyHandle::wait() {
   return finish(r);
 }
 
-std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain,
-                           bool fsync) {
+std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync) {
   auto h = engine();
   const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nullptr, fsync);
   BindingCollect options;
-  options.through = drain ? detail::mark(*h) : 0;
+  options.through = 0;  // nothing submitted before: its count and failures stay for wait()
   options.with = &own;
   Collected r = collect_interruptibly(*h, options, &own);
   flush_unobserved();
@@ -524,9 +524,9 @@ void init_handle(nb::module_& m) {
            "Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation "
            "completes once fdatasync made it durable.")
       .def("sync", &PyHandle::sync, nb::arg("write"), nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
-           nb::arg("drain") = true, nb::arg("fsync") = false,
-           "Submits and waits (drain: also for everything queued for wait()); returns the count collected. "
-           "fsync as for submit().")
+           nb::arg("fsync") = false,
+           "Submits and waits for this operation alone (raising only its failure); returns 1. What was "
+           "queued for wait() before stays queued. fsync as for submit().")
       .def("submit_future", &PyHandle::submit_future, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offset") = 0)
       .def("submit_batch", &PyHandle::submit_batch, nb::arg("write"), nb::arg("buffers"), nb::arg("files"),

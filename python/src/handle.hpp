@@ -28,10 +28,9 @@ class PyHandle {
   void submit(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync = false);
   /// DeepNVMe's wait(): every operation queued for wait() before this call. Returns the count.
   std::size_t wait();
-  /// A synchronous operation: submit, then wait for it and (drain=true, DeepNVMe's sync
-  /// semantics) for every operation already queued for wait(). Returns the count collected.
-  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain,
-                   bool fsync = false);
+  /// A synchronous operation: submit, then wait for it alone and raise only its failure.
+  /// Operations already queued for wait() stay queued (count and failures). Returns 1.
+  std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync = false);
   std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
   /// Many reads or writes in one call (Handle::submit_batch): buffers imported with the GIL,
   /// one GIL release for the submission. `files`: one path/descriptor for all, or one per
