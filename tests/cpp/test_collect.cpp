@@ -565,50 +565,5 @@ TEST(Validation, EinvalFromTheFileSystemIsNotAnInvalidArgument) {
   detail::set_fault_hook({});
 }
 
-// detail::open_for_caller: the binding's file objects (deepio.File) open as the engine opens its
-// own files: O_DIRECT where taken, a refusal counted (Auto) or an error naming the file (On).
-TEST(OpenForCaller, OpensAsTheEngineDoes) {
-  test::TempDir dir;
-  const std::string path = dir.file("caller.bin");
-  Handle h;
-  auto f = detail::open_for_caller(h, path, O_RDWR | O_CREAT | O_TRUNC, DirectIo::Auto);
-  ASSERT_GE(f.fd, 0);
-  const bool takes_direct = f.direct;  // the test folder's file system decides
-  EXPECT_EQ((::fcntl(f.fd, F_GETFL) & O_DIRECT) != 0, f.direct);
-  EXPECT_NE(::fcntl(f.fd, F_GETFD) & FD_CLOEXEC, 0);
-  ::close(f.fd);
-  try {
-    (void)detail::open_for_caller(h, path, O_WRONLY | O_CREAT | O_EXCL, DirectIo::Auto);
-    ADD_FAILURE() << "O_EXCL opened an existing file";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.errnum(), EEXIST);
-    EXPECT_EQ(e.path(), path);
-  }
-  f = detail::open_for_caller(h, path, O_RDONLY, DirectIo::Off);
-  EXPECT_FALSE(f.direct);
-  EXPECT_EQ(::fcntl(f.fd, F_GETFL) & O_DIRECT, 0);
-  ::close(f.fd);
-  EXPECT_EQ(h.stats().direct_refused, takes_direct ? 0u : 1u);
-
-  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
-    if (s.point == FaultPoint::Open && (s.flags & O_DIRECT) != 0) return -EINVAL;
-    return std::nullopt;
-  });
-  const auto before = h.stats().direct_refused;
-  f = detail::open_for_caller(h, path, O_RDWR, DirectIo::Auto);
-  EXPECT_FALSE(f.direct);
-  ::close(f.fd);
-  EXPECT_EQ(h.stats().direct_refused, before + 1);
-  try {
-    (void)detail::open_for_caller(h, path, O_RDWR, DirectIo::On);
-    ADD_FAILURE() << "direct_io=on opened without O_DIRECT";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.errnum(), EINVAL);
-    EXPECT_EQ(e.path(), path);
-  }
-  detail::set_fault_hook({});
-  EXPECT_EQ(h.stats().direct_refused, before + 1);
-}
-
 }  // namespace
 }  // namespace deepio
