@@ -212,14 +212,34 @@ class File:
                     self._idle.notify_all()
 
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
-        file = self._use_file()
+        # _use_file(), the submission and _end_use(op) written out: this is the per-read path,
+        # and each Python call in it costs as much as the engine's own work for a page-cache read.
+        with self._lock:
+            if self._ops_pid != _pid:
+                self._adopt()
+            if self._fd < 0 or self._closing:
+                raise ValueError("I/O operation on a closed file")
+            self._users += 1
+            file = self._file
         op = None
         try:
-            op = self._engine().submit_future(write, buffer, file, offset)
+            op = (self._h if self._h is not None else _engine.default()).submit_future(write, buffer, file, offset)
         except OSError as e:  # refused at submission (a read past the end, ...): named as later ones
             raise with_name(e, self.name) from None
         finally:
-            self._end_use(op)
+            with self._lock:
+                try:
+                    if op is not None:
+                        ops = self._ops
+                        while ops and ops[0].done():
+                            self._settle(ops.popleft())
+                        ops.append(op)
+                        if len(ops) > self._prune_at or len(self._failed) > self._prune_at:
+                            self._prune()
+                finally:  # whatever happens, a close() waiting for this call is not left waiting
+                    self._users -= 1
+                    if self._users == 0 and self._closing:
+                        self._idle.notify_all()
         return Future(op, self.name)
 
     def _track(self, op: Any) -> None:
