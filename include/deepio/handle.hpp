@@ -42,10 +42,12 @@
 namespace deepio {
 
 class GdsHandle;
+class File;
 
 namespace detail {
 class OpState;
 class Engine;
+struct SharedFile;
 struct HandleAccess;  // the binding's way in (src/engine/binding.hpp); nothing a user calls
 }  // namespace detail
 
@@ -219,6 +221,14 @@ class DEEPIO_API Handle {
   Future async_pread(void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
   Future async_pwrite(const void* buffer, std::size_t nbytes, int fd, std::uint64_t file_offset = 0, OpOptions op = {});
 
+  /// Opens `path` once for many operations (File): `flags` as open(2) takes them (O_RDONLY,
+  /// O_WRONLY or O_RDWR, with O_CREAT, O_TRUNC, O_EXCL, ...; O_CLOEXEC is added; a created
+  /// file gets mode 0666 & ~umask). O_DIRECT is added as for every file the handle opens
+  /// (`direct_io`, unset: the handle's option; Auto falls back to the page cache where the
+  /// file system refuses it, counted in HandleStats::direct_refused; On makes that an error).
+  /// Throws deepio::Error naming the path (ENOENT, EACCES, EEXIST, ...). Thread-safe.
+  File open(const std::string& path, int flags, std::optional<DirectIo> direct_io = std::nullopt);
+
   /// Submits many reads and writes in one call: their arguments are checked first (nothing is
   /// submitted if one is refused: deepio::InvalidArgument naming the request's index), then
   /// every request enters the submission order, in the order given, and the call returns.
@@ -261,10 +271,13 @@ class DEEPIO_API Handle {
   Future async_pwrite_ranges(const void* buffer, std::size_t buffer_bytes, int fd, std::span<const IoRange> ranges,
                              OpOptions op = {});
 
-  /// Submits, then waits for this operation and every operation submitted before it
-  /// (DeepNVMe semantics). Returns the number of operations collected, this one included: a
-  /// wait() in another thread never takes this call's own operation, so the result is >= 1.
-  /// Throws as wait() does, the first failure in submission order.
+  /// Submits, then waits for this operation alone and returns 1 (DeepNVMe's count when
+  /// nothing else is pending). Throws this operation's failure only, as async_pread does at
+  /// submission and Future::get() after. Operations submitted before it are neither waited
+  /// for nor collected: they keep running, and their count and failures stay with their
+  /// Futures and the next wait()/collect() (a wait() in another thread, likewise, never takes
+  /// this call's operation). DeepNVMe's sync calls also waited for and counted every pending
+  /// operation; call wait() first for that.
   std::size_t sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset = 0);
   /// fsync: as OpOptions::fsync (this write completes once its data is durable).
   std::size_t sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
@@ -304,6 +317,70 @@ class DEEPIO_API Handle {
   [[nodiscard]] detail::Engine& engine() const noexcept { return *engine_; }
 
   std::unique_ptr<detail::Engine> engine_;
+};
+
+/// A file opened once (Handle::open) for many operations, as kvikio's FileHandle: the path is
+/// resolved, the file opened (with O_DIRECT where it can be, and its twin without O_DIRECT
+/// reopened from that descriptor) and inspected (size, direct-I/O alignment, file system)
+/// once; each operation then goes to the handle's workers without an open, a stat or a close.
+/// Operations are the handle's like any other: Futures, wait(), collect() and the handle's
+/// stats count them, and they take the same arguments, checks and errors as the Handle call
+/// of the same name with the path (naming the path opened).
+///
+/// The file, not the path: an operation reads and writes the file that was opened, even if
+/// the path has since been renamed over or unlinked. Size: a read past the end is refused at
+/// submission (ENODATA) against the size the open saw, raised by the writes submitted
+/// through this File and re-read (fstat) before refusing; a file another process shortened
+/// fails such a read when it runs instead (ENODATA, "unexpected end of file").
+///
+/// Lifetime: the Handle must outlive every call on the File. Closing or destroying the File
+/// never waits and never cuts an operation short: its descriptors stay open until the last
+/// operation submitted through it finishes, then close. Movable, not copyable.
+/// Thread safety: every member function except close(), the move assignment and the
+/// destructor may be called from several threads at once.
+class DEEPIO_API File {
+ public:
+  /// A File that is not open (is_open() false); every other call on it throws
+  /// deepio::InvalidArgument.
+  File() noexcept;
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  [[nodiscard]] bool is_open() const noexcept { return file_ != nullptr; }
+  /// The path it was opened with (empty when not open).
+  [[nodiscard]] const std::string& path() const noexcept;
+  /// Its descriptor (with O_DIRECT when direct()), for calls of the caller's own (fstat,
+  /// fsync); deepio closes it. -1 when not open.
+  [[nodiscard]] int fd() const noexcept;
+  /// Whether it was opened with O_DIRECT.
+  [[nodiscard]] bool direct() const noexcept;
+
+  /// As Handle::async_pread / async_pwrite on the path, without opening it; EBADF for a read
+  /// of a file opened O_WRONLY or a write of one opened O_RDONLY.
+  Future pread(void* buffer, std::size_t nbytes, std::uint64_t file_offset = 0, OpOptions op = {});
+  Future pwrite(const void* buffer, std::size_t nbytes, std::uint64_t file_offset = 0, OpOptions op = {});
+  /// As Handle::async_pread_ranges / async_pwrite_ranges on the path, without opening it.
+  Future pread_ranges(void* buffer, std::size_t buffer_bytes, std::span<const IoRange> ranges, OpOptions op = {});
+  Future pwrite_ranges(const void* buffer, std::size_t buffer_bytes, std::span<const IoRange> ranges,
+                       OpOptions op = {});
+
+  /// The file's size now (fstat). Throws deepio::Error.
+  [[nodiscard]] std::uint64_t size() const;
+  /// Gives up this File's hold on the descriptors (see Lifetime); is_open() is false after.
+  /// Never throws, never waits.
+  void close() noexcept;
+
+ private:
+  friend class Handle;
+  File(detail::Engine* engine, std::shared_ptr<detail::SharedFile> file) noexcept;
+  /// Throws deepio::InvalidArgument when not open.
+  void check_open() const;
+
+  detail::Engine* engine_ = nullptr;
+  std::shared_ptr<detail::SharedFile> file_;
 };
 
 /// How many handles (Handle, GdsHandle) exist in this process right now, counting those a

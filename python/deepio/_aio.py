@@ -186,7 +186,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def read(self, buffer: Any, filename: FileArg, validate: bool = False, file_offset: int = 0) -> int:
         """Reads ``buffer.nbytes`` bytes at ``file_offset`` into ``buffer``; returns 0.
         Blocks (GIL released); does not wait for other pending operations."""
-        self._h.sync(False, buffer, filename, file_offset, False)
+        self._h.sync(False, buffer, filename, file_offset)
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
         return 0
@@ -197,7 +197,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         """Writes ``buffer`` at ``file_offset`` (creating the file, never truncating it);
         returns 0. Blocks (GIL released); does not wait for other pending operations.
         ``fsync=True``: returns once the data is on stable storage (fdatasync)."""
-        self._h.sync(True, buffer, filename, file_offset, False, _bool_arg("fsync", fsync))
+        self._h.sync(True, buffer, filename, file_offset, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, filename, file_offset)
         return 0
@@ -213,8 +213,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         **kwargs: Any,
     ) -> int:
         """DeepNVMe's ``pread(buffer, filename, validate, async, file_offset=0)``: async
-        queues the read and returns 0; otherwise it also waits for every pending operation
-        and returns how many completed."""
+        queues the read and returns 0; otherwise it reads as sync_pread() does and returns 1."""
         if _async_flag(async_op, kwargs, "pread"):
             return self._async(False, buffer, filename, file_offset, validate)
         return self._sync(False, buffer, filename, file_offset, validate)
@@ -240,7 +239,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def sync_pread(
         self, buffer: Any, filename: FileArg | None = None, file_offset: int = 0, *, fd: int | None = None
     ) -> int:
-        """Reads, then waits for every pending operation; returns how many completed (>= 1)."""
+        """Reads and waits for this read alone; returns 1. Raises only this read's failure:
+        operations queued before keep running, and their count and failures stay for wait()
+        (DeepNVMe's sync calls also waited for and counted them; call wait() first for that)."""
         return self._sync(False, buffer, _pick_file(filename, fd, "sync_pread"), file_offset, False)
 
     def sync_pwrite(
@@ -252,8 +253,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         fd: int | None = None,
         fsync: bool = False,
     ) -> int:
-        """Writes, then waits for every pending operation; returns how many completed (>= 1).
-        ``fsync=True``: this write is on stable storage when the call returns."""
+        """Writes and waits for this write alone; returns 1 (operations queued before stay
+        for wait(), as for sync_pread). ``fsync=True``: this write is on stable storage when
+        the call returns."""
         return self._sync(True, buffer, _pick_file(filename, fd, "sync_pwrite"), file_offset, False, fsync)
 
     def async_pread(
@@ -471,7 +473,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     # ---------------------------------------------------------------------------- helpers
     def _sync(self, write: bool, buffer: Any, file: FileArg, offset: int, validate: Any, fsync: Any = False) -> int:
-        n = self._h.sync(write, buffer, file, offset, True, _bool_arg("fsync", fsync))
+        n = self._h.sync(write, buffer, file, offset, _bool_arg("fsync", fsync))
         if _bool_arg("validate", validate):
             self._validate(buffer, file, offset)
         return n

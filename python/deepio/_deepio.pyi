@@ -86,6 +86,27 @@ class Op:
     @property
     def nbytes(self) -> int: ...
 
+class File:
+    """
+    A file opened once by the engine (deepio.File's); its operations go through any handle.
+    """
+
+    @property
+    def fd(self) -> int:
+        """The descriptor (-1 once closed); the File owns it."""
+
+    @property
+    def direct(self) -> bool:
+        """Whether it was opened with O_DIRECT."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None:
+        """
+        Drops this hold on the descriptors: they close once no operation on the file is running.
+        """
+
 class Handle:
     """
     The engine handle behind deepio.aio_handle (keeps buffers alive until collected).
@@ -98,9 +119,9 @@ class Handle:
         Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation completes once fdatasync made it durable.
         """
 
-    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, drain: bool = True, fsync: bool = False) -> int:
+    def sync(self, write: bool, buffer: object, file: object, file_offset: int = 0, fsync: bool = False) -> int:
         """
-        Submits and waits (drain: also for everything queued for wait()); returns the count collected. fsync as for submit().
+        Submits and waits for this operation alone (raising only its failure); returns 1. What was queued for wait() before stays queued. fsync as for submit().
         """
 
     def submit_future(self, write: bool, buffer: object, file: object, file_offset: int = 0) -> Op: ...
@@ -115,9 +136,9 @@ class Handle:
         Queues one operation over many ranges of one file for wait(); returns the bytes it moves (future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after another in the buffer.
         """
 
-    def open_file(self, path: object, flags: int, direct_io: str = 'auto') -> tuple:
+    def open_file(self, path: object, flags: int, direct_io: str = 'auto') -> File:
         """
-        Opens path with the os.open flags the way the engine opens its own files (O_DIRECT unless direct_io='off' or the file system refuses it; 'on' makes that an error); returns (fd, direct). The caller closes fd.
+        Opens path once with the os.open flags the way the engine opens its own files (O_DIRECT unless direct_io='off' or the file system refuses it; 'on' makes that an error); returns a File for submit_future and submit_ranges, usable through any handle.
         """
 
     def wait(self) -> int:

@@ -1,4 +1,5 @@
-"""The modern API: ``deepio.File`` keeps a file open; ``pread``/``pwrite`` return futures."""
+"""The modern API: ``deepio.File`` is the engine's file object (opened once; ``_deepio.File``);
+``pread``/``pwrite`` return futures."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from ._errors import describe, with_name
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 _PRUNE_MIN = 64  # a File's tracked operations below this never get a full pass
+_pid = os.getpid()  # this process; kept by a fork hook so that a call costs no getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _engine_handle(handle: Any) -> Any:
@@ -119,7 +129,9 @@ _MODES = {
 
 
 class File:
-    """An open file for positional asynchronous I/O.
+    """An open file for positional asynchronous I/O: opened once, its operations with no open,
+    stat or close of their own, always on the file opened (even if the path is renamed over or
+    unlinked after).
 
     ``File(path, mode="r", *, handle=None, direct_io="auto")``. ``mode`` as for ``open()``
     ("r", "r+", "w", "w+", "x", "x+", "a", "a+"; a "b" is ignored; "a" creates without
@@ -140,6 +152,7 @@ class File:
         self, path: PathArg, mode: str = "r", *, handle: Any = None, direct_io: str | bool | None = "auto"
     ) -> None:
         self._fd = -1
+        self._file: Any = None
         key = mode.replace("b", "")
         if key not in _MODES or mode.count("b") > 1:
             raise ValueError(f"invalid mode {mode!r} (expected r, r+, w, w+, x, x+, a or a+)")
@@ -150,7 +163,7 @@ class File:
         self._ops: deque[Any] = deque()
         self._failed: list[Any] = []
         self._prune_at = _PRUNE_MIN  # len(_ops) that triggers a full pass (amortised O(1))
-        self._ops_pid = os.getpid()  # the process whose engine runs the operations in _ops
+        self._ops_pid = _pid  # the process whose engine runs the operations in _ops
         self._lock = threading.Lock()
         # Calls using self._fd right now (a submission, fsync, size, truncate): close() marks
         # the File closing (new calls are refused), waits until none is left, and only then
@@ -160,10 +173,13 @@ class File:
         self._idle = threading.Condition(self._lock)  # notified when _users drops to 0 or _fd closes
         self.name = os.fspath(path)
         self.mode = mode
-        # The engine opens it as it opens its own files: O_DIRECT where the file system takes
-        # it (statx's answer checked, refusals counted in stats()["direct_refused"]), waiting
-        # for descriptors the handle's own operations hold when the process has none left.
-        self._fd, self.direct = self._engine().open_file(path, _MODES[key], direct)
+        # The engine's file object (_deepio.File): opened once as the engine opens its own files
+        # (O_DIRECT where the file system takes it, statx's answer checked, refusals counted in
+        # stats()["direct_refused"]; its twin without O_DIRECT reopened from the descriptor), its
+        # facts read once. Every pread/pwrite goes to the engine with it: no open, stat or close
+        # per operation, and always the file opened here, whatever happens to the path since.
+        self._file = self._engine().open_file(path, _MODES[key], direct)
+        self._fd, self.direct = self._file.fd, self._file.direct
 
     def _engine(self) -> Any:
         return self._h if self._h is not None else _engine.default()
@@ -178,6 +194,11 @@ class File:
             self._users += 1
             return self._fd
 
+    def _use_file(self) -> Any:
+        """_use_fd() for a submission: the engine's file object, in use until _end_use()."""
+        self._use_fd()
+        return self._file
+
     def _end_use(self, op: Any = None) -> None:
         """Ends a _use_fd(); records `op`, the operation it submitted, first (so a close() that
         waited for this call then waits for the operation)."""
@@ -187,18 +208,38 @@ class File:
                     self._track(op)
             finally:  # whatever happens, a close() waiting for this call is not left waiting
                 self._users -= 1
-                if self._users == 0:
+                if self._users == 0 and self._closing:  # (it set _closing, under the lock, first)
                     self._idle.notify_all()
 
     def _submit(self, write: bool, buffer: Any, offset: int) -> Future:
-        fd = self._use_fd()
+        # _use_file(), the submission and _end_use(op) written out: this is the per-read path,
+        # and each Python call in it costs as much as the engine's own work for a page-cache read.
+        with self._lock:
+            if self._ops_pid != _pid:
+                self._adopt()
+            if self._fd < 0 or self._closing:
+                raise ValueError("I/O operation on a closed file")
+            self._users += 1
+            file = self._file
         op = None
         try:
-            op = self._engine().submit_future(write, buffer, fd, offset)
+            op = (self._h if self._h is not None else _engine.default()).submit_future(write, buffer, file, offset)
         except OSError as e:  # refused at submission (a read past the end, ...): named as later ones
             raise with_name(e, self.name) from None
         finally:
-            self._end_use(op)
+            with self._lock:
+                try:
+                    if op is not None:
+                        ops = self._ops
+                        while ops and ops[0].done():
+                            self._settle(ops.popleft())
+                        ops.append(op)
+                        if len(ops) > self._prune_at or len(self._failed) > self._prune_at:
+                            self._prune()
+                finally:  # whatever happens, a close() waiting for this call is not left waiting
+                    self._users -= 1
+                    if self._users == 0 and self._closing:
+                        self._idle.notify_all()
         return Future(op, self.name)
 
     def _track(self, op: Any) -> None:
@@ -251,10 +292,10 @@ class File:
 
     def _submit_ranges(self, write: bool, buffer: Any, file_offsets: Any, sizes: Any, buffer_offsets: Any) -> Future:
         args = _range_args(file_offsets, sizes, buffer_offsets)
-        fd = self._use_fd()
+        file = self._use_file()
         op = None
         try:
-            op = self._engine().submit_ranges(write, buffer, fd, *args, False, True)
+            op = self._engine().submit_ranges(write, buffer, file, *args, False, True)
         except OSError as e:
             raise with_name(e, self.name) from None
         finally:
@@ -322,9 +363,11 @@ class File:
             self._drain()
         finally:
             with self._lock:
-                fd, self._fd = self._fd, -1
+                self._fd = -1
                 self._idle.notify_all()
-            os.close(fd)
+            # Every operation on it is done (waited for above): its descriptors close now. In
+            # a forked child, a parent's operation still running there keeps them until exit.
+            self._file.close()
 
     def _drain(self) -> None:
         """Waits for every operation of the file; raises the first failure nobody retrieved
@@ -348,8 +391,8 @@ class File:
         and the parent's calls under way (under self._lock). They belong to the parent, whose
         workers finish and report them; here they would never finish, and waiting for them
         would hang."""
-        if self._ops_pid != os.getpid():
-            self._ops, self._failed, self._ops_pid = deque(), [], os.getpid()
+        if self._ops_pid != _pid:
+            self._ops, self._failed, self._ops_pid = deque(), [], _pid
             self._users, self._closing, self._prune_at = 0, False, _PRUNE_MIN
 
     def _check(self) -> int:

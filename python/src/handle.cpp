@@ -11,9 +11,10 @@
 //    submission that throws never drops the last one without the GIL.
 //  * async_* operations are ordinary engine operations, collected by wait(). A synchronous
 //    call's own operation and deepio.File's operations are detached: wait() in another
-//    thread never takes them. The synchronous call collects its own together with
-//    everything submitted before it (BindingCollect::with); an Op (deepio.Future) collects
-//    its own with Future::get(), or when it is destroyed after the operation is done.
+//    thread never takes them. The synchronous call collects its own and nothing else
+//    (BindingCollect::with, through 0): what was queued before stays for wait(), failures
+//    included; an Op (deepio.Future) collects its own with Future::get(), or when it is
+//    destroyed after the operation is done.
 //  * Waiting releases the GIL in slices of kSlice (detail::collect with a deadline, which
 //    collects nothing unless everything it covers is done) and runs PyErr_CheckSignals
 //    between slices. A KeyboardInterrupt (or any exception from a signal handler) leaves
@@ -131,7 +132,10 @@ Future submit_released(bool write, std::optional<Request> request, Submit&& subm
 Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool detached,
                  std::size_t* nbytes = nullptr, bool fsync = false) {
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
-  const Target t = parse_target(file);
+  // A file object: nothing to open, so no failure to name "for reading"/"for writing".
+  std::shared_ptr<detail::SharedFile> object;
+  if (nb::isinstance<PyFile>(file)) object = nb::cast<const PyFile&>(file).get();
+  const Target t = object ? Target{} : parse_target(file);
   order_after_producer(buffer, buf.get());
   // A negative offset arrives as a huge one, which the engine refuses naming the value.
   const auto offset = static_cast<std::uint64_t>(file_offset);
@@ -141,10 +145,12 @@ Future submit_op(Handle& h, bool write, nb::handle buffer, nb::handle file, std:
   BindingOp binding{.keep_alive = buf, .detached = detached};  // `buf` stays referenced here until the GIL is back
   void* p = buf->data;
   const std::size_t n = buf->nbytes;
-  Future fut = submit_released(write, n != 0 ? std::optional<Request>(Request{offset, n}) : std::nullopt, [&] {
-    return detail::submit(h, write, p, n, t.fd >= 0 ? nullptr : &t.path, t.fd, offset, std::move(op),
-                          std::move(binding));
-  });
+  Future fut = submit_released(
+      write, n != 0 && !object ? std::optional<Request>(Request{offset, n}) : std::nullopt, [&] {
+        if (object) return detail::submit_file(h, write, p, n, object, offset, std::move(op), std::move(binding));
+        return detail::submit(h, write, p, n, t.fd >= 0 ? nullptr : &t.path, t.fd, offset, std::move(op),
+                              std::move(binding));
+      });
   if (nbytes != nullptr) *nbytes = buf->nbytes;
   return fut;
 }
@@ -207,12 +213,11 @@ std::size_t PyHandle::wait() {
   return finish(r);
 }
 
-std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool drain,
-                           bool fsync) {
+std::size_t PyHandle::sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync) {
   auto h = engine();
   const Future own = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nullptr, fsync);
   BindingCollect options;
-  options.through = drain ? detail::mark(*h) : 0;
+  options.through = 0;  // nothing submitted before: its count and failures stay for wait()
   options.with = &own;
   Collected r = collect_interruptibly(*h, options, &own);
   flush_unobserved();
@@ -449,7 +454,9 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
                                    nb::handle sizes, nb::handle buffer_offsets, bool fsync, bool future) {
   auto h = engine();
   auto buf = std::make_shared<Buffer>(import_buffer(buffer, !write, "buffer", /*allow_device=*/true));
-  const Target t = parse_target(file);
+  std::shared_ptr<detail::SharedFile> object;  // a file object: nothing to open
+  if (nb::isinstance<PyFile>(file)) object = nb::cast<const PyFile&>(file).get();
+  const Target t = object ? Target{} : parse_target(file);
   const std::vector<std::int64_t> offs = int_values(file_offsets, "file_offsets");
   const std::size_t n = offs.size();
   std::vector<IoRange> ranges(n);
@@ -500,10 +507,12 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
   Future fut = submit_released(
       write, std::nullopt,
       [&] {
+        if (object)
+          return detail::submit_file_ranges(*h, write, p, nb, object, ranges, std::move(op), std::move(binding));
         return detail::submit_ranges(*h, write, p, nb, t.fd >= 0 ? nullptr : &t.path, t.fd, ranges, std::move(op),
                                      std::move(binding));
       },
-      /*name_way=*/true);
+      /*name_way=*/!object);
   std::uint64_t total = 0;
   for (const auto& r : ranges) total += r.nbytes;
   if (!future) return nb::int_(total);
@@ -511,8 +520,35 @@ nb::object PyHandle::submit_ranges(bool write, nb::handle buffer, nb::handle fil
                                        static_cast<std::size_t>(total)));
 }
 
+std::shared_ptr<PyFile> PyHandle::open_file(nb::handle path, int flags, const std::string& direct_io) const {
+  const Target t = parse_target(path);
+  if (t.fd >= 0) throw nb::type_error("open_file takes a path, not a descriptor");
+  const DirectIo mode = direct_from(direct_io);
+  auto h = engine();
+  std::shared_ptr<detail::SharedFile> f;
+  std::optional<Error> err;
+  {
+    nb::gil_scoped_release release;  // an open may wait for this handle's ops to free descriptors
+    try {
+      f = detail::open_file(*h, t.path, flags, mode);
+    } catch (const Error& e) {
+      err.emplace(e);  // raised with the GIL back, naming the file as OSError.filename
+    }
+  }
+  if (err) raise_error(*err);
+  return std::make_shared<PyFile>(std::move(f));
+}
+
 void init_handle(nb::module_& m) {
   init_op(m);
+
+  nb::class_<PyFile>(m, "File",
+                     "A file opened once by the engine (deepio.File's); its operations go through any handle.")
+      .def_prop_ro("fd", &PyFile::fd, "The descriptor (-1 once closed); the File owns it.")
+      .def_prop_ro("direct", &PyFile::direct, "Whether it was opened with O_DIRECT.")
+      .def_prop_ro("closed", &PyFile::closed)
+      .def("close", &PyFile::close,
+           "Drops this hold on the descriptors: they close once no operation on the file is running.");
 
   nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
       .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&>(),
@@ -524,9 +560,9 @@ void init_handle(nb::module_& m) {
            "Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation "
            "completes once fdatasync made it durable.")
       .def("sync", &PyHandle::sync, nb::arg("write"), nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,
-           nb::arg("drain") = true, nb::arg("fsync") = false,
-           "Submits and waits (drain: also for everything queued for wait()); returns the count collected. "
-           "fsync as for submit().")
+           nb::arg("fsync") = false,
+           "Submits and waits for this operation alone (raising only its failure); returns 1. What was "
+           "queued for wait() before stays queued. fsync as for submit().")
       .def("submit_future", &PyHandle::submit_future, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offset") = 0)
       .def("submit_batch", &PyHandle::submit_batch, nb::arg("write"), nb::arg("buffers"), nb::arg("files"),
@@ -540,31 +576,10 @@ void init_handle(nb::module_& m) {
            "Queues one operation over many ranges of one file for wait(); returns the bytes it moves "
            "(future=True: an Op of its own instead). buffer_offsets None: the ranges packed one after "
            "another in the buffer.")
-      .def(
-          "open_file",
-          [](const PyHandle& self, nb::handle file, int flags, const std::string& direct_io) {
-            const Target t = parse_target(file);
-            if (t.fd >= 0) throw nb::type_error("open_file takes a path, not a descriptor");
-            const std::string& path = t.path;
-            const DirectIo mode = direct_from(direct_io);
-            auto h = self.engine();
-            detail::CallerFile f;
-            std::optional<Error> err;
-            {
-              nb::gil_scoped_release release;  // an open may wait for this handle's ops to free descriptors
-              try {
-                f = detail::open_for_caller(*h, path, flags, mode);
-              } catch (const Error& e) {
-                err.emplace(e);  // raised with the GIL back, naming the file as OSError.filename
-              }
-            }
-            if (err) raise_error(*err);
-            return nb::make_tuple(f.fd, f.direct);
-          },
-          nb::arg("path"), nb::arg("flags"), nb::arg("direct_io") = "auto",
-          "Opens path with the os.open flags the way the engine opens its own files (O_DIRECT unless "
-          "direct_io='off' or the file system refuses it; 'on' makes that an error); returns (fd, direct). "
-          "The caller closes fd.")
+      .def("open_file", &PyHandle::open_file, nb::arg("path"), nb::arg("flags"), nb::arg("direct_io") = "auto",
+           "Opens path once with the os.open flags the way the engine opens its own files (O_DIRECT unless "
+           "direct_io='off' or the file system refuses it; 'on' makes that an error); returns a File for "
+           "submit_future and submit_ranges, usable through any handle.")
       .def("wait", &PyHandle::wait, "Waits for every queued operation; returns how many were collected.")
       .def("close", &PyHandle::close)
       .def_prop_ro("closed", &PyHandle::closed)

@@ -13,6 +13,7 @@ constexpr auto kSlice = std::chrono::milliseconds(50);  // GIL released this lon
 // Blocks until `f` is done or `deadline` passes (GIL released in slices, signals checked);
 // returns whether it is done.
 bool wait_future(const Future& f, std::optional<Clock::time_point> deadline) {
+  if (f.done()) return true;  // no GIL round trip for a finished operation (most results)
   for (;;) {
     bool done = false;
     {

@@ -2,6 +2,7 @@
 #include "engine/binding.hpp"
 
 #include "engine/engine.hpp"
+#include "engine/engine_parts.hpp"
 #include "engine/handle_access.hpp"
 
 namespace deepio::detail {
@@ -27,9 +28,24 @@ std::vector<Future> submit_batch(Handle& h, std::vector<IoRequest> requests, std
   return futures;
 }
 
-CallerFile open_for_caller(Handle& h, const std::string& path, int flags, DirectIo direct_io) {
-  auto [fd, direct] = HandleAccess::engine(h).open_for_caller(path, flags, direct_io);
-  return {fd.release(), direct};
+std::shared_ptr<SharedFile> open_file(Handle& h, const std::string& path, int flags, DirectIo direct_io) {
+  return HandleAccess::engine(h).open_object(path, flags, direct_io);
+}
+
+int file_fd(const SharedFile& file) noexcept { return file.main.get(); }
+bool file_direct(const SharedFile& file) noexcept { return file.opened.direct; }
+
+Future submit_file(Handle& h, bool write, void* buffer, std::size_t nbytes, const std::shared_ptr<SharedFile>& file,
+                   std::uint64_t file_offset, OpOptions op, BindingOp binding) {
+  return HandleAccess::future(
+      HandleAccess::engine(h).submit_file(write, buffer, nbytes, file, file_offset, std::move(op), std::move(binding)));
+}
+
+Future submit_file_ranges(Handle& h, bool write, void* buffer, std::size_t buffer_bytes,
+                          const std::shared_ptr<SharedFile>& file, std::span<const IoRange> ranges, OpOptions op,
+                          BindingOp binding) {
+  return HandleAccess::future(HandleAccess::engine(h).submit_file_ranges(write, buffer, buffer_bytes, file, ranges,
+                                                                         std::move(op), std::move(binding)));
 }
 
 StagingPool::Lease lend_staging(Handle& h, std::size_t nbytes) {

@@ -89,20 +89,25 @@ Future submit_ranges(Handle& h, bool write, void* buffer, std::size_t buffer_byt
 /// long as `requests`.
 std::vector<Future> submit_batch(Handle& h, std::vector<IoRequest> requests, std::vector<BindingOp> binding);
 
-/// A file the engine opened for a caller that keeps the descriptor (and closes it).
-struct CallerFile {
-  int fd = -1;
-  bool direct = false;  ///< opened with O_DIRECT
-};
-
-/// Opens `path` the way the engine opens its own files, for a binding's file object
-/// (deepio.File): `flags` as open(2) takes them (access mode, O_CREAT, O_TRUNC, O_EXCL, ...;
-/// O_CLOEXEC is added), plus O_DIRECT unless `direct_io` is Off or the file system refuses it
-/// (On: that is an error; Auto: the file is opened through the page cache and counted in
-/// HandleStats::direct_refused), waiting for this handle's own operations to release
-/// descriptors when the process has none left. The caller owns the descriptor. Throws
-/// deepio::Error naming the path (and ForkedHandle in a forked child).
-CallerFile open_for_caller(Handle& h, const std::string& path, int flags, DirectIo direct_io);
+/// A file object for a binding's file (deepio.File), as Handle::open makes for deepio::File:
+/// `path` opened once, the way the engine opens its own files (`flags` as open(2) takes them,
+/// O_CLOEXEC added, O_DIRECT unless `direct_io` is Off or the file system refuses it: On makes
+/// that an error, Auto counts it in HandleStats::direct_refused), its buffered twin reopened
+/// from the same descriptor and its facts read once. Not tied to `h`: operations on it may go
+/// through any handle of the process (a forked child's own default engine). The descriptors
+/// close when the last holder lets go: the binding, or an operation still running on it.
+/// Throws deepio::Error naming the path (and ForkedHandle in a forked child).
+std::shared_ptr<SharedFile> open_file(Handle& h, const std::string& path, int flags, DirectIo direct_io);
+/// The file object's main descriptor (with O_DIRECT when file_direct()); the object owns it.
+[[nodiscard]] int file_fd(const SharedFile& file) noexcept;
+[[nodiscard]] bool file_direct(const SharedFile& file) noexcept;
+/// submit() / submit_ranges() on a file object (nothing opened or inspected per operation);
+/// EBADF for a read of a file opened write-only or a write of one opened read-only.
+Future submit_file(Handle& h, bool write, void* buffer, std::size_t nbytes, const std::shared_ptr<SharedFile>& file,
+                   std::uint64_t file_offset, OpOptions op, BindingOp binding);
+Future submit_file_ranges(Handle& h, bool write, void* buffer, std::size_t buffer_bytes,
+                          const std::shared_ptr<SharedFile>& file, std::span<const IoRange> ranges, OpOptions op,
+                          BindingOp binding);
 
 /// A block of at least `nbytes` of the handle's staging memory (page-aligned, locked where
 /// RLIMIT_MEMLOCK allows), for a binding's file window (deepio.Writer, deepio.Reader): the

@@ -172,6 +172,7 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
   Opened opened;
   std::uint64_t size = 0;
   open_op(*op, path, fd, shared, &opened, &size);
+  if (!write && file_offset + nbytes > size && shared) size = size_for(*shared, file_offset + nbytes);
   if (!write && file_offset + nbytes > size) {
     throw_error(ENODATA,
                 "read past end of file: the file holds " + std::to_string(size) + " bytes, the read ends at " +
@@ -186,11 +187,9 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
   if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
   PlanInput in = plan_input(*op, buf, opened, route);
   queue(op, plan_request(in), opened, std::move(route), tracked, pending);
-  // The next request on the shared descriptor sees the size this write leaves (only the
-  // opener thread that owns `shared` reads or writes it).
-  if (shared && write && size != std::numeric_limits<std::uint64_t>::max()) {
-    shared->size = std::max<std::uint64_t>(size, file_offset + nbytes);
-  }
+  // The next request on the shared descriptor sees the size this write leaves.
+  if (shared && write && size != std::numeric_limits<std::uint64_t>::max())
+    raise_size(shared->size, file_offset + nbytes);
 }
 
 void Engine::preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes) {

@@ -40,6 +40,10 @@ namespace deepio::detail {
 /// The opener threads (openers.hpp) and the sync threads (syncers.hpp).
 class Openers;
 class Syncers;
+/// What direct I/O needs to know of an opened file, and a file opened once for many
+/// operations (a batch's run, a file object): engine_parts.hpp.
+struct Opened;
+struct SharedFile;
 
 /// What a handle is built with beyond its options.
 struct EngineSetup {
@@ -69,12 +73,25 @@ class Engine {
   std::vector<std::shared_ptr<OpState>> submit_batch(std::vector<IoRequest> requests,
                                                      std::vector<BindingOp> binding = {});
   /// Handle::async_pread_ranges / async_pwrite_ranges: one op over many ranges of one file.
+  /// With `file` (a file object; then path is &file->path and fd -1), nothing is opened.
   std::shared_ptr<OpState> submit_ranges(bool write, void* buf, std::size_t buffer_bytes, const std::string* path,
                                          int fd, std::span<const IoRange> ranges, OpOptions op_options,
-                                         BindingOp binding = {});
-  /// detail::open_for_caller (binding.hpp): the engine's own way of opening, for a caller that
-  /// keeps the descriptor. Returns it and whether it has O_DIRECT.
-  std::pair<UniqueFd, bool> open_for_caller(const std::string& path, int flags, DirectIo mode);
+                                         BindingOp binding = {}, const std::shared_ptr<SharedFile>& file = nullptr);
+  /// A file object (deepio::File, the binding's): `path` opened once with `flags` as open(2)
+  /// takes them (O_CREAT creates with mode 0666 & ~umask), O_DIRECT as open_maybe_direct
+  /// decides with `mode`, its buffered twin reopened from the same descriptor, its facts
+  /// (alignment, size, device, tmpfs or not) read once. Not tied to this engine: any engine
+  /// may run operations on it (a forked child's own). Throws deepio::Error naming the path.
+  std::shared_ptr<SharedFile> open_object(const std::string& path, int flags, DirectIo mode);
+  /// submit() on a file object: nothing is opened or inspected. Throws as submit() does, and
+  /// EBADF for a read of a file opened write-only or a write of one opened read-only.
+  std::shared_ptr<OpState> submit_file(bool write, void* buf, std::size_t nbytes,
+                                       const std::shared_ptr<SharedFile>& file, std::uint64_t file_offset,
+                                       OpOptions op_options = {}, BindingOp binding = {});
+  /// submit_ranges() on a file object; EBADF as submit_file().
+  std::shared_ptr<OpState> submit_file_ranges(bool write, void* buf, std::size_t buffer_bytes,
+                                              const std::shared_ptr<SharedFile>& file, std::span<const IoRange> ranges,
+                                              OpOptions op_options = {}, BindingOp binding = {});
   /// detail::collect (binding.hpp); `with` is the state of BindingCollect::with (or null).
   Collected collect(const BindingCollect& options, const std::shared_ptr<OpState>& with);
   std::size_t wait();
@@ -93,10 +110,6 @@ class Engine {
   [[nodiscard]] bool in_own_process() const noexcept { return process_.here(); }
 
  private:
-  /// What direct I/O needs to know of an opened file (engine_parts.hpp).
-  struct Opened;
-  /// A file opened once for consecutive requests of a batch on the same path and direction.
-  struct SharedFile;
   /// Slices of a batch's run not yet handed to the workers, one list per host worker
   /// (engine_parts.hpp).
   struct PendingSlices;
@@ -129,6 +142,12 @@ class Engine {
   void start_run(const std::vector<IoRequest>& batch, const std::vector<std::shared_ptr<OpState>>& ops,
                  std::size_t begin, std::size_t end) noexcept;
   std::shared_ptr<SharedFile> open_shared(bool write, const std::string& path);
+  /// The size a request ending at `end` is checked against: the file's known size, re-read
+  /// (fstat) first for a file object when `end` lies past it (another writer may have grown
+  /// the file). Throws deepio::Error if that fstat fails.
+  std::uint64_t size_for(SharedFile& file, std::uint64_t end);
+  /// *out from the facts of a descriptor just opened (direct: opened with O_DIRECT).
+  void describe(int fd, const FileFacts& facts, bool direct, Opened* out);
   /// Opens `path` for the engine (O_DIRECT unless refused; see docs/engine.md) and sizes it.
   UniqueFd open_checked(bool write, const std::string& path, std::uint64_t* size, Opened* out);
   /// Opens `path` with `flags`, and O_DIRECT unless `mode` is Off or the file system refuses it

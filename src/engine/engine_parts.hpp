@@ -1,11 +1,14 @@
 // The engine's private types that more than one of its files uses: what opening a file
 // yields (Opened, SharedFile) and a batch's slices held back for the workers (PendingSlices).
-// Included only by src/engine/*.cpp; each type's users are named with it.
+// Included only by src/engine/*.cpp; each type's users are named with it. (SharedFile is also
+// what deepio::File and the binding's file objects hold, through engine.hpp's declaration.)
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/worker.hpp"
@@ -16,7 +19,7 @@ namespace deepio::detail {
 
 /// What direct I/O needs to know of an opened file (open.cpp makes it; engine.cpp plans
 /// and queues with it).
-struct Engine::Opened {
+struct Opened {
   bool direct = false;
   bool in_memory = false;  // tmpfs/ramfs: see Segment::in_memory
   std::uint64_t dev = 0;   // the device holding the file (st_dev): the workers' lane (SliceTask::device_key)
@@ -44,13 +47,34 @@ struct Engine::PendingSlices {
   }
 };
 
-/// A file opened once for consecutive requests of a batch on the same path and direction
-/// (open.cpp opens it; submit_batch.cpp shares it).
-struct Engine::SharedFile {
+/// A file opened once for many operations: consecutive requests of a batch on the same path
+/// and direction (open.cpp opens it with open_shared; submit_batch.cpp shares it), or a file
+/// object (deepio::File, the binding's: open_object). Every op on it holds it (OpState::
+/// share_fds) until the op finishes, so the descriptors outlive whoever opened it while any
+/// op still uses them; they close with the last holder. The descriptors and `opened` never
+/// change after opening; `size` is atomic because a file object's ops are submitted from
+/// many threads at once.
+struct SharedFile {
   UniqueFd main;      // O_DIRECT when opened.direct
-  UniqueFd buffered;  // without O_DIRECT, when main has it
+  UniqueFd buffered;  // without O_DIRECT (reopened from `main`, never by path), when main has it
   Opened opened;
-  std::uint64_t size = 0;  // as the requests dispatched so far leave it
+  /// The file's size as far as the engine knows it: what the open saw, raised by the writes
+  /// dispatched on it since (a file object re-reads it with fstat before refusing a read past
+  /// it: Engine::size_for). max() when the file has no size (a pipe, a device).
+  std::atomic<std::uint64_t> size{0};
+  /// File objects only: the path opened (what errors name), the access mode (O_RDONLY,
+  /// O_WRONLY or O_RDWR; checked at submission) and the device (st_dev).
+  bool object = false;
+  std::string path;
+  int access = 0;
+  std::uint64_t dev = 0;
 };
+
+/// Raises `size` to at least `end` (a write dispatched on a shared file). Thread-safe.
+inline void raise_size(std::atomic<std::uint64_t>& size, std::uint64_t end) noexcept {
+  std::uint64_t now = size.load(std::memory_order_relaxed);
+  while (now < end && !size.compare_exchange_weak(now, end, std::memory_order_relaxed)) {
+  }
+}
 
 }  // namespace deepio::detail

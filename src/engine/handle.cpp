@@ -111,34 +111,28 @@ std::vector<Future> Handle::submit_batch(std::vector<IoRequest> requests) {
 }
 
 namespace {
-// A synchronous call: its own op is detached so that a wait() in another thread never takes
-// it (and its count and failure) away from this call; this call then collects it together
-// with everything submitted before it.
-// `own` stays referenced by the caller's Future while this waits: a detached op whose every
-// Future is gone would be reported as unobserved and reaped by another thread's collect().
-std::size_t drain_with(detail::Engine& engine, const std::shared_ptr<detail::OpState>& own) {
-  detail::BindingCollect options;
-  options.through = engine.mark();
-  detail::Collected r = engine.collect(options, own);
-  if (!r.errors.empty()) throw r.errors.front();
-  return r.count;
-}
-
+// A synchronous call is its own detached op collected by its own Future: a wait() in another
+// thread never takes it (nor its count and failure) away from this call, and this call takes
+// nothing else. Operations submitted before it keep running; their count and failures stay
+// with their Futures and the next wait()/collect().
 detail::BindingOp detached() { return {.keep_alive = nullptr, .detached = true}; }
+
+std::size_t collect_own(Future own) {
+  (void)own.get();
+  return 1;
+}
 }  // namespace
 
 std::size_t Handle::sync_pread(void* buffer, std::size_t nbytes, const std::string& path, std::uint64_t file_offset) {
-  const Future own(engine_->submit(false, buffer, nbytes, &path, -1, file_offset, {}, detached()));
-  return drain_with(*engine_, own.state_);
+  return collect_own(Future(engine_->submit(false, buffer, nbytes, &path, -1, file_offset, {}, detached())));
 }
 std::size_t Handle::sync_pwrite(const void* buffer, std::size_t nbytes, const std::string& path,
                                 std::uint64_t file_offset, bool fsync) {
   OpOptions op;
   op.fsync = fsync;
   // The engine never writes through a write op's buffer; the cast only unifies the plumbing.
-  const Future own(
-      engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset, std::move(op), detached()));
-  return drain_with(*engine_, own.state_);
+  return collect_own(Future(
+      engine_->submit(true, const_cast<void*>(buffer), nbytes, &path, -1, file_offset, std::move(op), detached())));
 }
 
 std::size_t Handle::wait() { return engine_->wait(); }

@@ -83,9 +83,11 @@ void Engine::open_path(OpState& op, bool write, const std::string& path, std::ui
   }
 }
 
-std::shared_ptr<Engine::SharedFile> Engine::open_shared(bool write, const std::string& path) {
+std::shared_ptr<SharedFile> Engine::open_shared(bool write, const std::string& path) {
   auto f = std::make_shared<SharedFile>();
-  f->main = open_checked(write, path, &f->size, &f->opened);
+  std::uint64_t size = 0;
+  f->main = open_checked(write, path, &size, &f->opened);
+  f->size.store(size, std::memory_order_relaxed);
   if (f->opened.direct) {
     // The unaligned heads and tails of the requests go through the page cache: one
     // descriptor without O_DIRECT for all of them too, of the same file (not of the path).
@@ -99,7 +101,12 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
   bool direct = false;
   UniqueFd fd = open_maybe_direct(path, write ? (O_WRONLY | O_CREAT) : O_RDONLY, options_.direct_io, &facts, &direct);
   *size = facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max();
-  out->in_memory = in_memory(fd.get(), facts.dev);
+  describe(fd.get(), facts, direct, out);
+  return fd;
+}
+
+void Engine::describe(int fd, const FileFacts& facts, bool direct, Opened* out) {
+  out->in_memory = in_memory(fd, facts.dev);
   out->dev = facts.dev;
   out->direct = direct;
   if (direct) {
@@ -107,15 +114,35 @@ UniqueFd Engine::open_checked(bool write, const std::string& path, std::uint64_t
     out->mem_align = facts.from_statx ? std::max<std::uint32_t>(1, facts.dio_mem_align) : page_size();
     out->offset_align = facts.from_statx ? facts.dio_offset_align : page_size();
   }
-  return fd;
 }
 
-std::pair<UniqueFd, bool> Engine::open_for_caller(const std::string& path, int flags, DirectIo mode) {
+std::shared_ptr<SharedFile> Engine::open_object(const std::string& path, int flags, DirectIo mode) {
   process_.check();
+  auto f = std::make_shared<SharedFile>();
   FileFacts facts;
   bool direct = false;
-  UniqueFd fd = open_maybe_direct(path, flags, mode, &facts, &direct);
-  return {std::move(fd), direct};
+  f->main = open_maybe_direct(path, flags, mode, &facts, &direct);
+  describe(f->main.get(), facts, direct, &f->opened);
+  f->size.store(facts.sized() ? facts.size : std::numeric_limits<std::uint64_t>::max(), std::memory_order_relaxed);
+  f->object = true;
+  f->path = path;
+  f->access = flags & O_ACCMODE;
+  f->dev = facts.dev;
+  if (direct) {
+    // The unaligned parts of every request go through the page cache: one descriptor without
+    // O_DIRECT for all of them, of the same file (reopened from `main`, not from the path).
+    throw_if_error(reopen_with_backpressure(f->main.get(), f->access, path, &f->buffered));
+  }
+  return f;
+}
+
+std::uint64_t Engine::size_for(SharedFile& file, std::uint64_t end) {
+  const std::uint64_t known = file.size.load(std::memory_order_relaxed);
+  if (end <= known || !file.object) return known;
+  FileFacts facts;
+  throw_if_error(file_facts(file.main.get(), file.path, &facts));
+  if (facts.sized()) raise_size(file.size, facts.size);
+  return file.size.load(std::memory_order_relaxed);
 }
 
 UniqueFd Engine::open_maybe_direct(const std::string& path, int flags, DirectIo mode, FileFacts* facts, bool* direct) {

@@ -30,6 +30,14 @@ using detail::Collected;
 using detail::FaultPoint;
 using detail::FaultSite;
 
+// Removes the fault hook a test installed.
+struct HookGuard {
+  HookGuard() = default;
+  HookGuard(const HookGuard&) = delete;
+  HookGuard& operator=(const HookGuard&) = delete;
+  ~HookGuard() { detail::set_fault_hook({}); }
+};
+
 // Holds every read completion until open() (the hook runs on the worker thread).
 class Gate {
  public:
@@ -369,6 +377,91 @@ TEST_F(Collect, SyncCallCountsItsOwnOpWhileOthersWait) {
   waiter.join();
 }
 
+// A synchronous call waits for its own operation and raises only its own failure (issue 38):
+// an earlier asynchronous read that failed keeps its failure for its Future or the next
+// wait(), and the synchronous read returns its bytes.
+TEST_F(Collect, SyncReadReturnsItsBytesWhileAnEarlierAsyncOpHasFailed) {
+  HookGuard guard;
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Read && s.offset == 8192) return -EIO;
+    return std::nullopt;
+  });
+  const auto data = test::pattern(kFile, 7);
+  for (const bool keep_future : {true, false}) {
+    SCOPED_TRACE(keep_future ? "the Future kept" : "the Future dropped");
+    Handle h(threads_backend(1));
+    std::vector<std::byte> failing(4096);
+    std::vector<std::byte> mine(4096);
+    Future earlier = h.async_pread(failing.data(), 4096, path_, 8192);
+    earlier.wait();  // failed, and not collected by anyone
+    EXPECT_EQ(h.sync_pread(mine.data(), 4096, path_, 4096), 1u);
+    EXPECT_TRUE(std::equal(mine.begin(), mine.end(), data.begin() + 4096));
+    EXPECT_EQ(h.pending(), 1u);  // the failed one is still the next wait()'s
+    if (keep_future) {
+      try {
+        earlier.get();
+        ADD_FAILURE() << "expected EIO from the earlier op's Future";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.errnum(), EIO);
+        EXPECT_EQ(e.offset(), 8192u);
+      }
+      EXPECT_EQ(h.wait(), 0u);  // collected by its Future: not counted twice
+    } else {
+      earlier = Future();
+      const WaitResult r = h.collect();
+      EXPECT_EQ(r.count, 1u);  // the async op; the sync call's own is not counted again
+      ASSERT_EQ(r.errors.size(), 1u);
+      EXPECT_EQ(r.errors[0].errnum(), EIO);
+      EXPECT_EQ(r.errors[0].path(), path_);
+      EXPECT_EQ(r.errors[0].offset(), 8192u);
+    }
+    EXPECT_EQ(h.wait(), 0u);
+  }
+}
+
+// ... and its own failure is the only one it raises, even with an earlier one pending.
+TEST_F(Collect, SyncCallRaisesOnlyItsOwnFailure) {
+  HookGuard guard;
+  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
+    if (s.point == FaultPoint::Read && (s.offset == 8192 || s.offset == 12288))
+      return s.offset == 8192 ? -EIO : -ENOSPC;
+    return std::nullopt;
+  });
+  Handle h(threads_backend(1));
+  std::vector<std::byte> a(4096), b(4096);
+  h.async_pread(a.data(), 4096, path_, 8192).wait();
+  try {
+    h.sync_pread(b.data(), 4096, path_, 12288);
+    ADD_FAILURE() << "expected the sync read's own failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), ENOSPC);
+    EXPECT_EQ(e.offset(), 12288u);
+  }
+  try {
+    h.wait();
+    ADD_FAILURE() << "expected the async read's failure at wait()";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_EQ(e.offset(), 8192u);
+  }
+  EXPECT_EQ(h.wait(), 0u);
+}
+
+// A synchronous call does not wait for what was submitted before it: with an earlier read
+// held on the one worker, a synchronous call whose own operation is done returns (a
+// zero-byte read needs no worker). Draining the handle would wait for the gate forever.
+TEST_F(Collect, SyncCallDoesNotWaitForEarlierOps) {
+  Gate gate;
+  Handle h(threads_backend(1));
+  std::vector<std::byte> a(4096), b(16);
+  h.async_pread(a.data(), 4096, path_, 0);
+  ASSERT_TRUE(gate.wait_held(1));
+  EXPECT_EQ(h.sync_pread(b.data(), 0, path_, 0), 1u);
+  EXPECT_EQ(h.pending(), 1u);
+  gate.open();
+  EXPECT_EQ(h.wait(), 1u);
+}
+
 TEST_F(Collect, HandleDestroyedWithUncollectedOpsReleasesTheirKeepAlives) {
   Tracker t;
   std::vector<std::byte> a(4096);
@@ -470,51 +563,6 @@ TEST(Validation, EinvalFromTheFileSystemIsNotAnInvalidArgument) {
     EXPECT_FALSE(e.invalid_argument());
   }
   detail::set_fault_hook({});
-}
-
-// detail::open_for_caller: the binding's file objects (deepio.File) open as the engine opens its
-// own files: O_DIRECT where taken, a refusal counted (Auto) or an error naming the file (On).
-TEST(OpenForCaller, OpensAsTheEngineDoes) {
-  test::TempDir dir;
-  const std::string path = dir.file("caller.bin");
-  Handle h;
-  auto f = detail::open_for_caller(h, path, O_RDWR | O_CREAT | O_TRUNC, DirectIo::Auto);
-  ASSERT_GE(f.fd, 0);
-  const bool takes_direct = f.direct;  // the test folder's file system decides
-  EXPECT_EQ((::fcntl(f.fd, F_GETFL) & O_DIRECT) != 0, f.direct);
-  EXPECT_NE(::fcntl(f.fd, F_GETFD) & FD_CLOEXEC, 0);
-  ::close(f.fd);
-  try {
-    (void)detail::open_for_caller(h, path, O_WRONLY | O_CREAT | O_EXCL, DirectIo::Auto);
-    ADD_FAILURE() << "O_EXCL opened an existing file";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.errnum(), EEXIST);
-    EXPECT_EQ(e.path(), path);
-  }
-  f = detail::open_for_caller(h, path, O_RDONLY, DirectIo::Off);
-  EXPECT_FALSE(f.direct);
-  EXPECT_EQ(::fcntl(f.fd, F_GETFL) & O_DIRECT, 0);
-  ::close(f.fd);
-  EXPECT_EQ(h.stats().direct_refused, takes_direct ? 0u : 1u);
-
-  detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
-    if (s.point == FaultPoint::Open && (s.flags & O_DIRECT) != 0) return -EINVAL;
-    return std::nullopt;
-  });
-  const auto before = h.stats().direct_refused;
-  f = detail::open_for_caller(h, path, O_RDWR, DirectIo::Auto);
-  EXPECT_FALSE(f.direct);
-  ::close(f.fd);
-  EXPECT_EQ(h.stats().direct_refused, before + 1);
-  try {
-    (void)detail::open_for_caller(h, path, O_RDWR, DirectIo::On);
-    ADD_FAILURE() << "direct_io=on opened without O_DIRECT";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.errnum(), EINVAL);
-    EXPECT_EQ(e.path(), path);
-  }
-  detail::set_fault_hook({});
-  EXPECT_EQ(h.stats().direct_refused, before + 1);
 }
 
 }  // namespace

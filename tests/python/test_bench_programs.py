@@ -91,6 +91,21 @@ def test_save_load_saves_only_runs_its_variants_and_verifies(tmp_dir):
     assert "torch.load" not in table  # --saves-only
 
 
+def test_file_object_bench_runs_every_mode_and_verifies(tmp_dir):
+    """A small run of bench/file_object.py: every mode is timed against its baseline, the bytes
+    are verified after the rounds (the program exits non-zero on a mismatch), and the JSON row
+    of each mode names it."""
+    out = _bench(
+        "file_object.py", "--dir", str(tmp_dir), "--file-size", "4M", "--count", "200", "--rounds", "2", "--json"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "O_DIRECT" in out.stdout.splitlines()[0]
+    rows = json.loads(out.stdout.splitlines()[-1])
+    assert [r["mode"] for r in rows] == ["path", "fd", "file", "path-sync", "file-sync"]
+    assert all(r["reads_per_s"] > 0 for r in rows)
+    assert [r["vs"] for r in rows] == ["path", "path", "path", "path-sync", "path-sync"]
+
+
 @needs_torch
 @pytest.mark.slow
 def test_save_load_runs_only_the_methods_named(tmp_dir):

@@ -4,12 +4,15 @@ runtime can pin)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 
 import pytest
 
 import deepio
 from conftest import FRAMEWORKS, TORCH_PINNED, as_bytes, fill, make_buffer, needs_numpy, needs_torch
+from deepio import _deepio
 
 BLOCK_SIZE = 1024
 QUEUE_DEPTH = 2
@@ -228,15 +231,41 @@ def test_pread_pwrite_validate_and_async_flags(framework, tmp_dir):
         h.pread(out, path, False)  # async is required, as in DeepNVMe
 
 
-def test_sync_call_drains_earlier_async_ops(random_file):
-    """A synchronous call waits for everything queued before it and counts it (§1.4)."""
+def test_sync_call_waits_for_its_own_op_only(random_file):
+    """A synchronous call waits for, and counts, its own operation alone (issue 38; DeepNVMe's
+    drained the handle, §1.4): what was queued before stays for wait(), which counts it."""
     h = _handle()
     (p1, d1), (p2, d2), (p3, d3) = (random_file(IO_SIZE) for _ in range(3))
     b1, b2, b3 = bytearray(IO_SIZE), bytearray(IO_SIZE), bytearray(IO_SIZE)
     assert h.async_pread(b1, str(p1)) == 0
     assert h.async_pread(b2, str(p2)) == 0
-    assert h.sync_pread(b3, str(p3)) == 3
-    assert (bytes(b1), bytes(b2), bytes(b3)) == (d1, d2, d3)
+    assert h.sync_pread(b3, str(p3)) == 1
+    assert bytes(b3) == d3
+    assert h.pread(b3, str(p3), False, False) == 1  # DeepNVMe's sync form, likewise
+    assert h.wait() == 2
+    assert (bytes(b1), bytes(b2)) == (d1, d2)
+    assert h.wait() == 0
+
+
+def test_sync_read_returns_its_bytes_while_an_earlier_async_op_failed(random_file, fault):
+    """The earlier operation's failure is not the synchronous call's: the sync read returns its
+    bytes, and the failure comes from the next wait(), counted there."""
+    h = _handle()
+    (p1, _), (p2, d2) = random_file(IO_SIZE), random_file(IO_SIZE)
+    fault("read", errno=errno.EIO, count=1 << 30)
+    assert h.async_pread(bytearray(IO_SIZE), str(p1)) == 0
+    deadline = time.monotonic() + 30  # only a broken engine takes this long
+    while h.stats()["ops_failed"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert h.stats()["ops_failed"] == 1
+    _deepio._clear_fault()
+    out = bytearray(IO_SIZE)
+    assert h.sync_pread(out, str(p2)) == 1
+    assert bytes(out) == d2
+    assert h.pending() == 1
+    with pytest.raises(OSError) as e:
+        h.wait()
+    assert e.value.errno == errno.EIO and e.value.filename == str(p1)
     assert h.wait() == 0
 
 

@@ -310,13 +310,19 @@ def test_invalid_argument_and_corrupt_file_errors_survive_pickle(tmp_dir):
     assert (got.filename, got.what, got.__notes__) == (e.filename, e.what, ["while loading"])
 
 
-def test_sync_call_reports_earlier_async_failure(random_file, fault):
-    path, _ = random_file(4096)
+def test_sync_call_leaves_an_earlier_async_failure_to_wait(random_file, fault):
+    """A synchronous call raises only its own failure (issue 38): the sync read returns its
+    bytes, and the earlier async read's EIO is raised by the next wait(), which counts it."""
+    path, data = random_file(4096)
     h = deepio.aio_handle(backend="threads")
-    fault("read", errno=errno.EIO, count=1)
+    fault("read", errno=errno.EIO, count=1)  # the first read: the async one's (one worker, in order)
     h.async_pread(np.empty(4096, np.uint8), str(path))
-    with pytest.raises(OSError):
-        h.sync_pread(np.empty(4096, np.uint8), str(path))
+    out = np.empty(4096, np.uint8)
+    assert h.sync_pread(out, str(path)) == 1
+    assert out.tobytes() == data
+    with pytest.raises(OSError) as e:
+        h.wait()
+    assert e.value.errno == errno.EIO
     assert h.wait() == 0
 
 

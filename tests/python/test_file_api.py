@@ -375,3 +375,70 @@ def _fd_targets() -> list[str]:
         except OSError:
             pass
     return out
+
+
+def test_file_reads_and_writes_the_opened_file_after_its_name_is_replaced_or_removed(tmp_dir):
+    """deepio.File holds the file opened once, not the path: renamed over or unlinked after
+    the open, every pread/pwrite (and ranged ones) still goes to the opened inode."""
+    p, other = tmp_dir / "kept.bin", tmp_dir / "other.bin"
+    data, impostor = os.urandom(64 << 10), os.urandom(64 << 10)
+    p.write_bytes(data)
+    other.write_bytes(impostor)
+    with deepio.File(p, "r+") as f:
+        ino = os.fstat(f.fileno()).st_ino
+        os.replace(other, p)  # a new file under the name
+        back = bytearray(len(data))
+        assert f.pread(back, 0).result() == len(data) and bytes(back) == data
+        assert f.pwrite(b"\x01" * 5000, 4093).result() == 5000
+        assert p.read_bytes() == impostor, "the file now at the path is untouched"
+        p.unlink()  # no name at all
+        part = bytearray(5006)
+        assert f.pread_ranges(part, [4090], [5006]).result() == 5006
+        assert bytes(part) == data[4090:4093] + b"\x01" * 5000 + data[9093:9096]
+        assert f.pwrite(b"\x02" * 100, len(data)).result() == 100  # grows the opened file
+        tail = bytearray(100)
+        assert f.read_into(tail, len(data)) == 100 and bytes(tail) == b"\x02" * 100
+        assert f.size() == len(data) + 100
+        assert os.fstat(f.fileno()).st_ino == ino and os.fstat(f.fileno()).st_nlink == 0
+
+
+def test_many_operations_on_a_file_open_it_once(tmp_dir, fault):
+    """Every open the engine makes (and every reopen through /proc/self/fd) passes the Open
+    fault point: counted there, a File's reads and writes open nothing after the File's own
+    open (its descriptor, and with O_DIRECT its twin without it)."""
+    from deepio import _deepio
+
+    p = tmp_dir / "once.bin"
+    p.write_bytes(os.urandom(1 << 20))
+    fault("open", delay=1e-6, count=1 << 40, path_contains="once.bin")  # counts, changes nothing
+    with deepio.File(p, "r+") as f:
+        at_open = _deepio._fault_hits()
+        assert at_open == (2 if f.direct else 1)
+        buf = np.empty(3 * 4096 + 7, np.uint8)
+        futs = [f.pread(buf[:4096], 4096 * i) for i in range(100)]
+        futs += [f.pread(buf[1 : 4096 + 6], 4096 * i + 3) for i in range(100)]  # unaligned: the twin
+        futs.append(f.pread_ranges(buf, [8192, 100], [4096, 300]))
+        futs.append(f.pwrite(buf, 5))
+        futs.append(f.pwrite_ranges(buf, [0, 1 << 20], [4096, 300]))
+        assert all(x.result() > 0 for x in futs)
+        assert _deepio._fault_hits() == at_open
+    # The path calls, for contrast: one open per operation.
+    h = deepio.aio_handle()
+    before = _deepio._fault_hits()
+    for i in range(10):
+        h.async_pread(buf[:4096], str(p), 4096 * i)
+    assert h.wait() == 10
+    assert _deepio._fault_hits() >= before + 10
+
+
+def test_file_refuses_the_direction_it_was_not_opened_for(tmp_dir):
+    p = tmp_dir / "dir.bin"
+    p.write_bytes(b"\0" * 4096)
+    with deepio.File(p, "r") as f:
+        with pytest.raises(OSError) as e:
+            f.pwrite(b"x", 0)
+        assert e.value.errno == errno.EBADF and e.value.filename == str(p)
+    with deepio.File(p, "a") as f:
+        with pytest.raises(OSError) as e:
+            f.pread(bytearray(1), 0)
+        assert e.value.errno == errno.EBADF
