@@ -277,7 +277,8 @@ void Engine::queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices
   op->set_slices(static_cast<int>(slices.size()));
   if (pending != nullptr) {
     for (Slice& s : slices) {
-      pending->per_worker[s.worker].push_back(SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
+      pending->per_worker[s.worker].push_back(
+          SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
     }
     pending->count += slices.size();
     return;

@@ -21,9 +21,10 @@
 // Several folders (one per drive, no RAID): every row moves the same bytes to (from) one file
 // in each folder, all folders at once, and its figure is the aggregate (all bytes over the
 // wall time, CPU of the whole process). deepio: one handle (its queue depth as given, shared
-// among the folders' devices), one operation per file (deepio_write_files); the naive copy: one thread per folder; the ceiling: fio with one
-// job per folder in one run, or the raw loop in every folder at once. Each result keeps the
-// bytes per folder (folder_bytes). The GPU rows are measured with one folder only.
+// among the folders' devices), one operation per file (deepio_write_files); the naive copy:
+// one thread per folder; the ceiling: fio with one job per folder in one run, or the raw loop
+// in every folder at once. Each result keeps the bytes per folder (folder_bytes). The GPU rows
+// are measured with one folder only.
 //
 // choose_size is pure; prepare_compare and run_compare throw std::exception (deepio::Error
 // with errno and path for I/O) and leave the temporary folder to remove_temp_dir().

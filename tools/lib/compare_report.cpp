@@ -79,9 +79,8 @@ std::string config_lines(const CompareReport& r, const std::string& version) {
        human_bytes(r.ram) + " RAM)\n";
   s += "deepio: backend " + std::string(to_string(r.backend)) + ", block_size " + size_label(ho.block_size) +
        ", queue_depth " + std::to_string(ho.queue_depth) +
-       (r.folders.size() > 1
-            ? " (one handle, shared among the " + std::to_string(r.folders.size()) + " folders)"
-            : std::string()) +
+       (r.folders.size() > 1 ? " (one handle, shared among the " + std::to_string(r.folders.size()) + " folders)"
+                             : std::string()) +
        ", overlap_events " + (ho.overlap_events ? "true" : "false") + ", single_submit " +
        (ho.single_submit ? "true" : "false") + ", intra_op_parallelism " + std::to_string(ho.intra_op_parallelism) +
        ", buffers " +

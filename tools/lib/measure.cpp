@@ -89,9 +89,6 @@ Sample deepio_read(Handle& h, void* buf, std::size_t nbytes, const std::string& 
   return c.stop(nbytes);
 }
 
-namespace {
-}  // namespace
-
 Sample deepio_write_files(Handle& h, const void* buf, std::size_t nbytes, const std::vector<std::string>& paths) {
   Clock c;
   for (const auto& path : paths) h.async_pwrite(buf, nbytes, path);
