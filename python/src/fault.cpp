@@ -6,7 +6,10 @@
 // open/read/write fail with an errno or come back short. The hook runs on engine worker
 // threads: it touches only its own atomics, never Python. Not for production use; not
 // thread-safe against I/O in flight (install and clear it between operations).
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
 #include <cerrno>
 #include <chrono>
 #include <thread>
@@ -28,7 +31,7 @@ struct FaultRule {
   std::chrono::microseconds delay{0};
   std::uint64_t after = 0;
   std::uint64_t count = 1;
-  std::string path_contains;  // Open and Sync only; empty matches every path
+  std::string path_contains;  // empty matches every call; else Open/Sync by path, Read/Write by fd
   std::atomic<std::uint64_t> seen{0};
   std::atomic<std::uint64_t> fired{0};
 };
@@ -37,10 +40,19 @@ std::shared_ptr<FaultRule> g_rule;  // GIL
 
 std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site) {
   if (site.point != rule.point) return std::nullopt;
-  if ((site.point == detail::FaultPoint::Open || site.point == detail::FaultPoint::Sync) &&
-      !rule.path_contains.empty() &&
-      (site.path == nullptr || std::string(site.path).find(rule.path_contains) == std::string::npos)) {
-    return std::nullopt;
+  if (!rule.path_contains.empty()) {
+    // Open and Sync name the path; Read and Write give the descriptor, named through /proc
+    // (so a test's rule never fires on another engine's I/O in the same process).
+    std::string path;
+    if (site.path != nullptr) {
+      path = site.path;
+    } else if (site.fd >= 0) {
+      char link[64], target[4096];
+      std::snprintf(link, sizeof link, "/proc/self/fd/%d", site.fd);
+      const ssize_t n = ::readlink(link, target, sizeof target - 1);
+      if (n > 0) path.assign(target, static_cast<std::size_t>(n));
+    }
+    if (path.find(rule.path_contains) == std::string::npos) return std::nullopt;
   }
   const std::uint64_t n = rule.seen.fetch_add(1);
   if (n < rule.after || n - rule.after >= rule.count) return std::nullopt;

@@ -125,7 +125,7 @@ def test_context_manager_waits_and_raises(random_file, fault):
 def test_ctrl_c_during_wait_keeps_buffers_alive(random_file, fault):
     path, data = random_file(4 * 4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=2.0, count=1)
+    fault("read", delay=2.0, count=1, path_contains=str(path.resolve()))
     buf = np.empty(4 * 4096, np.uint8)
     ref = weakref.ref(buf)
     h.async_pread(buf, str(path))
@@ -146,7 +146,7 @@ def test_ctrl_c_during_wait_keeps_buffers_alive(random_file, fault):
 def test_ctrl_c_during_sync_call_hands_op_to_wait(random_file, fault):
     path, data = random_file(4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=2.0, count=1)
+    fault("read", delay=2.0, count=1, path_contains=str(path.resolve()))
     buf = np.empty(4096, np.uint8)
     timer = _InterruptOnceHeld()
     with pytest.raises(KeyboardInterrupt):
@@ -235,7 +235,7 @@ def test_ctrl_c_during_drain_free_read_hands_op_to_wait(random_file, fault):
     keeps running with its buffer referenced and the next wait() collects it."""
     path, data = random_file(4096)
     h = deepio.aio_handle(4096, 4, False, False, 1, backend="threads")
-    fault("read", delay=2.0, count=1)
+    fault("read", delay=2.0, count=1, path_contains=str(path.resolve()))
     buf = np.empty(4096, np.uint8)
     ref = weakref.ref(buf)
     timer = _InterruptOnceHeld()
