@@ -30,9 +30,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import cpu_seconds  # noqa: E402
-
 import deepio  # noqa: E402
+from benchutil import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -108,8 +107,8 @@ def main() -> int:
     everyone = list(range(len(dirs)))
     for _ in range(args.rounds):
         for name, (fn, per_drive) in rows.items():
-            alone = [per_drive / timed(lambda i=i: fn([i]))[0] for i in everyone]
-            wall, cpu = timed(lambda: fn(everyone))
+            alone = [per_drive / timed(lambda i=i, fn=fn: fn([i]))[0] for i in everyone]
+            wall, cpu = timed(lambda fn=fn: fn(everyone))
             total = per_drive * len(dirs)
             results[name]["sum"].append(sum(alone) / MIB)
             results[name]["together"].append(total / wall / MIB)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import errno
 import gc
+import signal
 import threading
 import weakref
 
@@ -27,9 +28,13 @@ pytestmark = needs_numpy
 class _InterruptOnceHeld:
     """Ctrl-C for the main thread once it is about to block (go()) and an engine worker sits in
     the fault's delay: the operation is certainly still running when the interrupt arrives.
-    go() is the last thing before the blocking call, which then is where the interrupt lands."""
+    go() is the last thing before the blocking call, which then is where the interrupt lands.
+    Python's own SIGINT handler is put in place until join(): a process started with SIGINT
+    ignored (a background job of a non-interactive shell, as CI may run the suite) inherits
+    SIG_IGN, and interrupt_main() then does nothing."""
 
     def __init__(self) -> None:
+        self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         self._go = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -45,6 +50,7 @@ class _InterruptOnceHeld:
 
     def join(self) -> None:
         self._thread.join(60)
+        signal.signal(signal.SIGINT, self._previous)
         assert not self._thread.is_alive()
 
 

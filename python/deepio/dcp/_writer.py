@@ -88,7 +88,6 @@ from typing import IO, Any, cast
 
 import torch
 
-from .. import _deepio, _engine
 from .._durable import fsync_path, replacing
 from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer, _filling, _zip
 from ..checkpoint._save import _crc_wanted
