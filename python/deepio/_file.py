@@ -230,12 +230,7 @@ class File:
             with self._lock:
                 try:
                     if op is not None:
-                        ops = self._ops
-                        while ops and ops[0].done():
-                            self._settle(ops.popleft())
-                        ops.append(op)
-                        if len(ops) > self._prune_at or len(self._failed) > self._prune_at:
-                            self._prune()
+                        self._track(op)
                 finally:  # whatever happens, a close() waiting for this call is not left waiting
                     self._users -= 1
                     if self._users == 0 and self._closing:

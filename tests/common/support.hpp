@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -56,6 +57,14 @@ inline int take_turn(std::atomic<int>& taken, int limit) {
   while (n < limit && !taken.compare_exchange_weak(n, n + 1)) {
   }
   return n < limit ? n : -1;
+}
+
+/// The path an open descriptor names, through /proc ("" if it cannot be read).
+inline std::string fd_path(int fd) {
+  char link[64], target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(link, target, sizeof target - 1);
+  return n > 0 ? std::string(target, static_cast<std::size_t>(n)) : std::string();
 }
 
 /// Deterministic bytes that differ per (seed, index), so misplaced bytes are caught.

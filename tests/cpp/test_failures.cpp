@@ -271,10 +271,7 @@ TEST_P(Failures, InjectedEIOFailsOnlyItsOpAfterAllFinish) {
   detail::set_fault_hook([](const FaultSite& s) -> std::optional<std::int64_t> {
     if (s.point == FaultPoint::Read && s.offset == 3 * 65536 && s.nbytes == 65536 && s.result > 0) {
       // Only for the file named "bad": identify it through /proc.
-      char link[64], target[4096];
-      std::snprintf(link, sizeof link, "/proc/self/fd/%d", s.fd);
-      const ssize_t n = ::readlink(link, target, sizeof target - 1);
-      if (n > 0 && std::string(target, static_cast<std::size_t>(n)).ends_with("/bad")) return -EIO;
+      if (test::fd_path(s.fd).ends_with("/bad")) return -EIO;
     }
     return std::nullopt;
   });

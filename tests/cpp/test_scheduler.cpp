@@ -19,17 +19,10 @@ namespace {
 
 using detail::FaultPoint;
 using detail::FaultSite;
+using test::fd_path;
 using test::pattern;
 
 constexpr std::size_t kBlock = 64 << 10;
-
-// The path an open descriptor names, through /proc.
-std::string fd_path(int fd) {
-  char link[64], target[4096];
-  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  const ssize_t n = ::readlink(link, target, sizeof target - 1);
-  return n > 0 ? std::string(target, static_cast<std::size_t>(n)) : std::string();
-}
 
 std::uint64_t device_of(const std::string& path) {
   struct stat st {};
