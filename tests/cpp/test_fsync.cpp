@@ -178,7 +178,8 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
   // covered by a later one, started after its blocks were done. Only the syncer thread is held,
   // never a worker; the 60 s bounds only guard against a hang.
   std::atomic<int> syncs{0};
-  std::atomic<int> written{0};          // Write completions this round
+  std::atomic<std::int64_t> written{0};  // bytes of Write completions this round (an op may be
+                                         // split in several requests: counted in bytes)
   std::atomic<bool> release{false};     // the first sync of the round may go on
   std::atomic<int> fail_from{1 << 30};  // the syncs from this one on fail with EIO
   const auto until = [](const auto& done) {
@@ -189,7 +190,7 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
   };
   HookGuard guard;
   detail::set_fault_hook([&](const FaultSite& s) -> std::optional<std::int64_t> {
-    if (s.point == FaultPoint::Write) ++written;
+    if (s.point == FaultPoint::Write && s.result > 0) written += s.result;
     if (s.point != FaultPoint::Sync) return std::nullopt;
     const int n = ++syncs;
     if (n == 1) until([&] { return release.load(); });
@@ -216,7 +217,7 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
     futures = submit(0, 1);
     until([&] { return syncs.load() >= 1; });
     for (Future& f : submit(1, kOps)) futures.push_back(std::move(f));
-    until([&] { return written.load() >= kOps; });
+    until([&] { return written.load() >= std::int64_t{kOps} * 65536; });
     release = true;
   };
   submit_all();
