@@ -178,8 +178,8 @@ TEST_P(Fsync, DurableWritesToOneFileShareSyncsAndAFailedSyncFailsItsWholeGroup) 
   // covered by a later one, started after its blocks were done. Only the syncer thread is held,
   // never a worker; the 60 s bounds only guard against a hang.
   std::atomic<int> syncs{0};
-  std::atomic<std::int64_t> written{0};  // bytes of Write completions this round (an op may be
-                                         // split in several requests: counted in bytes)
+  // Bytes of Write completions this round (an op may be split in several requests).
+  std::atomic<std::int64_t> written{0};
   std::atomic<bool> release{false};     // the first sync of the round may go on
   std::atomic<int> fail_from{1 << 30};  // the syncs from this one on fail with EIO
   const auto until = [](const auto& done) {
