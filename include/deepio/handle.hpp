@@ -153,6 +153,16 @@ struct HandleStats {
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
   std::uint64_t synced = 0;           ///< writes with OpOptions::fsync whose fdatasync succeeded
+  /// Operations on CUDA device memory (of ops_completed and ops_failed), by the route they
+  /// took (HandleOptions::device_route): GPUDirect Storage (cuFile) or staged through host
+  /// memory. An operation cuFile served counts as cuFile even where cuFile failed a request
+  /// and the rest was staged (GdsHandle's io_fallbacks); its bytes are split as they moved.
+  std::uint64_t device_ops_completed = 0;
+  std::uint64_t device_ops_failed = 0;
+  std::uint64_t device_ops_cufile = 0;  ///< operations served by cuFile
+  std::uint64_t device_ops_staged = 0;  ///< operations staged through host memory
+  std::uint64_t device_bytes_cufile = 0;  ///< moved by cuFileRead/cuFileWrite
+  std::uint64_t device_bytes_staged = 0;  ///< moved between files and device memory through host staging
   /// The handle's staging memory (the workers' bounce arenas and the binding's Writer/Reader
   /// windows, lent from one pool): blocks mapped, borrows served by a block given back
   /// earlier, and the bytes lent out and kept for the next borrower now.
