@@ -99,13 +99,13 @@ struct GdsOptions {
 
 /// The GdsMode of a device route: Auto -> Auto, Gds -> CuFile, Staged -> Compat.
 [[nodiscard]] constexpr GdsMode gds_mode(DeviceRouteMode route) noexcept {
-  return route == DeviceRouteMode::Gds ? GdsMode::CuFile
+  return route == DeviceRouteMode::Gds      ? GdsMode::CuFile
          : route == DeviceRouteMode::Staged ? GdsMode::Compat
                                             : GdsMode::Auto;
 }
 /// The device route of a GdsMode: Auto -> Auto, CuFile -> Gds, Compat -> Staged.
 [[nodiscard]] constexpr DeviceRouteMode device_route(GdsMode mode) noexcept {
-  return mode == GdsMode::CuFile ? DeviceRouteMode::Gds
+  return mode == GdsMode::CuFile   ? DeviceRouteMode::Gds
          : mode == GdsMode::Compat ? DeviceRouteMode::Staged
                                    : DeviceRouteMode::Auto;
 }

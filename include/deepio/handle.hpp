@@ -160,8 +160,8 @@ struct HandleStats {
   /// and the rest was staged (GdsHandle's io_fallbacks); its bytes are split as they moved.
   std::uint64_t device_ops_completed = 0;
   std::uint64_t device_ops_failed = 0;
-  std::uint64_t device_ops_cufile = 0;  ///< operations served by cuFile
-  std::uint64_t device_ops_staged = 0;  ///< operations staged through host memory
+  std::uint64_t device_ops_cufile = 0;    ///< operations served by cuFile
+  std::uint64_t device_ops_staged = 0;    ///< operations staged through host memory
   std::uint64_t device_bytes_cufile = 0;  ///< moved by cuFileRead/cuFileWrite
   std::uint64_t device_bytes_staged = 0;  ///< moved between files and device memory through host staging
   /// The handle's staging memory (the workers' bounce arenas and the binding's Writer/Reader

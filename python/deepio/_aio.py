@@ -167,7 +167,17 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     def _engine(self, *args: Any) -> _deepio.Handle:
         """The engine behind this handle (gds_handle makes a GdsHandle, the same engine with
         the GPUDirect Storage route and its pinning calls)."""
-        return _deepio.Handle(*args, device_route=self._device_route)
+        block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct = args
+        return _deepio.Handle(
+            block_size,
+            queue_depth,
+            single_submit,
+            overlap_events,
+            intra_op_parallelism,
+            backend,
+            direct,
+            self._device_route,
+        )
 
     # ----------------------------------------------------------------- getters (DeepNVMe §1.3)
     def get_block_size(self) -> int:

@@ -337,8 +337,9 @@ HandleStats Engine::stats() const noexcept {
   s.device_ops_staged = device_ops - s.device_ops_cufile;
   // What the route's backend moved counts as cuFile's, except what it staged itself after a
   // cuFile failure (DeviceRoute::backend_staged_bytes).
-  const std::uint64_t io_staged =
-      route_ready_.load(std::memory_order_acquire) && route_ ? route_->backend_staged_bytes() : 0;
+  const std::uint64_t io_staged = route_ready_.load(std::memory_order_acquire) && route_
+                                      ? route_->backend_staged_bytes()
+                                      : 0;
   const std::uint64_t by_route = counters_.bytes_gds.load();
   s.device_bytes_cufile = by_route > io_staged ? by_route - io_staged : 0;
   s.device_bytes_staged = counters_.bytes_staged.load() + (by_route - s.device_bytes_cufile);

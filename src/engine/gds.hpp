@@ -46,8 +46,8 @@ std::unique_ptr<Engine> make_engine(const HandleOptions& options, DriverSource d
 
 /// A Handle over make_engine() with the given drivers (tests: the fakes); a null cuda_api
 /// means CUDA is absent.
-Handle make_handle(const HandleOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
-                   CuFileApi* cufile_api, const Status& cufile_why);
+Handle make_handle(const HandleOptions& options, const CudaApi* cuda_api, const Status& cuda_why, CuFileApi* cufile_api,
+                   const Status& cufile_why);
 
 /// A GdsHandle over make_gds_parts().
 GdsHandle make_gds_handle(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,

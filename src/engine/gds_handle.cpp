@@ -39,8 +39,7 @@ Drivers process_drivers() {
 
 std::unique_ptr<Engine> make_engine(const HandleOptions& options, DriverSource drivers, DeviceSupport device) {
   switch (options.device_route) {
-    case DeviceRouteMode::Staged:
-      break;
+    case DeviceRouteMode::Staged: break;
     case DeviceRouteMode::Gds: {
       const Drivers d = drivers();
       return make_gds_parts(gds_options(options), d.cuda, d.cuda_why, d.cufile, d.cufile_why).engine;
@@ -64,8 +63,8 @@ std::unique_ptr<Engine> make_engine(const HandleOptions& options, DriverSource d
   return std::make_unique<Engine>(options, std::move(setup));
 }
 
-Handle make_handle(const HandleOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
-                   CuFileApi* cufile_api, const Status& cufile_why) {
+Handle make_handle(const HandleOptions& options, const CudaApi* cuda_api, const Status& cuda_why, CuFileApi* cufile_api,
+                   const Status& cufile_why) {
   DeviceSupport device;
   if (cuda_api != nullptr) device = cuda_device_support(cuda_api);
   DriverSource drivers = [=] { return Drivers{cuda_api, cuda_why, cufile_api, cufile_why}; };

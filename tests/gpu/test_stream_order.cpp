@@ -148,7 +148,8 @@ class FakeEnvStreams : public testing::TestWithParam<Producer> {
 TEST_P(FakeEnvStreams, WriteStagesWhatTheProducerWrote) {
   const std::size_t n = (1 << 20) + 4097;
   void* dev = device_alloc(n);
-  Handle h({.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
+  Handle h(
+      {.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   const std::string path = dir_.file("w.bin");
   const long waits = waits_();
   produce_held(dev, 0x5C, n);
@@ -166,7 +167,8 @@ TEST_P(FakeEnvStreams, ReadLandsAfterTheProducer) {
   const std::string path = dir_.file("r.bin");
   put(path, data);
   void* dev = device_alloc(n);
-  Handle h({.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
+  Handle h(
+      {.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   produce_held(dev, 0x77, n);
   Future f = submitted_while_held([&] { return h.async_pread(dev, n, path, 0, after_producer()); });
   EXPECT_EQ(f.get(), n);
@@ -216,7 +218,8 @@ TEST_P(FakeEnvStreams, CompletionMeansTheBytesAreOnTheDevice) {
   const std::string path = dir_.file("c.bin");
   put(path, data);
   void* dev = device_alloc(n);
-  Handle h({.block_size = 128 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
+  Handle h(
+      {.block_size = 128 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   const long waits = waits_();
   EXPECT_EQ(h.async_pread(dev, n, path).get(), n);
   EXPECT_EQ(waits_(), waits) << "no stream given: no handshake";
