@@ -200,7 +200,12 @@ int run(const Args& a) {
     check(cu->cuMemAlloc(&dev, a.size), "cuMemAlloc");
   }
   void* dptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dev));
-  deepio::Handle h({.block_size = a.block, .queue_depth = a.qd, .overlap_events = true, .intra_op_parallelism = a.par});
+  // "device" measures the staging pipeline: never cuFile, whatever the machine has.
+  deepio::Handle h({.block_size = a.block,
+                    .queue_depth = a.qd,
+                    .overlap_events = true,
+                    .intra_op_parallelism = a.par,
+                    .device_route = deepio::DeviceRouteMode::Staged});
 
   for (std::size_t i = 0; i < a.size; ++i) hp[i] = a.op == "write" || a.prepare ? byte_at(i) : 0;
   if (a.prepare) {

@@ -59,7 +59,7 @@ def ceiling(paths: list[str], buf: Any = None) -> None:
     ops: list[Any] = []
     at = 0
     for p, n in zip(paths, sizes):
-        _io.submit_read(_io.engine("cpu"), lambda a, k, at=at: view[at + a : at + a + k], p, 0, n, ops)
+        _io.submit_read(_io.engine(), lambda a, k, at=at: view[at + a : at + a + k], p, 0, n, ops)
         at += -(-n // PAGE) * PAGE  # each file page-aligned in the buffer, as a load places it
     try:
         _io.run(ops)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
         paths = _load.shard_paths(args.path)
         total = sum(os.path.getsize(p) for p in paths)
-        h = _io.engine("cpu")
+        h = _io.engine()
         drop = not args.no_drop_caches and drop_caches()
         cache = "cold (dropped before each run)" if drop else "warm (page cache not dropped: not root, or asked)"
         print(

@@ -134,7 +134,7 @@ def _per_tensor(paths: list[str]) -> dict:
     from deepio.safetensors import _format, _io, read_header
 
     sd, ops = {}, []
-    h = _io.engine("cpu")
+    h = _io.engine()
     for p in paths:
         head = read_header(p)
         for t in head.tensors:
@@ -274,7 +274,7 @@ def main() -> int:
     from deepio import _wholefile
     from deepio.safetensors import _io
 
-    h = _io.engine("cpu")
+    h = _io.engine()
     dropped = drop_caches()
     print(
         f"load_weights: {len(paths)} shards, {gib:.3f} GiB, {sum(len(ds.read_header(p).tensors) for p in paths)} "

@@ -97,9 +97,22 @@ struct GdsOptions {
   DirectIo direct_io = DirectIo::Auto;
 };
 
+/// The GdsMode of a device route: Auto -> Auto, Gds -> CuFile, Staged -> Compat.
+[[nodiscard]] constexpr GdsMode gds_mode(DeviceRouteMode route) noexcept {
+  return route == DeviceRouteMode::Gds      ? GdsMode::CuFile
+         : route == DeviceRouteMode::Staged ? GdsMode::Compat
+                                            : GdsMode::Auto;
+}
+/// The device route of a GdsMode: Auto -> Auto, CuFile -> Gds, Compat -> Staged.
+[[nodiscard]] constexpr DeviceRouteMode device_route(GdsMode mode) noexcept {
+  return mode == GdsMode::CuFile   ? DeviceRouteMode::Gds
+         : mode == GdsMode::Compat ? DeviceRouteMode::Staged
+                                   : DeviceRouteMode::Auto;
+}
+
 /// GdsOptions with the engine settings of `h` (block size, queue depth, submission modes,
 /// parallelism, backend, direct I/O) and the given mode.
-[[nodiscard]] inline GdsOptions gds_options(const HandleOptions& h, GdsMode mode = GdsMode::Auto) {
+[[nodiscard]] inline GdsOptions gds_options(const HandleOptions& h, GdsMode mode) {
   GdsOptions o;
   o.block_size = h.block_size;
   o.queue_depth = h.queue_depth;
@@ -111,8 +124,10 @@ struct GdsOptions {
   o.direct_io = h.direct_io;
   return o;
 }
+/// GdsOptions with every setting of `h`, its device_route as the mode (gds_mode()).
+[[nodiscard]] inline GdsOptions gds_options(const HandleOptions& h) { return gds_options(h, gds_mode(h.device_route)); }
 
-/// The HandleOptions a GdsHandle's host path and staging run with: `o` without its mode.
+/// The HandleOptions of a GdsHandle: `o`'s settings, its mode as the device route.
 [[nodiscard]] inline HandleOptions handle_options(const GdsOptions& o) {
   HandleOptions h;
   h.block_size = o.block_size;
@@ -122,6 +137,7 @@ struct GdsOptions {
   h.intra_op_parallelism = o.intra_op_parallelism;
   h.backend = o.backend;
   h.direct_io = o.direct_io;
+  h.device_route = device_route(o.mode);
   return h;
 }
 

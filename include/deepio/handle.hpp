@@ -1,4 +1,5 @@
-// deepio::Handle: asynchronous reads and writes between files and host memory.
+// deepio::Handle: asynchronous reads and writes between files and host or CUDA device memory
+// (device memory by GPUDirect Storage or staged through host memory: HandleOptions::device_route).
 //
 // A handle owns `intra_op_parallelism` worker threads, each with its own kernel queue
 // (an io_uring ring, a libaio context, or nothing for the threads backend). A request is cut
@@ -153,6 +154,16 @@ struct HandleStats {
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
   std::uint64_t synced = 0;           ///< writes with OpOptions::fsync whose fdatasync succeeded
+  /// Operations on CUDA device memory (of ops_completed and ops_failed), by the route they
+  /// took (HandleOptions::device_route): GPUDirect Storage (cuFile) or staged through host
+  /// memory. An operation cuFile served counts as cuFile even where cuFile failed a request
+  /// and the rest was staged (GdsHandle's io_fallbacks); its bytes are split as they moved.
+  std::uint64_t device_ops_completed = 0;
+  std::uint64_t device_ops_failed = 0;
+  std::uint64_t device_ops_cufile = 0;    ///< operations served by cuFile
+  std::uint64_t device_ops_staged = 0;    ///< operations staged through host memory
+  std::uint64_t device_bytes_cufile = 0;  ///< moved by cuFileRead/cuFileWrite
+  std::uint64_t device_bytes_staged = 0;  ///< moved between files and device memory through host staging
   /// The handle's staging memory (the workers' bounce arenas and the binding's Writer/Reader
   /// windows, lent from one pool): blocks mapped, borrows served by a block given back
   /// earlier, and the bytes lent out and kept for the next borrower now.
@@ -188,7 +199,11 @@ class DEEPIO_API Handle {
   /// queue_depth or intra_op_parallelism that is zero, above its bound (queue_depth 65536,
   /// intra_op_parallelism 1024) or above 2^63 (a negative number cast to size_t), and
   /// deepio::Error with the reason when the requested backend cannot be set up (Auto never
-  /// fails for that reason: it falls back down to threads).
+  /// fails for that reason: it falls back down to threads). options.device_route: Auto (the
+  /// default) and Staged never fail, load nothing and open no driver here (Auto looks for
+  /// CUDA and cuFile on the first operation on device memory); Gds throws deepio::Error
+  /// ENOTSUP (ENODEV: CUDA without a usable device) naming what is missing when the CUDA
+  /// driver or cuFile is missing or cuFile's driver cannot be opened (docs/gpu.md).
   explicit Handle(const HandleOptions& options = {});
   /// Finishes every operation still in flight (never abandons a write), then stops the
   /// workers. Failures of operations nobody collected go to the UnobservedFailureHandler

@@ -24,6 +24,19 @@ enum class DirectIo {
   Off,   ///< buffered I/O only
 };
 
+/// How a handle moves CUDA device memory to and from files.
+enum class DeviceRouteMode {
+  /// GPUDirect Storage (cuFile) where it is usable, staging through host memory otherwise.
+  /// Nothing is decided or loaded at construction: the first operation on device memory
+  /// (which needs the CUDA driver already in the process) looks for cuFile, once per handle,
+  /// and opens its driver if found; without CUDA or cuFile every operation is staged.
+  Auto,
+  Staged,  ///< always staged through page-locked host memory; cuFile is never loaded
+  /// cuFile required (its own compatibility mode allowed), as DeepNVMe's gds_handle: the handle
+  /// throws ENOTSUP at construction when CUDA or cuFile is missing or the driver cannot open.
+  Gds,
+};
+
 struct HandleOptions {
   /// Largest single request a worker submits. Direct-I/O requests are rounded to the file's
   /// alignment unit (so a block_size below the alignment acts as the alignment). Must be > 0.
@@ -39,6 +52,9 @@ struct HandleOptions {
   std::size_t intra_op_parallelism = 1;
   BackendKind backend = BackendKind::Auto;
   DirectIo direct_io = DirectIo::Auto;
+  /// How device memory reaches files (host memory is never affected). Handle::stats() counts
+  /// what each route moved.
+  DeviceRouteMode device_route = DeviceRouteMode::Auto;
 };
 
 /// "auto", "io_uring", "libaio", "threads".
@@ -47,5 +63,8 @@ struct HandleOptions {
 /// "auto", "on", "off".
 [[nodiscard]] DEEPIO_API std::string_view to_string(DirectIo mode) noexcept;
 [[nodiscard]] DEEPIO_API std::optional<DirectIo> parse_direct_io(std::string_view name) noexcept;
+/// "auto", "staged", "gds".
+[[nodiscard]] DEEPIO_API std::string_view to_string(DeviceRouteMode mode) noexcept;
+[[nodiscard]] DEEPIO_API std::optional<DeviceRouteMode> parse_device_route(std::string_view name) noexcept;
 
 }  // namespace deepio

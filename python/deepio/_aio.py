@@ -96,18 +96,26 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     buffers).
 
     ``aio_handle(block_size=1048576, queue_depth=128, single_submit=False,
-    overlap_events=False, intra_op_parallelism=1, *, backend="auto", direct_io="auto")``
+    overlap_events=False, intra_op_parallelism=1, *, backend="auto", direct_io="auto",
+    device_route="auto")``
 
     Every request is split across ``intra_op_parallelism`` worker threads, cut into
     ``block_size`` requests, with up to ``queue_depth`` in flight per worker.
     ``backend``: "auto" (io_uring, then libaio, then threads), "io_uring", "libaio",
     "threads". ``direct_io``: "auto" (O_DIRECT where the file system accepts it), "on"
     (O_DIRECT or EINVAL), "off" (page cache); True/False mean "on"/"off".
+    ``device_route``: how CUDA tensors reach files. "auto" (GPUDirect Storage through cuFile
+    where it is usable, else staged as described below; looked for on the first operation on
+    CUDA memory, so a handle that never sees one never loads cuFile), "staged" (always staged,
+    DeepNVMe's aio_handle), "gds" (cuFile required, as ``gds_handle(mode="cufile")``: OSError
+    ENOTSUP at construction where CUDA or cuFile is missing). ``get_stats()``-style counters
+    in ``stats()`` say which route each operation took (``device_ops_cufile``,
+    ``device_ops_staged``, ``device_bytes_cufile``, ``device_bytes_staged``).
     DeepNVMe's older names ``num_threads``/``thread_count`` are accepted for
     ``intra_op_parallelism``.
 
-    CUDA tensors (torch ``is_cuda``, or any DLPack producer reporting kDLCUDA) are read and
-    written through pinned host staging slots, disk reads overlapped with host-to-device
+    Staged CUDA tensors (torch ``is_cuda``, or any DLPack producer reporting kDLCUDA) are read
+    and written through pinned host staging slots, disk reads overlapped with host-to-device
     copies; after ``wait()`` the data is in device memory, visible to every stream. The copies
     are ordered after the producer's work by a handshake on the device, never by stalling
     the caller: an event recorded at submission on torch's current stream (torch tensors) or
@@ -130,6 +138,7 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         *,
         backend: str = "auto",
         direct_io: str | bool | None = "auto",
+        device_route: str = "auto",
         num_threads: int | None = None,
         thread_count: int | None = None,
     ) -> None:
@@ -146,6 +155,9 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, not {type(backend).__qualname__}")
         direct = _direct_io_arg(direct_io)
+        if not isinstance(device_route, str):
+            raise TypeError(f"device_route must be a str, not {type(device_route).__qualname__}")
+        self._device_route = device_route
         self._h = self._engine(
             block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct
         )
@@ -154,8 +166,18 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
 
     def _engine(self, *args: Any) -> _deepio.Handle:
         """The engine behind this handle (gds_handle makes a GdsHandle, the same engine with
-        the GPUDirect Storage route)."""
-        return _deepio.Handle(*args)
+        the GPUDirect Storage route and its pinning calls)."""
+        block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism, backend, direct = args
+        return _deepio.Handle(
+            block_size,
+            queue_depth,
+            single_submit,
+            overlap_events,
+            intra_op_parallelism,
+            backend,
+            direct,
+            self._device_route,
+        )
 
     # ----------------------------------------------------------------- getters (DeepNVMe §1.3)
     def get_block_size(self) -> int:

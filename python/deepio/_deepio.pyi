@@ -112,7 +112,7 @@ class Handle:
     The engine handle behind deepio.aio_handle (keeps buffers alive until collected).
     """
 
-    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, backend: str = 'auto', direct_io: str = 'auto') -> None: ...
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False, overlap_events: bool = False, intra_op_parallelism: int = 1, backend: str = 'auto', direct_io: str = 'auto', device_route: str = 'auto') -> None: ...
 
     def submit(self, write: bool, buffer: object, file: object, file_offset: int = 0, fsync: bool = False) -> None:
         """
@@ -170,6 +170,9 @@ class Handle:
 
     @property
     def backend(self) -> str: ...
+
+    @property
+    def device_route(self) -> str: ...
 
     @property
     def direct_io(self) -> str: ...

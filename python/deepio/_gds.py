@@ -69,6 +69,8 @@ class gds_handle(aio_handle):  # noqa: N801 - DeepNVMe's name
         # aio_handle's parameters, as aio_handle takes them (the class docstring lists them).
         if not isinstance(mode, str):
             raise TypeError(f"mode must be a str, not {type(mode).__qualname__}")
+        if "device_route" in kwargs:
+            raise TypeError("gds_handle takes mode= (auto, cufile, compat), not device_route=")
         self._mode = mode
         super().__init__(*args, **kwargs)
         self._g: _deepio.GdsHandle = self._h  # type: ignore[assignment]

@@ -178,8 +178,14 @@ DirectIo direct_from(const std::string& name) {
   throw InvalidArgument("unknown direct_io '" + name + "' (expected auto, on or off)");
 }
 
+DeviceRouteMode route_from(const std::string& name) {
+  if (auto r = parse_device_route(name)) return *r;
+  throw InvalidArgument("unknown device_route '" + name + "' (expected auto, staged or gds)");
+}
+
 PyHandle::PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
-                   std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io) {
+                   std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io,
+                   const std::string& device_route) {
   HandleOptions o;
   o.block_size = count_arg(block_size);
   o.queue_depth = count_arg(queue_depth);
@@ -188,6 +194,7 @@ PyHandle::PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool singl
   o.intra_op_parallelism = count_arg(intra_op_parallelism);
   o.backend = backend_from(backend);
   o.direct_io = direct_from(direct_io);
+  o.device_route = route_from(device_route);
   nb::gil_scoped_release release;  // worker start-up and backend probing may block
   handle_ = std::make_shared<Handle>(o);
 }
@@ -256,6 +263,12 @@ nb::dict PyHandle::stats() const {
   d["staging_reuses"] = s.staging_reuses;
   d["staging_lent_bytes"] = s.staging_lent_bytes;
   d["staging_kept_bytes"] = s.staging_kept_bytes;
+  d["device_ops_completed"] = s.device_ops_completed;
+  d["device_ops_failed"] = s.device_ops_failed;
+  d["device_ops_cufile"] = s.device_ops_cufile;
+  d["device_ops_staged"] = s.device_ops_staged;
+  d["device_bytes_cufile"] = s.device_bytes_cufile;
+  d["device_bytes_staged"] = s.device_bytes_staged;
   return d;
 }
 
@@ -551,10 +564,11 @@ void init_handle(nb::module_& m) {
            "Drops this hold on the descriptors: they close once no operation on the file is running.");
 
   nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
-      .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&>(),
+      .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&,
+                    const std::string&>(),
            nb::arg("block_size") = 1 << 20, nb::arg("queue_depth") = 128, nb::arg("single_submit") = false,
            nb::arg("overlap_events") = false, nb::arg("intra_op_parallelism") = 1, nb::arg("backend") = "auto",
-           nb::arg("direct_io") = "auto")
+           nb::arg("direct_io") = "auto", nb::arg("device_route") = "auto")
       .def("submit", &PyHandle::submit, nb::arg("write"), nb::arg("buffer"), nb::arg("file"),
            nb::arg("file_offset") = 0, nb::arg("fsync") = false,
            "Queues a read or write for wait(); raises on submission failures. fsync (writes): the operation "
@@ -591,6 +605,7 @@ void init_handle(nb::module_& m) {
       .def_prop_ro("overlap_events", [](const PyHandle& h) { return h.options().overlap_events; })
       .def_prop_ro("intra_op_parallelism", [](const PyHandle& h) { return h.options().intra_op_parallelism; })
       .def_prop_ro("backend", [](const PyHandle& h) { return std::string(to_string(h.engine()->backend())); })
+      .def_prop_ro("device_route", [](const PyHandle& h) { return std::string(to_string(h.options().device_route)); })
       .def_prop_ro("direct_io", [](const PyHandle& h) { return std::string(to_string(h.options().direct_io)); });
 }
 

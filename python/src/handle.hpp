@@ -41,7 +41,8 @@ class PyFile {
 class PyHandle {
  public:
   PyHandle(std::int64_t block_size, std::int64_t queue_depth, bool single_submit, bool overlap_events,
-           std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io);
+           std::int64_t intra_op_parallelism, const std::string& backend, const std::string& direct_io,
+           const std::string& device_route);
   virtual ~PyHandle();
   PyHandle(const PyHandle&) = delete;
   PyHandle& operator=(const PyHandle&) = delete;
@@ -94,6 +95,7 @@ class PyHandle {
 /// Option parsers shared by the handle constructors (InvalidArgument on a bad name).
 BackendKind backend_from(const std::string& name);
 DirectIo direct_from(const std::string& name);
+DeviceRouteMode route_from(const std::string& name);
 /// A Python integer passed through to the engine's checks: a negative one arrives as a huge
 /// size_t, which the engine reports as the negative number it was.
 inline std::size_t count_arg(std::int64_t v) { return static_cast<std::size_t>(v); }

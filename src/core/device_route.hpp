@@ -46,6 +46,9 @@ class DeviceRoute {
   /// Whether make_backend() is needed at all (false: every operation will be staged).
   [[nodiscard]] virtual bool has_backend() const noexcept = 0;
   virtual Status bind(const DeviceBinding& what, bool* staged, std::shared_ptr<const DriverFile>* out) = 0;
+  /// Of the bytes the route's backend moved, those it staged through host memory itself (a
+  /// cuFile failure answered by staging): the engine's stats count them as staged.
+  [[nodiscard]] virtual std::uint64_t backend_staged_bytes() const noexcept { return 0; }
 };
 
 }  // namespace deepio::detail

@@ -119,6 +119,7 @@ void OpState::finish() noexcept {
     (failed ? counters_->ops_failed : counters_->ops_completed).fetch_add(1, std::memory_order_relaxed);
     if (on_device_) {
       (failed ? counters_->device_ops_failed : counters_->device_ops_completed).fetch_add(1, std::memory_order_relaxed);
+      if (routed_) counters_->device_ops_routed.fetch_add(1, std::memory_order_relaxed);
     }
   }
   if (signal_ != nullptr) {

@@ -63,6 +63,8 @@ struct Counters {
   std::atomic<std::uint64_t> device_requests{0};       ///< requests cut for ops on device memory
   std::atomic<std::uint64_t> device_ops_completed{0};  ///< of ops_completed, those on device memory
   std::atomic<std::uint64_t> device_ops_failed{0};     ///< of ops_failed, those on device memory
+  /// Of device_ops_completed + device_ops_failed, those a DeviceRoute's backend served (cuFile).
+  std::atomic<std::uint64_t> device_ops_routed{0};
   std::atomic<std::uint64_t> direct_refused{0};
   std::atomic<std::uint64_t> preallocated{0};  ///< extending direct writes whose range was fallocate()d first
   std::atomic<std::uint64_t> short_transfers{0};
@@ -114,6 +116,9 @@ class OpState : public std::enable_shared_from_this<OpState> {
   /// device() reset to -1). Set before dispatch; counted in the device_ops_* counters.
   [[nodiscard]] bool on_device() const noexcept { return on_device_; }
   void set_on_device(bool on) noexcept { on_device_ = on; }
+  /// Served by a DeviceRoute's backend (set before dispatch); counted in device_ops_routed.
+  [[nodiscard]] bool routed() const noexcept { return routed_; }
+  void set_routed(bool routed) noexcept { routed_ = routed; }
   /// What the op's device copies must come after (OpOptions::stream), or null. Set before
   /// dispatch; held until the op is destroyed, so every slice's worker can order on it.
   [[nodiscard]] const DeviceFence* fence() const noexcept { return fence_.get(); }
@@ -243,6 +248,7 @@ class OpState : public std::enable_shared_from_this<OpState> {
   int borrowed_source_ = -1;  // caller's descriptor, reopened without O_DIRECT when needed
   int device_ = -1;
   bool on_device_ = false;
+  bool routed_ = false;
   std::shared_ptr<DeviceFence> fence_;
   SyncRunner* sync_ = nullptr;
   LockedRegion region_;

@@ -43,7 +43,9 @@ std::size_t live_engines() noexcept { return g_live_engines.load(std::memory_ord
 Engine::LiveCount::LiveCount() noexcept { g_live_engines.fetch_add(1, std::memory_order_relaxed); }
 Engine::LiveCount::~LiveCount() { g_live_engines.fetch_sub(1, std::memory_order_relaxed); }
 
-Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(options), route_(std::move(setup.route)) {
+Engine::Engine(const HandleOptions& options, EngineSetup setup)
+    : options_(options), route_(std::move(setup.route)), make_route_(std::move(setup.make_route)) {
+  may_route_ = route_ != nullptr || static_cast<bool>(make_route_);
   if (options_.backend == BackendKind::Auto) options_.backend = env_backend().value_or(BackendKind::Auto);
   if (options_.direct_io == DirectIo::Auto) options_.direct_io = env_direct_io().value_or(DirectIo::Auto);
   check_count("block_size", options_.block_size, kMaxCount);
@@ -84,19 +86,42 @@ Engine::Engine(const HandleOptions& options, EngineSetup setup) : options_(optio
     if (backends.size() != options_.intra_op_parallelism) continue;
     kind_ = kind;
     for (auto& b : backends) workers_.push_back(std::make_unique<Worker>(std::move(b), wc, &counters_));
-    start_route_workers(wc);
+    route_config_ = wc;
+    if (route_) {
+      route_workers_ = make_route_workers(*route_, wc);
+      route_ready_.store(true, std::memory_order_release);
+    }
     return;
   }
   throw_error(why.errnum, "cannot set up the " + std::string(to_string(options_.backend)) + " backend: " + why.message);
 }
 
-void Engine::start_route_workers(const WorkerConfig& wc) {
-  if (!route_ || !route_->has_backend()) return;
+std::vector<std::unique_ptr<Worker>> Engine::make_route_workers(DeviceRoute& route, const WorkerConfig& wc) {
+  std::vector<std::unique_ptr<Worker>> workers;
+  if (!route.has_backend()) return workers;
   // As many as the host workers: a route's backend is synchronous (one request at a time per
   // worker), so intra_op_parallelism is its parallelism, as in DeepNVMe's gds_handle.
   for (std::size_t i = 0; i < options_.intra_op_parallelism; ++i) {
-    route_workers_.push_back(std::make_unique<Worker>(route_->make_backend(), wc, &counters_));
+    workers.push_back(std::make_unique<Worker>(route.make_backend(), wc, &counters_));
   }
+  return workers;
+}
+
+DeviceRoute* Engine::device_route() {
+  if (make_route_) {
+    // Once per engine, on the first operation on device memory (DeviceRouteMode::Auto: the
+    // route may open the cuFile driver, which a handle that never sees device memory must
+    // not do). A throw leaves the flag unset: the next operation tries again.
+    std::call_once(route_once_, [this] {
+      std::shared_ptr<DeviceRoute> route = make_route_();
+      std::vector<std::unique_ptr<Worker>> workers;
+      if (route) workers = make_route_workers(*route, route_config_);
+      route_ = std::move(route);
+      route_workers_ = std::move(workers);
+      route_ready_.store(true, std::memory_order_release);
+    });
+  }
+  return route_.get();
 }
 
 Engine::~Engine() {
@@ -184,7 +209,7 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
     preallocate(op->direct_fd(), file_offset, nbytes);
   }
   Route route;
-  if (op->device() >= 0 && route_) route = bind_route(*op, buf, opened);
+  if (op->device() >= 0 && may_route_ && device_route() != nullptr) route = bind_route(*op, buf, opened);
   PlanInput in = plan_input(*op, buf, opened, route);
   queue(op, plan_request(in), opened, std::move(route), tracked, pending);
   // The next request on the shared descriptor sees the size this write leaves.
@@ -222,7 +247,10 @@ Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
   throw_if_error(route_->bind(b, &staged, &route.file));
   route.direct = !staged;
   // Served by the route's backend: the device address goes to it as it is, never staged.
-  if (route.direct) op.set_device(-1);
+  if (route.direct) {
+    op.set_device(-1);
+    op.set_routed(true);
+  }
   return route;
 }
 
@@ -302,6 +330,19 @@ HandleStats Engine::stats() const noexcept {
   s.short_transfers = counters_.short_transfers.load();
   s.retries = counters_.retries.load();
   s.synced = counters_.synced.load();
+  s.device_ops_completed = counters_.device_ops_completed.load();
+  s.device_ops_failed = counters_.device_ops_failed.load();
+  const std::uint64_t device_ops = s.device_ops_completed + s.device_ops_failed;
+  s.device_ops_cufile = std::min(counters_.device_ops_routed.load(), device_ops);
+  s.device_ops_staged = device_ops - s.device_ops_cufile;
+  // What the route's backend moved counts as cuFile's, except what it staged itself after a
+  // cuFile failure (DeviceRoute::backend_staged_bytes).
+  const std::uint64_t io_staged = route_ready_.load(std::memory_order_acquire) && route_
+                                      ? route_->backend_staged_bytes()
+                                      : 0;
+  const std::uint64_t by_route = counters_.bytes_gds.load();
+  s.device_bytes_cufile = by_route > io_staged ? by_route - io_staged : 0;
+  s.device_bytes_staged = counters_.bytes_staged.load() + (by_route - s.device_bytes_cufile);
   const StagingPool::Stats pool = pool_->stats();
   s.staging_allocations = pool.allocations;
   s.staging_reuses = pool.reuses;

@@ -49,8 +49,13 @@ struct SharedFile;
 struct EngineSetup {
   /// How device memory is recognised and staged; empty classify: device_support().
   DeviceSupport device;
-  /// A way for device memory to reach files without staging (GdsHandle); null: always staged.
+  /// A way for device memory to reach files without staging (GdsHandle); null: make_route, or
+  /// always staged.
   std::shared_ptr<DeviceRoute> route;
+  /// With route null: makes the route on the first operation on device memory, once (a
+  /// handle's DeviceRouteMode::Auto); a null result means "always staged". If it throws, the
+  /// submission fails with that error and the next operation on device memory tries again.
+  std::function<std::shared_ptr<DeviceRoute>()> make_route;
 };
 
 /// How many engines (handles of any kind) exist in this process now: diagnostics and tests
@@ -120,7 +125,10 @@ class Engine {
     std::shared_ptr<const DriverFile> file;
   };
   Route bind_route(OpState& op, void* buf, const Opened& opened);
-  void start_route_workers(const WorkerConfig& wc);
+  /// The route (made now by make_route_ the first time, with its workers), or null.
+  DeviceRoute* device_route();
+  /// Workers for `route`'s backend (none when it has no backend).
+  std::vector<std::unique_ptr<Worker>> make_route_workers(DeviceRoute& route, const WorkerConfig& wc);
   void open_path(OpState& op, bool write, const std::string& path, std::uint64_t* size, Opened* out);
   void preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes);
   /// `extent`: the bytes of `buf` the op may touch (nbytes, or a ranged op's whole buffer).
@@ -204,7 +212,15 @@ class Engine {
   std::shared_ptr<StagingPool> pool_;
   CompletionSignal signal_;
   std::atomic<std::uint64_t> submitted_{0};
+  // The route and its workers are set at construction, or once by device_route() (route_once_)
+  // and published by route_ready_; only threads that passed device_route() or saw route_ready_
+  // read them (the destructor runs when no call is in flight).
   std::shared_ptr<DeviceRoute> route_;
+  std::function<std::shared_ptr<DeviceRoute>()> make_route_;
+  bool may_route_ = false;  // route_ or make_route_ set at construction; never changes
+  std::once_flag route_once_;
+  std::atomic<bool> route_ready_{false};
+  WorkerConfig route_config_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::unique_ptr<Worker>> route_workers_;  // the route's backends, if it has any
 

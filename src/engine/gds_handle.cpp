@@ -30,6 +30,47 @@ GdsParts make_gds_parts(const GdsOptions& options, const CudaApi* cuda_api, cons
   return parts;
 }
 
+Drivers process_drivers() {
+  Drivers d;
+  d.cuda = cuda(&d.cuda_why);
+  if (d.cuda != nullptr) d.cufile = cufile_mutable(&d.cufile_why);
+  return d;
+}
+
+std::unique_ptr<Engine> make_engine(const HandleOptions& options, DriverSource drivers, DeviceSupport device) {
+  switch (options.device_route) {
+    case DeviceRouteMode::Staged: break;
+    case DeviceRouteMode::Gds: {
+      const Drivers d = drivers();
+      return make_gds_parts(gds_options(options), d.cuda, d.cuda_why, d.cufile, d.cufile_why).engine;
+    }
+    case DeviceRouteMode::Auto: {
+      EngineSetup setup;
+      setup.device = std::move(device);
+      // Made on the first operation on device memory (Engine::device_route): a handle that
+      // never sees device memory never loads cuFile nor opens its driver. Without either
+      // driver, every operation is staged.
+      setup.make_route = [options, drivers = std::move(drivers)]() -> std::shared_ptr<DeviceRoute> {
+        const Drivers d = drivers();
+        if (d.cuda == nullptr || d.cufile == nullptr) return nullptr;
+        return std::make_shared<GdsRoute>(gds_options(options, GdsMode::Auto), d.cuda, d.cufile, d.cufile_why);
+      };
+      return std::make_unique<Engine>(options, std::move(setup));
+    }
+  }
+  EngineSetup setup;
+  setup.device = std::move(device);
+  return std::make_unique<Engine>(options, std::move(setup));
+}
+
+Handle make_handle(const HandleOptions& options, const CudaApi* cuda_api, const Status& cuda_why, CuFileApi* cufile_api,
+                   const Status& cufile_why) {
+  DeviceSupport device;
+  if (cuda_api != nullptr) device = cuda_device_support(cuda_api);
+  DriverSource drivers = [=] { return Drivers{cuda_api, cuda_why, cufile_api, cufile_why}; };
+  return HandleAccess::handle(make_engine(options, std::move(drivers), std::move(device)));
+}
+
 GdsHandle make_gds_handle(const GdsOptions& options, const CudaApi* cuda_api, const Status& cuda_why,
                           CuFileApi* cufile_api, const Status& cufile_why) {
   return HandleAccess::gds_handle(options, make_gds_parts(options, cuda_api, cuda_why, cufile_api, cufile_why));

@@ -1,10 +1,29 @@
 #include "deepio/handle.hpp"
 
+#include <cerrno>
+
 #include "engine/engine.hpp"
+
+#if DEEPIO_HAVE_GPU
+#include "engine/gds.hpp"
+#endif
 
 namespace deepio {
 
 namespace {
+// The engine with options.device_route (gds.hpp: make_engine): Auto looks for CUDA and cuFile
+// only on the first operation on device memory, Gds now, Staged never.
+std::unique_ptr<detail::Engine> handle_engine(const HandleOptions& options) {
+#if DEEPIO_HAVE_GPU
+  return detail::gpu::make_engine(options, &detail::gpu::process_drivers);
+#else
+  if (options.device_route == DeviceRouteMode::Gds) {
+    detail::throw_error(ENOTSUP, "device_route gds: this deepio was built without its GPU layer (no cuFile)");
+  }
+  return std::make_unique<detail::Engine>(options);
+#endif
+}
+
 // In a process forked from the op's, the op's count of Futures is never looked at again and
 // its mutex may have been held by a parent thread at the fork: copies and drops there leave it.
 bool counts_futures(const std::shared_ptr<detail::OpState>& state) noexcept {
@@ -59,7 +78,7 @@ std::size_t Future::get() {
   return state_->nbytes();
 }
 
-Handle::Handle(const HandleOptions& options) : engine_(std::make_unique<detail::Engine>(options)) {}
+Handle::Handle(const HandleOptions& options) : engine_(handle_engine(options)) {}
 Handle::Handle(PreparedEngine, std::unique_ptr<detail::Engine> engine) noexcept : engine_(std::move(engine)) {}
 Handle::~Handle() {
   // A forked child: the engine's worker, opener and sync threads are in the parent, its

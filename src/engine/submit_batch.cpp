@@ -72,7 +72,7 @@ void Engine::start_run(const std::vector<IoRequest>& batch, const std::vector<st
   const auto same_file = [&](std::size_t a_index, std::size_t b_index) {
     const IoRequest& a = batch[a_index];
     const IoRequest& b = batch[b_index];
-    if (route_ && (ops[a_index]->on_device() || ops[b_index]->on_device())) return false;
+    if (may_route_ && (ops[a_index]->on_device() || ops[b_index]->on_device())) return false;
     return !a.path.empty() && a.write == b.write && a.path == b.path;
   };
   std::shared_ptr<SharedFile> shared;

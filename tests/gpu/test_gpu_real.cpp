@@ -83,6 +83,33 @@ TEST(FakeEnv, PublicGdsHandleRoundTrip) {
   EXPECT_EQ(std::string(log), cufile_log_path());
 }
 
+TEST(FakeEnv, PlainHandleMovesDeviceMemoryThroughCuFileByDefault) {
+  // One handle type: a deepio::Handle with its default options (device_route Auto) over the
+  // process-wide drivers takes cuFile for device memory, as a GdsHandle does; Staged never does.
+  if (!fake_env()) GTEST_SKIP() << "run through ctest deepio_gpu_tests.fake_env";
+  TempDir dir;
+  const CudaApi* api = cuda(nullptr);
+  ASSERT_NE(api, nullptr);
+  deepio::gputest::CurrentContext ctx(api);
+  const std::size_t n = 5 * 4096 + 3;
+  const auto data = pattern(n, 22);
+  CUdeviceptr d = 0;
+  ASSERT_EQ(api->cuMemAlloc(&d, n), CUDA_SUCCESS);
+  void* dev = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d));
+  ASSERT_EQ(api->cuMemcpyHtoD(d, data.data(), n), CUDA_SUCCESS);
+  for (const DeviceRouteMode route : {DeviceRouteMode::Auto, DeviceRouteMode::Staged}) {
+    Handle h({.block_size = 4096, .device_route = route});
+    const std::string f = dir.file(std::string(to_string(route)) + ".bin");
+    EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+    EXPECT_EQ(slurp(f), data);
+    const HandleStats s = h.stats();
+    EXPECT_EQ(s.device_ops_completed, 1u);
+    EXPECT_EQ(s.device_bytes_cufile, route == DeviceRouteMode::Auto ? n : 0u) << to_string(route);
+    EXPECT_EQ(s.device_bytes_staged, route == DeviceRouteMode::Auto ? 0u : n) << to_string(route);
+  }
+  EXPECT_EQ(api->cuMemFree(d), CUDA_SUCCESS);
+}
+
 // ---- Real GPU ----
 
 const CudaApi* real_cuda() {

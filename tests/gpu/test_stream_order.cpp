@@ -4,7 +4,9 @@
 // producer stream (deepio_fake_cuda_enqueue_fill) fills device memory a while after the call,
 // so a staging copy that is not ordered after it sees the memory as it was before (writes),
 // or is overwritten by it afterwards (reads). Run by the deepio_gpu_tests.fake_env ctest entry
-// (DEEPIO_CUDA_LIBRARY pointing at the fake); they skip elsewhere.
+// (DEEPIO_CUDA_LIBRARY pointing at the fake); they skip elsewhere. The plain handles pin
+// device_route Staged (the environment also offers the fake cuFile, which Auto would take);
+// the cuFile route's ordering is the GdsHandle case at the end.
 #include <chrono>
 #include <future>
 #include <cstdint>
@@ -146,7 +148,8 @@ class FakeEnvStreams : public testing::TestWithParam<Producer> {
 TEST_P(FakeEnvStreams, WriteStagesWhatTheProducerWrote) {
   const std::size_t n = (1 << 20) + 4097;
   void* dev = device_alloc(n);
-  Handle h({.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2});
+  Handle h(
+      {.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   const std::string path = dir_.file("w.bin");
   const long waits = waits_();
   produce_held(dev, 0x5C, n);
@@ -164,7 +167,8 @@ TEST_P(FakeEnvStreams, ReadLandsAfterTheProducer) {
   const std::string path = dir_.file("r.bin");
   put(path, data);
   void* dev = device_alloc(n);
-  Handle h({.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2});
+  Handle h(
+      {.block_size = 256 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   produce_held(dev, 0x77, n);
   Future f = submitted_while_held([&] { return h.async_pread(dev, n, path, 0, after_producer()); });
   EXPECT_EQ(f.get(), n);
@@ -180,7 +184,7 @@ TEST_P(FakeEnvStreams, BatchesAndRangesAreOrderedToo) {
   void* out = device_alloc(n);
   void* in = device_alloc(n);
   void* ranged = device_alloc(n);
-  Handle h({.block_size = 64 << 10, .queue_depth = 8});
+  Handle h({.block_size = 64 << 10, .queue_depth = 8, .device_route = DeviceRouteMode::Staged});
   produce(out, 0x31, n);
   produce(in, 0x32, n);
   produce(ranged, 0x33, n);
@@ -214,7 +218,8 @@ TEST_P(FakeEnvStreams, CompletionMeansTheBytesAreOnTheDevice) {
   const std::string path = dir_.file("c.bin");
   put(path, data);
   void* dev = device_alloc(n);
-  Handle h({.block_size = 128 << 10, .queue_depth = 4, .intra_op_parallelism = 2});
+  Handle h(
+      {.block_size = 128 << 10, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = DeviceRouteMode::Staged});
   const long waits = waits_();
   EXPECT_EQ(h.async_pread(dev, n, path).get(), n);
   EXPECT_EQ(waits_(), waits) << "no stream given: no handshake";
@@ -229,7 +234,7 @@ TEST_P(FakeEnvStreams, CompletionMeansTheBytesAreOnTheDevice) {
 TEST_P(FakeEnvStreams, RecordFailureIsTheSubmissionsError) {
   const std::size_t n = 4096;
   void* dev = device_alloc(n);
-  Handle h;
+  Handle h({.device_route = DeviceRouteMode::Staged});
   set_result_("cuEventRecord", 400 /* CUDA_ERROR_INVALID_HANDLE */, 0);
   try {
     h.async_pwrite(dev, n, dir_.file("e.bin"), 0, after_producer());
@@ -247,7 +252,7 @@ TEST_P(FakeEnvStreams, RecordFailureIsTheSubmissionsError) {
 // Host memory ignores the stream (no driver call is made for it).
 TEST_P(FakeEnvStreams, HostMemoryIgnoresTheStream) {
   const auto data = pattern(10000, 3);
-  Handle h;
+  Handle h({.device_route = DeviceRouteMode::Staged});
   const long waits = waits_();
   OpOptions junk;
   junk.stream = 0xdead;

@@ -86,7 +86,7 @@ def _loads_back(folder: Path, sd: dict[str, torch.Tensor]) -> None:
 
 
 def _written_bytes() -> int:
-    s = _engine.default("cpu").stats()
+    s = _engine.default().stats()
     return s["bytes_direct"] + s["bytes_bounced"] + s["bytes_buffered"]
 
 

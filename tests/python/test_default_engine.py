@@ -53,3 +53,16 @@ def test_every_api_shares_one_engine(tmp_dir):
     assert r.returncode == 0, r.stderr
     n = json.loads(r.stdout.strip().splitlines()[-1])
     assert n == {"start": 0, "after": 1, "with_own": 2, "own_closed": 1}, n
+
+
+def test_one_default_engine_for_host_and_cuda_memory():
+    # Issue 38, item 5: no second ("gds") default engine. The one default engine's device
+    # route is auto: CUDA memory goes through cuFile where usable, staged otherwise
+    # (test_gpu_fake_cases.py reads host and device memory through it with the fake drivers).
+    from deepio import _engine
+
+    e = _engine.default()
+    assert _engine.default() is e
+    assert e.device_route == "auto"
+    with pytest.raises(TypeError):
+        _engine.default("gds")  # type: ignore[call-arg]

@@ -206,6 +206,80 @@ def test_aio_handle_reads_and_writes_device_buffers(dev, tmp, nbytes):
     assert h.stats()["ops_failed"] == 0
 
 
+def _cufile_opens() -> int:
+    """How many times the fake cuFile's driver was opened (cuFileDriverOpen) in this process."""
+    lib = ctypes.CDLL(os.environ["DEEPIO_CUFILE_LIBRARY"])
+    out = (ctypes.c_long * 8)()
+    lib.deepio_fake_cufile_stats(out)
+    return int(out[0])
+
+
+@needs_fake
+@pytest.mark.parametrize("route", ["auto", "staged", "gds"])
+def test_one_handle_type_device_route(dev, tmp, route):
+    # Every aio_handle has a device route. auto: cuFile where usable (the fake libcufile),
+    # staged without it; staged: never cuFile; gds: cuFile required (ENOTSUP without it).
+    # stats() says which route each operation on device memory took.
+    n = 3 * 65536 + 11
+    data = rand(n)
+    if route == "gds" and MODE != "fake":
+        with pytest.raises(OSError) as ei:
+            deepio.aio_handle(device_route="gds")
+        assert ei.value.errno == errno.ENOTSUP
+        assert "cuFile" in str(ei.value) or "cufile" in str(ei.value), str(ei.value)
+        return
+    h = deepio.aio_handle(block_size=65536, device_route=route)
+    assert h._h.device_route == route
+    src, dst = dev(n, data), dev(n)
+    assert h.sync_pwrite(src, str(tmp / "r")) == 1
+    assert h.sync_pread(dst, str(tmp / "r")) == 1
+    assert dst.read() == data
+    s = h.stats()
+    via_cufile = MODE == "fake" and route != "staged"
+    assert s["device_ops_completed"] == 2 and s["device_ops_failed"] == 0
+    assert s["device_ops_cufile"] == (2 if via_cufile else 0), s
+    assert s["device_ops_staged"] == (0 if via_cufile else 2), s
+    assert s["device_bytes_cufile"] == (2 * n if via_cufile else 0), s
+    assert s["device_bytes_staged"] == (0 if via_cufile else 2 * n), s
+
+
+@needs_cufile
+def test_auto_opens_cufile_only_for_device_memory(dev, tmp):
+    # A handle that only sees host memory never opens cuFile's driver; the first operation
+    # on device memory does (once).
+    opened = _cufile_opens()
+    h = deepio.aio_handle(block_size=65536)
+    data = rand(100_000)
+    assert h.sync_pwrite(bytearray(data), str(tmp / "host")) == 1
+    assert _cufile_opens() == opened, "cuFile opened for host memory"
+    assert h.sync_pread(dev(len(data)), str(tmp / "host")) == 1
+    assert _cufile_opens() == opened + 1
+    assert h.stats()["device_ops_cufile"] == 1
+    h.close()
+
+
+@needs_fake
+def test_default_engine_is_one_handle_for_host_and_device_memory(dev, tmp):
+    from deepio import _deepio, _engine
+
+    e = _engine.default()
+    assert e.device_route == "auto"
+    before = _deepio.live_handles()
+    data = rand(70_000)
+    (tmp / "d").write_bytes(data)
+    with deepio.File(str(tmp / "d"), "r") as f:
+        host = bytearray(len(data))
+        f.pread(host, 0).result()
+        buf = dev(len(data))
+        f.pread(buf, 0).result()
+    assert bytes(host) == data and buf.read() == data
+    assert _engine.default() is e
+    assert _deepio.live_handles() == before, "a second engine was made"
+    s = e.stats()
+    assert s["device_ops_completed"] >= 1
+    assert s["device_ops_cufile" if MODE == "fake" else "device_ops_staged"] >= 1, s
+
+
 @needs_fake
 def test_aio_handle_device_offsets_and_views(dev, tmp):
     n = 300_000
@@ -248,7 +322,7 @@ def test_aio_handle_device_copy_error_raises(cuda, dev, tmp):
     f = tmp / "e.bin"
     f.write_bytes(data)
     buf = dev(n)
-    h = deepio.aio_handle(block_size=65536, queue_depth=4)
+    h = deepio.aio_handle(block_size=65536, queue_depth=4, device_route="staged")
     cuda.fail("cuMemcpyHtoD", 700, 3)  # CUDA_ERROR_ILLEGAL_ADDRESS on the 4th copy
     with pytest.raises(OSError) as ei:
         h.sync_pread(buf, str(f))
@@ -745,6 +819,14 @@ def test_no_cuda_clean_errors(tmp):
     with pytest.raises(OSError) as ei:
         deepio.gds_handle()
     assert ei.value.errno in (errno.ENOTSUP, errno.ENODEV)
+    with pytest.raises(OSError) as ei:
+        deepio.aio_handle(device_route="gds")
+    assert ei.value.errno in (errno.ENOTSUP, errno.ENODEV)
+    # auto (the default) and staged work for host memory without CUDA.
+    for route in ("auto", "staged"):
+        h = deepio.aio_handle(device_route=route)
+        assert h.sync_pwrite(bytearray(b"abc"), str(tmp / route)) == 1
+        assert h.stats()["device_ops_completed"] == 0
     b = compat.GDSBuilder()
     assert b.is_compatible() is False
     assert "CUDA" in b.reason

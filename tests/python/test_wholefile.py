@@ -61,7 +61,7 @@ def test_parts_of_many_files_land_aligned(tmp_dir, tuning):
         assert (addr - part.start) % PAGE == 0
     if tuning[1] and _populate.available():
         assert (_populate.address(got[0].buffer) + got[0].offset) % _populate.HUGE == 0
-    assert default_engine("cpu").pending() == 0
+    assert default_engine().pending() == 0
 
 
 def test_read_is_read_many_of_one_file(tmp_dir, tuning):
@@ -106,7 +106,7 @@ def test_file_shrinking_while_read_is_none(tmp_dir, monkeypatch):
     got = _wholefile.read_many([_wholefile.Part(paths[0]), _wholefile.Part(paths[1])])
     assert got[0] is None
     assert bytes(got[1].view()) == datas[1]
-    assert default_engine("cpu").pending() == 0
+    assert default_engine().pending() == 0
 
 
 def test_errors_before_any_read(tmp_dir):
@@ -170,7 +170,7 @@ def test_ctrl_c_waits_for_every_read(tmp_dir, monkeypatch, fault, where):
         _wholefile.read_many([_wholefile.Part(p) for p in paths])
     assert futs and all(f.done() for f in futs)
     assert len(futs) == (3 if where == "submitting" else 10)
-    assert default_engine("cpu").pending() == 0
+    assert default_engine().pending() == 0
 
 
 def _record_futures(monkeypatch):

@@ -69,7 +69,16 @@ const char* const kOpNames[kOps] = {"write", "overwrite", "read"};
 struct GpuRows {
   GpuRows(int device, std::size_t n, const HandleOptions& ho)
       // Mode Auto: cuFile where it accepts the file, staging (visibly) elsewhere.
-      : cuda(device), dev(n), host(n), reg(host.data(), n), staged(ho), gds(gds_options(ho, GdsMode::Auto)) {}
+      : cuda(device),
+        dev(n),
+        host(n),
+        reg(host.data(), n),
+        staged(staged_options(ho)),
+        gds(gds_options(ho, GdsMode::Auto)) {}
+  static HandleOptions staged_options(HandleOptions ho) {
+    ho.device_route = DeviceRouteMode::Staged;  // the staged row never goes through cuFile
+    return ho;
+  }
   CudaDevice cuda;
   DeviceBuffer dev;
   UniqueLockedBuffer host;

@@ -166,8 +166,14 @@ struct ProcMemory {
 /// not virtual, so each is held as itself).
 struct ProcHandle {
   explicit ProcHandle(const DsIoPlan& p) {
-    if (p.use_gds) gds.emplace(gds_options(p.handle, GdsMode::Auto));
-    else plain.emplace(p.handle);
+    if (p.use_gds) {
+      gds.emplace(gds_options(p.handle, GdsMode::Auto));
+    } else {
+      // DeepNVMe's aio_handle path: device memory staged through host memory, never cuFile.
+      HandleOptions staged = p.handle;
+      staged.device_route = DeviceRouteMode::Staged;
+      plain.emplace(staged);
+    }
   }
   [[nodiscard]] Handle& get() { return gds ? static_cast<Handle&>(*gds) : *plain; }
   std::optional<Handle> plain;

@@ -18,8 +18,8 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
   rows) and the destination a contiguous tensor of the stored dtype and the piece's shape, in
   host memory or in CUDA memory (where the engine found the CUDA driver), the piece is read
   straight into the destination: no copy, no torch.load. CUDA memory is read through
-  ``_cuda_engine()`` (the default GdsHandle where GPUDirect Storage is usable, else the
-  default engine's staging pipeline; the file opened on that engine too), the read submitted
+  the same engine as host memory (the given handle or the default engine; GPUDirect Storage
+  where the engine's device route finds it usable, else its staging pipeline), the read submitted
   on the thread that called ``read_data`` (``_OnCaller``), so that its ordering event is
   recorded on that thread's current stream;
 - with ``verify_crc`` (the default) each stored record read is checked against the CRC-32 its
@@ -64,7 +64,7 @@ from typing import Any, cast
 
 import torch
 
-from .. import _deepio, _engine
+from .. import _deepio
 from .._errors import CorruptFileError
 from .._file import File, Future
 from ..checkpoint._filling import _crc32
@@ -85,14 +85,6 @@ TAIL_BYTES = 4096
 def _engine_reads_cuda() -> bool:
     """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
     return bool(_deepio.gpu_info().get("cuda_found"))
-
-
-def _cuda_engine() -> Any:
-    """The engine reads into CUDA memory go through, as deepio.safetensors': the default
-    GdsHandle where GPUDirect Storage is usable (cuFile: file to device memory), else the
-    default engine (its staging pipeline: bounded page-locked slots, copies on its own
-    streams). Looked up at each use (a forked child gets its own)."""
-    return _engine.default("gds" if _deepio.gpu_info().get("gds_mode") == "gds" else "cpu")
 
 
 #: Bytes of a CUDA destination copied back to the host at a time for its CRC-32.
@@ -391,39 +383,24 @@ class FileSystemReader(T.FileSystemReader):
                 )
             if self._expects_mark(reqs):
                 self._check_owner(f, path, size)
-            cuda: list[File] = []  # the file on the engine for CUDA memory, opened at first use
-
-            def on_device() -> File:
-                if not cuda:
-                    engine = _cuda_engine()
-                    same = engine is (handle if handle is not None else _engine.default())
-                    cuda.append(f if same else File(path, "r", handle=engine))
-                return cuda[0]
-
-            try:
-                start = 0
-                while start < len(reqs):
-                    end, nbytes = start, 0
-                    while end < len(reqs) and (end == start or nbytes < READ_BATCH_BYTES):
-                        nbytes += self.storage_data[reqs[end].storage_index].length
-                        end += 1
-                    self._read_batch(f, path, reqs[start:end], planner, on_device)
-                    start = end
-            finally:
-                if cuda and cuda[0] is not f:
-                    cuda[0].close()
+            start = 0
+            while start < len(reqs):
+                end, nbytes = start, 0
+                while end < len(reqs) and (end == start or nbytes < READ_BATCH_BYTES):
+                    nbytes += self.storage_data[reqs[end].storage_index].length
+                    end += 1
+                self._read_batch(f, path, reqs[start:end], planner)
+                start = end
 
     def _end(self, req: Any) -> int:
         info = self.storage_data[req.storage_index]
         return int(info.offset + info.length)
 
-    def _read_batch(
-        self, f: File, path: str, reqs: list[Any], planner: Any, on_device: Callable[[], File] | None = None
-    ) -> None:
+    def _read_batch(self, f: File, path: str, reqs: list[Any], planner: Any) -> None:
         """Loads the items of ``reqs``: the first and last bytes of each large tensor item
         (its zip's local headers, data.pkl and directory), then each piece a request wants
         straight into its destination where ``_record`` says it is one run of bytes (into
-        CUDA memory through ``on_device()``'s file, submitted on the caller's thread); every
+        CUDA memory too, through the same file and engine, submitted on the caller's thread); every
         other item whole into host memory. Every read is waited for before anything is
         raised; with ``verify_crc`` each stored record read is checked against its CRC-32
         before any of the batch's items is committed."""
@@ -433,7 +410,7 @@ class FileSystemReader(T.FileSystemReader):
         first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, reads))
         self._collect(path, reads, first)
         direct: list[tuple[Any, torch.Tensor, int]] = []  # (request, destination, CRC-32 to match)
-        device = on_device if on_device is not None else (lambda: f)
+        device = lambda: f  # noqa: E731 - _start_pieces takes the file for CUDA reads lazily
         first = self._submitting(
             reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads, device)
         )

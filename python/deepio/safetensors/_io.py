@@ -15,10 +15,10 @@ from .._engine import default as _default_engine
 _CHUNK_BYTES = 64 << 20  # engine requests per file: large, several in flight (docs/models.md)
 
 
-def engine(kind: str = "cpu") -> Any:
-    """The process's default engine (deepio._engine): "gds" for CUDA memory where GPUDirect
-    Storage is usable."""
-    return _default_engine(kind)
+def engine() -> Any:
+    """The process's default engine (deepio._engine), for host and CUDA memory (GPUDirect
+    Storage where usable, staged otherwise: the engine's device route "auto")."""
+    return _default_engine()
 
 
 def run(ops: list[Any]) -> None:

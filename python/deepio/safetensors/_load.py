@@ -109,8 +109,7 @@ def _start(header: Header, dev: Any, ops: list[Any]) -> _Pending:
         raise RuntimeError(f"device {str(dev)!r}: deepio cannot use the CUDA driver: {gpu.get('cuda_reason')}")
     buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
     if nbytes:
-        kind = "gds" if gpu.get("gds_mode") == "gds" else "cpu"
-        submit_read(engine(kind), lambda a, n: buf[a : a + n], path, header.data_offset, nbytes, ops)
+        submit_read(engine(), lambda a, n: buf[a : a + n], path, header.data_offset, nbytes, ops)
     return _Pending(header, buf, 0, dev)
 
 

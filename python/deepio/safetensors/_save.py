@@ -129,7 +129,7 @@ def _write_planned(head_plan: tuple[bytes, list[tuple[Any, int]]], path: str) ->
     # One batch: one call, the file opened once off this thread; run waits for every write
     # and raises the first failure (an open failure included).
     if runs:
-        run(engine("cpu").submit_batch(True, [src for _, src in runs], path, [offset for offset, _ in runs], True))
+        run(engine().submit_batch(True, [src for _, src in runs], path, [offset for offset, _ in runs], True))
 
 
 def save_file(

@@ -81,6 +81,7 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   /// Requests staged by the backend after cuFileRead/cuFileWrite failed (Auto), and their bytes.
   [[nodiscard]] std::uint64_t io_fallbacks() const noexcept { return io_fallbacks_.load(); }
   [[nodiscard]] std::uint64_t io_fallback_bytes() const noexcept { return io_fallback_bytes_.load(); }
+  [[nodiscard]] std::uint64_t backend_staged_bytes() const noexcept override { return io_fallback_bytes(); }
   /// Whether a cuFile error at I/O time is answered by staging (Auto) rather than failing.
   [[nodiscard]] bool stages_failed_io() const noexcept { return mode_setting_ == GdsMode::Auto; }
   /// Records why the backend staged requests (once per distinct reason; the mode becomes compat).
