@@ -542,13 +542,7 @@ std::shared_ptr<PyFile> PyHandle::open_file(nb::handle path, int flags, const st
 void init_handle(nb::module_& m) {
   init_op(m);
 
-  nb::class_<PyFile>(m, "File",
-                     "A file opened once by the engine (deepio.File's); its operations go through any handle.")
-      .def_prop_ro("fd", &PyFile::fd, "The descriptor (-1 once closed); the File owns it.")
-      .def_prop_ro("direct", &PyFile::direct, "Whether it was opened with O_DIRECT.")
-      .def_prop_ro("closed", &PyFile::closed)
-      .def("close", &PyFile::close,
-           "Drops this hold on the descriptors: they close once no operation on the file is running.");
+  init_file(m);
 
   nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
       .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&>(),
