@@ -107,12 +107,12 @@ class File:
         Drops this hold on the descriptors: they close once no operation on the file is running.
         """
 
-    def submit(self, handle: object, write: bool, buffer: object, file_offset: int = 0) -> Op:
+    def submit(self, handle: Handle, write: bool, buffer: object, file_offset: int = 0) -> Op:
         """
         One read or write through handle, tracked for close(); returns its Op. ValueError once the file is closed or closing.
         """
 
-    def submit_ranges(self, handle: object, write: bool, buffer: object, file_offsets: object, sizes: object, buffer_offsets: object | None = None) -> Op:
+    def submit_ranges(self, handle: Handle, write: bool, buffer: object, file_offsets: object, sizes: object, buffer_offsets: object | None = None) -> Op:
         """
         One operation over many ranges (Handle.submit_ranges, future=True), tracked for close().
         """

@@ -39,6 +39,8 @@ struct Leave {
   PyFile* file;
   ~Leave() { file->leave(); }
 };
+
+Op& op_of(nb::handle obj) { return *nb::inst_ptr<Op>(obj); }
 }  // namespace
 
 void PyFile::adopt() {
@@ -69,33 +71,41 @@ void PyFile::leave() noexcept {
 }
 
 template <class Submit>
-std::shared_ptr<Op> PyFile::tracked_submit(Submit&& submit) {
+nb::object PyFile::tracked_submit(Submit&& submit) {
   enter();
   Leave leave{this};
-  std::shared_ptr<Op> op = submit();
+  nb::object op = submit();
   // Tracked before this call stops being a user: a close() that waited for it waits for it.
   track(op);
   return op;
 }
 
-std::shared_ptr<Op> PyFile::submit(nb::handle handle, bool write, nb::handle buffer, std::int64_t file_offset) {
-  PyHandle& h = handle_arg(handle);
-  return tracked_submit([&] { return h.submit_future(write, buffer, nb::find(this), file_offset); });
-}
-
-std::shared_ptr<Op> PyFile::submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets,
-                                          nb::handle sizes, nb::handle buffer_offsets) {
+nb::object PyFile::submit(nb::handle handle, bool write, nb::handle buffer, std::int64_t file_offset) {
   PyHandle& h = handle_arg(handle);
   return tracked_submit([&] {
-    nb::object op = h.submit_ranges(write, buffer, nb::find(this), file_offsets, sizes, buffer_offsets,
-                                    /*fsync=*/false, /*future=*/true);
-    return nb::cast<std::shared_ptr<Op>>(op);
+    std::size_t nbytes = 0;
+    Future fut = h.submit_detached(write, buffer, nb::find(this), file_offset, &nbytes);
+    // The Op made in place in its Python object. Should that allocation fail, the detached
+    // operation runs on, its failure (if any) reported by the engine as a dropped future's.
+    nb::object obj = nb::inst_alloc(nb::type<Op>());
+    new (nb::inst_ptr<Op>(obj)) Op(std::move(fut), write, static_cast<std::uint64_t>(file_offset), nbytes);
+    nb::inst_mark_ready(obj);
+    return obj;
   });
 }
 
-void PyFile::track(std::shared_ptr<Op> op) {
-  while (!ops_.empty() && ops_.front()->done()) {
-    std::shared_ptr<Op> front = std::move(ops_.front());
+nb::object PyFile::submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets,
+                                 nb::handle sizes, nb::handle buffer_offsets) {
+  PyHandle& h = handle_arg(handle);
+  return tracked_submit([&] {
+    return h.submit_ranges(write, buffer, nb::find(this), file_offsets, sizes, buffer_offsets,
+                           /*fsync=*/false, /*future=*/true);
+  });
+}
+
+void PyFile::track(nb::object op) {
+  while (!ops_.empty() && op_of(ops_.front()).done()) {
+    nb::object front = std::move(ops_.front());
     ops_.pop_front();
     settle(std::move(front));
   }
@@ -103,14 +113,14 @@ void PyFile::track(std::shared_ptr<Op> op) {
   if (ops_.size() > prune_at_ || failed_.size() > prune_at_) prune();
 }
 
-void PyFile::settle(std::shared_ptr<Op> op) {
-  if (op->unobserved_failure()) failed_.push_back(std::move(op));
+void PyFile::settle(nb::object op) {
+  if (op_of(op).unobserved_failure()) failed_.push_back(std::move(op));
 }
 
 void PyFile::prune() {
-  std::deque<std::shared_ptr<Op>> kept;
+  std::deque<nb::object> kept;
   for (auto& op : ops_) {
-    if (op->done()) {
+    if (op_of(op).done()) {
       settle(std::move(op));
     } else {
       kept.push_back(std::move(op));
@@ -118,7 +128,7 @@ void PyFile::prune() {
   }
   ops_.swap(kept);
   kept.clear();  // the done operations nobody needs: collected now, with the GIL
-  std::erase_if(failed_, [](const std::shared_ptr<Op>& op) { return !op->unobserved_failure(); });
+  std::erase_if(failed_, [](const nb::object& op) { return !op_of(op).unobserved_failure(); });
   prune_at_ = std::max(kPruneMin, 2 * std::max(ops_.size(), failed_.size()));
 }
 
@@ -141,12 +151,12 @@ bool PyFile::begin_close() {
 
 nb::list PyFile::drain() {
   adopt();
-  std::vector<std::shared_ptr<Op>> ops(ops_.begin(), ops_.end());
+  std::vector<nb::object> ops(ops_.begin(), ops_.end());
   ops.insert(ops.end(), failed_.begin(), failed_.end());
-  for (auto& op : ops) op->wait(std::nullopt);
+  for (auto& op : ops) op_of(op).wait(std::nullopt);
   nb::list errors;
   for (auto& op : ops) {
-    nb::object e = op->take_unobserved();
+    nb::object e = op_of(op).take_unobserved();
     if (!e.is_none()) errors.append(e);
   }
   ops.clear();
@@ -164,10 +174,13 @@ void init_file(nb::module_& m) {
            "Drops this hold on the descriptors: they close once no operation on the file is running.")
       .def("submit", &PyFile::submit, nb::arg("handle"), nb::arg("write"), nb::arg("buffer"),
            nb::arg("file_offset") = 0,
+           nb::sig("def submit(self, handle: Handle, write: bool, buffer: object, file_offset: int = 0) -> Op"),
            "One read or write through handle, tracked for close(); returns its Op. ValueError once the "
            "file is closed or closing.")
       .def("submit_ranges", &PyFile::submit_ranges, nb::arg("handle"), nb::arg("write"), nb::arg("buffer"),
            nb::arg("file_offsets"), nb::arg("sizes"), nb::arg("buffer_offsets").none() = nb::none(),
+           nb::sig("def submit_ranges(self, handle: Handle, write: bool, buffer: object, file_offsets: object, "
+                   "sizes: object, buffer_offsets: object | None = None) -> Op"),
            "One operation over many ranges (Handle.submit_ranges, future=True), tracked for close().")
       .def("enter", &PyFile::enter,
            "Counts a call using the descriptor until leave(); returns it. ValueError once closed or closing.")

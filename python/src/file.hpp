@@ -54,12 +54,13 @@ class PyFile {
   /// Drops this hold on the descriptors (see the protocol above).
   void close() noexcept { file_.reset(); }
 
-  /// One read or write through `handle` (a _deepio.Handle), tracked; ValueError once closed
+  /// One read or write through `handle` (a _deepio.Handle), tracked; returns its _deepio.Op
+  /// (made in place: one Python object, no shared_ptr or keep-alive). ValueError once closed
   /// or closing; the engine's OSError for a refused submission.
-  std::shared_ptr<Op> submit(nb::handle handle, bool write, nb::handle buffer, std::int64_t file_offset);
+  nb::object submit(nb::handle handle, bool write, nb::handle buffer, std::int64_t file_offset);
   /// One operation over many ranges (Handle.submit_ranges with future=True), tracked.
-  std::shared_ptr<Op> submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets,
-                                    nb::handle sizes, nb::handle buffer_offsets);
+  nb::object submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets,
+                           nb::handle sizes, nb::handle buffer_offsets);
   /// Counts a call using the descriptor (size, truncate, fsync) until leave(); returns the
   /// descriptor. ValueError once closed or closing.
   int enter();
@@ -76,19 +77,20 @@ class PyFile {
 
   void adopt();
   void check_usable() const;
-  void track(std::shared_ptr<Op> op);
-  void settle(std::shared_ptr<Op> op);
+  void track(nb::object op);
+  void settle(nb::object op);
   void prune();
   /// Runs `submit` (returning the Op) as a user of the file, then tracks its Op.
   template <class Submit>
-  std::shared_ptr<Op> tracked_submit(Submit&& submit);
+  nb::object tracked_submit(Submit&& submit);
 
   std::shared_ptr<detail::SharedFile> file_;
   int fd_;
   bool direct_;
   detail::ProcessStamp stamp_;  // the process whose engine runs the tracked operations
-  std::deque<std::shared_ptr<Op>> ops_;
-  std::vector<std::shared_ptr<Op>> failed_;
+  // _deepio.Op objects (references, dropped with the GIL like every member here).
+  std::deque<nb::object> ops_;
+  std::vector<nb::object> failed_;
   std::size_t prune_at_ = kPruneMin;
   int users_ = 0;
   bool closing_ = false;

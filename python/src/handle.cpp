@@ -294,11 +294,16 @@ void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   flush_unobserved();  // failures of dropped futures reported while the engine wound down
 }
 
-std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
+Future PyHandle::submit_detached(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset,
+                                 std::size_t* nbytes) {
   auto h = engine();
   flush_unobserved();  // earlier dropped futures' failures: warned about before more work
+  return submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nbytes);
+}
+
+std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
   std::size_t nbytes = 0;
-  Future fut = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, &nbytes);
+  Future fut = submit_detached(write, buffer, file, file_offset, &nbytes);
   // No reaping of abandoned operations here: a collect() scans every pending operation,
   // which per submission made many outstanding futures quadratic. deepio.File keeps each Op
   // until it is done (so ~Op collects it); an Op dropped while running is collected by the
