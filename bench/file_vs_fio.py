@@ -168,7 +168,8 @@ def main() -> None:
     print(
         f"deepio {deepio.__version__}; backend {h.backend}; O_DIRECT {f.direct} (fio --direct=1); "
         f"fio {subprocess.run(['fio', '--version'], capture_output=True, text=True).stdout.strip()} "
-        f"ioengine io_uring {a.fio_opts or '(no more options)'}; queue depth {a.queue_depth} (deepio: one worker; fio: iodepth); device {dev}; "
+        f"ioengine io_uring {a.fio_opts or '(no more options)'}; "
+        f"queue depth {a.queue_depth} (deepio: one worker; fio: iodepth); device {dev}; "
         f"file {a.file_size >> 20} MiB; block sizes {a.sizes}; {a.bytes >> 20} MiB per run "
         f"({a.bytes_4k >> 20} MiB for 4 KiB); pread_ranges batch {a.batch or 'all'}, {a.inflight} in flight; "
         f"rounds {a.rounds}; page cache {'dropped before every run' if cold else 'NOT dropped (not root)'}"
@@ -206,7 +207,8 @@ def main() -> None:
                 samples.append(s)
                 per[tool].append(s)
                 got[tool] = s
-            ratios.append((got["deepio"]["bytes"] / got["deepio"]["seconds"]) / (got["fio"]["bytes"] / got["fio"]["seconds"]))
+            de, fi = got["deepio"], got["fio"]
+            ratios.append((de["bytes"] / de["seconds"]) / (fi["bytes"] / fi["seconds"]))
         verify(f, path, offsets, bs)
         row = {"bs": bs, "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
         for tool, ss in per.items():
