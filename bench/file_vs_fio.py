@@ -11,7 +11,8 @@ For each block size, --rounds pairs, the order alternating (fio first, then deep
           deepio's io_uring backend uses them; on this VM fio's unregistered 1 MiB reads spend
           ~0.5 ms each pinning pages at submission)
   deepio  one deepio.File(path, "r", direct_io="on") through one aio_handle(queue_depth=QD,
-          intra_op_parallelism=1, block_size >= BS, direct_io="on"); the same number of reads
+          intra_op_parallelism=1, block_size >= BS, direct_io="on", overlap_events=True: the
+          queue refilled as completions come, as fio does); the same number of reads
           of BS at random BS-aligned offsets over the whole file, submitted as
           File.pread_ranges batches of --batch ranges (default: all in one), --inflight
           batches kept running, each into its own part of one locked buffer (batch x BS per
@@ -26,7 +27,8 @@ prints every sample too.
 
 Usage: python3 bench/file_vs_fio.py [--dir DIR] [--file-size 4G] [--sizes 4K,64K,256K,1M]
                                     [--bytes 256M] [--bytes-4k 64M] [--queue-depth 32]
-                                    [--rounds 3] [--batch 0] [--inflight 2] [--json]
+                                    [--rounds 3] [--batch 0] [--inflight 2]
+                                    [--overlap-events 1] [--fio-opts ...] [--json]
 """
 
 from __future__ import annotations
@@ -143,6 +145,14 @@ def main() -> None:
         help="more fio options (default: registered buffers and files, as deepio's io_uring backend "
         "uses; '' for plain fio)",
     )
+    ap.add_argument(
+        "--overlap-events",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="the handle's overlap_events (1, default: completions reaped as they come, the queue "
+        "kept full as fio keeps it; 0: DeepNVMe's default, each batch reaped whole before the next)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the test file (reused by a later run with --dir)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -162,14 +172,19 @@ def main() -> None:
     dev = block_device(path)
     cold = drop_caches()
     h = deepio.aio_handle(
-        block_size=max(1 << 20, max(sizes)), queue_depth=a.queue_depth, intra_op_parallelism=1, direct_io="on"
+        block_size=max(1 << 20, max(sizes)),
+        queue_depth=a.queue_depth,
+        overlap_events=bool(a.overlap_events),
+        intra_op_parallelism=1,
+        direct_io="on",
     )
     f = deepio.File(path, "r", handle=h, direct_io="on")
     print(
         f"deepio {deepio.__version__}; backend {h.backend}; O_DIRECT {f.direct} (fio --direct=1); "
         f"fio {subprocess.run(['fio', '--version'], capture_output=True, text=True).stdout.strip()} "
         f"ioengine io_uring {a.fio_opts or '(no more options)'}; "
-        f"queue depth {a.queue_depth} (deepio: one worker; fio: iodepth); device {dev}; "
+        f"queue depth {a.queue_depth} (deepio: one worker, overlap_events {bool(a.overlap_events)}; fio: iodepth); "
+        f"device {dev}; "
         f"file {a.file_size >> 20} MiB; block sizes {a.sizes}; {a.bytes >> 20} MiB per run "
         f"({a.bytes_4k >> 20} MiB for 4 KiB); pread_ranges batch {a.batch or 'all'}, {a.inflight} in flight; "
         f"rounds {a.rounds}; page cache {'dropped before every run' if cold else 'NOT dropped (not root)'}"
