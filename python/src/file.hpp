@@ -59,8 +59,8 @@ class PyFile {
   /// or closing; the engine's OSError for a refused submission.
   nb::object submit(nb::handle handle, bool write, nb::handle buffer, std::int64_t file_offset);
   /// One operation over many ranges (Handle.submit_ranges with future=True), tracked.
-  nb::object submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets,
-                           nb::handle sizes, nb::handle buffer_offsets);
+  nb::object submit_ranges(nb::handle handle, bool write, nb::handle buffer, nb::handle file_offsets, nb::handle sizes,
+                           nb::handle buffer_offsets);
   /// Counts a call using the descriptor (size, truncate, fsync) until leave(); returns the
   /// descriptor. ValueError once closed or closing.
   int enter();

@@ -37,8 +37,7 @@ class PyHandle {
   std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
   /// submit_future's submission without the Op: the detached operation's Future, and in
   /// *nbytes its size (for _deepio.File, which makes the Op in place).
-  Future submit_detached(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset,
-                         std::size_t* nbytes);
+  Future submit_detached(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, std::size_t* nbytes);
   /// Opens a file object (detail::open_file) with the GIL released.
   std::shared_ptr<PyFile> open_file(nb::handle path, int flags, const std::string& direct_io) const;
   /// Many reads or writes in one call (Handle::submit_batch): buffers imported with the GIL,
