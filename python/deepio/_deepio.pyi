@@ -107,6 +107,39 @@ class File:
         Drops this hold on the descriptors: they close once no operation on the file is running.
         """
 
+    def submit(self, handle: Handle, write: bool, buffer: object, file_offset: int = 0) -> Op:
+        """
+        One read or write through handle, tracked for close(); returns its Op. ValueError once the file is closed or closing.
+        """
+
+    def submit_ranges(self, handle: Handle, write: bool, buffer: object, file_offsets: object, sizes: object, buffer_offsets: object | None = None) -> Op:
+        """
+        One operation over many ranges (Handle.submit_ranges, future=True), tracked for close().
+        """
+
+    def enter(self) -> int:
+        """
+        Counts a call using the descriptor until leave(); returns it. ValueError once closed or closing.
+        """
+
+    def leave(self) -> None: ...
+
+    def begin_close(self) -> bool:
+        """
+        Refuses new calls, waits for the submissions under way; False if closed already or another close() is under way (after waiting for it).
+        """
+
+    def drain(self) -> list:
+        """
+        Waits for every tracked operation; returns the failures nobody retrieved (marked retrieved).
+        """
+
+    @property
+    def tracked(self) -> tuple[int, int]:
+        """
+        (operations not yet seen done, done ones with an unretrieved failure); for tests.
+        """
+
 class Handle:
     """
     The engine handle behind deepio.aio_handle (keeps buffers alive until collected).

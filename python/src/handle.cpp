@@ -307,11 +307,16 @@ void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   flush_unobserved();  // failures of dropped futures reported while the engine wound down
 }
 
-std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
+Future PyHandle::submit_detached(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset,
+                                 std::size_t* nbytes) {
   auto h = engine();
   flush_unobserved();  // earlier dropped futures' failures: warned about before more work
+  return submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, nbytes);
+}
+
+std::shared_ptr<Op> PyHandle::submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset) {
   std::size_t nbytes = 0;
-  Future fut = submit_op(*h, write, buffer, file, file_offset, /*detached=*/true, &nbytes);
+  Future fut = submit_detached(write, buffer, file, file_offset, &nbytes);
   // No reaping of abandoned operations here: a collect() scans every pending operation,
   // which per submission made many outstanding futures quadratic. deepio.File keeps each Op
   // until it is done (so ~Op collects it); an Op dropped while running is collected by the
@@ -555,13 +560,7 @@ std::shared_ptr<PyFile> PyHandle::open_file(nb::handle path, int flags, const st
 void init_handle(nb::module_& m) {
   init_op(m);
 
-  nb::class_<PyFile>(m, "File",
-                     "A file opened once by the engine (deepio.File's); its operations go through any handle.")
-      .def_prop_ro("fd", &PyFile::fd, "The descriptor (-1 once closed); the File owns it.")
-      .def_prop_ro("direct", &PyFile::direct, "Whether it was opened with O_DIRECT.")
-      .def_prop_ro("closed", &PyFile::closed)
-      .def("close", &PyFile::close,
-           "Drops this hold on the descriptors: they close once no operation on the file is running.");
+  init_file(m);
 
   nb::class_<PyHandle>(m, "Handle", "The engine handle behind deepio.aio_handle (keeps buffers alive until collected).")
       .def(nb::init<std::int64_t, std::int64_t, bool, bool, std::int64_t, const std::string&, const std::string&,

@@ -9,34 +9,11 @@
 
 #include "common.hpp"
 #include "engine/binding.hpp"
+#include "file.hpp"
 
 namespace deepio::py {
 
 class Op;
-
-/// `_deepio.File`: the engine's file object (detail::open_file) behind deepio.File: the file
-/// opened once, its operations submitted through any handle (submit_future, submit_ranges).
-/// close() drops this hold on the descriptors; an operation still running keeps them open
-/// until it finishes. Used under the GIL.
-class PyFile {
- public:
-  explicit PyFile(std::shared_ptr<detail::SharedFile> file) noexcept
-      : file_(std::move(file)), fd_(detail::file_fd(*file_)), direct_(detail::file_direct(*file_)) {}
-  /// The file object; ValueError once closed.
-  [[nodiscard]] std::shared_ptr<detail::SharedFile> get() const {
-    if (!file_) throw nb::value_error("I/O operation on a closed file");
-    return file_;
-  }
-  [[nodiscard]] int fd() const noexcept { return file_ ? fd_ : -1; }
-  [[nodiscard]] bool direct() const noexcept { return direct_; }
-  [[nodiscard]] bool closed() const noexcept { return !file_; }
-  void close() noexcept { file_.reset(); }
-
- private:
-  std::shared_ptr<detail::SharedFile> file_;
-  int fd_;
-  bool direct_;
-};
 
 class PyHandle {
  public:
@@ -59,6 +36,9 @@ class PyHandle {
   std::size_t sync(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, bool fsync = false);
   /// `file`: a path, a descriptor or a _deepio.File (then nothing is opened).
   std::shared_ptr<Op> submit_future(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset);
+  /// submit_future's submission without the Op: the detached operation's Future, and in
+  /// *nbytes its size (for _deepio.File, which makes the Op in place).
+  Future submit_detached(bool write, nb::handle buffer, nb::handle file, std::int64_t file_offset, std::size_t* nbytes);
   /// Opens a file object (detail::open_file) with the GIL released.
   std::shared_ptr<PyFile> open_file(nb::handle path, int flags, const std::string& direct_io) const;
   /// Many reads or writes in one call (Handle::submit_batch): buffers imported with the GIL,

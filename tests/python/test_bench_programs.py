@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,26 @@ def test_file_object_bench_runs_every_mode_and_verifies(tmp_dir):
     assert [r["mode"] for r in rows] == ["path", "fd", "file", "path-sync", "file-sync"]
     assert all(r["reads_per_s"] > 0 for r in rows)
     assert [r["vs"] for r in rows] == ["path", "path", "path", "path-sync", "path-sync"]
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install -y fio)")
+def test_file_vs_fio_bench_runs_both_tools_and_verifies(tmp_dir):
+    """A tiny run of bench/file_vs_fio.py: both tools timed at each block size, deepio's bytes
+    verified (non-zero exit on a mismatch), the JSON rows carry both tools and the ratio."""
+    out = _bench(
+        "file_vs_fio.py", "--dir", str(tmp_dir), "--file-size", "8M", "--sizes", "4K,64K", "--bytes", "1M",
+        "--bytes-4k", "256K", "--queue-depth", "4", "--rounds", "1", "--json",
+    )  # fmt: skip
+    if out.returncode != 0 and "O_DIRECT" in out.stderr and "refuse" in out.stderr:
+        pytest.skip(f"{tmp_dir} refuses O_DIRECT")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fio" in out.stdout.splitlines()[0] and "queue depth 4" in out.stdout.splitlines()[0]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert [r["bs"] for r in report["rows"]] == [4096, 65536]
+    for r in report["rows"]:
+        assert r["fio"]["iops"] > 0 and r["deepio"]["iops"] > 0 and r["ratio"] > 0
+    assert {s["tool"] for s in report["samples"]} == {"fio", "deepio"}
+    assert not os.path.exists(tmp_dir / "file_vs_fio.bin"), "the test file was left behind"
 
 
 @needs_torch
