@@ -15,18 +15,37 @@
 //    to the submitter and nothing is queued.
 //  * The engine keeps *out until the operation's last request completed and drops it before
 //    the operation completes and its descriptors close.
-// Thread safety: bind() may be called from several threads at once.
+//  * A file object's operations (deepio::File: one descriptor for many operations) carry the
+//    file object's RouteFileSlot (DeviceBinding::slot; null for path operations, which keep
+//    per-operation registration). The route may keep there what it made for the descriptor
+//    on the file object's first device operation (GdsRoute: the cuFile handle registration,
+//    or Auto's refusal) and reuse it for every later one. The slot's state ends with the file
+//    object (SharedFile): after its last operation completed (every operation holds the file
+//    object) and before its descriptors close.
+// Thread safety: bind() may be called from several threads at once, also for one file object:
+// the slot's mutex serializes them, so its state is made once.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/backend.hpp"
 #include "platform/status.hpp"
 
 namespace deepio::detail {
+
+class DeviceRoute;
+
+/// A file object's per-route state (see the protocol above). Filled by DeviceRoute::bind()
+/// under `mutex`; destroyed with the file object, before its descriptors close.
+struct RouteFileSlot {
+  std::mutex mutex;
+  const DeviceRoute* route = nullptr;  ///< whose `state` it is (guarded by mutex)
+  std::shared_ptr<const void> state;   ///< the route's own type; null until its first bind()
+};
 
 struct DeviceBinding {
   int fd = -1;          ///< the descriptor the engine opened (O_DIRECT where accepted)
@@ -37,6 +56,9 @@ struct DeviceBinding {
   bool write = false;
   const std::string* path = nullptr;  ///< for messages
   std::uint64_t file_offset = 0;
+  /// The file object's slot when the operation is on one (fd is then its descriptor, the
+  /// same for each of its operations); null for a path or descriptor operation.
+  RouteFileSlot* slot = nullptr;
 };
 
 class DeviceRoute {

@@ -209,7 +209,10 @@ void Engine::start(const std::shared_ptr<OpState>& op, void* buf, const std::str
     preallocate(op->direct_fd(), file_offset, nbytes);
   }
   Route route;
-  if (op->device() >= 0 && may_route_ && device_route() != nullptr) route = bind_route(*op, buf, opened);
+  if (op->device() >= 0 && may_route_ && device_route() != nullptr) {
+    // A file object registers with the route once (its slot); everything else per op.
+    route = bind_route(*op, buf, opened, shared && shared->object ? shared.get() : nullptr);
+  }
   PlanInput in = plan_input(*op, buf, opened, route);
   queue(op, plan_request(in), opened, std::move(route), tracked, pending);
   // The next request on the shared descriptor sees the size this write leaves.
@@ -231,7 +234,7 @@ void Engine::preallocate(int fd, std::uint64_t file_offset, std::size_t nbytes) 
   }
 }
 
-Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
+Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened, SharedFile* file) {
   DeviceBinding b;
   b.direct = opened.direct && op.direct_fd() >= 0;
   b.fd = op.direct_fd();
@@ -242,6 +245,7 @@ Engine::Route Engine::bind_route(OpState& op, void* buf, const Opened& opened) {
   b.write = op.write();
   b.path = &op.path();
   b.file_offset = op.offset();
+  if (file != nullptr) b.slot = &file->route_slot;
   Route route;
   bool staged = true;
   throw_if_error(route_->bind(b, &staged, &route.file));

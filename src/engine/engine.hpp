@@ -124,7 +124,9 @@ class Engine {
     bool direct = false;
     std::shared_ptr<const DriverFile> file;
   };
-  Route bind_route(OpState& op, void* buf, const Opened& opened);
+  /// `file`: the file object the op is on (its registration with the route is made once and
+  /// kept in it), null for path and descriptor operations and batches' shared opens.
+  Route bind_route(OpState& op, void* buf, const Opened& opened, SharedFile* file = nullptr);
   /// The route (made now by make_route_ the first time, with its workers), or null.
   DeviceRoute* device_route();
   /// Workers for `route`'s backend (none when it has no backend).

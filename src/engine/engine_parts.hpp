@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_route.hpp"
 #include "core/worker.hpp"
 #include "engine/engine.hpp"
 #include "platform/fd.hpp"
@@ -53,7 +54,10 @@ struct Engine::PendingSlices {
 /// share_fds) until the op finishes, so the descriptors outlive whoever opened it while any
 /// op still uses them; they close with the last holder. The descriptors and `opened` never
 /// change after opening; `size` is atomic because a file object's ops are submitted from
-/// many threads at once.
+/// many threads at once. A file object's registration with the engine's device route (its
+/// cuFile handle) lives in `route_slot`: made on its first device operation, ended when the
+/// SharedFile goes, before the descriptors close (route_slot is declared after them, so it
+/// is destroyed first).
 struct SharedFile {
   UniqueFd main;      // O_DIRECT when opened.direct
   UniqueFd buffered;  // without O_DIRECT (reopened from `main`, never by path), when main has it
@@ -68,6 +72,9 @@ struct SharedFile {
   std::string path;
   int access = 0;
   std::uint64_t dev = 0;
+  /// File objects only: the device route's state for this file (Engine::bind_route). Last
+  /// member: destroyed first, while `main` and `buffered` are still open.
+  RouteFileSlot route_slot;
 };
 
 /// Raises `size` to at least `end` (a write dispatched on a shared file). Thread-safe.

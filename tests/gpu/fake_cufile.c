@@ -20,6 +20,15 @@
  *                                              max_concurrency, registered_buffers, handles
  *   deepio_fake_cufile_last_io(&base, &offset) base pointer and buffer offset of the last I/O
  *   deepio_fake_cufile_handle_register_calls() cuFileHandleRegister calls since the last reset
+ *   deepio_fake_cufile_handle_deregister_calls() cuFileHandleDeregister calls (of handles) since
+ *                                              the last reset
+ *   deepio_fake_cufile_last_deregister(&io, &open)  at the last cuFileHandleDeregister: the
+ *                                              io_calls count then, and whether the registered
+ *                                              descriptor was still open on the registered file
+ *                                              (1) or closed / reused for another file (0)
+ *   deepio_fake_cufile_hold_io(on)             1: every cuFileRead/Write waits (after it counts
+ *                                              in io_calls) until hold_io(0) releases it
+ *   deepio_fake_cufile_io_held()               how many reads/writes wait in hold_io now
  *   deepio_fake_cufile_param_string(param)     what cuFileSetParameterString staged (NULL: never)
  *   deepio_fake_cufile_keep_direct(on)         leave O_DIRECT on registered descriptors (as the
  *                                              real library needs it; fake reads then fail) */
@@ -29,6 +38,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <fcntl.h>
@@ -83,6 +93,11 @@ static char string_params[MAX_STRING_PARAMS][512];
 static int string_params_set[MAX_STRING_PARAMS];
 static uintptr_t last_base;
 static long last_offset;
+static long deregister_calls, deregister_io_calls;
+static int deregister_fd_open;
+static int hold_io;
+static long io_held;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
 
 static CUfileError_t ok(void) {
   CUfileError_t e = {0, 0};
@@ -97,6 +112,10 @@ EXPORT void deepio_fake_cufile_reset(void) {
   pthread_mutex_lock(&lock);
   opens = closes = refs = io_calls = max_io_seen = concurrency = max_concurrency = handles = 0;
   register_calls = 0;
+  deregister_calls = deregister_io_calls = 0;
+  deregister_fd_open = 0;
+  hold_io = 0;
+  pthread_cond_broadcast(&hold_cv);
   keep_direct = 0;
   memset(string_params_set, 0, sizeof string_params_set);
   memset(bufs, 0, sizeof bufs);
@@ -228,6 +247,8 @@ EXPORT CUfileError_t cuFileDriverGetProperties(CUfileDrvProps_t* p) {
 
 struct handle {
   int fd;
+  dev_t dev; /* the registered file, to tell a closed or reused descriptor at deregistration */
+  ino_t ino;
 };
 
 EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
@@ -250,6 +271,14 @@ EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
   struct handle* h = malloc(sizeof *h);
   if (h == NULL) return err(5030);
   h->fd = d->handle.fd;
+  struct stat sb;
+  if (fstat(h->fd, &sb) == 0) {
+    h->dev = sb.st_dev;
+    h->ino = sb.st_ino;
+  } else {
+    h->dev = 0;
+    h->ino = 0;
+  }
   *fh = h;
   pthread_mutex_lock(&lock);
   ++handles;
@@ -258,10 +287,40 @@ EXPORT CUfileError_t cuFileHandleRegister(void** fh, CUfileDescr_t* d) {
 }
 EXPORT void cuFileHandleDeregister(void* fh) {
   if (fh == NULL) return;
+  struct handle* h = fh;
+  struct stat sb;
+  const int still_open = fstat(h->fd, &sb) == 0 && sb.st_dev == h->dev && sb.st_ino == h->ino;
   free(fh);
   pthread_mutex_lock(&lock);
   --handles;
+  ++deregister_calls;
+  deregister_io_calls = io_calls;
+  deregister_fd_open = still_open;
   pthread_mutex_unlock(&lock);
+}
+EXPORT long deepio_fake_cufile_handle_deregister_calls(void) {
+  pthread_mutex_lock(&lock);
+  long n = deregister_calls;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+EXPORT void deepio_fake_cufile_last_deregister(long* io, int* fd_open) {
+  pthread_mutex_lock(&lock);
+  *io = deregister_io_calls;
+  *fd_open = deregister_fd_open;
+  pthread_mutex_unlock(&lock);
+}
+EXPORT void deepio_fake_cufile_hold_io(int on) {
+  pthread_mutex_lock(&lock);
+  hold_io = on;
+  pthread_cond_broadcast(&hold_cv);
+  pthread_mutex_unlock(&lock);
+}
+EXPORT long deepio_fake_cufile_io_held(void) {
+  pthread_mutex_lock(&lock);
+  long n = io_held;
+  pthread_mutex_unlock(&lock);
+  return n;
 }
 
 /* Parameters are staged before the driver opens, as with the real library: once it is open
@@ -388,6 +447,9 @@ static ssize_t io(int write, void* fh, uintptr_t base, size_t n, off_t file_off,
   if (max_io != 0 && n > max_io) n = max_io;
   if ((long)n > max_io_seen) max_io_seen = (long)n;
   if (++concurrency > max_concurrency) max_concurrency = concurrency;
+  ++io_held;
+  while (hold_io) pthread_cond_wait(&hold_cv, &lock);
+  --io_held;
   unsigned d = delay_us;
   pthread_mutex_unlock(&lock);
   if (d) usleep(d);

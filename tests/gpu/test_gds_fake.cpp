@@ -1,6 +1,8 @@
 // deepio::GdsHandle over the fake CUDA driver and fake libcufile: chunking and parallelism,
-// the registration cache, the driver reference count, error paths and the compat fallback.
+// the registration cache, the driver reference count, error paths and the compat fallback,
+// file objects' one cuFile registration each.
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -688,6 +690,211 @@ TEST_F(FakeGds, ARefusedFileSystemIsAskedOnce) {
   const std::string f = dir_.file("fs0.bin");
   for (int i = 0; i < 2; ++i) EXPECT_THROW(strict.async_pread(dev, n, f, 0), Error);
   EXPECT_EQ(register_calls(), 3);
+  device_free(dev);
+}
+
+// ---- File objects: one cuFile registration per file object ----
+
+long deregister_calls() {
+  return fake_symbol<long()>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_handle_deregister_calls")();
+}
+struct Deregistered {
+  long io_calls;  // the fake's io_calls when the last handle was deregistered
+  int fd_open;    // its descriptor was still open on the registered file then
+};
+Deregistered last_deregister() {
+  Deregistered d{};
+  fake_symbol<void(long*, int*)>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_last_deregister")(&d.io_calls, &d.fd_open);
+  return d;
+}
+
+// A file object registers its descriptor with cuFile on its first device operation, reuses
+// the handle for every later one, and deregisters it when it is closed, while its descriptor is
+// still open. Path operations keep one registration each.
+TEST_F(FakeGds, AFileObjectRegistersWithCuFileOnce) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 3 * 4096 + 100;
+  const std::string f = dir_.file("object.bin");
+  std::byte* dev = device_alloc(n);
+  constexpr int kOps = 5;
+  File file = h.open(f, O_RDWR | O_CREAT);
+  EXPECT_EQ(register_calls(), 0) << "registered before any device operation";
+  const auto host = pattern(100, 69);
+  EXPECT_EQ(file.pwrite(host.data(), host.size(), kOps * n).get(), host.size());  // host memory: no cuFile
+  EXPECT_EQ(register_calls(), 0);
+  for (int i = 0; i < kOps; ++i) {
+    const auto data = pattern(n, 60 + static_cast<std::uint32_t>(i));
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+    EXPECT_EQ(file.pwrite(dev, n, i * n).get(), n);
+    std::memset(dev, 0, n);
+    EXPECT_EQ(file.pread(dev, n, i * n).get(), n);
+    EXPECT_EQ(std::memcmp(dev, data.data(), n), 0) << "op " << i;
+  }
+  EXPECT_EQ(register_calls(), 1) << "one registration for the file object";
+  EXPECT_EQ(deregister_calls(), 0) << "deregistered while the file object is open";
+  EXPECT_EQ(fake_stats().handles, 1);
+  const HandleStats s = h.stats();
+  EXPECT_EQ(s.device_ops_cufile, 2u * kOps);
+  EXPECT_EQ(s.device_bytes_cufile, 2u * kOps * n);
+  EXPECT_EQ(s.device_bytes_staged, 0u);
+  const long io_calls = fake_stats().io_calls;
+  file.close();
+  EXPECT_EQ(deregister_calls(), 1);
+  EXPECT_EQ(fake_stats().handles, 0);
+  const Deregistered d = last_deregister();
+  EXPECT_EQ(d.fd_open, 1) << "deregistered after the descriptor closed";
+  EXPECT_EQ(d.io_calls, io_calls);
+
+  // Path operations: one registration (and deregistration) each, as before.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(h.sync_pwrite(dev, n, f, 0), 1u);
+    EXPECT_EQ(h.sync_pread(dev, n, f, 0), 1u);
+  }
+  EXPECT_EQ(register_calls(), 1 + 4);
+  EXPECT_EQ(deregister_calls(), 1 + 4);
+  EXPECT_EQ(fake_stats().handles, 0);
+  EXPECT_EQ(last_deregister().fd_open, 1);
+
+  // A second file object registers for itself; destroying it (no close()) deregisters.
+  {
+    File again = h.open(f, O_RDONLY);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(again.pread(dev, n, 0).get(), n);
+    EXPECT_EQ(register_calls(), 6);
+  }
+  EXPECT_EQ(deregister_calls(), 6);
+  EXPECT_EQ(last_deregister().fd_open, 1);
+  device_free(dev);
+}
+
+// Two threads' first operations on one file object at once: one registration.
+TEST_F(FakeGds, ConcurrentFirstOperationsOnAFileObjectRegisterOnce) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 2 * 4096 + 5;
+  const std::string f = dir_.file("race.bin");
+  constexpr int kThreads = 4;
+  std::vector<std::byte*> bufs;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < kThreads; ++i) {
+    data.push_back(pattern(n, 80 + static_cast<std::uint32_t>(i)));
+    bufs.push_back(device_alloc(n));
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(bufs.back()), data.back().data(), n),
+              CUDA_SUCCESS);
+  }
+  File file = h.open(f, O_RDWR | O_CREAT);
+  std::atomic<int> ready{0};
+  {
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        EXPECT_EQ(file.pwrite(bufs[i], n, static_cast<std::uint64_t>(i) * n).get(), n);
+      });
+    }
+  }
+  EXPECT_EQ(register_calls(), 1);
+  EXPECT_EQ(h.stats().device_ops_cufile, static_cast<std::uint64_t>(kThreads));
+  file.close();
+  EXPECT_EQ(deregister_calls(), 1);
+  const auto back = slurp(f);
+  ASSERT_EQ(back.size(), kThreads * n);
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(std::memcmp(back.data() + i * n, data[i].data(), n), 0) << "thread " << i;
+  }
+  for (std::byte* b : bufs) device_free(b);
+}
+
+// A file object on a file system cuFile refuses (Auto): staged with the right bytes, and
+// cuFile is asked once, not per operation. CuFile mode: an error each time, never kept.
+TEST_F(FakeGds, AFileObjectCuFileRefusesIsStagedAndAskedOnce) {
+  control("deepio_fake_cufile_fail_register", CU_FILE_HANDLE_NOT_REGISTERED);
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 10000;
+  const std::string f = dir_.file("refused.bin");
+  std::byte* dev = device_alloc(n);
+  constexpr int kOps = 4;
+  {
+    File file = h.open(f, O_RDWR | O_CREAT);
+    for (int i = 0; i < kOps; ++i) {
+      const auto data = pattern(n, 90 + static_cast<std::uint32_t>(i));
+      ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(dev), data.data(), n), CUDA_SUCCESS);
+      EXPECT_EQ(file.pwrite(dev, n, i * n).get(), n);
+      std::memset(dev, 0, n);
+      EXPECT_EQ(file.pread(dev, n, i * n).get(), n);
+      EXPECT_EQ(std::memcmp(dev, data.data(), n), 0) << "op " << i;
+    }
+  }
+  EXPECT_EQ(register_calls(), 1) << "the refusal is asked once";
+  EXPECT_EQ(deregister_calls(), 0);
+  const auto st = h.gds_stats();
+  EXPECT_EQ(st.files_fallback, 2u * kOps);
+  EXPECT_EQ(st.registrations_skipped, 2u * kOps - 1);
+  EXPECT_EQ(st.bytes_staged, 2u * kOps * n);
+  EXPECT_EQ(st.bytes_cufile, 0u);
+  EXPECT_EQ(h.stats().device_ops_staged, 2u * kOps);
+  EXPECT_EQ(h.mode(), "compat");
+  EXPECT_EQ(occurrences(h.mode_reason(), "CU_FILE_HANDLE_NOT_REGISTERED"), 1u) << h.mode_reason();
+
+  auto strict = handle({.mode = GdsMode::CuFile});
+  File file = strict.open(f, O_RDONLY);
+  for (int i = 0; i < 2; ++i) EXPECT_THROW((void)file.pread(dev, n, 0), Error);
+  EXPECT_EQ(register_calls(), 3) << "an error is not kept: the next operation asks again";
+  control("deepio_fake_cufile_fail_register", 0);
+  EXPECT_EQ(file.pread(dev, n, 0).get(), n);
+  EXPECT_EQ(file.pread(dev, n, n).get(), n);
+  EXPECT_EQ(register_calls(), 4);
+  file.close();
+  EXPECT_EQ(deregister_calls(), 1);
+  device_free(dev);
+}
+
+// Closing a file object while its operation is in flight: the operation finishes, then the
+// handle is deregistered, after the operation's last cuFileRead and before the descriptor
+// closes.
+TEST_F(FakeGds, ClosingAFileObjectDeregistersAfterItsLastOperation) {
+  auto h = handle({.block_size = 4096, .intra_op_parallelism = 2});
+  const std::size_t n = 4 * 4096;
+  const std::string f = dir_.file("inflight.bin");
+  const auto data = pattern(n, 99);
+  put(f, data);
+  std::byte* dev = device_alloc(n);
+  File file = h.open(f, O_RDONLY);
+  control("deepio_fake_cufile_hold_io", 1);
+  Future read = file.pread(dev, n, 0);
+  const auto held = fake_symbol<long()>(DEEPIO_FAKE_CUFILE, "deepio_fake_cufile_io_held");
+  for (int i = 0; i < 10000 && held() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GT(held(), 0) << "the read never reached cuFile";
+  file.close();
+  EXPECT_FALSE(read.done());
+  EXPECT_EQ(deregister_calls(), 0) << "deregistered while an operation was in flight";
+  control("deepio_fake_cufile_hold_io", 0);
+  EXPECT_EQ(read.get(), n);
+  EXPECT_EQ(std::memcmp(dev, data.data(), n), 0);
+  EXPECT_EQ(register_calls(), 1);
+  EXPECT_EQ(deregister_calls(), 1) << "not deregistered when the last operation finished";
+  const Deregistered d = last_deregister();
+  EXPECT_EQ(d.io_calls, fake_stats().io_calls) << "deregistered before the last cuFileRead";
+  EXPECT_EQ(d.fd_open, 1) << "deregistered after the descriptor closed";
+  EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+// A plain handle's route (Auto, made at the first device operation) serves file objects the
+// same way.
+TEST_F(FakeGds, AFileObjectOnAPlainHandleRegistersOnce) {
+  Handle h = make_handle({.block_size = 4096}, cuda_.get(), {}, cufile_.get(), {});
+  const std::size_t n = 4096 + 1;
+  const std::string f = dir_.file("plain.bin");
+  std::byte* dev = device_alloc(n);
+  File file = h.open(f, O_RDWR | O_CREAT);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(file.pwrite(dev, n, i * n).get(), n);
+    EXPECT_EQ(file.pread(dev, n, i * n).get(), n);
+  }
+  EXPECT_EQ(register_calls(), 1);
+  EXPECT_EQ(h.stats().device_ops_cufile, 6u);
+  file.close();
+  EXPECT_EQ(deregister_calls(), 1);
   device_free(dev);
 }
 

@@ -32,15 +32,54 @@ std::string hex(std::uintptr_t v) {
   return buf;
 }
 
-// One operation's registration: the cuFile handle of its file (null when staged) and the
-// pinned buffer it uses (if any). Ends the registration when the engine drops it. After a
+}  // namespace
+
+// One descriptor's cuFile registration: the handle cuFileHandleRegister gave (null: Auto's
+// refusal, `refused` saying why: the file is staged). A path operation owns one for itself;
+// a file object's is kept in its RouteFileSlot and shared by each of its operations. The
+// handle is deregistered when the last holder drops it: the operation (path) or the file
+// object (SharedFile), in both cases before the descriptor closes. It holds the route, so
+// cuFile's driver stays open while a file object outlives its handle.
+class GdsRegistration final {
+ public:
+  GdsRegistration(std::shared_ptr<GdsRoute> route, int ordinal, int fd)
+      : route_(std::move(route)), ordinal_(ordinal), fd_(fd), pid_(::getpid()) {}
+  ~GdsRegistration() {
+    if (::getpid() != pid_) {
+      // A forked child's copy: cuFile and CUDA are the parent's; leaked, as GdsHandle does.
+      (void)new std::shared_ptr<GdsRoute>(std::move(route_));
+      return;
+    }
+    route_->deregister(fh, ordinal_);
+  }
+  GdsRegistration(const GdsRegistration&) = delete;
+  GdsRegistration& operator=(const GdsRegistration&) = delete;
+
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+
+  CUfileHandle_t fh = nullptr;
+  std::string refused;  ///< Auto's refusal (fh null): the reason, said again for every op
+
+ private:
+  std::shared_ptr<GdsRoute> route_;
+  int ordinal_;  // the device whose context was current at registration
+  int fd_;       // the registered descriptor (outlives this object)
+  pid_t pid_;    // the process that registered it
+};
+
+namespace {
+
+// One operation's binding: the file's registration (null or without a handle when staged)
+// and the pinned buffer it uses (if any). Ends its use of them when the engine drops it,
+// after the operation's last request, before the operation's descriptors close. After a
 // cuFile failure at I/O time (Auto), the route's backend stages the operation's remaining
 // requests itself, through a descriptor without O_DIRECT made here on first use.
 class GdsFile final : public DriverFile {
  public:
   GdsFile(GdsRoute* route, int ordinal, int fd) : route_(route), ordinal_(ordinal), fd_(fd) {}
   ~GdsFile() override {
-    route_->release(fh, ordinal_, registry, registry_key);
+    route_->release(registry, registry_key);
+    registration.reset();  // a path operation's own: deregistered here
     if (buffered_fd_ >= 0) ::close(buffered_fd_);
   }
   GdsFile(const GdsFile&) = delete;
@@ -76,6 +115,8 @@ class GdsFile final : public DriverFile {
     return Status::success();
   }
 
+  /// The file's registration (set when cuFile serves the operation: fh is then not null).
+  std::shared_ptr<const GdsRegistration> registration;
   CUfileHandle_t fh = nullptr;
   std::uintptr_t base = 0;  ///< registered buffer base, 0: unregistered (cuFile bounces)
   BufferRegistry* registry = nullptr;
@@ -323,7 +364,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
   auto file = std::make_shared<GdsFile>(this, what.device, what.fd);
   *staged = true;
 
-  // Registration lookup, range-checked (DeepNVMe only checked the base).
+  // Registration lookup, range-checked (DeepNVMe only checked the base). Per operation, also
+  // on a file object.
   BufferRegistry& reg = registry();
   {
     std::lock_guard lock(reg.mutex);
@@ -350,6 +392,48 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     *out = std::move(file);  // staged; the buffer stays marked in use until the op completes
     return Status::success();
   }
+
+  std::shared_ptr<const GdsRegistration> registration;
+  if (what.slot != nullptr) {
+    // A file object: registered on its first device operation, under its slot's lock (two
+    // first operations at once make one registration), and reused by every later one. A
+    // failure (an error, not Auto's refusal) is not kept: the next operation asks again.
+    std::lock_guard lock(what.slot->mutex);
+    if (what.slot->route == this && what.slot->state) {
+      auto known = std::static_pointer_cast<const GdsRegistration>(what.slot->state);
+      if (known->fd() == what.fd) {
+        registration = std::move(known);
+        if (registration->fh == nullptr) {
+          // Refused for this file already (Auto): staged without asking cuFile again.
+          registrations_skipped_.fetch_add(1, std::memory_order_relaxed);
+          note_fallback(registration->refused);
+        }
+      }
+    }
+    if (!registration && what.slot->route == nullptr) {
+      Status st = register_file(what, &registration);
+      if (!st.ok()) return st;
+      what.slot->route = this;
+      what.slot->state = registration;
+    }
+  }
+  if (!registration) {
+    Status st = register_file(what, &registration);  // a path operation's own
+    if (!st.ok()) return st;
+  }
+  if (registration->fh != nullptr) {
+    file->fh = registration->fh;
+    *staged = false;
+  }
+  file->registration = std::move(registration);
+  *out = std::move(file);
+  return Status::success();
+}
+
+Status GdsRoute::register_file(const DeviceBinding& what, std::shared_ptr<const GdsRegistration>* out) {
+  const char* verb = what.write ? "GDS write" : "GDS read";
+  const std::string& path = *what.path;
+  auto registration = std::make_shared<GdsRegistration>(shared_from_this(), what.device, what.fd);
   // A file system cuFile already refused (Auto): staged without asking cuFile again.
   struct stat sb {};
   const bool fs_known = mode_setting_ == GdsMode::Auto && ::fstat(what.fd, &sb) == 0;
@@ -363,7 +447,8 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
     if (!refused.empty()) {
       registrations_skipped_.fetch_add(1, std::memory_order_relaxed);
       note_fallback(refused);
-      *out = std::move(file);
+      registration->refused = std::move(refused);
+      *out = std::move(registration);
       return Status::success();
     }
   }
@@ -394,21 +479,23 @@ Status GdsRoute::bind(const DeviceBinding& what, bool* staged, std::shared_ptr<c
       why += ": staged through host memory";
     }
     note_fallback(why);
-    *out = std::move(file);
+    registration->refused = std::move(why);
+    *out = std::move(registration);
     return Status::success();
   }
-  file->fh = fh;
-  *staged = false;
-  *out = std::move(file);
+  registration->fh = fh;
+  *out = std::move(registration);
   return Status::success();
 }
 
-void GdsRoute::release(CUfileHandle_t fh, int ordinal, BufferRegistry* reg, std::uintptr_t key) noexcept {
-  if (fh != nullptr) {
-    ScopedContext guard;
-    (void)enter(ordinal, &guard);
-    cufile_->cuFileHandleDeregister(fh);
-  }
+void GdsRoute::deregister(CUfileHandle_t fh, int ordinal) noexcept {
+  if (fh == nullptr) return;
+  ScopedContext guard;
+  (void)enter(ordinal, &guard);
+  cufile_->cuFileHandleDeregister(fh);
+}
+
+void GdsRoute::release(BufferRegistry* reg, std::uintptr_t key) noexcept {
   if (reg != nullptr) {
     std::lock_guard lock(reg->mutex);
     auto it = reg->entries.find(key);

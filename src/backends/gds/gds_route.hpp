@@ -9,15 +9,25 @@
 // throws instead.
 // Opening the driver first asks cuFile to allow its compatibility mode (its parameter API; no
 // file written, no environment changed). bind() (DeviceRoute) runs per operation on device
-// memory: it range-checks the buffer against the pinned registrations, marks the registration
-// in use, and registers the file with cuFileHandleRegister. A refusal that means "GDS cannot
-// serve this file here" (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine
-// without nvidia-fs, among others) makes the operation staged in Auto mode (recorded in
-// mode_reason() and files_fallback) and is an error in CuFile mode. In Auto such a refusal is
-// remembered for the file's file system (st_dev): later files there are staged without a
-// registration attempt (registrations_skipped). A buffer registration
-// refused the same way is kept unregistered in Auto (pins_refused), an error in CuFile mode. The registration (GdsFile)
-// ends when the engine drops it: after the operation's last request, before its descriptor closes.
+// memory: it range-checks the buffer against the pinned registrations and marks the
+// registration in use (per operation, always), and finds the file's cuFile registration
+// (GdsRegistration): a path operation registers its descriptor with cuFileHandleRegister for
+// itself; a file object (DeviceBinding::slot) registers on its first device operation, under
+// its slot's lock (concurrent first operations make one registration), and every later
+// operation on it reuses that handle. A refusal that means "GDS cannot serve this file here"
+// (cufile_gds_unusable: CU_FILE_HANDLE_NOT_REGISTERED on a machine without nvidia-fs, among
+// others) makes the operation staged in Auto mode (recorded in mode_reason() and
+// files_fallback) and is an error in CuFile mode (not kept: a file object's next operation
+// asks again). In Auto such a refusal is remembered for the file's file system (st_dev):
+// later files there are staged without a registration attempt (registrations_skipped), and a
+// file object keeps it too (its later operations are staged without asking: also counted in
+// registrations_skipped). A buffer registration refused the same way is kept unregistered in
+// Auto (pins_refused), an error in CuFile mode. The handle is deregistered when its last
+// holder drops it: a path operation's when the engine drops the operation's GdsFile (after its
+// last request, before its descriptor closes); a file object's when the file object goes
+// (after its last operation, before its descriptors close). A registration holds the route,
+// so the cuFile driver stays open until then; one dropped in a forked child (a file object
+// inherited across fork) is not deregistered there: cuFile's state is the parent's.
 //
 // Backend: make_backend() gives each route worker a synchronous backend (like the thread
 // pool's): submit() runs each request with the worker thread's CUDA context current for the
@@ -29,14 +39,16 @@
 // transfers are returned as they are: the worker resubmits the rest.
 //
 // Contexts: worker threads are the route's own and keep a context current. Every driver or
-// cuFile call on any other thread (bind, release, pin/unpin/new_pinned/free_pinned, the
+// cuFile call on any other thread (bind, deregister, pin/unpin/new_pinned/free_pinned, the
 // destructor) runs under a ScopedContext (enter()), so the caller's current context is the
 // same before and after, on every path. The primary contexts are retained once per route per
 // device and released, exactly those, by the destructor.
 //
 // Thread safety: bind(), pin/unpin and the mode accessors may be called from any thread;
 // contexts_ is guarded by contexts_mutex_, the mode by mode_mutex_, registry entries by the
-// registry's mutex.
+// registry's mutex, a file object's registration by its RouteFileSlot's mutex.
+// deregister() runs on whichever thread drops the last holder (a worker finishing the
+// operation that outlived its file object's close, among others), under a ScopedContext.
 #pragma once
 
 #include <sys/types.h>
@@ -54,6 +66,8 @@
 #include "gpu/cufile.hpp"
 
 namespace deepio::detail::gpu {
+
+class GdsRegistration;
 
 class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<GdsRoute> {
  public:
@@ -98,11 +112,16 @@ class GdsRoute final : public DeviceRoute, public std::enable_shared_from_this<G
   /// Pushes the primary context of `ordinal` on the calling thread until *guard ends: for every
   /// driver call made on a caller's thread, whose own context is then restored.
   Status enter(int ordinal, ScopedContext* guard);
-  /// Ends a registration made by bind(): deregisters the cuFile handle, releases the buffer.
-  void release(CUfileHandle_t fh, int ordinal, BufferRegistry* registry, std::uintptr_t key) noexcept;
+  /// Ends an operation's use of a pinned buffer found by bind() (its in-flight mark).
+  void release(BufferRegistry* registry, std::uintptr_t key) noexcept;
+  /// Deregisters a cuFile handle made by register_file() (null: nothing), under a context.
+  void deregister(CUfileHandle_t fh, int ordinal) noexcept;
 
  private:
   BufferRegistry& registry() noexcept;
+  /// Registers what.fd with cuFile (or finds its file system refused, Auto): *out has the
+  /// handle, or none and the reason the file is staged. A failed Status is an error.
+  Status register_file(const DeviceBinding& what, std::shared_ptr<const GdsRegistration>* out);
   Status context(int ordinal, CUcontext* out);
   void note_fallback(const std::string& why);
   void note_pin_refused(const std::string& why);
