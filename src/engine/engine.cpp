@@ -303,21 +303,29 @@ void Engine::queue(const std::shared_ptr<OpState>& op, std::vector<Slice> slices
   submitted_.fetch_add(1);
   if (!tracked) track(op);
   if (slices.empty()) {
+    route.file.reset();  // the route's registration ends before the op completes
     op->complete_now();
     return;
   }
   op->set_slices(static_cast<int>(slices.size()));
+  // The route's registration goes to the slices, the last one taking this call's reference:
+  // none stays with the submitter, whose return may come after the op completed (its last
+  // holder must be a slice, so that it ends before the op's descriptors close).
+  const auto file_for = [&](const Slice& s) -> std::shared_ptr<const DriverFile> {
+    if (&s == &slices.back()) return std::move(route.file);
+    return route.file;
+  };
   if (pending != nullptr) {
     for (Slice& s : slices) {
       pending->per_worker[s.worker].push_back(
-          SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
+          SliceTask{op, std::move(s.segments), file_for(s), route.direct, opened.dev});
     }
     pending->count += slices.size();
     return;
   }
   auto& workers = route.direct ? route_workers_ : workers_;
   for (Slice& s : slices) {
-    workers[s.worker]->enqueue(SliceTask{op, std::move(s.segments), route.file, route.direct, opened.dev});
+    workers[s.worker]->enqueue(SliceTask{op, std::move(s.segments), file_for(s), route.direct, opened.dev});
   }
 }
 
