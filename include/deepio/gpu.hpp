@@ -150,7 +150,8 @@ struct GdsStats {
   std::uint64_t bytes_staged = 0;    ///< moved by pread/pwrite + host<->device copies (io_fallbacks' too)
   std::uint64_t files_fallback = 0;  ///< operations cuFile refused and Auto staged instead
   /// Of files_fallback, those on a file system cuFile had refused before: staged without a
-  /// cuFileHandleRegister call (one refusal per file system and handle).
+  /// cuFileHandleRegister call (one refusal per file system and handle), or on a File cuFile
+  /// had refused before.
   std::uint64_t registrations_skipped = 0;
   /// Requests whose cuFileRead/cuFileWrite failed with a cuFile error and that Auto staged
   /// instead (with the rest of their operation): the operation succeeds if staging does.
@@ -175,7 +176,9 @@ struct GdsParts;
 /// path. Device memory, per operation: the file is opened (O_DIRECT where accepted) and
 /// registered with cuFileHandleRegister; the request is cut into block_size chunks spread over
 /// intra_op_parallelism workers, one cuFileRead/cuFileWrite each; the registration ends when
-/// the last chunk is done. Where cuFile is not used (mode Compat, cuFile missing or its driver
+/// the last chunk is done. A File (Handle::open) is registered once, by its first operation on
+/// device memory, and deregistered when it is closed or destroyed (after its last operation,
+/// before its descriptors close). Where cuFile is not used (mode Compat, cuFile missing or its driver
 /// refused in Auto, or a file cuFile refuses in Auto), the operation goes through the engine's
 /// staging pipeline, as on a plain Handle; mode() and mode_reason() say so.
 ///

@@ -350,7 +350,10 @@ class DEEPIO_API Handle {
 ///
 /// Lifetime: the Handle must outlive every call on the File. Closing or destroying the File
 /// never waits and never cuts an operation short: its descriptors stay open until the last
-/// operation submitted through it finishes, then close. Movable, not copyable.
+/// operation submitted through it finishes, then close. Device memory through GPUDirect
+/// Storage (the handle's device route): the descriptor is registered with cuFile once, by the
+/// first such operation, and deregistered just before the descriptors close. Movable, not
+/// copyable.
 /// Thread safety: every member function except close(), the move assignment and the
 /// destructor may be called from several threads at once.
 class DEEPIO_API File {

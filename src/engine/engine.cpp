@@ -2,9 +2,11 @@
 // for every worker, in auto's order io_uring, libaio, threads), destruction (openers, then
 // workers, then sync threads, so no op is abandoned: see engine.hpp), and one request's way
 // from its checked arguments to the workers: new_op, submit, start, bind_route, plan_input,
-// queue. The other jobs have their own files: checks.cpp (arguments), open.cpp (opening),
-// submit_ranges.cpp, submit_batch.cpp, ledger.cpp (tracking and collecting), openers.cpp and
-// syncers.cpp (threads).
+// queue. A file object's route registration is made once (bind_route hands the route its
+// RouteFileSlot); an op's binding leaves the submitter with its last slice, so it ends before
+// the op's descriptors close. The other jobs have their own files: checks.cpp (arguments),
+// open.cpp (opening), submit_ranges.cpp, submit_batch.cpp, ledger.cpp (tracking and
+// collecting), openers.cpp and syncers.cpp (threads).
 #include "engine/engine.hpp"
 
 #include <fcntl.h>

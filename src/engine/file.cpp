@@ -2,8 +2,12 @@
 // open.cpp) and submit_file. A file object is a SharedFile opened once; its operations go
 // through start() and submit_ranges() as a batch's requests on a shared file do (open_op
 // hands the op the shared descriptors and its facts), so they are planned, queued, tracked,
-// collected and counted exactly as path operations, minus the open, statx and close.
-// Thread safety: see deepio::File (include/deepio/handle.hpp); SharedFile::size is atomic.
+// collected and counted exactly as path operations, minus the open, statx and close — and,
+// on device memory through the route, minus the cuFile registration: start() hands
+// bind_route() the file object, whose SharedFile::route_slot keeps the registration from its
+// first device operation until the SharedFile goes (before its descriptors close).
+// Thread safety: see deepio::File (include/deepio/handle.hpp); SharedFile::size is atomic,
+// route_slot has its own mutex.
 #include <fcntl.h>
 
 #include "engine/checks.hpp"

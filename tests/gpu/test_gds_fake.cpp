@@ -777,8 +777,7 @@ TEST_F(FakeGds, ConcurrentFirstOperationsOnAFileObjectRegisterOnce) {
   for (int i = 0; i < kThreads; ++i) {
     data.push_back(pattern(n, 80 + static_cast<std::uint32_t>(i)));
     bufs.push_back(device_alloc(n));
-    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(bufs.back()), data.back().data(), n),
-              CUDA_SUCCESS);
+    ASSERT_EQ(cuda_->cuMemcpyHtoD(reinterpret_cast<std::uintptr_t>(bufs.back()), data.back().data(), n), CUDA_SUCCESS);
   }
   File file = h.open(f, O_RDWR | O_CREAT);
   std::atomic<int> ready{0};
@@ -876,6 +875,28 @@ TEST_F(FakeGds, ClosingAFileObjectDeregistersAfterItsLastOperation) {
   EXPECT_EQ(d.io_calls, fake_stats().io_calls) << "deregistered before the last cuFileRead";
   EXPECT_EQ(d.fd_open, 1) << "deregistered after the descriptor closed";
   EXPECT_EQ(fake_stats().handles, 0);
+  device_free(dev);
+}
+
+// A File kept after its handle went (no calls on it): the registration keeps cuFile's driver
+// open until the File goes, then deregisters and lets the driver close.
+TEST_F(FakeGds, AFileObjectOutlivingItsHandleDeregistersWhenItGoes) {
+  const std::size_t n = 4096;
+  const std::string f = dir_.file("outlive.bin");
+  std::byte* dev = device_alloc(n);
+  File file;
+  {
+    auto h = handle({.block_size = 4096});
+    file = h.open(f, O_RDWR | O_CREAT);
+    EXPECT_EQ(file.pwrite(dev, n, 0).get(), n);
+  }
+  EXPECT_EQ(deregister_calls(), 0);
+  EXPECT_EQ(fake_stats().refs, 1) << "the driver closed under a live registration";
+  file.close();
+  EXPECT_EQ(deregister_calls(), 1);
+  EXPECT_EQ(last_deregister().fd_open, 1);
+  EXPECT_EQ(fake_stats().handles, 0);
+  EXPECT_EQ(fake_stats().refs, 0) << "the driver stayed open after the last registration";
   device_free(dev);
 }
 
