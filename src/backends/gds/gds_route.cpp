@@ -115,7 +115,7 @@ class GdsFile final : public DriverFile {
     return Status::success();
   }
 
-  /// The file's registration (set when cuFile serves the operation: fh is then not null).
+  /// The file's registration: without a handle when Auto stages the file; null without cuFile.
   std::shared_ptr<const GdsRegistration> registration;
   CUfileHandle_t fh = nullptr;
   std::uintptr_t base = 0;  ///< registered buffer base, 0: unregistered (cuFile bounces)
