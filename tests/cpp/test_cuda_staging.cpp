@@ -1,7 +1,9 @@
 // The engine's CUDA staging path (engine/cuda_stager.cpp) against the fake driver named by
 // DEEPIO_CUDA_LIBRARY (set by CTest): GPU "device" memory that the fake keeps in host memory,
 // recognised through cuPointerGetAttribute, copied with cuMemcpy*Async, ordered by events.
-// Run without that variable on a GPU machine, the first two tests use the real driver.
+// Run without that variable on a GPU machine, the first two tests use the real driver. Every
+// handle here pins DeviceRouteMode::Staged: where cuFile is also found (scripts/gpu-check.sh sets
+// the fake one, a GPU machine has the real one), the default route would take it instead.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@ namespace {
 using namespace detail::gpu;
 using test::pattern;
 using test::slurp;
+
+constexpr DeviceRouteMode kStaged = DeviceRouteMode::Staged;
 
 class CudaStaging : public testing::Test {
  protected:
@@ -74,7 +78,11 @@ TEST_F(CudaStaging, DeviceMemoryRoundTripsThroughTheEngine) {
   const auto data = pattern(n, 42);
   void* dev = device_alloc(n);
   ASSERT_EQ(api_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dev), data.data(), n), CUDA_SUCCESS);
-  Handle h({.block_size = 256 << 10, .queue_depth = 4, .overlap_events = true, .intra_op_parallelism = 2});
+  Handle h({.block_size = 256 << 10,
+            .queue_depth = 4,
+            .overlap_events = true,
+            .intra_op_parallelism = 2,
+            .device_route = kStaged});
   const std::string path = dir_.file("gpu.bin");
   h.sync_pwrite(dev, n, path, 513);
   auto file = slurp(path);
@@ -104,7 +112,7 @@ TEST_F(CudaStaging, SubmittingFromAThreadWithoutAContextWorks) {
     CUcontext none = nullptr;
     ASSERT_EQ(api_->cuCtxGetCurrent(&none), CUDA_SUCCESS);
     ASSERT_EQ(none, nullptr) << "a new thread has no current context";
-    Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2});
+    Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = kStaged});
     h.sync_pwrite(dev, n, f);
     h.sync_pread(back, n, f);
   }).join();
@@ -118,7 +126,7 @@ TEST_F(CudaStaging, HostBuffersStillGoDirect) {
   const auto info = probe_direct_io(dir_.path().string());
   if (!info.supported) GTEST_SKIP() << "no O_DIRECT here";
   device_alloc(4096);  // the driver is in use, so classification really asks it
-  Handle h;
+  Handle h({.device_route = kStaged});
   UniqueLockedBuffer buf(1 << 20);
   std::memset(buf.data(), 3, buf.size());
   h.sync_pwrite(buf.data(), buf.size(), dir_.file("host"));
@@ -131,7 +139,7 @@ TEST_F(CudaStaging, DriverCopyErrorsSurfaceWithTheirName) {
   const std::string path = dir_.file("e");
   test::put(path, pattern(n, 1));
   void* dev = device_alloc(n);
-  Handle h({.block_size = 65536, .queue_depth = 4});
+  Handle h({.block_size = 65536, .queue_depth = 4, .device_route = kStaged});
   set_result("cuMemcpyHtoD", 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */, 3);
   try {
     h.sync_pread(dev, n, path);
@@ -171,7 +179,7 @@ TEST_F(CudaStaging, ProducerStreamOrdersTheStagedCopies) {
   const auto data = pattern(n, 77);
   CUstream side = nullptr;
   ASSERT_EQ(api_->cuStreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2});
+  Handle h({.block_size = 1 << 20, .queue_depth = 4, .intra_op_parallelism = 2, .device_route = kStaged});
   for (CUstream producer : {CUstream{nullptr}, side}) {
     SCOPED_TRACE(producer == nullptr ? "legacy default stream" : "non-blocking stream");
     auto keep_busy = [&] {
