@@ -154,6 +154,13 @@ struct HandleStats {
   std::uint64_t short_transfers = 0;  ///< partial completions that were resubmitted
   std::uint64_t retries = 0;          ///< EINTR/EAGAIN completions that were resubmitted
   std::uint64_t synced = 0;           ///< writes with OpOptions::fsync whose fdatasync succeeded
+  /// io_uring only: requests of File operations (Handle::open) that went through the file's
+  /// slot in the worker's registered-file table (IOSQE_FIXED_FILE) instead of its descriptor,
+  /// and those that took the descriptor because the table was full or the kernel refused the
+  /// registration. Both stay 0 where the kernel has no sparse file tables (before Linux 5.19),
+  /// and for path operations, which are never registered. Retried requests count again.
+  std::uint64_t fixed_file_requests = 0;
+  std::uint64_t fixed_file_fallbacks = 0;
   /// Operations on CUDA device memory (of ops_completed and ops_failed), by the route they
   /// took (HandleOptions::device_route): GPUDirect Storage (cuFile) or staged through host
   /// memory. An operation cuFile served counts as cuFile even where cuFile failed a request
@@ -350,10 +357,14 @@ class DEEPIO_API Handle {
 ///
 /// Lifetime: the Handle must outlive every call on the File. Closing or destroying the File
 /// never waits and never cuts an operation short: its descriptors stay open until the last
-/// operation submitted through it finishes, then close. Device memory through GPUDirect
-/// Storage (the handle's device route): the descriptor is registered with cuFile once, by the
-/// first such operation, and deregistered just before the descriptors close. Movable, not
-/// copyable.
+/// operation submitted through it finishes, then close. io_uring: each worker registers the
+/// descriptors in its ring's file table on the first request of this File it runs, and uses
+/// the registration for every later one (HandleStats::fixed_file_requests; a full table: the
+/// plain descriptor, fixed_file_fallbacks); when the descriptors close, every ring's
+/// registration has ended first, so an unlinked file is freed then as without registration.
+/// Device memory through GPUDirect Storage (the handle's device route): the descriptor is
+/// registered with cuFile once, by the first such operation, and deregistered just before the
+/// descriptors close. Movable, not copyable.
 /// Thread safety: every member function except close(), the move assignment and the
 /// destructor may be called from several threads at once.
 class DEEPIO_API File {

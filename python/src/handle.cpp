@@ -259,6 +259,8 @@ nb::dict PyHandle::stats() const {
   d["short_transfers"] = s.short_transfers;
   d["retries"] = s.retries;
   d["synced"] = s.synced;
+  d["fixed_file_requests"] = s.fixed_file_requests;
+  d["fixed_file_fallbacks"] = s.fixed_file_fallbacks;
   d["staging_allocations"] = s.staging_allocations;
   d["staging_reuses"] = s.staging_reuses;
   d["staging_lent_bytes"] = s.staging_lent_bytes;

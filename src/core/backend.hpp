@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 
+#include "core/fixed_files.hpp"
 #include "memory/regions.hpp"
 
 namespace deepio::detail {
@@ -31,19 +32,27 @@ struct Request {
   std::uint32_t len = 0;
   std::uint64_t offset = 0;
   bool write = false;
-  std::uint64_t tag = 0;  ///< returned unchanged in the completion; below 2^63
+  std::uint64_t tag = 0;  ///< returned unchanged in the completion; below 2^61
   /// The locked allocation holding buf (memory/regions.hpp), if any: a backend may register
   /// it with the kernel once and skip pinning the pages on every request. Ignored otherwise.
   LockedRegion region;
   /// Set for an operation served by a DeviceRoute's backend: buf is device memory and fd is
   /// only informative (the backend uses the registration). Null otherwise.
   const DriverFile* driver_file = nullptr;
+  /// Set when fd is a file object's descriptor (core/fixed_files.hpp): a backend with a table
+  /// of registered files may install it there once and use the slot instead of fd. Its fd()
+  /// is fd; the backend records its installation there. Null for path and descriptor operations.
+  FixedFile* fixed_file = nullptr;
 };
 
 struct Completion {
   std::uint64_t tag = 0;
   std::int64_t res = 0;
   bool fixed = false;  ///< the request went through a buffer registered with the kernel
+  bool fixed_file = false;  ///< the request went through its file's slot in a registered-file table
+  /// The request had a fixed_file but took the plain descriptor: the table was full or the
+  /// kernel refused the registration (not set where the backend keeps no table at all).
+  bool file_fallback = false;
 };
 
 class Backend {

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/fixed_files.hpp"
 #include "core/stager.hpp"
 #include "memory/regions.hpp"
 #include "platform/fd.hpp"
@@ -70,6 +71,8 @@ struct Counters {
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
   std::atomic<std::uint64_t> synced{0};  ///< ops whose fdatasync (OpOptions::fsync) succeeded
+  std::atomic<std::uint64_t> fixed_file_requests{0};   ///< requests through a registered file's slot
+  std::atomic<std::uint64_t> fixed_file_fallbacks{0};  ///< file object requests on the plain fd (table full)
 };
 
 /// Something waiting for "any op finished" (the engine, for fd back-pressure and shutdown).
@@ -145,6 +148,19 @@ class OpState : public std::enable_shared_from_this<OpState> {
     shared_fds_ = std::move(owner);
     direct_fd_ = direct_fd;
     buffered_fd_ = buffered_fd;
+  }
+  /// A file object's registration records of the descriptors given to share_fds (null for
+  /// one it lacks): the worker hands the one of each request's descriptor to the backend
+  /// (Request::fixed_file). Set before dispatch, after share_fds.
+  void set_fixed_files(FixedFile* direct, FixedFile* buffered) noexcept {
+    fixed_direct_ = direct;
+    fixed_buffered_ = buffered;
+  }
+  /// The registration record of descriptor `fd` of the op's file object, or null.
+  [[nodiscard]] FixedFile* fixed_file(int fd) const noexcept {
+    if (fixed_direct_ != nullptr && fixed_direct_->fd() == fd) return fixed_direct_;
+    if (fixed_buffered_ != nullptr && fixed_buffered_->fd() == fd) return fixed_buffered_;
+    return nullptr;
   }
   [[nodiscard]] int direct_fd() const noexcept { return direct_fd_; }
   /// Reopens one of the op's own descriptors: (fd, flags, out) -> status. The engine's adds
@@ -245,6 +261,8 @@ class OpState : public std::enable_shared_from_this<OpState> {
   std::shared_ptr<void> shared_fds_;  // released (with the others) when the op finishes
   int direct_fd_ = -1;
   int buffered_fd_ = -1;      // guarded by mutex_ once workers run
+  FixedFile* fixed_direct_ = nullptr;    // owned by shared_fds_ (a file object)
+  FixedFile* fixed_buffered_ = nullptr;  // owned by shared_fds_
   int borrowed_source_ = -1;  // caller's descriptor, reopened without O_DIRECT when needed
   int device_ = -1;
   bool on_device_ = false;

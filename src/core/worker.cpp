@@ -503,6 +503,10 @@ struct Worker::Impl {
     }
     batch.resize(kept);
     batch_slots.resize(kept);
+    // A file object's descriptor: the backend may send it through its registered-file table.
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      batch[k].fixed_file = slots[batch_slots[k]].owner->task.op->fixed_file(batch[k].fd);
+    }
   }
 
   // Moves slot `s` to its op's descriptor without O_DIRECT (made from the op's own on first
@@ -759,7 +763,12 @@ struct Worker::Impl {
       }
       reap_failures = 0;
       inflight -= static_cast<std::size_t>(n);
-      for (int i = 0; i < n; ++i) complete(completions[static_cast<std::size_t>(i)]);
+      for (int i = 0; i < n; ++i) {
+        const Completion& c = completions[static_cast<std::size_t>(i)];
+        if (c.fixed_file) w.counters_->fixed_file_requests.fetch_add(1, std::memory_order_relaxed);
+        if (c.file_fallback) w.counters_->fixed_file_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        complete(c);
+      }
       batch_open = one_batch && inflight > 0;
     }
   }

@@ -344,6 +344,8 @@ HandleStats Engine::stats() const noexcept {
   s.short_transfers = counters_.short_transfers.load();
   s.retries = counters_.retries.load();
   s.synced = counters_.synced.load();
+  s.fixed_file_requests = counters_.fixed_file_requests.load();
+  s.fixed_file_fallbacks = counters_.fixed_file_fallbacks.load();
   s.device_ops_completed = counters_.device_ops_completed.load();
   s.device_ops_failed = counters_.device_ops_failed.load();
   const std::uint64_t device_ops = s.device_ops_completed + s.device_ops_failed;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/device_route.hpp"
+#include "core/fixed_files.hpp"
 #include "core/worker.hpp"
 #include "engine/engine.hpp"
 #include "platform/fd.hpp"
@@ -57,7 +58,8 @@ struct Engine::PendingSlices {
 /// many threads at once. A file object's registration with the engine's device route (its
 /// cuFile handle) lives in `route_slot`: made on its first device operation, ended when the
 /// SharedFile goes, before the descriptors close (route_slot is declared after them, so it
-/// is destroyed first).
+/// is destroyed first). So are a file object's registrations with the io_uring rings
+/// (fixed_main, fixed_buffered).
 struct SharedFile {
   UniqueFd main;      // O_DIRECT when opened.direct
   UniqueFd buffered;  // without O_DIRECT (reopened from `main`, never by path), when main has it
@@ -72,6 +74,12 @@ struct SharedFile {
   std::string path;
   int access = 0;
   std::uint64_t dev = 0;
+  /// File objects only: `main` and `buffered` as the io_uring workers' registered-file tables
+  /// know them (core/fixed_files.hpp): installed by a worker on its first request of the
+  /// descriptor, taken out of every table when the SharedFile goes, before the descriptors
+  /// close (declared after them, so destroyed first).
+  FixedFile fixed_main;
+  FixedFile fixed_buffered;
   /// File objects only: the device route's state for this file (Engine::bind_route). Last
   /// member: destroyed first, while `main` and `buffered` are still open.
   RouteFileSlot route_slot;

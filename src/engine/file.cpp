@@ -5,7 +5,9 @@
 // collected and counted exactly as path operations, minus the open, statx and close — and,
 // on device memory through the route, minus the cuFile registration: start() hands
 // bind_route() the file object, whose SharedFile::route_slot keeps the registration from its
-// first device operation until the SharedFile goes (before its descriptors close).
+// first device operation until the SharedFile goes (before its descriptors close). On io_uring
+// its descriptors are registered files of the workers' rings (SharedFile::fixed_main and
+// fixed_buffered, core/fixed_files.hpp), taken out of every ring when the SharedFile goes.
 // Thread safety: see deepio::File (include/deepio/handle.hpp); SharedFile::size is atomic,
 // route_slot has its own mutex.
 #include <fcntl.h>

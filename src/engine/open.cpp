@@ -133,6 +133,8 @@ std::shared_ptr<SharedFile> Engine::open_object(const std::string& path, int fla
     // O_DIRECT for all of them, of the same file (reopened from `main`, not from the path).
     throw_if_error(reopen_with_backpressure(f->main.get(), f->access, path, &f->buffered));
   }
+  f->fixed_main.set_fd(f->main.get());
+  f->fixed_buffered.set_fd(f->buffered.get());
   return f;
 }
 
@@ -206,6 +208,9 @@ void Engine::open_op(OpState& op, const std::string* path, int fd, const std::sh
     *size = shared->size;
     op.share_fds(shared, opened->direct ? shared->main.get() : -1,
                  opened->direct ? shared->buffered.get() : shared->main.get());
+    // A file object's descriptors go to io_uring's registered-file tables; a batch's shared
+    // open (a path operation) does not.
+    if (shared->object && kind_ == BackendKind::IoUring) op.set_fixed_files(&shared->fixed_main, &shared->fixed_buffered);
   } else if (path != nullptr) {
     open_path(op, write, *path, size, opened);
   } else {

@@ -21,8 +21,20 @@
 // kernel refuses (ENOMEM under RLIMIT_MEMLOCK, kernels before 5.19 without sparse tables) is
 // remembered and those requests take the ordinary path. The table is guarded by fixed_mutex_
 // because the listener runs on the thread that frees memory; the ring is therefore not set
-// up with IORING_SETUP_SINGLE_ISSUER. Registered files are not used: with one open per file
-// and a few requests each they cost a system call and save little.
+// up with IORING_SETUP_SINGLE_ISSUER.
+// Registered ("fixed") files, for file objects only (Request::fixed_file; the protocol is
+// core/fixed_files.hpp's): each ring gets a sparse file table at setup (file_table_slots()
+// entries; none where the kernel refuses one, before 5.19: every request then takes its plain
+// descriptor). The first request of a file object's descriptor on this ring installs it in a
+// free slot (one io_uring_register call); it and every later one go with IOSQE_FIXED_FILE, so
+// the kernel neither looks the descriptor up nor counts a reference per request. The worker
+// finds the slot in its own map (ids are never reused, and a slot is only freed by its file's
+// removal, when no request of it can be submitted), without a lock; the table's mutex guards
+// the free list against removals, which come from the thread that drops the file object
+// (FileTable::remove, before its descriptors close). A full table or a refused registration:
+// the plain descriptor, flagged in the completion (Completion::file_fallback). Path operations
+// (one open per op, a few requests each) are not registered: a registration and a removal
+// cost two system calls, more than they save there.
 #include "backends/uring/uring_backend.hpp"
 
 #include <liburing.h>
@@ -30,14 +42,18 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/fixed_files.hpp"
+#include "platform/process.hpp"
 #include "platform/sys.hpp"
 
 namespace deepio::detail {
@@ -50,7 +66,66 @@ namespace {
 // earlier requests are in flight. 256 slots cover 16 GiB per ring before any replacement.
 constexpr std::size_t kFixedPiece = std::size_t{64} << 20;
 constexpr unsigned kFixedSlots = 256;
-constexpr std::uint64_t kFixedBit = std::uint64_t{1} << 63;  // in user_data: the request used a fixed buffer
+// In user_data above the tag (Request::tag is below 2^61): what the request went through.
+constexpr std::uint64_t kFixedBit = std::uint64_t{1} << 63;      // a fixed buffer
+constexpr std::uint64_t kFixedFileBit = std::uint64_t{1} << 62;  // a registered file's slot
+constexpr std::uint64_t kFallbackBit = std::uint64_t{1} << 61;   // its plain fd: table full or refused
+constexpr std::uint64_t kFlagBits = kFixedBit | kFixedFileBit | kFallbackBit;
+
+// A ring's registered-file table, as file objects see it (core/fixed_files.hpp). Shared by
+// the backend (which installs, on its worker thread) and the FixedFiles it installed (which
+// remove themselves from any thread). `ring` is null once the backend shut the ring down.
+class UringFileTable final : public FileTable {
+ public:
+  UringFileTable(io_uring* ring, unsigned slots) : ring_(ring) {
+    free_.reserve(slots);
+    for (unsigned i = slots; i-- > 0;) free_.push_back(i);
+    free_count_.store(slots, std::memory_order_relaxed);
+  }
+
+  void remove(unsigned slot) noexcept override {
+    if (!process_.here()) return;  // a forked child: the parent's ring, and maybe a lock held there
+    std::lock_guard lock(mutex_);
+    if (ring_ == nullptr) return;  // the ring is gone, and every registration with it
+    int none = -1;
+    // Cannot fail for an installed slot; if it did, the file would stay open until the ring
+    // closes (and the slot is not reused).
+    if (io_uring_register_files_update(ring_, slot, &none, 1) != 1) return;
+    free_.push_back(slot);
+    free_count_.store(free_.size(), std::memory_order_relaxed);
+    count_fixed_files(-1);
+  }
+
+  [[nodiscard]] bool has_free() const noexcept { return free_count_.load(std::memory_order_relaxed) > 0; }
+
+  // On the worker: a free slot with fd installed in it, or -1 (full, or refused).
+  int install(int fd) {
+    if (free_count_.load(std::memory_order_relaxed) == 0) return -1;
+    std::lock_guard lock(mutex_);
+    if (ring_ == nullptr || free_.empty()) return -1;
+    const unsigned slot = free_.back();
+    if (io_uring_register_files_update(ring_, slot, &fd, 1) != 1) return -1;
+    free_.pop_back();
+    free_count_.store(free_.size(), std::memory_order_relaxed);
+    count_fixed_files(1);
+    return static_cast<int>(slot);
+  }
+
+  // The backend's shutdown, before the ring exits (which drops what is still installed).
+  void close(std::size_t slots) noexcept {
+    std::lock_guard lock(mutex_);
+    if (ring_ == nullptr) return;
+    ring_ = nullptr;
+    count_fixed_files(-static_cast<std::int64_t>(slots - free_.size()));
+  }
+
+ private:
+  const ProcessStamp process_;
+  std::mutex mutex_;
+  io_uring* ring_;                          // guarded by mutex_
+  std::vector<unsigned> free_;              // guarded by mutex_
+  std::atomic<std::size_t> free_count_{0};  // free_.size(), read without the lock
+};
 
 class UringBackend final : public Backend {
  public:
@@ -67,6 +142,7 @@ class UringBackend final : public Backend {
     if (listener_ != 0) remove_release_listener(listener_);  // waits for a running one
     listener_ = 0;
     quiet_ = drain();
+    if (files_) files_->close(file_table_size_);
     io_uring_queue_exit(&ring_);  // also drops every registration
     return quiet_;
   }
@@ -82,6 +158,13 @@ class UringBackend final : public Backend {
       fixed_.resize(kFixedSlots);
       listener_ = add_release_listener([this](std::uint64_t id) { forget(id); });
     }
+    // A table the size of RLIMIT_NOFILE at most: liburing would raise the limit itself.
+    const unsigned slots = file_table_slots();
+    if (slots > 0 && io_uring_register_files_sparse(&ring_, slots) == 0) {
+      files_ = std::make_shared<UringFileTable>(&ring_, slots);
+      file_table_size_ = slots;
+      slot_owner_.assign(slots, 0);
+    }
     return 0;
   }
 
@@ -93,18 +176,30 @@ class UringBackend final : public Backend {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) break;
       const int slot = fixed_slot(r);
+      std::uint64_t flags = slot >= 0 ? kFixedBit : 0;
+      int fd = r.fd;
+      if (r.fixed_file != nullptr && files_) {
+        const int file_slot = file_slot_for(r);
+        if (file_slot >= 0) {
+          fd = file_slot;
+          flags |= kFixedFileBit;
+        } else {
+          flags |= kFallbackBit;
+        }
+      }
       if (slot >= 0) {
         if (r.write) {
-          io_uring_prep_write_fixed(sqe, r.fd, r.buf, r.len, r.offset, slot);
+          io_uring_prep_write_fixed(sqe, fd, r.buf, r.len, r.offset, slot);
         } else {
-          io_uring_prep_read_fixed(sqe, r.fd, r.buf, r.len, r.offset, slot);
+          io_uring_prep_read_fixed(sqe, fd, r.buf, r.len, r.offset, slot);
         }
       } else if (r.write) {
-        io_uring_prep_write(sqe, r.fd, r.buf, r.len, r.offset);
+        io_uring_prep_write(sqe, fd, r.buf, r.len, r.offset);
       } else {
-        io_uring_prep_read(sqe, r.fd, r.buf, r.len, r.offset);
+        io_uring_prep_read(sqe, fd, r.buf, r.len, r.offset);
       }
-      io_uring_sqe_set_data64(sqe, slot >= 0 ? (r.tag | kFixedBit) : r.tag);
+      if ((flags & kFixedFileBit) != 0) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+      io_uring_sqe_set_data64(sqe, r.tag | flags);
       ++prepared;
     }
     prepared_ += static_cast<std::uint64_t>(prepared);
@@ -156,7 +251,8 @@ class UringBackend final : public Backend {
       if (n == 0) break;
       for (unsigned i = 0; i < n; ++i) {
         const std::uint64_t data = io_uring_cqe_get_data64(cqes[i]);
-        out[stored++] = {data & ~kFixedBit, cqes[i]->res, (data & kFixedBit) != 0};
+        out[stored++] = {data & ~kFlagBits, cqes[i]->res, (data & kFixedBit) != 0, (data & kFixedFileBit) != 0,
+                         (data & kFallbackBit) != 0};
       }
       io_uring_cq_advance(&ring_, n);
       reaped_ += n;
@@ -225,6 +321,41 @@ class UringBackend final : public Backend {
     return static_cast<int>(victim);
   }
 
+  // The slot of r's file object descriptor in this ring's table, installing it on first use
+  // (recorded in the FixedFile, which takes it out again when it goes); -1 for the plain fd.
+  int file_slot_for(const Request& r) {
+    FixedFile& f = *r.fixed_file;
+    if (f.fd() != r.fd) return -1;
+    if (auto it = file_slots_.find(f.id()); it != file_slots_.end()) return it->second;
+    const int slot = files_->install(r.fd);
+    if (slot < 0) {
+      // Refused with slots free: remembered (as -1), so that it is not asked again for every
+      // request (refusals of files long gone are dropped when they pile up). A full table is
+      // asked again once a slot is free (has_free() is one atomic load).
+      if (files_->has_free()) {
+        if (file_slots_.size() >= 2 * std::size_t{file_table_size_}) {
+          std::erase_if(file_slots_, [](const auto& kv) { return kv.second < 0; });
+        }
+        file_slots_.emplace(f.id(), -1);
+      }
+      return -1;
+    }
+    const auto at = static_cast<std::size_t>(slot);
+    // The slot's previous file is gone: its entry here can never be asked for again.
+    if (slot_owner_[at] != 0) file_slots_.erase(slot_owner_[at]);
+    try {
+      file_slots_.emplace(f.id(), slot);
+      slot_owner_[at] = f.id();
+      f.add(files_, static_cast<unsigned>(slot));
+    } catch (...) {  // out of memory: an installation nobody would take out is undone now
+      file_slots_.erase(f.id());
+      slot_owner_[at] = 0;
+      files_->remove(static_cast<unsigned>(slot));
+      return -1;
+    }
+    return slot;
+  }
+
   // Release listener: the region is about to be unmapped, so its registrations end now.
   void forget(std::uint64_t id) noexcept {
     std::lock_guard lock(fixed_mutex_);
@@ -248,6 +379,11 @@ class UringBackend final : public Backend {
   std::set<std::pair<std::uint64_t, std::size_t>> refused_;  // guarded by fixed_mutex_
   std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
+  // Registered files (see the file comment); worker thread only, except what files_ guards.
+  std::shared_ptr<UringFileTable> files_;                  // null: the kernel has no sparse file tables
+  unsigned file_table_size_ = 0;                           // its slots
+  std::unordered_map<std::uint64_t, int> file_slots_;      // FixedFile::id -> slot, or -1: refused
+  std::vector<std::uint64_t> slot_owner_;                  // slot -> id of the file last installed there
   std::uint64_t prepared_ = 0;  // SQEs prepared, ever
   std::uint64_t reaped_ = 0;    // CQEs consumed, ever
   bool exited_ = true;          // no ring: not set up yet, or shut down
