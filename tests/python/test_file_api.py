@@ -479,3 +479,28 @@ def test_file_refuses_the_direction_it_was_not_opened_for(tmp_dir):
         with pytest.raises(OSError) as e:
             f.pread(bytearray(1), 0)
         assert e.value.errno == errno.EBADF
+
+
+def test_file_reads_go_through_io_urings_registered_files(tmp_dir):
+    """On io_uring a File's requests use its slot in each worker's registered-file table
+    (stats()["fixed_file_requests"]); path calls never do; the bytes are the file's."""
+    if "io_uring" not in [b["name"] for b in deepio.info()["backends"] if b["available"]]:
+        pytest.skip("io_uring is not available here")
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    p = tmp_dir / "fixed.bin"
+    data = os.urandom(1 << 20)
+    p.write_bytes(data)
+    h = deepio.aio_handle(block_size=65536, backend="io_uring")
+    buf = np.empty(1 << 20, np.uint8)
+    with deepio.File(p, "r", handle=h) as f:
+        futs = [f.pread(buf[i * 4096 : (i + 1) * 4096], i * 4096) for i in range(64)]
+        assert all(x.result() == 4096 for x in futs)
+    assert as_bytes(buf[: 64 * 4096]) == data[: 64 * 4096]
+    s = h.stats()
+    assert s["fixed_file_fallbacks"] == 0
+    if release >= (5, 19):
+        assert s["fixed_file_requests"] == 64
+    else:
+        assert s["fixed_file_requests"] == 0, "no sparse file tables before Linux 5.19"
+    h.sync_pread(buf[:4096], str(p), 0)
+    assert h.stats()["fixed_file_requests"] == s["fixed_file_requests"], "path calls are not registered"
