@@ -48,7 +48,7 @@ struct Request {
 struct Completion {
   std::uint64_t tag = 0;
   std::int64_t res = 0;
-  bool fixed = false;  ///< the request went through a buffer registered with the kernel
+  bool fixed = false;       ///< the request went through a buffer registered with the kernel
   bool fixed_file = false;  ///< the request went through its file's slot in a registered-file table
   /// The request had a fixed_file but took the plain descriptor: the table was full or the
   /// kernel refused the registration (not set where the backend keeps no table at all).

@@ -70,7 +70,7 @@ struct Counters {
   std::atomic<std::uint64_t> preallocated{0};  ///< extending direct writes whose range was fallocate()d first
   std::atomic<std::uint64_t> short_transfers{0};
   std::atomic<std::uint64_t> retries{0};
-  std::atomic<std::uint64_t> synced{0};  ///< ops whose fdatasync (OpOptions::fsync) succeeded
+  std::atomic<std::uint64_t> synced{0};                ///< ops whose fdatasync (OpOptions::fsync) succeeded
   std::atomic<std::uint64_t> fixed_file_requests{0};   ///< requests through a registered file's slot
   std::atomic<std::uint64_t> fixed_file_fallbacks{0};  ///< file object requests on the plain fd (table full)
 };
@@ -260,10 +260,10 @@ class OpState : public std::enable_shared_from_this<OpState> {
   UniqueFd owned_buffered_;
   std::shared_ptr<void> shared_fds_;  // released (with the others) when the op finishes
   int direct_fd_ = -1;
-  int buffered_fd_ = -1;      // guarded by mutex_ once workers run
+  int buffered_fd_ = -1;                 // guarded by mutex_ once workers run
   FixedFile* fixed_direct_ = nullptr;    // owned by shared_fds_ (a file object)
   FixedFile* fixed_buffered_ = nullptr;  // owned by shared_fds_
-  int borrowed_source_ = -1;  // caller's descriptor, reopened without O_DIRECT when needed
+  int borrowed_source_ = -1;             // caller's descriptor, reopened without O_DIRECT when needed
   int device_ = -1;
   bool on_device_ = false;
   bool routed_ = false;

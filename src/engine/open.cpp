@@ -210,7 +210,8 @@ void Engine::open_op(OpState& op, const std::string* path, int fd, const std::sh
                  opened->direct ? shared->buffered.get() : shared->main.get());
     // A file object's descriptors go to io_uring's registered-file tables; a batch's shared
     // open (a path operation) does not.
-    if (shared->object && kind_ == BackendKind::IoUring) op.set_fixed_files(&shared->fixed_main, &shared->fixed_buffered);
+    if (shared->object && kind_ == BackendKind::IoUring)
+      op.set_fixed_files(&shared->fixed_main, &shared->fixed_buffered);
   } else if (path != nullptr) {
     open_path(op, write, *path, size, opened);
   } else {

@@ -84,10 +84,10 @@ bool eventually(Pred pred) {
 }
 
 // Skips unless io_uring is usable and keeps a file table (Linux 5.19+).
-#define SKIP_WITHOUT_FILE_TABLES()                                                          \
-  do {                                                                                      \
-    std::string why_;                                                                       \
-    if (!test::backend_available(BackendKind::IoUring, &why_)) GTEST_SKIP() << "io_uring: " << why_; \
+#define SKIP_WITHOUT_FILE_TABLES()                                                                      \
+  do {                                                                                                  \
+    std::string why_;                                                                                   \
+    if (!test::backend_available(BackendKind::IoUring, &why_)) GTEST_SKIP() << "io_uring: " << why_;    \
     if (!kernel_has_sparse_files()) GTEST_SKIP() << "no sparse io_uring file tables before Linux 5.19"; \
   } while (0)
 

@@ -380,14 +380,14 @@ class UringBackend final : public Backend {
   std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
   // Registered files (see the file comment); worker thread only, except what files_ guards.
-  std::shared_ptr<UringFileTable> files_;                  // null: the kernel has no sparse file tables
-  unsigned file_table_size_ = 0;                           // its slots
-  std::unordered_map<std::uint64_t, int> file_slots_;      // FixedFile::id -> slot, or -1: refused
-  std::vector<std::uint64_t> slot_owner_;                  // slot -> id of the file last installed there
-  std::uint64_t prepared_ = 0;  // SQEs prepared, ever
-  std::uint64_t reaped_ = 0;    // CQEs consumed, ever
-  bool exited_ = true;          // no ring: not set up yet, or shut down
-  bool quiet_ = true;           // what shutdown() found
+  std::shared_ptr<UringFileTable> files_;              // null: the kernel has no sparse file tables
+  unsigned file_table_size_ = 0;                       // its slots
+  std::unordered_map<std::uint64_t, int> file_slots_;  // FixedFile::id -> slot, or -1: refused
+  std::vector<std::uint64_t> slot_owner_;              // slot -> id of the file last installed there
+  std::uint64_t prepared_ = 0;                         // SQEs prepared, ever
+  std::uint64_t reaped_ = 0;                           // CQEs consumed, ever
+  bool exited_ = true;                                 // no ring: not set up yet, or shut down
+  bool quiet_ = true;                                  // what shutdown() found
 };
 }  // namespace
 
