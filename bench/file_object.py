@@ -12,6 +12,8 @@ preallocated file into slices of one buffer:
   file       one deepio.File.pread(buf, off) per read (a Future each), then every result()
   path-sync  one aio_handle.sync_pread(buf, path, off) per read (one at a time)
   file-sync  one deepio.File.read_into(buf, off) per read (one at a time)
+  file-ranges  one deepio.File.pread_ranges(buf, offsets, sizes) for all the reads, then its
+             result() (the engine's and the kernel's cost per read, little of Python's)
 Rounds are interleaved (the order rotated each round); medians of --rounds, with the range of
 the per-round ratios against `path` (and `path-sync` for the sync rows). With the default
 --direct-io off the reads come from the page cache (the file is written just before), so the
@@ -40,7 +42,7 @@ import numpy as np
 import deepio
 from benchutil import block_device, cpu_seconds, drop_caches
 
-MODES = ("path", "fd", "file", "path-sync", "file-sync")
+MODES = ("path", "fd", "file", "path-sync", "file-sync", "file-ranges")
 
 
 def size_arg(s: str) -> int:
@@ -48,7 +50,7 @@ def size_arg(s: str) -> int:
     return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
 
 
-def run(mode: str, h, f, fd: int, path: str, views, offsets) -> None:
+def run(mode: str, h, f, fd: int, path: str, pool, views, offsets) -> None:
     if mode == "path":
         for b, o in zip(views, offsets):
             h.async_pread(b, path, o)
@@ -67,6 +69,8 @@ def run(mode: str, h, f, fd: int, path: str, views, offsets) -> None:
     elif mode == "file-sync":
         for b, o in zip(views, offsets):
             f.read_into(b, o)
+    elif mode == "file-ranges":
+        f.pread_ranges(pool, offsets, [len(views[0])] * len(offsets)).result()
     else:
         raise ValueError(mode)
 
@@ -114,7 +118,7 @@ def main() -> None:
         f"file {a.file_size >> 20} MiB; {a.count} reads of {a.size} B per round; rounds {a.rounds}; "
         f"page cache {'dropped before each round' if a.cold else 'warm (reads may come from it)'}"
     )
-    run("path", h, f, fd, path, views, offsets)  # warm-up: the file into the cache, pools made
+    run("path", h, f, fd, path, pool, views, offsets)  # warm-up: the file into the cache, pools made
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpus: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(a.rounds):
@@ -123,20 +127,26 @@ def main() -> None:
             if a.cold and not drop_caches():
                 raise SystemExit("--cold needs root (drop_caches)")
             c0, t0 = cpu_seconds(), time.perf_counter()
-            run(m, h, f, fd, path, views, offsets)
+            run(m, h, f, fd, path, pool, views, offsets)
             times[m].append(time.perf_counter() - t0)
             cpus[m].append(cpu_seconds() - c0)
     # Verified outside the timed rounds: the last round's bytes of every read.
     pool[:] = 0
-    run(modes[0], h, f, fd, path, views, offsets)
+    run(modes[0], h, f, fd, path, pool, views, offsets)
     for v, o in zip(views, offsets):
         if not np.array_equal(v, data[o : o + a.size]):
             raise SystemExit(f"verification failed at offset {o}")
     f.close()
     os.close(fd)
 
+    st = h.stats()
+    # Older packages have no such counters: "n/a".
+    print(
+        f"io_uring registered files: {st.get('fixed_file_requests', 'n/a')} requests through a File's slot, "
+        f"{st.get('fixed_file_fallbacks', 'n/a')} on the plain descriptor (table full)"
+    )
     rows = []
-    print(f"{'mode':<10} {'reads/s':>10} {'us/read':>8} {'CPU us/read':>12}  ratio (range)")
+    print(f"{'mode':<11} {'reads/s':>10} {'us/read':>8} {'CPU us/read':>12}  ratio (range)")
     for m in modes:
         med = statistics.median(times[m])
         base = "path-sync" if m.endswith("-sync") and "path-sync" in times else "path"
@@ -153,7 +163,7 @@ def main() -> None:
         }
         rows.append(row)
         print(
-            f"{m:<10} {row['reads_per_s']:>10.0f} {row['us_per_read']:>8.2f} {row['cpu_us_per_read']:>12.2f}  "
+            f"{m:<11} {row['reads_per_s']:>10.0f} {row['us_per_read']:>8.2f} {row['cpu_us_per_read']:>12.2f}  "
             f"{row['ratio']:.2f}x vs {base} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})"
         )
     if a.json:

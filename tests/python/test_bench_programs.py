@@ -102,9 +102,9 @@ def test_file_object_bench_runs_every_mode_and_verifies(tmp_dir):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "O_DIRECT" in out.stdout.splitlines()[0]
     rows = json.loads(out.stdout.splitlines()[-1])
-    assert [r["mode"] for r in rows] == ["path", "fd", "file", "path-sync", "file-sync"]
+    assert [r["mode"] for r in rows] == ["path", "fd", "file", "path-sync", "file-sync", "file-ranges"]
     assert all(r["reads_per_s"] > 0 for r in rows)
-    assert [r["vs"] for r in rows] == ["path", "path", "path", "path-sync", "path-sync"]
+    assert [r["vs"] for r in rows] == ["path", "path", "path", "path-sync", "path-sync", "path"]
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt-get install -y fio)")
