@@ -375,7 +375,7 @@ def test_sigkill_in_a_stream_of_puts(tmp_dir):
 @needs_numpy
 @pytest.mark.slow
 def test_reopen_speed_sanity(tmp_dir):
-    n = 20000
+    n = 40 * 512
     page_n = 4096
     store = deepio.kv.Store([str(tmp_dir / "s")], capacity_bytes=2 * n * 8192, page_bytes=page_n, checkpoint_interval=0)
     pool = np.zeros((512, page_n), np.uint8)
