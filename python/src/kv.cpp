@@ -1,4 +1,4 @@
-// `_deepio._KvStore` and `_deepio._KvFuture`: thin bindings over deepio::kv::Store
+// `_deepio.KvStore` and `_deepio.KvFuture`: thin bindings over deepio::kv::Store
 // (include/deepio/kv.hpp), wrapped by deepio.kv.Store (python/deepio/kv/__init__.py).
 //
 // Arguments are checked here, with the GIL, so that a bad one raises at the call naming its
@@ -357,7 +357,7 @@ class KvStore {
 }  // namespace
 
 void init_kv(nb::module_& m) {
-  nb::class_<KvFuture>(m, "_KvFuture", "The completion of a deepio.kv.Store put or get batch.")
+  nb::class_<KvFuture>(m, "KvFuture", "The completion of a deepio.kv.Store put or get batch.")
       .def("done", &KvFuture::done, "True once every page of the batch is stored or read (or failed).")
       .def("result", &KvFuture::result, nb::arg("timeout") = nb::none(),
            "Waits (GIL released, Ctrl-C honoured) and returns one bool per key; TimeoutError when the timeout passes.")
@@ -365,7 +365,7 @@ void init_kv(nb::module_& m) {
           "add_done_callback", [](nb::handle self, nb::object fn) { nb::cast<KvFuture&>(self).add_done_callback(self, std::move(fn)); },
           nb::arg("fn"),
           "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
-  nb::class_<KvStore>(m, "_KvStore", "deepio::kv::Store (use deepio.kv.Store).")
+  nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
                     std::size_t, std::size_t, std::size_t>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
@@ -395,7 +395,7 @@ void init_kv(nb::module_& m) {
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)
       .def_prop_ro("page_bytes", &KvStore::page_bytes);
-  m.attr("_KV_MAX_KEY_BYTES") = kv::kMaxKeyBytes;
+  m.attr("KV_MAX_KEY_BYTES") = kv::kMaxKeyBytes;
 }
 
 }  // namespace deepio::py

@@ -26,11 +26,11 @@ from deepio import _deepio
 __all__ = ["Store", "Future", "FolderFailedWarning", "MAX_KEY_BYTES"]
 
 #: The longest key, in bytes (utf-8 for str).
-MAX_KEY_BYTES: int = _deepio._KV_MAX_KEY_BYTES
+MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
 
 #: The completion of a put or get batch: ``done()``, ``result(timeout=None) -> list[bool]``,
 #: ``add_done_callback(fn)``.
-Future = _deepio._KvFuture
+Future = _deepio.KvFuture
 
 Key = Union[str, bytes]
 
@@ -69,7 +69,7 @@ class Store:
         for name, value in (("capacity_bytes", capacity_bytes), ("page_bytes", page_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"{name} must be a non-negative int, not {value!r}")
-        self._s = _deepio._KvStore(
+        self._s = _deepio.KvStore(
             paths,
             capacity_bytes,
             page_bytes,
