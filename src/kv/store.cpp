@@ -221,7 +221,8 @@ void fsync_dir(const std::string& dir) {
 }
 
 /// Writes `bytes` to `path` durably: temp file through the handle with fsync, rename, folder sync.
-void write_durably(Handle& handle, const std::string& dir, const std::string& name, const std::vector<unsigned char>& bytes) {
+void write_durably(Handle& handle, const std::string& dir, const std::string& name,
+                   const std::vector<unsigned char>& bytes) {
   const std::string tmp = dir + "/" + name + ".tmp";
   const std::string path = dir + "/" + name;
   ::unlink(tmp.c_str());
@@ -263,8 +264,8 @@ struct Folder {
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
   std::vector<SlotInfo> info;
-  std::vector<std::uint32_t> free;          // slots to hand out
-  std::list<const std::string*> lru;        // live keys, least recently used first
+  std::vector<std::uint32_t> free;                        // slots to hand out
+  std::list<const std::string*> lru;                      // live keys, least recently used first
   std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
   bool failed = false;
   std::uint64_t errors = 0;
@@ -310,9 +311,7 @@ struct Store::Impl {
   std::vector<std::thread> threads;
 
   // -- helpers (mu held) --
-  std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const {
-    return (slot % f.per_slab) * slot_bytes;
-  }
+  std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const { return (slot % f.per_slab) * slot_bytes; }
   File& slab_of(Folder& f, std::uint32_t slot) { return f.slabs[slot / f.per_slab]; }
 
   void fail_folder(std::uint32_t fi, int err, const std::string& what) {
@@ -507,9 +506,11 @@ struct Store::Impl {
     for (auto& [where, members] : groups) {
       Folder& f = folders[where.first];
       std::vector<IoRange> ranges;
-      for (std::size_t i : members) ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
+      for (std::size_t i : members)
+        ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
       try {
-        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges, OpOptions{.fsync = true, .stream = std::nullopt}),
+        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges,
+                                                                 OpOptions{.fsync = true, .stream = std::nullopt}),
                              &members);
       } catch (const Error& e) {
         for (std::size_t i : members) {
@@ -600,7 +601,8 @@ struct Store::Impl {
     for (auto& [where, members] : groups) {
       Folder& f = folders[where.first];
       std::vector<IoRange> ranges;
-      for (std::size_t i : members) ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
+      for (std::size_t i : members)
+        ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
       try {
         hdr_ops.emplace_back(f.slabs[where.second].pread_ranges(hdr.get(), n * kHeaderBytes, ranges), &members);
       } catch (const Error& e) {
@@ -819,7 +821,7 @@ struct Store::Impl {
         for (std::uint64_t r = 0; r < count; ++r) {
           const unsigned char* p = v.data() + 24 + r * 24;
           ck[static_cast<std::uint32_t>(get_le<std::uint64_t>(p))] = {get_le<std::uint64_t>(p + 8),
-                                                                        get_le<std::uint64_t>(p + 16)};
+                                                                      get_le<std::uint64_t>(p + 16)};
         }
       }
     }
@@ -856,7 +858,8 @@ struct Store::Impl {
         const std::size_t count = std::min<std::uint64_t>(kScanChunkSlots, in_slab - k);
         Chunk c{static_cast<std::uint32_t>(s * f.per_slab + k), count, aligned_buf(count * kHeaderBytes), {}};
         std::vector<IoRange> ranges(count);
-        for (std::size_t r = 0; r < count; ++r) ranges[r] = IoRange{(k + r) * slot_bytes, r * kHeaderBytes, kHeaderBytes};
+        for (std::size_t r = 0; r < count; ++r)
+          ranges[r] = IoRange{(k + r) * slot_bytes, r * kHeaderBytes, kHeaderBytes};
         c.fut = f.slabs[s].pread_ranges(c.buf.get(), count * kHeaderBytes, ranges);
         inflight.push_back(std::move(c));
         if (inflight.size() >= kScanInFlight) drain_one();
@@ -879,8 +882,8 @@ struct Store::Impl {
     folders.resize(opt.folders.size());
     const std::uint64_t share = opt.capacity_bytes / opt.folders.size();
     if (opt.capacity_bytes != 0 && share < slot_bytes) {
-      throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) +
-                            " holds less than one slot (" + std::to_string(slot_bytes) + " bytes) per folder");
+      throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) + " holds less than one slot (" +
+                            std::to_string(slot_bytes) + " bytes) per folder");
     }
     std::unordered_map<std::string, std::vector<Candidate>> found;
     std::size_t usable = 0;
@@ -932,7 +935,8 @@ struct Store::Impl {
     }
     st.recovered_pages = index.size();
     st.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (std::size_t t = 0; t < std::max<std::size_t>(1, opt.batch_threads); ++t) threads.emplace_back([this] { run_jobs(); });
+    for (std::size_t t = 0; t < std::max<std::size_t>(1, opt.batch_threads); ++t)
+      threads.emplace_back([this] { run_jobs(); });
   }
 
   void check_usable() const {

@@ -53,14 +53,16 @@ std::vector<unsigned char> page_for(const std::string& key, std::size_t n, std::
   return p;
 }
 
-std::vector<bool> put_pages(Store& s, const std::vector<std::string>& keys, std::vector<std::vector<unsigned char>>& pages) {
+std::vector<bool> put_pages(Store& s, const std::vector<std::string>& keys,
+                            std::vector<std::vector<unsigned char>>& pages) {
   std::vector<std::string_view> kv(keys.begin(), keys.end());
   std::vector<std::vector<Segment>> segs;
   for (auto& p : pages) segs.push_back({Segment{p.data(), p.size()}});
   return s.put(kv, segs).get();
 }
 
-std::vector<bool> get_pages(Store& s, const std::vector<std::string>& keys, std::vector<std::vector<unsigned char>>& out) {
+std::vector<bool> get_pages(Store& s, const std::vector<std::string>& keys,
+                            std::vector<std::vector<unsigned char>>& out) {
   std::vector<std::string_view> kv(keys.begin(), keys.end());
   std::vector<std::vector<Segment>> segs;
   for (auto& p : out) segs.push_back({Segment{p.data(), p.size()}});
