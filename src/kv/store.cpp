@@ -391,6 +391,16 @@ struct Store::Impl {
   }
 
   // -- batch threads --
+  /// Queues a batch; refused once close() began (its threads may be gone).
+  void enqueue(Job job) {
+    {
+      std::lock_guard lk(qmu);
+      if (stopping) throw InvalidArgument("kv::Store: the store is closed");
+      queue.push_back(std::move(job));
+    }
+    qcv.notify_one();
+  }
+
   void run_jobs() {
     for (;;) {
       Job job;
@@ -929,8 +939,9 @@ struct Store::Impl {
       std::sort(order[fi].begin(), order[fi].end());
       for (auto& [tick, key] : order[fi]) index[*key].lru = f.lru.insert(f.lru.end(), key);
       for (auto& [slot, tick] : f.tick) tick = ++clock;  // renumber (ticks only order)
+      if (f.failed) continue;                            // possibly failed before its slot table was made
       for (std::uint64_t s = f.slots; s-- > 0;) {
-        if (f.info[s].state == SlotState::Free && !f.failed) f.free.push_back(static_cast<std::uint32_t>(s));
+        if (f.info[s].state == SlotState::Free) f.free.push_back(static_cast<std::uint32_t>(s));
       }
     }
     st.recovered_pages = index.size();
@@ -1003,11 +1014,7 @@ BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const s
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);
-  {
-    std::lock_guard lk(impl_->qmu);
-    impl_->queue.push_back(std::move(job));
-  }
-  impl_->qcv.notify_one();
+  impl_->enqueue(std::move(job));
   return fut;
 }
 
@@ -1024,11 +1031,7 @@ BatchFuture Store::get(std::span<const std::string_view> keys, std::span<const s
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);
-  {
-    std::lock_guard lk(impl_->qmu);
-    impl_->queue.push_back(std::move(job));
-  }
-  impl_->qcv.notify_one();
+  impl_->enqueue(std::move(job));
   return fut;
 }
 
