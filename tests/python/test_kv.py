@@ -302,6 +302,26 @@ def test_eio_on_one_folder(tmp_dir, fault):
 
 
 @needs_numpy
+def test_write_failure_on_one_folder(tmp_dir, fault):
+    # ENOSPC on the data writes of one folder: its puts are False, the folder is failed and
+    # named, later puts all go to the other folder.
+    with make_store(tmp_dir, folders=("full", "ok")) as store:
+        pool = np.zeros((16, PAGE), np.uint8)
+        store.register(pool)
+        keys = [f"w{i}" for i in range(16)]
+        fault("write", errno=28, count=1 << 30, path_contains=f"{os.sep}full{os.sep}")
+        ok = store.put(keys, range(16)).result()
+        deepio._deepio._clear_fault()
+        assert 0 < sum(ok) < 16
+        with pytest.warns(deepio.kv.FolderFailedWarning, match="full"):
+            assert store.contains(keys) == ok  # the next call warns
+        s = store.stats()
+        assert s["folders"][0]["state"] == "failed" and s["folders"][0]["last_errno"] == 28
+        assert store.put(keys, range(16)).result() == [True] * 16
+        assert store.get(keys, range(16)).result() == [True] * 16
+
+
+@needs_numpy
 def test_fork_child_raises(tmp_dir):
     with make_store(tmp_dir) as store:
         pool = np.zeros((2, PAGE), np.uint8)
