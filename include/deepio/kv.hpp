@@ -20,8 +20,9 @@
 //    removed), and no key returns a torn page. remove() and evictions are durable at the next
 //    checkpoint (periodic and at close): after a crash a removed key may come back, whole.
 //  - Space: puts never fail for space (the least recently used pages are evicted between the
-//    high and low watermarks); only a page larger than page_bytes (false), a failed write
-//    (false, the folder marked failed) or every slot pinned by gets (false) fails a put.
+//    high and low watermarks); only a page larger than page_bytes (false), failed writes on
+//    every folder (false) or every slot pinned by gets (false) fails a put. A page whose
+//    folder's write failed is put again on the next healthy folder.
 //  - A folder whose I/O fails (EIO, ENOSPC, gone) is marked failed: its pages turn into
 //    misses, new pages go elsewhere, Stats names it (errno, count) and a warning is queued
 //    (take_warnings()).

@@ -413,7 +413,7 @@ struct Store::Impl {
       }
       std::vector<bool> results;
       try {
-        results = job.write ? do_put(job) : do_get(job);
+        results = job.write ? put_batch(job) : do_get(job);
       } catch (...) {
         results.assign(job.keys.size(), false);  // bad_alloc and the like: the batch fails
       }
@@ -448,9 +448,41 @@ struct Store::Impl {
     }
   }
 
-  std::vector<bool> do_put(Job& job) {
+  /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
+  /// failed) are put again, to the next healthy folder, until none is left.
+  std::vector<bool> put_batch(Job& job) {
+    std::vector<bool> io_failed;
+    std::vector<bool> ok = do_put(job, &io_failed);
+    for (std::size_t round = 1; round < folders.size(); ++round) {
+      Job again;
+      std::vector<std::size_t> where;
+      for (std::size_t i = 0; i < ok.size(); ++i) {
+        if (!io_failed[i]) continue;
+        where.push_back(i);
+        again.keys.push_back(job.keys[i]);
+        again.segments.push_back(job.segments[i]);
+      }
+      if (where.empty()) break;
+      {
+        std::lock_guard lk(mu);
+        st.puts -= where.size();  // counted once
+        st.puts_failed -= where.size();
+      }
+      std::vector<bool> again_ok = do_put(again, &io_failed);
+      std::vector<bool> again_io = io_failed;
+      io_failed.assign(ok.size(), false);
+      for (std::size_t k = 0; k < where.size(); ++k) {
+        ok[where[k]] = again_ok[k];
+        io_failed[where[k]] = again_io[k];
+      }
+    }
+    return ok;
+  }
+
+  std::vector<bool> do_put(Job& job, std::vector<bool>* io_failed) {
     const std::size_t n = job.keys.size();
     std::vector<bool> ok(n, false);
+    io_failed->assign(n, false);
     struct Place {
       bool have = false;
       std::uint32_t folder = 0, slot = 0;
@@ -553,6 +585,7 @@ struct Store::Impl {
       Folder& f = folders[pl[i].folder];
       if (err[i] != 0 || f.failed) {
         if (err[i] != 0) fail_folder(pl[i].folder, err[i], what[i]);
+        (*io_failed)[i] = true;
         release_slot(f, pl[i].slot);
         ++st.puts_failed;
         continue;

@@ -339,6 +339,34 @@ TEST(KvStore, EioOnOneFolderMissesThereAndOthersServe) {
   EXPECT_TRUE(get_pages(s, {"after"}, back)[0]);
 }
 
+TEST(KvStore, AWriteFailurePutsThePageOnAnotherFolder) {
+  TempDir dir;
+  Store s(small_options({dir.file("bad"), dir.file("good")}));
+  std::vector<std::string> keys;
+  std::vector<std::vector<unsigned char>> pages;
+  for (int i = 0; i < 16; ++i) {
+    keys.push_back("w" + std::to_string(i));
+    pages.push_back(page_for(keys.back(), kPage));
+  }
+  deepio::detail::set_fault_hook([](const deepio::detail::FaultSite& site) -> std::optional<std::int64_t> {
+    if (site.point != deepio::detail::FaultPoint::Write) return std::nullopt;
+    if (fd_path(site.fd).find("/bad/") == std::string::npos) return std::nullopt;
+    return -ENOSPC;
+  });
+  auto ok = put_pages(s, keys, pages);
+  deepio::detail::set_fault_hook({});
+  for (bool b : ok) EXPECT_TRUE(b);
+  auto st = s.stats();
+  EXPECT_TRUE(st.folders[0].failed);
+  EXPECT_EQ(st.folders[0].last_errno, ENOSPC);
+  EXPECT_EQ(st.folders[1].used, 16u);
+  EXPECT_EQ(st.puts, 16u);
+  EXPECT_EQ(st.puts_failed, 0u);
+  std::vector<std::vector<unsigned char>> out(keys.size(), std::vector<unsigned char>(kPage));
+  for (bool b : get_pages(s, keys, out)) EXPECT_TRUE(b);
+  EXPECT_EQ(out, pages);
+}
+
 TEST(KvStore, AFolderThatCannotOpenIsFailedAndTheOthersServe) {
   TempDir dir;
   const std::string blocker = dir.file("file");
