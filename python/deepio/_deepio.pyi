@@ -1,5 +1,6 @@
 """deepio's native extension. Use the `deepio` package, not this module."""
 
+from collections.abc import Sequence
 
 
 __version__: str
@@ -304,6 +305,59 @@ class GdsHandle(Handle):
 
     @property
     def mode_reason(self) -> str: ...
+
+class KvFuture:
+    """The completion of a deepio.kv.Store put or get batch."""
+
+    def done(self) -> bool:
+        """True once every page of the batch is stored or read (or failed)."""
+
+    def result(self, timeout: float | None = None) -> list:
+        """
+        Waits (GIL released, Ctrl-C honoured) and returns one bool per key; TimeoutError when the timeout passes.
+        """
+
+    def add_done_callback(self, fn: object) -> None:
+        """
+        Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).
+        """
+
+class KvStore:
+    """deepio::kv::Store (use deepio.kv.Store)."""
+
+    def __init__(self, folders: Sequence[str], capacity_bytes: int, page_bytes: int, high_watermark: float, low_watermark: float, slab_bytes: int, checkpoint_interval: float, batch_threads: int, queue_depth: int, workers: int) -> None: ...
+
+    def register(self, pool: object) -> None: ...
+
+    def put(self, keys: object, slots: object) -> KvFuture: ...
+
+    def get(self, keys: object, slots: object) -> KvFuture: ...
+
+    def put_segments(self, keys: object, segments: object) -> KvFuture: ...
+
+    def get_segments(self, keys: object, segments: object) -> KvFuture: ...
+
+    def exists(self, keys: object) -> int: ...
+
+    def contains(self, keys: object) -> list: ...
+
+    def remove(self, keys: object) -> int: ...
+
+    def stats(self) -> dict: ...
+
+    def take_warnings(self) -> list[str]: ...
+
+    def checkpoint(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def page_bytes(self) -> int: ...
+
+KV_MAX_KEY_BYTES: int = 1024
 
 def live_handles() -> int:
     """

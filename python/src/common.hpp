@@ -133,5 +133,6 @@ void init_handle(nb::module_& m);
 void init_memory(nb::module_& m);
 void init_fault(nb::module_& m);
 void init_gds(nb::module_& m);
+void init_kv(nb::module_& m);
 
 }  // namespace deepio::py

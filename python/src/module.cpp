@@ -129,6 +129,7 @@ NB_MODULE(_deepio, m) {
   init_fault(m);  // test builds only (python/CMakeLists.txt, DEEPIO_TEST_HOOKS)
 #endif
   init_gds(m);
+  init_kv(m);
   m.def("live_handles", &deepio::live_handles,
         "How many engine handles exist in this process now (deepio::live_handles()).");
   m.def("compare_with_file", &compare_with_file, nb::arg("buffer"), nb::arg("file"), nb::arg("file_offset") = 0,

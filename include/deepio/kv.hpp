@@ -1,0 +1,176 @@
+// deepio::kv::Store: a KV-cache page store on local NVMe drives (docs/kv.md, "The store").
+//
+// Layout: one folder per drive; in each, preallocated slab files of fixed slots. A slot is a
+// 4 KiB header (magic, format version, key, page length, CRC-32C of the page, generation, the
+// header's own CRC-32C) followed by page_bytes rounded up to 4 KiB. Every byte moves through
+// one deepio::Handle, on slab files opened once (deepio::File, O_DIRECT where the file system
+// allows it). New pages go to a folder chosen by key hash; a failed or full folder's share
+// goes to the next healthy one.
+//
+// Guarantees:
+//  - A get returns true only when the slot's header names the key and the generation the
+//    index holds, the stored length equals the length asked for, and the CRC-32C of the bytes
+//    read matches: a torn, stale or overwritten slot is a miss, never wrong bytes (on a miss
+//    the destination's contents are unspecified).
+//  - A put completes (its BatchFuture reports done) once data and header are on stable storage
+//    (OpOptions::fsync, whose syncs the engine groups). A put of an existing key writes a new
+//    slot; the index switches to it only once it is durable; the old slot is freed after that,
+//    and not while a get has it pinned.
+//  - Reopen after a crash: every put whose future completed is present (unless evicted or
+//    removed), and no key returns a torn page. remove() and evictions are durable at the next
+//    checkpoint (periodic and at close): after a crash a removed key may come back, whole.
+//  - Space: puts never fail for space (the least recently used pages are evicted between the
+//    high and low watermarks); only a page larger than page_bytes (false), a failed write
+//    (false, the folder marked failed) or every slot pinned by gets (false) fails a put.
+//  - A folder whose I/O fails (EIO, ENOSPC, gone) is marked failed: its pages turn into
+//    misses, new pages go elsewhere, Stats names it (errno, count) and a warning is queued
+//    (take_warnings()).
+//
+// Thread safety: every member function may be called from several threads at once, except
+// close() (call it once, after the last call of other threads). Fork: a Store belongs to the
+// process that made it; in a forked child every call throws deepio::ForkedHandle.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deepio/error.hpp"
+#include "deepio/export.hpp"
+#include "deepio/options.hpp"
+
+namespace deepio::kv {
+
+/// The longest key accepted, in bytes.
+inline constexpr std::size_t kMaxKeyBytes = 1024;
+
+struct StoreOptions {
+  /// One folder per drive; created if missing.
+  std::vector<std::string> folders;
+  /// Total capacity over all folders, split evenly; 0: at first open, half of each folder's
+  /// free space (statvfs f_bavail). The layout (slots per folder, page_bytes) is fixed at
+  /// first open and kept by later opens, whatever these say.
+  std::uint64_t capacity_bytes = 0;
+  /// The largest page; a slot holds 4 KiB of header plus this rounded up to 4 KiB.
+  std::size_t page_bytes = std::size_t{2} << 20;
+  /// Eviction starts when a folder's used slots exceed high_watermark of its slots (or none is
+  /// free) and frees least recently used pages down to low_watermark.
+  double high_watermark = 0.95;
+  double low_watermark = 0.85;
+  /// Slab file size bound (a slab holds max(1, slab_bytes / slot size) slots).
+  std::uint64_t slab_bytes = std::uint64_t{1} << 30;
+  /// A checkpoint of the index is written at close and, when the index changed, after a batch
+  /// that finds this long passed since the last one; zero: only at close and checkpoint().
+  std::chrono::milliseconds checkpoint_interval{60000};
+  /// Threads that run batches (each a whole put or get: CRCs, submission, waiting, commit).
+  std::size_t batch_threads = 4;
+  /// The engine's options (queue depth, workers, backend).
+  HandleOptions handle{.block_size = std::size_t{1} << 20, .queue_depth = 128, .intra_op_parallelism = 2};
+};
+
+/// One piece of caller memory of a page (scatter/gather): the page is its segments in order.
+struct Segment {
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+};
+
+/// The completion of a put or get batch: one bool per key. Copyable; copies share the state.
+class DEEPIO_API BatchFuture {
+ public:
+  BatchFuture() = default;
+  [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
+  [[nodiscard]] bool done() const;
+  void wait() const;
+  [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const;
+  /// Waits, then returns the per-key results (true: stored durably / found whole).
+  const std::vector<bool>& get() const;
+  /// Calls fn once, when done: at once on this thread if already done, else on the store's
+  /// batch thread that completes it, with no store lock held. fn must not throw.
+  void on_done(std::function<void()> fn) const;
+
+  struct State;
+
+ private:
+  friend class Store;
+  explicit BatchFuture(std::shared_ptr<State> state) noexcept : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+struct FolderStats {
+  std::string path;
+  bool failed = false;
+  std::uint64_t slots = 0;
+  std::uint64_t used = 0;
+  std::uint64_t errors = 0;
+  int last_errno = 0;
+  std::string last_error;
+};
+
+struct StoreStats {
+  std::size_t page_bytes = 0;
+  std::size_t slot_bytes = 0;
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t pages = 0;
+  std::uint64_t puts = 0, puts_failed = 0;
+  std::uint64_t gets = 0, hits = 0, misses = 0;
+  std::uint64_t corrupt = 0;  ///< gets that read a slot whose header or CRC did not match
+  std::uint64_t evictions = 0, removes = 0;
+  std::uint64_t bytes_written = 0, bytes_read = 0;
+  std::uint64_t checkpoints = 0;
+  std::uint64_t recovered_pages = 0;  ///< pages found by the last open
+  double open_seconds = 0;            ///< how long the last open took (checkpoint + scan)
+  std::vector<FolderStats> folders;
+};
+
+class DEEPIO_API Store {
+ public:
+  /// Opens or creates the store. Throws deepio::InvalidArgument for bad options (no folder,
+  /// page_bytes 0, watermarks out of order, an existing layout with another page_bytes) and
+  /// deepio::Error when a folder cannot be created or its slabs cannot be allocated.
+  explicit Store(const StoreOptions& options);
+  /// close(); never throws.
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  /// Stores page i as the concatenation of segments[i] under keys[i]. Returns at once; the
+  /// caller keeps every segment's memory valid and unchanged until the future is done.
+  /// Throws deepio::InvalidArgument (naming the index) for a key empty or over kMaxKeyBytes,
+  /// or sizes that differ; a page over page_bytes is false in the result.
+  BatchFuture put(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments);
+  /// Fills segments[i] with the page of keys[i]: true where found, its stored length equal
+  /// to the sum of segments[i]'s sizes and its checksum matched. Memory valid until done.
+  BatchFuture get(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments);
+  /// Length of the leading run of keys present.
+  std::size_t exists(std::span<const std::string_view> keys);
+  /// Per key: present.
+  std::vector<bool> contains(std::span<const std::string_view> keys);
+  /// Removes keys (absent ones are ignored); returns how many were present.
+  std::size_t remove(std::span<const std::string_view> keys);
+  /// Writes the index checkpoint now (temp file, fsync, rename, fsync of the folder).
+  void checkpoint();
+  [[nodiscard]] StoreStats stats() const;
+  /// Warnings queued since the last call (a folder that failed), oldest first.
+  std::vector<std::string> take_warnings();
+  [[nodiscard]] std::size_t page_bytes() const noexcept;
+  /// Finishes every batch in flight, writes the checkpoint, closes the slabs. Later calls
+  /// (other than stats(), close() and destruction) throw deepio::InvalidArgument. Idempotent.
+  void close();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has
+/// it, a table otherwise. crc32c("123456789") == 0xE3069283.
+[[nodiscard]] DEEPIO_API std::uint32_t crc32c(const void* data, std::size_t nbytes, std::uint32_t crc = 0) noexcept;
+
+}  // namespace deepio::kv

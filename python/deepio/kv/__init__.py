@@ -1,0 +1,187 @@
+"""deepio.kv: a KV-cache page store on local NVMe drives (docs/kv.md, "The store").
+
+A thin face over the C++ store (``deepio::kv::Store``, include/deepio/kv.hpp)::
+
+    store = deepio.kv.Store(["/mnt/nvme0/kv", "/mnt/nvme1/kv"], capacity_bytes=64 << 30, page_bytes=2 << 20)
+    store.register(pool)                  # 2-D [slots, page_bytes], C-contiguous, CPU
+    ok = store.put(keys, slots).result()  # list[bool]: stored durably
+    ok = store.get(keys, slots).result()  # list[bool]: found whole, checksum matched
+    n = store.exists(keys)                # leading run of keys present
+    store.contains(keys)                  # list[bool]
+
+The engine's guarantees (durability, atomic replace, crash recovery, eviction, failed
+folders) are the C++ store's; this module adds argument handling, warnings and the context
+manager.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any, Union
+
+from deepio import _deepio
+
+__all__ = ["Store", "Future", "FolderFailedWarning", "MAX_KEY_BYTES"]
+
+#: The longest key, in bytes (utf-8 for str).
+MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
+
+#: The completion of a put or get batch: ``done()``, ``result(timeout=None) -> list[bool]``,
+#: ``add_done_callback(fn)``.
+Future = _deepio.KvFuture
+
+Key = Union[str, bytes]
+
+
+class FolderFailedWarning(RuntimeWarning):
+    """A store folder's I/O failed: its pages are misses until the store is reopened."""
+
+
+class Store:
+    """A page store over one folder per drive (see the module docstring and docs/kv.md).
+
+    ``capacity_bytes`` is the total over all folders (0: half of each folder's free space at
+    first open); the layout is fixed at first open. ``page_bytes`` is the largest page.
+    Keyword options: watermarks of the LRU eviction, slab file size, checkpoint interval in
+    seconds (0: only at close), batch threads, and the engine's queue depth and workers.
+    Thread-safe; a Store used in a forked child raises deepio.ForkedHandleError.
+    """
+
+    def __init__(
+        self,
+        folders: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]],
+        capacity_bytes: int = 0,
+        page_bytes: int = 2 << 20,
+        *,
+        high_watermark: float = 0.95,
+        low_watermark: float = 0.85,
+        slab_bytes: int = 1 << 30,
+        checkpoint_interval: float = 60.0,
+        batch_threads: int = 4,
+        queue_depth: int = 128,
+        workers: int = 2,
+    ) -> None:
+        if isinstance(folders, (str, bytes, os.PathLike)):
+            folders = [folders]
+        paths = [os.fsdecode(os.fspath(f)) for f in folders]
+        for name, value in (("capacity_bytes", capacity_bytes), ("page_bytes", page_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"{name} must be a non-negative int, not {value!r}")
+        self._s = _deepio.KvStore(
+            paths,
+            capacity_bytes,
+            page_bytes,
+            high_watermark,
+            low_watermark,
+            slab_bytes,
+            checkpoint_interval,
+            batch_threads,
+            queue_depth,
+            workers,
+        )
+        self.folders = paths
+
+    # -- pages -------------------------------------------------------------------------------
+    def register(self, pool: Any) -> None:
+        """Registers the memory pages move to and from: 2-D [slots, page_bytes] (uint8, or any
+        dtype whose row is page_bytes bytes), C-contiguous, writable, CPU (torch, NumPy,
+        DLPack, buffer protocol). The store keeps it alive until closed."""
+        self._s.register(pool)
+
+    def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
+        """Stores pool row slots[i] under keys[i]; the future's result is one bool per key
+        (True once durable). Keep the rows unchanged until the future is done."""
+        try:
+            return self._s.put(keys, slots)
+        finally:
+            self._warn()
+
+    def get(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
+        """Reads keys[i] into pool row slots[i]; True where the page was found whole, its
+        length is page_bytes and its checksum matched (a False row's contents are
+        unspecified)."""
+        try:
+            return self._s.get(keys, slots)
+        finally:
+            self._warn()
+
+    def put_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
+        """Zero-copy scatter/gather put: page i is the concatenation of segments[i], a list of
+        (address, nbytes) summing to at most page_bytes. The caller keeps that memory alive
+        and unchanged until the future is done."""
+        try:
+            return self._s.put_segments(keys, segments)
+        finally:
+            self._warn()
+
+    def get_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
+        """Zero-copy scatter/gather get: True only where the stored length equals the sum of
+        segments[i] and the checksum matched. Memory kept alive until the future is done."""
+        try:
+            return self._s.get_segments(keys, segments)
+        finally:
+            self._warn()
+
+    def exists(self, keys: Sequence[Key]) -> int:
+        """Length of the leading run of keys present."""
+        try:
+            return self._s.exists(keys)
+        finally:
+            self._warn()
+
+    def contains(self, keys: Sequence[Key]) -> list[bool]:
+        """Per key: present."""
+        try:
+            return self._s.contains(keys)
+        finally:
+            self._warn()
+
+    def remove(self, keys: Sequence[Key]) -> int:
+        """Removes keys (absent ones are ignored); returns how many were present. Durable at
+        the next checkpoint (after a crash before it a removed page may come back, whole)."""
+        return self._s.remove(keys)
+
+    def checkpoint(self) -> None:
+        """Writes the index checkpoint now."""
+        self._s.checkpoint()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and per-folder state (path, state "ok"/"failed", slots, used, errors,
+        last_errno, last_error)."""
+        try:
+            return self._s.stats()
+        finally:
+            self._warn()
+
+    @property
+    def page_bytes(self) -> int:
+        return self._s.page_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._s.closed
+
+    def close(self) -> None:
+        """Finishes every batch in flight, writes the checkpoint, closes the slab files.
+        Idempotent; raises OSError if the checkpoint could not be written."""
+        try:
+            self._s.close()
+        finally:
+            for w in self._s.take_warnings():
+                warnings.warn(w, FolderFailedWarning, stacklevel=2)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _warn(self) -> None:
+        for w in self._s.take_warnings():
+            warnings.warn(w, FolderFailedWarning, stacklevel=3)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
+        return f"deepio.kv.Store({self.folders!r}, {state})"
