@@ -211,9 +211,6 @@ def test_sglang_same_bytes_as_hicache_file(engines, tmp_dir):
         dst = pool.alloc(n * PAGE_TOKENS)
         assert HiCacheController._page_get_zero_copy(ctl, op, keys, dst) == n
         assert all(torch.equal(a, b) for a, b in zip(expected, _pages(pool, dst), strict=True))
-        # page_first: a page's segments (K part, V part) are its flat page, so the generic and
-        # the zero-copy paths store the same bytes.
-        assert all(torch.equal(a, b) for a, b in zip(_pages(pool, dst), expected, strict=True))
     finally:
         deepio_generic.close()
         deepio_v1.close()
@@ -237,7 +234,9 @@ def test_sglang_v2_pools_hit_policies_like_hicache_file(engines, tmp_dir):
         expected_side = _pages(side, side_idx)
         answers = []
         for backend in (file_backend, deepio_backend):
+            # As SGLang's hybrid controller does: the anchor pool, then every pool through v2.
             backend.register_mem_pool_host(kv)
+            backend.register_mem_host_pool_v2(kv, PoolName.KV)
             backend.register_mem_host_pool_v2(side, PoolName.SWA)
             put = backend.batch_set_v2(
                 [
@@ -337,7 +336,7 @@ def test_lmcache_l2_adapter_round_trip(engines, tmp_dir):
         keys = [_object_key(i) for i in range(n)]
         task = adapter.submit_store_task(keys, [_memory_obj(t) for t in src])
         stored = _until(adapter.get_store_event_fd(), adapter.pop_completed_store_tasks)
-        assert stored[task].success is True
+        assert stored[task] == 6 * LM_PAGE  # an L2StoreResult: bytes stored, -1 on failure
 
         probe = keys[:3] + [_object_key(99)] + keys[3:]
         task = adapter.submit_lookup_and_lock_task(probe, {})
