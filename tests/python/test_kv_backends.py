@@ -126,13 +126,16 @@ def _host_pool(layout: str = "page_first"):
 
 def _controller(backend, pool):
     """The attributes of SGLang's HiCacheController that its page functions read."""
-    return types.SimpleNamespace(storage_backend=backend, storage_host_pool=pool, mem_pool_host=pool,
-                                 page_size=pool.page_size)
+    return types.SimpleNamespace(
+        storage_backend=backend, storage_host_pool=pool, mem_pool_host=pool, page_size=pool.page_size
+    )
 
 
 def _pages(pool, indices) -> list:
-    return [pool.get_data_page(int(indices[i * pool.page_size]), flat=True).clone()
-            for i in range(len(indices) // pool.page_size)]
+    return [
+        pool.get_data_page(int(indices[i * pool.page_size]), flat=True).clone()
+        for i in range(len(indices) // pool.page_size)
+    ]
 
 
 def _deepio_backend(folders: list[Path], pool, **kw):
@@ -186,9 +189,7 @@ def test_sglang_same_bytes_as_hicache_file(engines, tmp_dir):
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     pool = _host_pool()
-    file_backend = StorageBackendFactory.create_backend(
-        "file", _sglang_config(None, file_path=tmp_dir / "file"), pool
-    )
+    file_backend = StorageBackendFactory.create_backend("file", _sglang_config(None, file_path=tmp_dir / "file"), pool)
     file_backend.register_mem_pool_host(pool)
     deepio_generic = _deepio_backend([tmp_dir / "g"], pool, v1=False)
     deepio_v1 = _deepio_backend([tmp_dir / "z"], pool)
@@ -272,8 +273,16 @@ def test_sglang_refuses_what_it_cannot_serve(engines, tmp_dir):
     with pytest.raises(ValueError, match="folders"):
         StorageBackendFactory.create_backend("dynamic", _sglang_config([]), None)
     mla = HiCacheStorageConfig(
-        tp_rank=0, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=True,
-        enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
+        tp_rank=0,
+        tp_size=2,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=True,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="m",
         extra_config=_sglang_config([tmp_dir]).extra_config,
     )
     with pytest.raises(NotImplementedError, match="MLA"):
@@ -368,8 +377,9 @@ def test_lmcache_native_plugin_protocol(engines, tmp_dir):
     conn = DeepioL2Connector(folders=[str(tmp_dir)], capacity_bytes=8 << 20, page_bytes=LM_PAGE)
     try:
         fd = conn.event_fd()
-        pages = [bytearray(np.random.default_rng(i).integers(0, 256, LM_PAGE, dtype=np.uint8).tobytes())
-                 for i in range(3)]
+        pages = [
+            bytearray(np.random.default_rng(i).integers(0, 256, LM_PAGE, dtype=np.uint8).tobytes()) for i in range(3)
+        ]
         set_id = conn.submit_batch_set(["a", "b", "c"], [memoryview(p) for p in pages])
         done = _drain_until(conn, fd, {set_id})
         assert done[set_id] == (set_id, True, "", [True, True, True])
@@ -453,8 +463,12 @@ def test_vllm_secondary_tier_round_trip(engines, tmp_dir):
     with _vllm_cpu_tier(12) as view:
         rows = np.asarray(view).view(np.uint8)
         rows[:] = np.random.default_rng(5).integers(0, 256, rows.shape, dtype=np.uint8)
-        config = {"type": "DeepioTier", "module_path": "deepio.kv.vllm",
-                  "folders": [str(tmp_dir / "a"), str(tmp_dir / "b")], "capacity_bytes": 16 << 20}
+        config = {
+            "type": "DeepioTier",
+            "module_path": "deepio.kv.vllm",
+            "folders": [str(tmp_dir / "a"), str(tmp_dir / "b")],
+            "capacity_bytes": 16 << 20,
+        }
         # The offloading spec is only kept by SecondaryTierManager, not read by this tier.
         tier = SecondaryTierFactory.create_secondary_tier(config, view, None)
         try:
@@ -464,20 +478,29 @@ def test_vllm_secondary_tier_round_trip(engines, tmp_dir):
             keys = [make_offload_key(bytes([i]) * 16, 0) for i in range(4)]
             absent = make_offload_key(b"\xff" * 16, 0)
             expected = rows[:4].copy()
-            tier.submit_store(TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(4), is_promotion=False,
-                                          req_context=ctx))
+            tier.submit_store(
+                TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(4), is_promotion=False, req_context=ctx)
+            )
             assert _finished(tier, {1})[1].success is True
             assert [tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 4
             assert tier.lookup(absent, ctx) == LookupResult.MISS
 
-            tier.submit_load(TransferJob(job_id=2, keys=keys, chunk_ids=np.arange(4, 8), is_promotion=True,
-                                         req_context=ctx))
+            tier.submit_load(
+                TransferJob(job_id=2, keys=keys, chunk_ids=np.arange(4, 8), is_promotion=True, req_context=ctx)
+            )
             assert _finished(tier, {2})[2].success is True
             assert np.array_equal(rows[4:8], expected)
 
             # One key missing: the job fails and names the keys that did arrive.
-            tier.submit_load(TransferJob(job_id=3, keys=[keys[0], absent, keys[2]], chunk_ids=np.arange(8, 11),
-                                         is_promotion=True, req_context=ctx))
+            tier.submit_load(
+                TransferJob(
+                    job_id=3,
+                    keys=[keys[0], absent, keys[2]],
+                    chunk_ids=np.arange(8, 11),
+                    is_promotion=True,
+                    req_context=ctx,
+                )
+            )
             result = _finished(tier, {3})[3]
             assert result.success is False and list(result.successful_keys) == [keys[0], keys[2]]
             assert np.array_equal(rows[8], expected[0]) and np.array_equal(rows[10], expected[2])

@@ -73,8 +73,9 @@ class DeepioL2Connector:
     ) -> None:
         if isinstance(folders, str):
             folders = [folders]
-        self._store = Store(list(folders), capacity_bytes=int(capacity_bytes), page_bytes=int(page_bytes),
-                            **store_options)
+        self._store = Store(
+            list(folders), capacity_bytes=int(capacity_bytes), page_bytes=int(page_bytes), **store_options
+        )
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._lock = threading.Lock()
         self._next_id = 1

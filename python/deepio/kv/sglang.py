@@ -257,9 +257,7 @@ class DeepioHiCacheStorage(HiCacheStorage):
                 pool_restorable = set(range(1, boundary + 1))
             elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
                 trailing = max(1, len(transfer.keys) if transfer.keys else 1)
-                pool_restorable = {
-                    n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])
-                }
+                pool_restorable = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])}
                 boundary = max(pool_restorable, default=0)
             else:
                 raise ValueError(f"deepio HiCache backend: unsupported pool hit policy {transfer.hit_policy}")
@@ -280,7 +278,9 @@ class DeepioHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         targets = list(target_locations)
-        results = self._store(str(PoolName.KV)).get_segments(list(keys), [_tensor_segments(t) for t in targets]).result()
+        results = (
+            self._store(str(PoolName.KV)).get_segments(list(keys), [_tensor_segments(t) for t in targets]).result()
+        )
         return [t if ok else None for t, ok in zip(targets, results, strict=True)]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -341,9 +341,7 @@ def _page_segments(pool: Any, host_indices: torch.Tensor, pages: int) -> tuple[l
     if pages == 0 or len(ptrs) % pages or len(ptrs) != len(sizes):
         raise ValueError(f"host pool gave {len(ptrs)} pieces for {pages} pages")
     per = len(ptrs) // pages
-    return [
-        [(int(ptrs[j]), int(sizes[j])) for j in range(i * per, (i + 1) * per)] for i in range(pages)
-    ], True
+    return [[(int(ptrs[j]), int(sizes[j])) for j in range(i * per, (i + 1) * per)] for i in range(pages)], True
 
 
 def _tensor_segments(tensor: torch.Tensor) -> Segments:

@@ -80,7 +80,9 @@ class DeepioTier(SecondaryTierManager):
         # A view, no copy: the store moves pages in place. vLLM's view has format "b" (int8).
         pool = np.asarray(primary_kv_view)
         if pool.ndim != 2 or pool.itemsize != 1 or not pool.flags.c_contiguous:
-            raise ValueError(f"DeepioTier: the CPU tier should be (chunks, bytes) of bytes, got {pool.shape} {pool.dtype}")
+            raise ValueError(
+                f"DeepioTier: the CPU tier should be (chunks, bytes) of bytes, got {pool.shape} {pool.dtype}"
+            )
         pool = pool.view(np.uint8)
         self._pool = pool
         self._store = Store(
