@@ -164,6 +164,8 @@ def test_sglang_zero_copy_round_trip(engines, tmp_dir, layout):
         assert backend.batch_exists(keys) == n
         assert backend.batch_exists(keys[:5] + ["absent"] + keys[5:]) == 5
         assert backend.batch_exists(["absent", *keys]) == 0
+        assert backend.get_stats() is None  # SGLang's collector takes None or its own StorageMetrics
+        assert backend.store_stats()["kv"]["pages"] == n
 
         dst = pool.alloc(n * PAGE_TOKENS)
         op = types.SimpleNamespace(request_id="r1")
@@ -468,11 +470,13 @@ def test_vllm_secondary_tier_round_trip(engines, tmp_dir):
             "module_path": "deepio.kv.vllm",
             "folders": [str(tmp_dir / "a"), str(tmp_dir / "b")],
             "capacity_bytes": 16 << 20,
+            "locality": "LOCAL",
         }
         # The offloading spec is only kept by SecondaryTierManager, not read by this tier.
         tier = SecondaryTierFactory.create_secondary_tier(config, view, None)
         try:
             assert type(tier).__name__ == "DeepioTier" and tier.block_size_bytes == VLLM_CHUNK
+            assert tier.locality.value == "LOCAL" and tier.medium.value == "STORAGE"
             ctx = ReqContext(req_id="r1")
             tier.on_new_request(ctx)
             keys = [make_offload_key(bytes([i]) * 16, 0) for i in range(4)]

@@ -310,7 +310,13 @@ class DeepioHiCacheStorage(HiCacheStorage):
         Python. SGLang calls this only to flush the L3 tier by hand; it says so in its log."""
         logger.warning("deepio HiCache backend: clear() is not supported; pages stay on the drives")
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_stats(self) -> None:
+        """None: SGLang's metrics collector expects its own StorageMetrics (page counts and
+        bandwidths per call) or None; the store's counters are in store_stats()."""
+        return None
+
+    def store_stats(self) -> dict[str, Any]:
+        """Each pool's ``Store.stats()``, by pool name."""
         with self._lock:
             stores = dict(self._stores)
         return {name: store.stats() for name, store in stores.items()}

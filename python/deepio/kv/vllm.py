@@ -41,7 +41,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from deepio.kv import Store
@@ -65,6 +72,7 @@ class DeepioTier(SecondaryTierManager):
         backpressure_detector: BackpressureDetector | None = None,
         folders: Sequence[str] | str = (),
         capacity_bytes: int = 0,
+        locality: str | None = "LOCAL",
         **store_options: Any,
     ) -> None:
         super().__init__(
@@ -73,6 +81,9 @@ class DeepioTier(SecondaryTierManager):
             tier_type=tier_type,
             backpressure_detector=backpressure_detector,
         )
+        # vLLM's factory passes "locality" on (it also reads it for backpressure defaults);
+        # local drives by default, as its fs tier takes it.
+        self.locality = Locality(locality) if locality is not None else None
         if isinstance(folders, str):
             folders = [folders]
         if not folders:
