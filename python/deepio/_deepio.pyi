@@ -359,6 +359,11 @@ class KvStore:
 
 KV_MAX_KEY_BYTES: int = 1024
 
+def kv_crc32c(buffer: object, crc: int = 0) -> int:
+    """
+    CRC-32C (Castagnoli) of a host buffer's bytes, continuing from crc: the store's page checksum.
+    """
+
 def live_handles() -> int:
     """
     How many engine handles exist in this process now (deepio::live_handles()).

@@ -100,12 +100,13 @@ std::vector<std::string_view> parse_keys(nb::handle keys, std::vector<nb::object
     } else if (PyBytes_Check(k.ptr())) {
       v = std::string_view(PyBytes_AS_STRING(k.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(k.ptr())));
     } else {
-      throw nb::type_error(("keys[" + std::to_string(i) + "] is " + py_type_name(k) + "; keys are str or bytes")
-                               .c_str());
+      throw nb::type_error(
+          ("keys[" + std::to_string(i) + "] is " + py_type_name(k) + "; keys are str or bytes").c_str());
     }
     if (v.empty() || v.size() > kv::kMaxKeyBytes) {
       throw nb::value_error(("keys[" + std::to_string(i) + "] is " + std::to_string(v.size()) +
-                             " bytes long; keys are 1 to " + std::to_string(kv::kMaxKeyBytes) + " bytes (utf-8 for str)")
+                             " bytes long; keys are 1 to " + std::to_string(kv::kMaxKeyBytes) +
+                             " bytes (utf-8 for str)")
                                 .c_str());
     }
     keep->push_back(nb::borrow(k));
@@ -169,8 +170,7 @@ class KvStore {
       for (std::size_t k = 0; k < shape.size(); ++k) got += (k ? ", " : "") + std::to_string(shape[k]);
       got += shape.size() == 1 ? ",)" : ")";
       throw nb::value_error(("pool must be 2-D [slots, page_bytes] with rows of page_bytes = " + std::to_string(page) +
-                             " bytes, C-contiguous; got shape " + got + " of " + std::to_string(buf->nbytes) +
-                             " bytes")
+                             " bytes, C-contiguous; got shape " + got + " of " + std::to_string(buf->nbytes) + " bytes")
                                 .c_str());
     }
     rows_ = shape[0];
@@ -199,7 +199,8 @@ class KvStore {
     }
     if (segs.size() != nkeys) {
       throw nb::value_error(
-          (std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) + " slots; give one slot per key").c_str());
+          (std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) + " slots; give one slot per key")
+              .c_str());
     }
     return segs;
   }
@@ -223,7 +224,8 @@ class KvStore {
                                 "; each segment is a pair (address: int, nbytes: int)")
                                    .c_str());
         }
-        if (addr == 0 && n > 0) throw nb::value_error(("segments[" + std::to_string(i) + "] has a null address").c_str());
+        if (addr == 0 && n > 0)
+          throw nb::value_error(("segments[" + std::to_string(i) + "] has a null address").c_str());
         total += n;
         one.push_back(kv::Segment{reinterpret_cast<void*>(addr), n});
       }
@@ -236,20 +238,20 @@ class KvStore {
       ++i;
     }
     if (segs.size() != nkeys) {
-      throw nb::value_error((std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) +
-                             " segment lists; give one per key")
-                                .c_str());
+      throw nb::value_error(
+          (std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) + " segment lists; give one per key")
+              .c_str());
     }
     return segs;
   }
 
-  KvFuture submit(bool write, nb::handle keys, const std::vector<std::vector<kv::Segment>>* given,
-                  nb::handle slots, nb::handle segments_obj) {
+  KvFuture submit(bool write, nb::handle keys, const std::vector<std::vector<kv::Segment>>* given, nb::handle slots,
+                  nb::handle segments_obj) {
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    std::vector<std::vector<kv::Segment>> segs = given != nullptr ? *given
-                                                 : slots.is_valid()  ? rows(slots, k.size())
-                                                                     : segments(segments_obj, k.size());
+    std::vector<std::vector<kv::Segment>> segs = given != nullptr   ? *given
+                                                 : slots.is_valid() ? rows(slots, k.size())
+                                                                    : segments(segments_obj, k.size());
     kv::Store& s = store();
     nb::gil_scoped_release release;  // keys stay referenced by `keep`
     return KvFuture(write ? s.put(k, segs) : s.get(k, segs));
@@ -362,7 +364,8 @@ void init_kv(nb::module_& m) {
       .def("result", &KvFuture::result, nb::arg("timeout") = nb::none(),
            "Waits (GIL released, Ctrl-C honoured) and returns one bool per key; TimeoutError when the timeout passes.")
       .def(
-          "add_done_callback", [](nb::handle self, nb::object fn) { nb::cast<KvFuture&>(self).add_done_callback(self, std::move(fn)); },
+          "add_done_callback",
+          [](nb::handle self, nb::object fn) { nb::cast<KvFuture&>(self).add_done_callback(self, std::move(fn)); },
           nb::arg("fn"),
           "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
@@ -373,18 +376,28 @@ void init_kv(nb::module_& m) {
            nb::arg("queue_depth"), nb::arg("workers"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
       .def(
-          "put", [](KvStore& s, nb::handle keys, nb::handle slots) { return s.submit(true, keys, nullptr, slots, nb::handle()); },
+          "put",
+          [](KvStore& s, nb::handle keys, nb::handle slots) {
+            return s.submit(true, keys, nullptr, slots, nb::handle());
+          },
           nb::arg("keys"), nb::arg("slots"))
       .def(
-          "get", [](KvStore& s, nb::handle keys, nb::handle slots) { return s.submit(false, keys, nullptr, slots, nb::handle()); },
+          "get",
+          [](KvStore& s, nb::handle keys, nb::handle slots) {
+            return s.submit(false, keys, nullptr, slots, nb::handle());
+          },
           nb::arg("keys"), nb::arg("slots"))
       .def(
           "put_segments",
-          [](KvStore& s, nb::handle keys, nb::handle segs) { return s.submit(true, keys, nullptr, nb::handle(), segs); },
+          [](KvStore& s, nb::handle keys, nb::handle segs) {
+            return s.submit(true, keys, nullptr, nb::handle(), segs);
+          },
           nb::arg("keys"), nb::arg("segments"))
       .def(
           "get_segments",
-          [](KvStore& s, nb::handle keys, nb::handle segs) { return s.submit(false, keys, nullptr, nb::handle(), segs); },
+          [](KvStore& s, nb::handle keys, nb::handle segs) {
+            return s.submit(false, keys, nullptr, nb::handle(), segs);
+          },
           nb::arg("keys"), nb::arg("segments"))
       .def("exists", &KvStore::exists, nb::arg("keys"))
       .def("contains", &KvStore::contains, nb::arg("keys"))
@@ -396,6 +409,15 @@ void init_kv(nb::module_& m) {
       .def_prop_ro("closed", &KvStore::closed)
       .def_prop_ro("page_bytes", &KvStore::page_bytes);
   m.attr("KV_MAX_KEY_BYTES") = kv::kMaxKeyBytes;
+  m.def(
+      "kv_crc32c",
+      [](nb::handle buffer, std::uint32_t crc) {
+        Buffer b = import_buffer(buffer, false, "buffer");
+        nb::gil_scoped_release release;
+        return kv::crc32c(b.data, b.nbytes, crc);
+      },
+      nb::arg("buffer"), nb::arg("crc") = 0,
+      "CRC-32C (Castagnoli) of a host buffer's bytes, continuing from crc: the store's page checksum.");
 }
 
 }  // namespace deepio::py

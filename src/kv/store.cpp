@@ -221,7 +221,8 @@ void fsync_dir(const std::string& dir) {
 }
 
 /// Writes `bytes` to `path` durably: temp file through the handle with fsync, rename, folder sync.
-void write_durably(Handle& handle, const std::string& dir, const std::string& name, const std::vector<unsigned char>& bytes) {
+void write_durably(Handle& handle, const std::string& dir, const std::string& name,
+                   const std::vector<unsigned char>& bytes) {
   const std::string tmp = dir + "/" + name + ".tmp";
   const std::string path = dir + "/" + name;
   ::unlink(tmp.c_str());
@@ -263,8 +264,8 @@ struct Folder {
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
   std::vector<SlotInfo> info;
-  std::vector<std::uint32_t> free;          // slots to hand out
-  std::list<const std::string*> lru;        // live keys, least recently used first
+  std::vector<std::uint32_t> free;                        // slots to hand out
+  std::list<const std::string*> lru;                      // live keys, least recently used first
   std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
   bool failed = false;
   std::uint64_t errors = 0;
@@ -310,9 +311,7 @@ struct Store::Impl {
   std::vector<std::thread> threads;
 
   // -- helpers (mu held) --
-  std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const {
-    return (slot % f.per_slab) * slot_bytes;
-  }
+  std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const { return (slot % f.per_slab) * slot_bytes; }
   File& slab_of(Folder& f, std::uint32_t slot) { return f.slabs[slot / f.per_slab]; }
 
   void fail_folder(std::uint32_t fi, int err, const std::string& what) {
@@ -392,6 +391,16 @@ struct Store::Impl {
   }
 
   // -- batch threads --
+  /// Queues a batch; refused once close() began (its threads may be gone).
+  void enqueue(Job job) {
+    {
+      std::lock_guard lk(qmu);
+      if (stopping) throw InvalidArgument("kv::Store: the store is closed");
+      queue.push_back(std::move(job));
+    }
+    qcv.notify_one();
+  }
+
   void run_jobs() {
     for (;;) {
       Job job;
@@ -507,9 +516,11 @@ struct Store::Impl {
     for (auto& [where, members] : groups) {
       Folder& f = folders[where.first];
       std::vector<IoRange> ranges;
-      for (std::size_t i : members) ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
+      for (std::size_t i : members)
+        ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
       try {
-        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges, OpOptions{.fsync = true, .stream = std::nullopt}),
+        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges,
+                                                                 OpOptions{.fsync = true, .stream = std::nullopt}),
                              &members);
       } catch (const Error& e) {
         for (std::size_t i : members) {
@@ -600,7 +611,8 @@ struct Store::Impl {
     for (auto& [where, members] : groups) {
       Folder& f = folders[where.first];
       std::vector<IoRange> ranges;
-      for (std::size_t i : members) ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
+      for (std::size_t i : members)
+        ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
       try {
         hdr_ops.emplace_back(f.slabs[where.second].pread_ranges(hdr.get(), n * kHeaderBytes, ranges), &members);
       } catch (const Error& e) {
@@ -819,7 +831,7 @@ struct Store::Impl {
         for (std::uint64_t r = 0; r < count; ++r) {
           const unsigned char* p = v.data() + 24 + r * 24;
           ck[static_cast<std::uint32_t>(get_le<std::uint64_t>(p))] = {get_le<std::uint64_t>(p + 8),
-                                                                        get_le<std::uint64_t>(p + 16)};
+                                                                      get_le<std::uint64_t>(p + 16)};
         }
       }
     }
@@ -856,7 +868,8 @@ struct Store::Impl {
         const std::size_t count = std::min<std::uint64_t>(kScanChunkSlots, in_slab - k);
         Chunk c{static_cast<std::uint32_t>(s * f.per_slab + k), count, aligned_buf(count * kHeaderBytes), {}};
         std::vector<IoRange> ranges(count);
-        for (std::size_t r = 0; r < count; ++r) ranges[r] = IoRange{(k + r) * slot_bytes, r * kHeaderBytes, kHeaderBytes};
+        for (std::size_t r = 0; r < count; ++r)
+          ranges[r] = IoRange{(k + r) * slot_bytes, r * kHeaderBytes, kHeaderBytes};
         c.fut = f.slabs[s].pread_ranges(c.buf.get(), count * kHeaderBytes, ranges);
         inflight.push_back(std::move(c));
         if (inflight.size() >= kScanInFlight) drain_one();
@@ -879,8 +892,8 @@ struct Store::Impl {
     folders.resize(opt.folders.size());
     const std::uint64_t share = opt.capacity_bytes / opt.folders.size();
     if (opt.capacity_bytes != 0 && share < slot_bytes) {
-      throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) +
-                            " holds less than one slot (" + std::to_string(slot_bytes) + " bytes) per folder");
+      throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) + " holds less than one slot (" +
+                            std::to_string(slot_bytes) + " bytes) per folder");
     }
     std::unordered_map<std::string, std::vector<Candidate>> found;
     std::size_t usable = 0;
@@ -926,13 +939,15 @@ struct Store::Impl {
       std::sort(order[fi].begin(), order[fi].end());
       for (auto& [tick, key] : order[fi]) index[*key].lru = f.lru.insert(f.lru.end(), key);
       for (auto& [slot, tick] : f.tick) tick = ++clock;  // renumber (ticks only order)
+      if (f.failed) continue;                            // possibly failed before its slot table was made
       for (std::uint64_t s = f.slots; s-- > 0;) {
-        if (f.info[s].state == SlotState::Free && !f.failed) f.free.push_back(static_cast<std::uint32_t>(s));
+        if (f.info[s].state == SlotState::Free) f.free.push_back(static_cast<std::uint32_t>(s));
       }
     }
     st.recovered_pages = index.size();
     st.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (std::size_t t = 0; t < std::max<std::size_t>(1, opt.batch_threads); ++t) threads.emplace_back([this] { run_jobs(); });
+    for (std::size_t t = 0; t < std::max<std::size_t>(1, opt.batch_threads); ++t)
+      threads.emplace_back([this] { run_jobs(); });
   }
 
   void check_usable() const {
@@ -999,11 +1014,7 @@ BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const s
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);
-  {
-    std::lock_guard lk(impl_->qmu);
-    impl_->queue.push_back(std::move(job));
-  }
-  impl_->qcv.notify_one();
+  impl_->enqueue(std::move(job));
   return fut;
 }
 
@@ -1020,11 +1031,7 @@ BatchFuture Store::get(std::span<const std::string_view> keys, std::span<const s
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);
-  {
-    std::lock_guard lk(impl_->qmu);
-    impl_->queue.push_back(std::move(job));
-  }
-  impl_->qcv.notify_one();
+  impl_->enqueue(std::move(job));
   return fut;
 }
 

@@ -53,14 +53,16 @@ std::vector<unsigned char> page_for(const std::string& key, std::size_t n, std::
   return p;
 }
 
-std::vector<bool> put_pages(Store& s, const std::vector<std::string>& keys, std::vector<std::vector<unsigned char>>& pages) {
+std::vector<bool> put_pages(Store& s, const std::vector<std::string>& keys,
+                            std::vector<std::vector<unsigned char>>& pages) {
   std::vector<std::string_view> kv(keys.begin(), keys.end());
   std::vector<std::vector<Segment>> segs;
   for (auto& p : pages) segs.push_back({Segment{p.data(), p.size()}});
   return s.put(kv, segs).get();
 }
 
-std::vector<bool> get_pages(Store& s, const std::vector<std::string>& keys, std::vector<std::vector<unsigned char>>& out) {
+std::vector<bool> get_pages(Store& s, const std::vector<std::string>& keys,
+                            std::vector<std::vector<unsigned char>>& out) {
   std::vector<std::string_view> kv(keys.begin(), keys.end());
   std::vector<std::vector<Segment>> segs;
   for (auto& p : out) segs.push_back({Segment{p.data(), p.size()}});
@@ -335,6 +337,25 @@ TEST(KvStore, EioOnOneFolderMissesThereAndOthersServe) {
   EXPECT_TRUE(put_pages(s, {"after"}, more)[0]);
   std::vector<std::vector<unsigned char>> back{std::vector<unsigned char>(kPage)};
   EXPECT_TRUE(get_pages(s, {"after"}, back)[0]);
+}
+
+TEST(KvStore, AFolderThatCannotOpenIsFailedAndTheOthersServe) {
+  TempDir dir;
+  const std::string blocker = dir.file("file");
+  put(blocker, pattern(10, 1));  // a regular file: no folder can be made under it
+  Store s(small_options({blocker + "/kv", dir.file("good")}));
+  auto st = s.stats();
+  EXPECT_TRUE(st.folders[0].failed);
+  EXPECT_NE(st.folders[0].last_errno, 0);
+  EXPECT_FALSE(st.folders[1].failed);
+  EXPECT_EQ(s.take_warnings().size(), 1u);
+  std::vector<std::vector<unsigned char>> p{page_for("k", kPage)};
+  EXPECT_TRUE(put_pages(s, {"k"}, p)[0]);
+  std::vector<std::vector<unsigned char>> out{std::vector<unsigned char>(kPage)};
+  EXPECT_TRUE(get_pages(s, {"k"}, out)[0]);
+  EXPECT_EQ(out[0], p[0]);
+  // No folder at all: the open fails.
+  EXPECT_THROW(Store(small_options({blocker + "/kv"})), Error);
 }
 
 TEST(KvStore, OnDoneRunsOnce) {

@@ -15,10 +15,10 @@ import threading
 import time
 
 import pytest
-from conftest import needs_numpy, needs_torch, sigkilled_on_exit
 
 import deepio
 import deepio.kv
+from conftest import needs_numpy, needs_torch, sigkilled_on_exit
 
 np = pytest.importorskip("numpy")  # the pool of every test below; torch has its own test
 
@@ -106,7 +106,9 @@ def test_segments_zero_copy_and_length_rule(tmp_dir):
         segs = [[(k_half.ctypes.data, k_half.nbytes), (v_half.ctypes.data, v_half.nbytes)]]
         assert store.put_segments(["kv"], segs).result() == [True]
         out = np.zeros(5000, np.uint8)
-        assert store.get_segments(["kv"], [[(out.ctypes.data, 1000), (out.ctypes.data + 1000, 4000)]]).result() == [True]
+        assert store.get_segments(["kv"], [[(out.ctypes.data, 1000), (out.ctypes.data + 1000, 4000)]]).result() == [
+            True
+        ]
         assert (out[:3000] == k_half).all() and (out[3000:] == v_half).all()
         # The stored length must equal what the get fills.
         assert store.get_segments(["kv"], [[(out.ctypes.data, 4999)]]).result() == [False]
@@ -300,6 +302,26 @@ def test_eio_on_one_folder(tmp_dir, fault):
 
 
 @needs_numpy
+def test_write_failure_on_one_folder(tmp_dir, fault):
+    # ENOSPC on the data writes of one folder: its puts are False, the folder is failed and
+    # named, later puts all go to the other folder.
+    with make_store(tmp_dir, folders=("full", "ok")) as store:
+        pool = np.zeros((16, PAGE), np.uint8)
+        store.register(pool)
+        keys = [f"w{i}" for i in range(16)]
+        fault("write", errno=28, count=1 << 30, path_contains=f"{os.sep}full{os.sep}")
+        ok = store.put(keys, range(16)).result()
+        deepio._deepio._clear_fault()
+        assert 0 < sum(ok) < 16
+        with pytest.warns(deepio.kv.FolderFailedWarning, match="full"):
+            assert store.contains(keys) == ok  # the next call warns
+        s = store.stats()
+        assert s["folders"][0]["state"] == "failed" and s["folders"][0]["last_errno"] == 28
+        assert store.put(keys, range(16)).result() == [True] * 16
+        assert store.get(keys, range(16)).result() == [True] * 16
+
+
+@needs_numpy
 def test_fork_child_raises(tmp_dir):
     with make_store(tmp_dir) as store:
         pool = np.zeros((2, PAGE), np.uint8)
@@ -355,7 +377,9 @@ def test_sigkill_in_a_stream_of_puts(tmp_dir):
                 break
             completed += line.split()
     assert len(completed) >= 400, "the writer did not get going"
-    store = deepio.kv.Store([str(tmp_dir / "a"), str(tmp_dir / "b")], capacity_bytes=4096 * (4096 + page_n), page_bytes=page_n)
+    store = deepio.kv.Store(
+        [str(tmp_dir / "a"), str(tmp_dir / "b")], capacity_bytes=4096 * (4096 + page_n), page_bytes=page_n
+    )
     try:
         n_all = len(completed) + 64
         keys = [f"w{i}" for i in range(n_all)]
@@ -390,3 +414,17 @@ def test_reopen_speed_sanity(tmp_dir):
         assert s["open_seconds"] < 10, s["open_seconds"]  # 100k in <= 2 s on NVMe: docs/benchmarks.md
     finally:
         store.close()
+
+
+@needs_numpy
+def test_reopen_bench_smoke(tmp_dir):
+    """bench/kv_reopen.py at a tiny size (docs/benchmarks.md runs it at 100k pages)."""
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "kv_reopen.py")
+    out = subprocess.run(
+        [sys.executable, bench, "--folder", str(tmp_dir / "b"), "--pages", "300", "--batch", "64", "--crc-mib", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("config:") and "verified: True" in out.stdout
