@@ -508,6 +508,13 @@ def test_vllm_secondary_tier_round_trip(engines, tmp_dir):
             result = _finished(tier, {3})[3]
             assert result.success is False and list(result.successful_keys) == [keys[0], keys[2]]
             assert np.array_equal(rows[8], expected[0]) and np.array_equal(rows[10], expected[2])
+            # Chunks already held are not written again.
+            written = tier.stats()["bytes_written"]
+            tier.submit_store(
+                TransferJob(job_id=4, keys=keys[:2], chunk_ids=np.arange(2), is_promotion=False, req_context=ctx)
+            )
+            assert _finished(tier, {4})[4].success is True
+            assert tier.stats()["bytes_written"] == written
             tier.drain_jobs()
             assert not tier.has_pending_work()
             tier.on_request_finished(ctx)

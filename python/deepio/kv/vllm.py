@@ -112,13 +112,23 @@ class DeepioTier(SecondaryTierManager):
         return LookupResult.HIT if self._store.contains([bytes(key)])[0] else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
+        # Chunks this tier already holds are not written again (the tier's duty, says
+        # SecondaryTierManager.submit_store): keys are content hashes.
         keys = [bytes(k) for k in job_metadata.keys]
+        slots = _slots(job_metadata)
+        try:
+            todo = [i for i, present in enumerate(self._store.contains(keys)) if not present]
+        except Exception:
+            todo = list(range(len(keys)))  # let the put report the failure
+        if len(slots) == len(keys):  # else _submit reports the mismatch
+            keys, slots = [keys[i] for i in todo], [slots[i] for i in todo]
         with self._lock:
             self._storing.update(keys)
-        self._submit(job_metadata, keys, self._store.put, store=True)
+        self._submit(job_metadata, keys, slots, self._store.put, store=True)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self._submit(job_metadata, [bytes(k) for k in job_metadata.keys], self._store.get, store=False)
+        keys = [bytes(k) for k in job_metadata.keys]
+        self._submit(job_metadata, keys, _slots(job_metadata), self._store.get, store=False)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         with self._lock:
@@ -151,10 +161,9 @@ class DeepioTier(SecondaryTierManager):
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _submit(self, job: TransferJob, keys: list[bytes], call: Any, store: bool) -> None:
+    def _submit(self, job: TransferJob, keys: list[bytes], slots: list[int], call: Any, store: bool) -> None:
         job_id = job.job_id
         original = list(job.keys)
-        slots = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
         start = time.monotonic()
         nbytes = len(keys) * int(self._pool.shape[1])
 
@@ -182,6 +191,9 @@ class DeepioTier(SecondaryTierManager):
         try:
             if len(keys) != len(slots):
                 raise ValueError(f"{len(keys)} keys but {len(slots)} chunk ids")
+            if not keys:  # a store of chunks all present already
+                finished([], None)
+                return
             future = call(keys, slots)
         except Exception as e:
             finished(None, e)
@@ -196,3 +208,7 @@ class DeepioTier(SecondaryTierManager):
                 finished(None, e)
 
         future.add_done_callback(on_done)
+
+
+def _slots(job: TransferJob) -> list[int]:
+    return [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
