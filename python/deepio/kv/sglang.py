@@ -13,9 +13,9 @@ staging page, then a copy into the host pool), which this class also serves.
 
 Lifecycle: SGLang's ``StorageBackendFactory`` constructs ``cls(storage_config, kwargs)``, then
 calls ``register_mem_pool_host(host_pool)``; only then is a page's size known, so the store
-of the KV pool opens there, in ``<folder>/<rank>`` for each folder (``<rank>`` names the model
-and this process's tensor/pipeline/context/data-parallel ranks: two processes never share a
-store's slab files). Each further pool of the v2 interface (``register_mem_host_pool_v2``:
+of the KV pool opens there, in ``<folder>/<rank>/kv`` for each folder (``<rank>`` names the
+model and this process's tensor/pipeline/context/data-parallel ranks: two processes never share
+a store's slab files). Each further pool of the v2 interface (``register_mem_host_pool_v2``:
 Mamba state, SWA, indexer, ...) gets its own store in ``<folder>/<rank>/<pool name>``.
 
 Memory: a page moves straight between the drive and the host pool, no staging copy: the
@@ -130,11 +130,11 @@ class DeepioHiCacheStorage(HiCacheStorage):
             store = self._stores.get(name)
             if store is not None and self._pools.get(name) is pool:
                 return store
+            folders = [os.path.join(f, name) for f in self._folders]
             if name == str(PoolName.KV):
                 self._kv_page_bytes = page_bytes
-                folders, capacity = self._folders, self._capacity_bytes
+                capacity = self._capacity_bytes
             else:
-                folders = [os.path.join(f, name) for f in self._folders]
                 capacity = self._pool_capacity.get(name, 0)
                 if not capacity and self._capacity_bytes and self._kv_page_bytes:
                     capacity = max(self._capacity_bytes * page_bytes // self._kv_page_bytes, page_bytes)
