@@ -42,8 +42,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "$dest"
   exit 0
 fi
+# Replaced whole when the pins changed; never a folder this script did not make.
+if [ -d "$dest" ] && [ ! -f "$stamp" ] && [ -n "$(ls -A "$dest")" ]; then
+  echo "setup-kv-engines.sh: $dest is not empty and was not made by this script; not touching it" >&2
+  exit 1
+fi
 rm -rf "$dest"
 mkdir -p "$dest"
+echo "installing" >"$stamp"  # a run cut short leaves this: the next run starts over
 # The common ones only where the interpreter lacks them (as on a bare Python).
 missing=()
 for p in "${common[@]}"; do
