@@ -101,6 +101,7 @@ class DeepioTier(SecondaryTierManager):
         )
         self._store.register(pool)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a job leaves _in_flight
         self._finished: collections.deque[JobResult] = collections.deque()
         self._in_flight: dict[int, Any] = {}  # job id -> store future
         self._storing: collections.Counter[bytes] = collections.Counter()
@@ -144,13 +145,10 @@ class DeepioTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def drain_jobs(self) -> None:
-        with self._lock:
-            futures = list(self._in_flight.values())
-        for future in futures:
-            try:
-                future.result()
-            except Exception:  # reported through get_finished_jobs by the callback
-                pass
+        # Waits for the callbacks, not only the futures: a future's waiters wake before its
+        # callbacks run, and vLLM needs every result queued when this returns.
+        with self._idle:
+            self._idle.wait_for(lambda: not self._in_flight)
 
     def shutdown(self) -> None:
         self.drain_jobs()
@@ -187,6 +185,7 @@ class DeepioTier(SecondaryTierManager):
                         if self._storing[k] <= 0:
                             del self._storing[k]
                 self._finished.append(result)
+                self._idle.notify_all()
 
         try:
             if len(keys) != len(slots):
