@@ -91,7 +91,9 @@ class DEEPIO_API BatchFuture {
   /// Waits, then returns the per-key results (true: stored durably / found whole).
   const std::vector<bool>& get() const;
   /// Calls fn once, when done: at once on this thread if already done, else on the store's
-  /// batch thread that completes it, with no store lock held. fn must not throw.
+  /// batch thread that completes it, with no store lock held. fn must not throw, and must not
+  /// call Store::close() (which joins that thread). Waiters are woken first: a callback may
+  /// still be running, or not yet started, when wait() returns.
   void on_done(std::function<void()> fn) const;
 
   struct State;

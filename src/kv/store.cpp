@@ -302,7 +302,7 @@ struct Store::Impl {
   bool closed = false;
 
   std::mutex ckpt_mu;
-  std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
 
   std::mutex qmu;
   std::condition_variable qcv;
@@ -424,7 +424,10 @@ struct Store::Impl {
 
   void maybe_checkpoint() {
     if (opt.checkpoint_interval.count() <= 0) return;
-    if (std::chrono::steady_clock::now() - last_ckpt < opt.checkpoint_interval) return;
+    {
+      std::lock_guard lk(mu);
+      if (!dirty || std::chrono::steady_clock::now() - last_ckpt < opt.checkpoint_interval) return;
+    }
     std::unique_lock ck(ckpt_mu, std::try_to_lock);
     if (!ck.owns_lock()) return;
     try {
