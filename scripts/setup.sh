@@ -30,3 +30,7 @@ done
 if ((${#need[@]})); then
   "$py" -m pip install -q "${need[@]}"
 fi
+
+# The inference engines whose storage interfaces deepio.kv's backends plug into, installed
+# without their CUDA dependencies: tests/python/test_kv_backends.py drives their interface classes.
+PYTHON="$py" bash "$(dirname "$0")/setup-kv-engines.sh"

@@ -139,7 +139,7 @@ stage python-package 150 python_package
 # Run from tests/ so the installed package is imported, not the source folder. DEEPIO_REQUIRE: a
 # missing optional package (setup.sh installs them all) fails its tests instead of skipping.
 pytest_run() {
-  (cd tests && DEEPIO_REQUIRE=torch,numpy,safetensors,hypothesis,deepspeed \
+  (cd tests && DEEPIO_REQUIRE=torch,numpy,safetensors,hypothesis,deepspeed,sglang,lmcache,vllm \
     python3 -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2 "$@" python)
 }
 # One file per worker at a time (pytest-xdist, --dist loadfile: a file's tests share fixtures and

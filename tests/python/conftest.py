@@ -43,14 +43,25 @@ REPO = Path(__file__).resolve().parents[2]
 # with the reason, where the package is missing. DEEPIO_REQUIRE=torch,numpy,... (comma-separated;
 # scripts/test.sh sets it for CI) turns that skip into a failure, so that a broken CI image cannot
 # pass by skipping. DEEPIO_REQUIRE_DEEPSPEED=1, the older spelling, still means "deepspeed".
-OPTIONAL = ("torch", "numpy", "safetensors", "hypothesis", "deepspeed")
+OPTIONAL = ("torch", "numpy", "safetensors", "hypothesis", "deepspeed", "sglang", "lmcache", "vllm")
+
+
+# The inference engines of deepio.kv's backends live in a folder of their own, off sys.path
+# (scripts/setup-kv-engines.sh, kv_engines.py); test_kv_backends.py puts it on sys.path itself.
+KV_ENGINES = ("sglang", "lmcache", "vllm")
 
 
 def _have(module: str) -> bool:
     try:
-        return importlib.util.find_spec(module) is not None
+        if importlib.util.find_spec(module) is not None:
+            return True
     except (ImportError, ValueError):
         return False
+    if module in KV_ENGINES:
+        import kv_engines
+
+        return (kv_engines.folder() / module / "__init__.py").is_file()
+    return False
 
 
 def _required() -> frozenset[str]:

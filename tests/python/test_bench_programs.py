@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, needs_deepspeed, needs_torch
+from conftest import REPO, needs, needs_deepspeed, needs_torch
 
 sys.path.insert(0, str(REPO / "bench"))
 import benchutil  # noqa: E402
@@ -354,3 +354,38 @@ def test_gpu_vs_host_runs_on_the_fake_driver_and_judges_its_rows(tmp_dir, tmp_pa
         assert report["ceiling_samples"][op], report
         for mem in ("host", "device", "bounce", "gds"):
             assert report["vs_ceiling"][f"{op}/{mem}"] in ("below", "at_ceiling", "above"), report
+
+
+def _kv_bench(tmp_dir: Path, tools: str, folders: int) -> dict:
+    args = [a for i in range(folders) for a in ("--folder", str(tmp_dir / f"f{i}"))]
+    for i in range(folders):
+        (tmp_dir / f"f{i}").mkdir()
+    out = _bench(
+        "kv_bench.py", *args, "--pages", "6", "--batch", "4", "--page-bytes", "64K", "--rounds", "2",
+        "--queue-depth", "4", "--tools", tools, "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert {(r["tool"], r["phase"]) for r in report["rows"]} == {
+        (t, p) for t in tools.split(",") for p in ("put", "get")
+    }
+    assert all(r["gib_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in report["rows"])
+    assert len(report["samples"]) == 2 * 2 * len(tools.split(","))
+    for i in range(folders):
+        assert not any((tmp_dir / f"f{i}").iterdir()), "the benchmark left files behind"
+    return report
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_kv_bench_runs_store_and_fio_over_two_folders_and_cleans_up(tmp_dir):
+    """A tiny run of bench/kv_bench.py: deepio.kv.Store and fio (one job per folder) both
+    timed for puts and gets, the pages read back checked (non-zero exit on a mismatch)."""
+    _kv_bench(tmp_dir, "deepio,fio", 2)
+
+
+@pytest.mark.slow
+@needs("sglang")
+def test_kv_bench_runs_the_sglang_backends(tmp_dir):
+    """The SGLang rows (SGLang 0.5.23 from scripts/setup-kv-engines.sh): deepio's backend and
+    SGLang's HiCacheFile through SGLang's controller page functions."""
+    _kv_bench(tmp_dir, "deepio-sglang,hicache-file", 1)

@@ -1,0 +1,356 @@
+"""deepio.kv.Store as SGLang's HiCache storage backend (the L3 tier below host memory).
+
+Load it with SGLang's dynamic backend (docs/kv.md has the whole command line)::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
+      '{"backend_name": "deepio", "module_path": "deepio.kv.sglang",
+        "class_name": "DeepioHiCacheStorage", "interface_v1": 1,
+        "folders": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_bytes": 68719476736}'
+
+``interface_v1: 1`` makes SGLang's cache controller call the zero-copy ``batch_get_v1`` /
+``batch_set_v1``; without it the controller takes its generic path (``batch_get`` into a
+staging page, then a copy into the host pool), which this class also serves.
+
+Lifecycle: SGLang's ``StorageBackendFactory`` constructs ``cls(storage_config, kwargs)``, then
+calls ``register_mem_pool_host(host_pool)``; only then is a page's size known, so the store
+of the KV pool opens there, in ``<folder>/<rank>/kv`` for each folder (``<rank>`` names the
+model and this process's tensor/pipeline/context/data-parallel ranks: two processes never share
+a store's slab files). Each further pool of the v2 interface (``register_mem_host_pool_v2``:
+Mamba state, SWA, indexer, ...) gets its own store in ``<folder>/<rank>/<pool name>``.
+
+Memory: a page moves straight between the drive and the host pool, no staging copy: the
+host pool's ``get_page_buffer_meta(indices)`` gives, per page, the addresses and sizes of its
+pieces (page_first: the K part and the V part; layer_first: one K and one V piece per layer),
+which become that key's segments of ``Store.put_segments`` / ``Store.get_segments``. The
+calls block until the batch is done, as SGLang's storage threads expect (they run off the
+scheduler thread); the host pool's pages stay alive and pinned by SGLang meanwhile.
+
+Results: one bool per key, True where the page was stored durably (a put) or found whole
+with a matching CRC-32C (a get). A put skips keys already present (HiCache keys are hashes
+of the page's tokens and its prefix: the same key is the same content), as SGLang's own file
+and Mooncake backends do. Errors from the store (a folder that failed, a bad argument) are
+per-key False for the batch calls, logged once per call with the reason; construction errors
+(no folder, MLA with tensor parallelism) raise.
+
+Thread safety: SGLang calls a backend from its prefetch and backup threads at once; the Store
+is thread-safe, and the only mutable state here (the stores of v2 pools) is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from deepio.kv import Store
+
+logger = logging.getLogger(__name__)
+
+Segments = list[tuple[int, int]]
+
+
+def _rank_folder(config: HiCacheStorageConfig) -> str:
+    """The subfolder that belongs to this process alone (see the module comment)."""
+    model = (config.model_name or "model").replace("/", "-")
+    name = f"{model}_tp{config.tp_rank}of{config.tp_size}"
+    if config.pp_size > 1:
+        name += f"_pp{config.pp_rank}of{config.pp_size}"
+    if config.attn_cp_size > 1:
+        name += f"_cp{config.attn_cp_rank}of{config.attn_cp_size}"
+    if config.dp_rank:
+        name += f"_dp{config.dp_rank}"
+    return name
+
+
+class DeepioHiCacheStorage(HiCacheStorage):
+    """A ``HiCacheStorage`` whose pages live in a ``deepio.kv.Store`` on local drives.
+
+    ``storage_config.extra_config`` (the JSON of ``--hicache-storage-backend-extra-config``):
+    ``folders`` (list of paths, one per drive; or the environment variable
+    ``DEEPIO_KV_FOLDERS``, colon-separated), ``capacity_bytes`` (over all folders, for the KV
+    pool; default 0: half of each drive's free space) and ``pool_capacity_bytes`` (a dict
+    pool name -> bytes for v2 pools; default: room for as many pages as the KV pool).
+    """
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        extra = dict(storage_config.extra_config or {})
+        folders = extra.get("folders")
+        if folders is None and os.environ.get("DEEPIO_KV_FOLDERS"):
+            folders = os.environ["DEEPIO_KV_FOLDERS"].split(":")
+        if isinstance(folders, str):
+            folders = [folders]
+        if not folders:
+            raise ValueError(
+                "deepio HiCache backend: give the store's folders as "
+                '"folders": [...] in --hicache-storage-backend-extra-config '
+                "or as DEEPIO_KV_FOLDERS"
+            )
+        if storage_config.is_mla_model and storage_config.tp_size > 1:
+            # SGLang writes MLA pages from one rank only and lets every rank read them; the
+            # stores here are per process, so the other ranks would never hit.
+            raise NotImplementedError(
+                "deepio HiCache backend: MLA models with tensor parallelism need a store shared "
+                "by the ranks, which deepio.kv does not offer yet"
+            )
+        self.storage_config = storage_config
+        self._folders = [os.path.join(str(f), _rank_folder(storage_config)) for f in folders]
+        self._capacity_bytes = int(extra.get("capacity_bytes", 0))
+        self._pool_capacity = {str(k): int(v) for k, v in dict(extra.get("pool_capacity_bytes", {})).items()}
+        self._lock = threading.Lock()
+        self._stores: dict[str, Store] = {}
+        self._pools: dict[str, Any] = {}
+        self._kv_page_bytes = 0
+
+    # ---- registration -------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self._open(str(PoolName.KV), mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._open(str(host_pool_name), host_pool)
+
+    def _open(self, name: str, pool: Any) -> Store:
+        one_page = torch.arange(_page_size(pool), dtype=torch.int64)
+        page_bytes = sum(nbytes for _, nbytes in _page_segments(pool, one_page, 1)[0][0])
+        with self._lock:
+            store = self._stores.get(name)
+            if store is not None and self._pools.get(name) is pool:
+                return store
+            folders = [os.path.join(f, name) for f in self._folders]
+            if name == str(PoolName.KV):
+                self._kv_page_bytes = page_bytes
+                capacity = self._capacity_bytes
+            else:
+                capacity = self._pool_capacity.get(name, 0)
+                if not capacity and self._capacity_bytes and self._kv_page_bytes:
+                    capacity = max(self._capacity_bytes * page_bytes // self._kv_page_bytes, page_bytes)
+            if store is None:
+                store = Store(folders, capacity_bytes=capacity, page_bytes=page_bytes)
+                self._stores[name] = store
+            self._pools[name] = pool
+            return store
+
+    def _store(self, name: str) -> Store:
+        with self._lock:
+            store = self._stores.get(name)
+        if store is None:
+            raise RuntimeError(f"deepio HiCache backend: no host pool registered for pool {name!r}")
+        return store
+
+    # ---- zero-copy batch interface (v1) ---------------------------------------------------
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        return self._set(str(PoolName.KV), self.mem_pool_host, keys, host_indices)
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        return self._get(str(PoolName.KV), self.mem_pool_host, keys, host_indices)
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        if not keys:
+            return 0
+        return int(self._store(str(PoolName.KV)).exists(list(keys)))
+
+    def _set(self, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        if not keys:
+            return []
+        try:
+            store = self._store(name)
+            segments, ok = _page_segments(pool, host_indices, len(keys))
+            if not ok:
+                return [False] * len(keys)
+            present = store.contains(list(keys))
+            todo = [i for i, p in enumerate(present) if not p]
+            results = [True] * len(keys)
+            if todo:
+                done = store.put_segments([keys[i] for i in todo], [segments[i] for i in todo]).result()
+                for i, r in zip(todo, done, strict=True):
+                    results[i] = bool(r)
+            return results
+        except Exception as e:  # the controller expects per-key results, not exceptions
+            logger.error("deepio HiCache backend: put of %d pages of pool %s failed: %s", len(keys), name, e)
+            return [False] * len(keys)
+
+    def _get(self, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        if not keys:
+            return []
+        try:
+            segments, ok = _page_segments(pool, host_indices, len(keys))
+            if not ok:
+                return [False] * len(keys)
+            return [bool(r) for r in self._store(name).get_segments(list(keys), segments).result()]
+        except Exception as e:
+            logger.error("deepio HiCache backend: get of %d pages of pool %s failed: %s", len(keys), name, e)
+            return [False] * len(keys)
+
+    # ---- multi-pool interface (v2) -------------------------------------------------------
+
+    def _transfer_pool(self, transfer: PoolTransfer) -> Any:
+        registered = getattr(self, "registered_pools", {})
+        pool = registered.get(transfer.name)
+        if pool is None and str(transfer.name) == str(PoolName.KV):
+            pool = self.mem_pool_host
+        return pool
+
+    def batch_set_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        return {
+            t.name: self._set(str(t.name), self._transfer_pool(t), list(t.keys or []), t.host_indices)
+            for t in transfers
+        }
+
+    def batch_get_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        return {
+            t.name: self._get(str(t.name), self._transfer_pool(t), list(t.keys or []), t.host_indices)
+            for t in transfers
+        }
+
+    def batch_exists_v2(
+        self,
+        keys: list[str],
+        pool_transfers: list[PoolTransfer] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """SGLang's own semantics (those of its HiCacheFile): the usable prefix is the longest
+        run of KV pages that every extra pool also covers under its hit policy (ALL_PAGES:
+        each page of the prefix; TRAILING_PAGES: the last len(transfer.keys) pages)."""
+        kv_pages = self.batch_exists(keys)
+        hits: dict[str, int] = {str(PoolName.KV): kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if not restorable:
+                break
+            name = str(transfer.name)
+            present = self._store(name).contains(list(keys[:kv_pages])) if kv_pages else []
+            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = present.index(False) if False in present else kv_pages
+                pool_restorable = set(range(1, boundary + 1))
+            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
+                pool_restorable = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])}
+                boundary = max(pool_restorable, default=0)
+            else:
+                raise ValueError(f"deepio HiCache backend: unsupported pool hit policy {transfer.hit_policy}")
+            if boundary:
+                hits[name] = boundary
+            restorable &= pool_restorable
+        ordered = sorted(restorable)
+        return PoolTransferResult(ordered[-1] if ordered else 0, hits, ordered)
+
+    # ---- generic (copying) interface: the controller's path without "interface_v1" -------
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location])[0]
+
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[torch.Tensor | None]:
+        if not keys:
+            return []
+        targets = list(target_locations)
+        results = (
+            self._store(str(PoolName.KV)).get_segments(list(keys), [_tensor_segments(t) for t in targets]).result()
+        )
+        return [t if ok else None for t, ok in zip(targets, results, strict=True)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+    ) -> bool:
+        if not keys:
+            return True
+        store = self._store(str(PoolName.KV))
+        pages = [v.contiguous() for v in values]  # kept alive until the put is done
+        present = store.contains(list(keys))
+        todo = [i for i, p in enumerate(present) if not p]
+        if not todo:
+            return True
+        results = store.put_segments([keys[i] for i in todo], [_tensor_segments(pages[i]) for i in todo]).result()
+        return all(results)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._store(str(PoolName.KV)).contains([key])[0])
+
+    # ---- the rest ------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Not supported: the store has no "remove everything" and keeps no key list in
+        Python. SGLang calls this only to flush the L3 tier by hand; it says so in its log."""
+        logger.warning("deepio HiCache backend: clear() is not supported; pages stay on the drives")
+
+    def get_stats(self) -> None:
+        """None: SGLang's metrics collector expects its own StorageMetrics (page counts and
+        bandwidths per call) or None; the store's counters are in store_stats()."""
+        return None
+
+    def store_stats(self) -> dict[str, Any]:
+        """Each pool's ``Store.stats()``, by pool name."""
+        with self._lock:
+            stores = dict(self._stores)
+        return {name: store.stats() for name, store in stores.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._stores = self._stores, {}
+        for store in stores.values():
+            store.close()
+
+
+def _page_size(pool: Any) -> int:
+    return int(getattr(pool, "page_size", 1) or 1)
+
+
+def _page_segments(pool: Any, host_indices: torch.Tensor, pages: int) -> tuple[list[Segments], bool]:
+    """Per page, the (address, nbytes) pieces of the host pool that hold it, in the order of
+    ``get_page_buffer_meta`` (which defines the page's byte layout on the drive)."""
+    if host_indices is None or host_indices.numel() != pages * _page_size(pool):
+        logger.error(
+            "deepio HiCache backend: %d pages need %d host indices, got %s",
+            pages,
+            pages * _page_size(pool),
+            None if host_indices is None else host_indices.numel(),
+        )
+        return [], False
+    ptrs, sizes = pool.get_page_buffer_meta(host_indices.cpu())
+    if pages == 0 or len(ptrs) % pages or len(ptrs) != len(sizes):
+        raise ValueError(f"host pool gave {len(ptrs)} pieces for {pages} pages")
+    per = len(ptrs) // pages
+    return [[(int(ptrs[j]), int(sizes[j])) for j in range(i * per, (i + 1) * per)] for i in range(pages)], True
+
+
+def _tensor_segments(tensor: torch.Tensor) -> Segments:
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("deepio HiCache backend: pages must be contiguous CPU tensors")
+    return [(int(tensor.data_ptr()), int(tensor.numel() * tensor.element_size()))]
