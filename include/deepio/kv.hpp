@@ -135,7 +135,9 @@ class DEEPIO_API Store {
  public:
   /// Opens or creates the store. Throws deepio::InvalidArgument for bad options (no folder,
   /// page_bytes 0, watermarks out of order, an existing layout with another page_bytes) and
-  /// deepio::Error when a folder cannot be created or its slabs cannot be allocated.
+  /// deepio::Error when a folder cannot be created or its slabs cannot be allocated, and
+  /// deepio::Error EBUSY when another open store (in this process or another) holds one of the
+  /// folders (each folder's kv.lock is held with flock until close()).
   explicit Store(const StoreOptions& options);
   /// close(); never throws.
   ~Store();

@@ -31,6 +31,7 @@
 // Locks: mu_ guards the index, folders' slot state, stats and warnings; no I/O wait and no
 // callback runs under it. ckpt_mu_ serializes checkpoints.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -53,6 +54,7 @@
 
 #include "deepio/handle.hpp"
 #include "deepio/kv.hpp"
+#include "platform/fd.hpp"
 
 namespace deepio::kv {
 
@@ -220,6 +222,27 @@ void fsync_dir(const std::string& dir) {
   if (rc != 0) throw Error(err, "kv: cannot sync the folder", dir);
 }
 
+/// Takes `dir`/kv.lock (made if missing) with flock(LOCK_EX | LOCK_NB): two stores writing
+/// one folder would hand out the same slots and overwrite each other's pages. The lock is
+/// per open file, so a second Store in this process is refused as one in another process is;
+/// it goes when the descriptor closes (close(), or the process's end, a crash included).
+/// Throws deepio::Error EBUSY naming the folder when it is held.
+detail::UniqueFd lock_folder(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/kv.lock";
+  detail::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  if (fd.get() < 0) throw Error(errno, "kv: cannot open the folder's lock file", path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e == EWOULDBLOCK) {
+      throw Error(EBUSY, "kv: the folder is in use by another deepio.kv store (in this process or another); "
+                  "close that one first", dir);
+    }
+    throw Error(e, "kv: cannot lock the folder", path);
+  }
+  return fd;
+}
+
 /// Writes `bytes` to `path` durably: temp file through the handle with fsync, rename, folder sync.
 void write_durably(Handle& handle, const std::string& dir, const std::string& name,
                    const std::vector<unsigned char>& bytes) {
@@ -260,6 +283,8 @@ struct Entry {
 
 struct Folder {
   std::string path;
+  /// kv.lock, held with flock(LOCK_EX) while the store is open: one store per folder.
+  detail::UniqueFd lock;
   std::vector<File> slabs;
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
@@ -931,11 +956,22 @@ struct Store::Impl {
       throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) + " holds less than one slot (" +
                             std::to_string(slot_bytes) + " bytes) per folder");
     }
+    // Every folder's lock first: one held by another store fails the open as a whole, before
+    // anything is read or written. A folder that cannot be made or locked otherwise is left to
+    // open_folder, which marks it failed for the same reason.
+    for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
+      folders[fi].path = opt.folders[fi];
+      try {
+        folders[fi].lock = lock_folder(folders[fi].path);
+      } catch (const Error& e) {
+        if (e.errnum() == EBUSY) throw;
+      } catch (const std::filesystem::filesystem_error&) {
+      }
+    }
     std::unordered_map<std::string, std::vector<Candidate>> found;
     std::size_t usable = 0;
     std::optional<Error> first;
     for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
-      folders[fi].path = opt.folders[fi];
       try {
         open_folder(fi, share);
         scan_folder(fi, &found);
@@ -1170,6 +1206,8 @@ void Store::close() {
     err = e;
   }
   for (Folder& f : m.folders) f.slabs.clear();
+  // The locks last, once no write of this store can come.
+  for (Folder& f : m.folders) f.lock.reset();
   m.handle.reset();
   if (err) throw *err;
 }

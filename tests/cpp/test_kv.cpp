@@ -2,7 +2,10 @@
 // disk, reopen (checkpoint + scan), eviction past capacity, concurrency, injected EIO on one
 // folder, CRC-32C vectors. Small pages and capacities keep it fast under the sanitizers.
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -384,6 +387,57 @@ TEST(KvStore, AFolderThatCannotOpenIsFailedAndTheOthersServe) {
   EXPECT_EQ(out[0], p[0]);
   // No folder at all: the open fails.
   EXPECT_THROW(Store(small_options({blocker + "/kv"})), Error);
+}
+
+// Two stores on one folder would hand out the same slots: the second open is refused (EBUSY,
+// naming the folder), whether the first is in this process or in another; the folder is free
+// again once the first closes or its process dies.
+TEST(KvStore, AFolderIsOpenedByOneStoreAtATime) {
+  TempDir dir;
+  const std::string shared = dir.file("shared");
+  {
+    Store first(small_options({shared}));
+    try {
+      Store second(small_options({dir.file("other"), shared}));
+      ADD_FAILURE() << "a second store opened a folder in use";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.errnum(), EBUSY);
+      EXPECT_NE(std::string(e.what()).find(shared), std::string::npos) << e.what();
+    }
+    std::vector<std::vector<unsigned char>> p{page_for("k", kPage)};
+    EXPECT_TRUE(put_pages(first, {"k"}, p)[0]);  // the refused open touched nothing
+    first.close();
+    Store again(small_options({shared}));
+    std::vector<std::vector<unsigned char>> out{std::vector<unsigned char>(kPage)};
+    EXPECT_TRUE(get_pages(again, {"k"}, out)[0]);
+  }
+  // Held by another process: a child opens the store and waits; its death frees the folder.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    try {
+      Store held(small_options({shared}));
+      const char c = 1;
+      if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+      ::pause();
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  EXPECT_THROW(Store(small_options({shared})), Error);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  Store after(small_options({shared}));
+  EXPECT_EQ(after.stats().folders.size(), 1u);
 }
 
 TEST(KvStore, OnDoneRunsOnce) {
