@@ -235,8 +235,10 @@ detail::UniqueFd lock_folder(const std::string& dir) {
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     if (e == EWOULDBLOCK) {
-      throw Error(EBUSY, "kv: the folder is in use by another deepio.kv store (in this process or another); "
-                  "close that one first", dir);
+      throw Error(EBUSY,
+                  "kv: the folder is in use by another deepio.kv store (in this process or another); "
+                  "close that one first",
+                  dir);
     }
     throw Error(e, "kv: cannot lock the folder", path);
   }
