@@ -85,6 +85,20 @@ def test_replace_and_reopen(tmp_dir):
         assert store.stats()["recovered_pages"] == 1
 
 
+def test_a_folder_in_use_is_refused(tmp_dir):
+    """A second store on a folder another one has open raises OSError EBUSY naming the folder
+    (two stores would hand out the same slots); once the first closes it opens."""
+    import errno
+
+    first = make_store(tmp_dir)
+    with pytest.raises(OSError) as info:
+        make_store(tmp_dir, folders=("c", "b"))
+    assert info.value.errno == errno.EBUSY
+    assert str(tmp_dir / "b") in str(info.value)
+    first.close()
+    make_store(tmp_dir, folders=("c", "b")).close()
+
+
 @needs_torch
 def test_torch_pool_and_wider_dtype(tmp_dir):
     import torch
