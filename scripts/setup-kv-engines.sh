@@ -8,7 +8,7 @@
 # They go into a folder of their own, not into site-packages: PyPI's torchvision (which SGLang's
 # host-pool modules import) is a CUDA build whose `import torchvision` raises on CPU torch, and
 # transformers would change what DeepSpeed and the rest of the suite import. Only the files that
-# drive the engines put the folder on sys.path (deepio_kv_engines.py beside the tests).
+# drive the engines put the folder on sys.path (tests/python/kv_engines.py, bench/kv_bench.py).
 #
 # The folder: $DEEPIO_KV_ENGINES (default ~/.cache/deepio/kv-engines-<python version>), outside
 # the clone, so CI on the same machine finds it made. Idempotent and quick: a stamp file names

@@ -30,12 +30,12 @@ def activate() -> None:
 
 def _torchvision_without_its_ops() -> None:
     """PyPI's torchvision is a CUDA build: with CPU torch its compiled ops (``_C``) cannot load,
-        and then its ``_meta_registrations`` raises at import for the two ops it registers without
-        checking for them (``nms``, ``qnms``); the first import fails so, and the second, after this,
-    succeeds. SGLang's host-pool modules import torchvision through
-        its multimodal model configs and never call those ops. Declaring the two schemas, with no
-        kernel, lets ``import torchvision`` finish; calling them would raise. Nothing is done where
-        torchvision imports as it is, or where torch or torchvision is absent."""
+    and then its ``_meta_registrations`` raises at import for the two ops it registers without
+    checking for them (``nms``, ``qnms``); the first import fails so, and the second, after this,
+    succeeds. SGLang's host-pool modules import torchvision through its multimodal model configs
+    and never call those ops. Declaring the two schemas, with no kernel, lets ``import
+    torchvision`` finish; calling them would raise. Nothing is done where torchvision imports as
+    it is, or where torch or torchvision is absent."""
     global _ops_library
     if _ops_library is not None:
         return
