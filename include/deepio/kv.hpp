@@ -27,6 +27,19 @@
 //    misses, new pages go elsewhere, Stats names it (errno, count) and a warning is queued
 //    (take_warnings()).
 //
+// Device memory: a segment may be CUDA device memory (recognised as the engine recognises it:
+// cuPointerGetAttribute, asked only once the process has loaded the driver; managed memory is
+// host memory). The CRC-32C needs host bytes, so a page with a device segment moves through
+// one of device_pages_in_flight page-locked host buffers of the batch thread, copied by the
+// engine's CUDA stager (the page-locked arena registered with cuMemHostRegister): a put copies
+// device→host, computes the CRC there and writes from there (while the next page is copied); a
+// get reads into a buffer, verifies it, and copies host→device only a page that verified (a
+// miss leaves the device memory as it was); the future completes after those copies finished.
+// A failed driver copy makes that page false (counted in StoreStats::device_copy_errors), not a
+// folder failure, and a get's page stays stored. The copies are not ordered after the caller's
+// CUDA streams: finish the work that writes (put) or reads (get) the memory before the call.
+// cuFile (GPUDirect Storage) is not used: it would need the bytes read twice to be checked.
+//
 // Thread safety: every member function may be called from several threads at once, except
 // close() (call it once, after the last call of other threads). Fork: a Store belongs to the
 // process that made it; in a forked child every call throws deepio::ForkedHandle.
@@ -71,6 +84,10 @@ struct StoreOptions {
   std::chrono::milliseconds checkpoint_interval{60000};
   /// Threads that run batches (each a whole put or get: CRCs, submission, waiting, commit).
   std::size_t batch_threads = 4;
+  /// Device (CUDA) pages: each batch thread moves them through this many page-sized,
+  /// page-locked host buffers (made on its first device page; at least 1), so that many device
+  /// pages of a batch are in flight at once. Host memory never uses them.
+  std::size_t device_pages_in_flight = 4;
   /// The engine's options (queue depth, workers, backend).
   HandleOptions handle{.block_size = std::size_t{1} << 20, .queue_depth = 128, .intra_op_parallelism = 2};
 };
@@ -127,6 +144,8 @@ struct StoreStats {
   std::uint64_t bytes_written = 0, bytes_read = 0;
   std::uint64_t checkpoints = 0;
   std::uint64_t recovered_pages = 0;  ///< pages found by the last open
+  std::uint64_t device_pages = 0;     ///< pages of puts and gets that were in device memory
+  std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
   double open_seconds = 0;            ///< how long the last open took (checkpoint + scan)
   std::vector<FolderStats> folders;
 };

@@ -120,7 +120,7 @@ class KvStore {
  public:
   KvStore(const std::vector<std::string>& folders, std::uint64_t capacity_bytes, std::size_t page_bytes,
           double high_watermark, double low_watermark, std::uint64_t slab_bytes, double checkpoint_interval,
-          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers) {
+          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight) {
     kv::StoreOptions o;
     o.folders = folders;
     o.capacity_bytes = capacity_bytes;
@@ -131,6 +131,7 @@ class KvStore {
     if (checkpoint_interval < 0) throw nb::value_error("checkpoint_interval must be non-negative");
     o.checkpoint_interval = std::chrono::milliseconds(static_cast<std::int64_t>(checkpoint_interval * 1000));
     o.batch_threads = batch_threads;
+    o.device_pages_in_flight = device_pages_in_flight;
     o.handle.queue_depth = queue_depth;
     o.handle.intra_op_parallelism = workers;
     nb::gil_scoped_release release;
@@ -154,7 +155,8 @@ class KvStore {
 
   void register_pool(nb::handle pool) {
     const std::size_t page = store().page_bytes();
-    auto buf = std::make_shared<Buffer>(import_buffer(pool, true, "pool"));
+    // CUDA memory too: the store copies device pages through its own host buffers.
+    auto buf = std::make_shared<Buffer>(import_buffer(pool, true, "pool", /*allow_device=*/true));
     // The shape: obj.shape (NumPy, torch, CuPy...) or its memoryview's.
     nb::object shape_obj;
     if (nb::hasattr(pool, "shape")) {
@@ -305,6 +307,8 @@ class KvStore {
     d["checkpoints"] = st.checkpoints;
     d["recovered_pages"] = st.recovered_pages;
     d["open_seconds"] = st.open_seconds;
+    d["device_pages"] = st.device_pages;
+    d["device_copy_errors"] = st.device_copy_errors;
     nb::list folders;
     for (const kv::FolderStats& f : st.folders) {
       nb::dict fd;
@@ -370,10 +374,10 @@ void init_kv(nb::module_& m) {
           "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
-                    std::size_t, std::size_t, std::size_t>(),
+                    std::size_t, std::size_t, std::size_t, std::size_t>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
            nb::arg("low_watermark"), nb::arg("slab_bytes"), nb::arg("checkpoint_interval"), nb::arg("batch_threads"),
-           nb::arg("queue_depth"), nb::arg("workers"))
+           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
       .def(
           "put",

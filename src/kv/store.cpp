@@ -54,6 +54,8 @@
 
 #include "deepio/handle.hpp"
 #include "deepio/kv.hpp"
+#include "deepio/memory.hpp"
+#include "engine/device.hpp"
 #include "platform/fd.hpp"
 
 namespace deepio::kv {
@@ -300,6 +302,138 @@ struct Folder {
   std::string last_error;
 };
 
+/// Device (CUDA) pages of one batch thread: the CRC-32C needs host bytes, so a device page
+/// moves through one of `count` page-sized buffers of one page-locked arena (allocate_locked,
+/// made on the first device page), copied by the engine's own DeviceStager for the device (the
+/// CudaStager its workers use: the arena registered with cuMemHostRegister, device-to-host
+/// copies synchronous, host-to-device copies queued on its non-blocking stream with an event
+/// per buffer). Owned and used by one batch thread (a store's own thread, which may keep a
+/// context current, as the engine's workers do). A buffer is handed out by acquire() and
+/// comes back by release(), after its disk I/O settled and (gets) its copy finished (wait()).
+class DeviceScratch {
+ public:
+  DeviceScratch(const detail::DeviceSupport* support, std::size_t count, std::size_t buf_bytes)
+      : support_(support), count_(std::max<std::size_t>(1, count)), buf_bytes_(buf_bytes), busy_(count_, false) {}
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+
+  /// The device holding p, or -1 (host memory, managed memory, or no driver in the process).
+  int device_of(const void* p) const { return support_->classify ? support_->classify(p) : -1; }
+  /// Whether any segment of the page is device memory.
+  bool on_device(const std::vector<Segment>& page) const {
+    for (const Segment& s : page) {
+      if (s.nbytes > 0 && device_of(s.data) >= 0) return true;
+    }
+    return false;
+  }
+  /// A free buffer, or -1 when all are in use.
+  int acquire() {
+    for (std::size_t k = 0; k < count_; ++k) {
+      if (!busy_[k]) {
+        busy_[k] = true;
+        return static_cast<int>(k);
+      }
+    }
+    return -1;
+  }
+  void release(int b) { busy_.at(static_cast<std::size_t>(b)) = false; }
+  /// The buffer's memory; valid after a successful to_host()/prepare().
+  unsigned char* data(int b) const { return static_cast<unsigned char*>(arena_.data()) + static_cast<std::size_t>(b) * buf_bytes_; }
+
+  /// Makes the arena (first call); false + *why when it cannot be made.
+  bool prepare(std::string* why) {
+    if (arena_.data() != nullptr) return true;
+    try {
+      arena_ = UniqueLockedBuffer(count_ * buf_bytes_);
+    } catch (const std::exception& e) {
+      *why = std::string("kv: the host buffers for device pages: ") + e.what();
+      return false;
+    }
+    return true;
+  }
+  /// Copies the page's segments, in order, into buffer b (device ones by the stager, host ones
+  /// by memcpy). false + *why (the driver call and its error) on failure.
+  bool to_host(int b, const std::vector<Segment>& page, std::string* why) {
+    if (!prepare(why)) return false;
+    std::size_t off = 0;
+    for (const Segment& s : page) {
+      if (s.nbytes == 0) continue;
+      const int dev = device_of(s.data);
+      if (dev < 0) {
+        std::memcpy(data(b) + off, s.data, s.nbytes);
+      } else {
+        detail::DeviceStager* st = stager(dev, why);
+        if (st == nullptr) return false;
+        if (detail::Status r = st->to_staging(b, data(b) + off, static_cast<const std::byte*>(s.data), s.nbytes);
+            !r.ok()) {
+          *why = r.message;
+          return false;
+        }
+      }
+      off += s.nbytes;
+    }
+    return true;
+  }
+  /// Starts copying buffer b into the page's segments (host ones by memcpy, at once); wait(b)
+  /// finishes them. false + *why when a copy cannot start (those started are still waited for).
+  bool to_device(int b, const std::vector<Segment>& page, std::string* why) {
+    std::size_t off = 0;
+    for (const Segment& s : page) {
+      if (s.nbytes == 0) continue;
+      const int dev = device_of(s.data);
+      if (dev < 0) {
+        std::memcpy(s.data, data(b) + off, s.nbytes);
+      } else {
+        detail::DeviceStager* st = stager(dev, why);
+        if (st == nullptr) return false;
+        if (detail::Status r = st->from_staging(b, static_cast<std::byte*>(s.data), data(b) + off, s.nbytes); !r.ok()) {
+          *why = r.message;
+          return false;
+        }
+      }
+      off += s.nbytes;
+    }
+    return true;
+  }
+  /// Waits for buffer b's copies on every device; false + *why when one failed.
+  bool wait(int b, std::string* why) {
+    bool good = true;
+    for (auto& [dev, st] : stagers_) {
+      if (detail::Status r = st->wait(b); !r.ok() && good) {
+        *why = r.message;
+        good = false;
+      }
+    }
+    return good;
+  }
+
+ private:
+  detail::DeviceStager* stager(int dev, std::string* why) {
+    auto it = stagers_.find(dev);
+    if (it != stagers_.end()) return it->second.get();
+    detail::Status st;
+    std::unique_ptr<detail::DeviceStager> made;
+    if (support_->make_stager) made = support_->make_stager(dev, count_, &st);
+    if (made == nullptr) {
+      *why = "kv: no copies for device " + std::to_string(dev) + ": " +
+             (st.message.empty() ? std::string("no driver") : st.message);
+      return nullptr;
+    }
+    if (detail::Status r = made->register_staging(arena_.data(), arena_.size()); !r.ok()) {
+      *why = r.message;
+      return nullptr;
+    }
+    return stagers_.emplace(dev, std::move(made)).first->second.get();
+  }
+
+  const detail::DeviceSupport* support_;
+  std::size_t count_;
+  std::size_t buf_bytes_;
+  std::vector<bool> busy_;
+  UniqueLockedBuffer arena_;  // before stagers_: they unregister it when destroyed
+  std::map<int, std::unique_ptr<detail::DeviceStager>> stagers_;
+};
+
 struct Job {
   bool write = false;
   std::vector<std::string> keys;
@@ -316,6 +450,7 @@ struct Store::Impl {
   long pid = static_cast<long>(::getpid());
   std::uint64_t slot_bytes = 0;
   std::unique_ptr<Handle> handle;
+  detail::DeviceSupport device;  // read once at open, as a Handle does
 
   mutable std::mutex mu;
   std::vector<Folder> folders;
@@ -429,6 +564,7 @@ struct Store::Impl {
   }
 
   void run_jobs() {
+    DeviceScratch scratch(&device, opt.device_pages_in_flight, round_up(opt.page_bytes, kAlign));
     for (;;) {
       Job job;
       {
@@ -440,7 +576,7 @@ struct Store::Impl {
       }
       std::vector<bool> results;
       try {
-        results = job.write ? put_batch(job) : do_get(job);
+        results = job.write ? put_batch(job, scratch) : do_get(job, scratch);
       } catch (...) {
         results.assign(job.keys.size(), false);  // bad_alloc and the like: the batch fails
       }
@@ -477,9 +613,9 @@ struct Store::Impl {
 
   /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
   /// failed) are put again, to the next healthy folder, until none is left.
-  std::vector<bool> put_batch(Job& job) {
+  std::vector<bool> put_batch(Job& job, DeviceScratch& scratch) {
     std::vector<bool> io_failed;
-    std::vector<bool> ok = do_put(job, &io_failed);
+    std::vector<bool> ok = do_put(job, scratch, &io_failed);
     for (std::size_t round = 1; round < folders.size(); ++round) {
       Job again;
       std::vector<std::size_t> where;
@@ -495,7 +631,7 @@ struct Store::Impl {
         st.puts -= where.size();  // counted once
         st.puts_failed -= where.size();
       }
-      std::vector<bool> again_ok = do_put(again, &io_failed);
+      std::vector<bool> again_ok = do_put(again, scratch, &io_failed);
       std::vector<bool> again_io = io_failed;
       io_failed.assign(ok.size(), false);
       for (std::size_t k = 0; k < where.size(); ++k) {
@@ -506,7 +642,7 @@ struct Store::Impl {
     return ok;
   }
 
-  std::vector<bool> do_put(Job& job, std::vector<bool>* io_failed) {
+  std::vector<bool> do_put(Job& job, DeviceScratch& scratch, std::vector<bool>* io_failed) {
     const std::size_t n = job.keys.size();
     std::vector<bool> ok(n, false);
     io_failed->assign(n, false);
@@ -530,15 +666,58 @@ struct Store::Impl {
         inflight_gens.insert(pl[i].gen);
       }
     }
-    // Phase 1: the data, unsynced; CRCs while it moves.
+    // Phase 1: the data, unsynced; CRCs while it moves. A device page is copied into a host
+    // buffer first (CRC there, written from there); with every buffer in use, the oldest
+    // device page's write is waited for, so copies overlap the writes before them.
     std::vector<std::vector<Future>> data(n);
     std::vector<int> err(n, 0);
     std::vector<std::string> what(n);
+    std::vector<char> on_dev(n, 0), copy_failed(n, 0);
+    std::vector<int> buf(n, -1);
+    std::deque<std::size_t> writing;  // device pages whose write holds a buffer, oldest first
+    auto settle_page = [&](std::size_t i) {
+      for (Future& f : data[i]) {
+        std::string w;
+        const int e = settle(f, &w);
+        if (e != 0 && err[i] == 0) {
+          err[i] = e;
+          what[i] = w;
+        }
+      }
+      data[i].clear();
+    };
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have) continue;
       Folder& f = folders[pl[i].folder];  // the vector never changes after open
       File& slab = slab_of(f, pl[i].slot);
       std::uint64_t off = slot_offset(f, pl[i].slot) + kHeaderBytes;
+      on_dev[i] = scratch.on_device(job.segments[i]) ? 1 : 0;
+      if (on_dev[i] != 0) {
+        int b = scratch.acquire();
+        while (b < 0) {  // never empty here: every buffer is held by a page in `writing`
+          const std::size_t j = writing.front();
+          writing.pop_front();
+          settle_page(j);
+          scratch.release(buf[j]);
+          buf[j] = -1;
+          b = scratch.acquire();
+        }
+        if (!scratch.to_host(b, job.segments[i], &what[i])) {
+          copy_failed[i] = 1;
+          scratch.release(b);
+          continue;
+        }
+        pl[i].crc = crc32c(scratch.data(b), pl[i].len);
+        buf[i] = b;
+        writing.push_back(i);
+        try {
+          if (pl[i].len > 0) data[i].push_back(slab.pwrite(scratch.data(b), pl[i].len, off));
+        } catch (const Error& e) {
+          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          what[i] = e.what();
+        }
+        continue;
+      }
       try {
         for (const Segment& s : job.segments[i]) {
           if (s.nbytes == 0) continue;
@@ -551,26 +730,18 @@ struct Store::Impl {
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
-      if (!pl[i].have) continue;
+      if (!pl[i].have || on_dev[i] != 0) continue;
       std::uint32_t c = 0;
       for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
       pl[i].crc = c;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-    }
+    for (std::size_t i = 0; i < n; ++i) settle_page(i);
+    for (std::size_t i : writing) scratch.release(buf[i]);
     // Phase 2: the headers, one ranged write with fsync per slab.
     AlignedBuf hdr = aligned_buf(n * kHeaderBytes);
     std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::size_t>> groups;
     for (std::size_t i = 0; i < n; ++i) {
-      if (!pl[i].have || err[i] != 0) continue;
+      if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
       encode_header(hdr.get() + i * kHeaderBytes, job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
       groups[{pl[i].folder, pl[i].slot / folders[pl[i].folder].per_slab}].push_back(i);
     }
@@ -610,6 +781,13 @@ struct Store::Impl {
       }
       inflight_gens.erase(pl[i].gen);
       Folder& f = folders[pl[i].folder];
+      if (on_dev[i] != 0) ++st.device_pages;
+      if (copy_failed[i] != 0) {  // the device copy failed: nothing was written; not the folder's fault
+        ++st.device_copy_errors;
+        release_slot(f, pl[i].slot);
+        ++st.puts_failed;
+        continue;
+      }
       if (err[i] != 0 || f.failed) {
         if (err[i] != 0) fail_folder(pl[i].folder, err[i], what[i]);
         (*io_failed)[i] = true;
@@ -639,7 +817,7 @@ struct Store::Impl {
     return ok;
   }
 
-  std::vector<bool> do_get(Job& job) {
+  std::vector<bool> do_get(Job& job, DeviceScratch& scratch) {
     const std::size_t n = job.keys.size();
     std::vector<bool> ok(n, false);
     struct Pin {
@@ -686,11 +864,18 @@ struct Store::Impl {
       }
     }
     std::vector<std::vector<Future>> data(n);
+    std::vector<char> on_dev(n, 0), copy_failed(n, 0), verified(n, 0);
+    std::deque<std::size_t> dev_pending;
     for (std::size_t i = 0; i < n; ++i) {
       if (!pins[i].have || err[i] != 0) continue;
       Folder& f = folders[pins[i].folder];
       File& slab = slab_of(f, pins[i].slot);
       std::uint64_t off = slot_offset(f, pins[i].slot) + kHeaderBytes;
+      if (scratch.on_device(job.segments[i])) {
+        on_dev[i] = 1;
+        dev_pending.push_back(i);
+        continue;
+      }
       try {
         for (const Segment& s : job.segments[i]) {
           if (s.nbytes == 0) continue;
@@ -702,6 +887,52 @@ struct Store::Impl {
         what[i] = e.what();
       }
     }
+    // Device pages: read into host buffers (as many at once as there are buffers), verified
+    // there, and only a verified page is copied to the device (its copy overlapping the reads
+    // after it); a miss leaves the device memory as it was.
+    std::vector<int> buf(n, -1);
+    std::deque<std::size_t> reading, copying;
+    std::string dev_why;
+    if (!dev_pending.empty() && !scratch.prepare(&dev_why)) {
+      for (std::size_t i : dev_pending) copy_failed[i] = 1;
+      dev_pending.clear();
+    }
+    auto finish_copy = [&] {
+      const std::size_t j = copying.front();
+      copying.pop_front();
+      if (!scratch.wait(buf[j], &what[j])) {
+        verified[j] = 0;
+        copy_failed[j] = 1;
+      }
+      scratch.release(buf[j]);
+      buf[j] = -1;
+    };
+    auto start_reads = [&] {
+      while (!dev_pending.empty()) {
+        int b = scratch.acquire();
+        if (b < 0) {
+          if (copying.empty()) return;
+          finish_copy();
+          continue;
+        }
+        const std::size_t i = dev_pending.front();
+        dev_pending.pop_front();
+        Folder& f = folders[pins[i].folder];
+        try {
+          if (pins[i].len > 0) {
+            data[i].push_back(slab_of(f, pins[i].slot)
+                                  .pread(scratch.data(b), pins[i].len, slot_offset(f, pins[i].slot) + kHeaderBytes));
+          }
+          buf[i] = b;
+          reading.push_back(i);
+        } catch (const Error& e) {
+          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          what[i] = e.what();
+          scratch.release(b);
+        }
+      }
+    };
+    start_reads();
     for (auto& [fut, members] : hdr_ops) {
       std::string w;
       const int e = settle(fut, &w);
@@ -712,6 +943,38 @@ struct Store::Impl {
         }
       }
     }
+    while (!reading.empty()) {
+      const std::size_t i = reading.front();
+      reading.pop_front();
+      for (Future& f : data[i]) {
+        std::string w;
+        const int e = settle(f, &w);
+        if (e != 0 && err[i] == 0) {
+          err[i] = e;
+          what[i] = w;
+        }
+      }
+      data[i].clear();
+      if (err[i] == 0) {
+        auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
+        verified[i] = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len &&
+                              crc32c(scratch.data(buf[i]), pins[i].len) == d->crc
+                          ? 1
+                          : 0;
+      }
+      if (verified[i] != 0) {
+        copying.push_back(i);  // holds its buffer until the copy finished
+        if (!scratch.to_device(buf[i], job.segments[i], &what[i])) {
+          verified[i] = 0;
+          copy_failed[i] = 1;
+        }
+      } else {
+        scratch.release(buf[i]);
+        buf[i] = -1;
+      }
+      start_reads();
+    }
+    while (!copying.empty()) finish_copy();
     std::uint64_t corrupt = 0, bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
       for (Future& f : data[i]) {
@@ -722,7 +985,16 @@ struct Store::Impl {
           what[i] = w;
         }
       }
-      if (!pins[i].have || err[i] != 0) continue;
+      if (!pins[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
+      if (on_dev[i] != 0) {
+        if (verified[i] != 0) {
+          ok[i] = true;
+          bytes += pins[i].len;
+        } else {
+          ++corrupt;
+        }
+        continue;
+      }
       auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
       bool good = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len;
       if (good) {
@@ -746,6 +1018,8 @@ struct Store::Impl {
       } else {
         ++st.misses;
       }
+      if (on_dev[i] != 0) ++st.device_pages;
+      if (copy_failed[i] != 0) ++st.device_copy_errors;
       if (!pins[i].have) continue;
       Folder& f = folders[pins[i].folder];
       SlotInfo& s = f.info[pins[i].slot];
@@ -755,7 +1029,7 @@ struct Store::Impl {
       }
       if (err[i] != 0) {
         fail_folder(pins[i].folder, err[i], what[i]);
-      } else if (!ok[i]) {
+      } else if (!ok[i] && copy_failed[i] == 0) {
         // A slot that no longer holds the page the index says: forget it, keep the slot.
         auto it = index.find(job.keys[i]);
         if (it != index.end() && it->second.gen == pins[i].gen) drop_entry(it);
@@ -952,6 +1226,7 @@ struct Store::Impl {
   void open() {
     const auto t0 = std::chrono::steady_clock::now();
     handle = std::make_unique<Handle>(opt.handle);
+    device = detail::device_support();
     folders.resize(opt.folders.size());
     const std::uint64_t share = opt.capacity_bytes / opt.folders.size();
     if (opt.capacity_bytes != 0 && share < slot_bytes) {

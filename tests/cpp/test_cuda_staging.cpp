@@ -5,6 +5,8 @@
 // handle here pins DeviceRouteMode::Staged: where cuFile is also found (scripts/gpu-check.sh sets
 // the fake one, a GPU machine has the real one), the default route would take it instead.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "gpu/cuda.hpp"
 #include "common/support.hpp"
+#include "deepio/kv.hpp"
 
 namespace deepio {
 namespace {
@@ -212,6 +215,103 @@ TEST_F(CudaStaging, ProducerStreamOrdersTheStagedCopies) {
     EXPECT_TRUE(back == data) << "the producer's memset overwrote the read";
   }
   EXPECT_EQ(api_->cuStreamDestroy(side), CUDA_SUCCESS);
+}
+
+// deepio::kv::Store on device memory: pages move through the store's page-locked host buffers
+// (the CRC-32C needs host bytes) with the engine's CudaStager. Two buffers for five pages, so
+// the pipeline waits for buffers; one page mixes a device and a host segment.
+TEST_F(CudaStaging, KvStoreMovesDevicePagesThroughHostBuffersAndChecksThem) {
+  constexpr std::size_t kPage = 64 << 10;
+  constexpr std::size_t kRows = 5;
+  kv::StoreOptions o;
+  o.folders = {(dir_.path() / "kv").string()};
+  o.page_bytes = kPage;
+  o.capacity_bytes = 16 * (4096 + kPage);
+  o.batch_threads = 1;
+  o.device_pages_in_flight = 2;
+  o.checkpoint_interval = std::chrono::milliseconds(0);
+  kv::Store store(o);
+  auto* pool = static_cast<unsigned char*>(device_alloc(kRows * kPage));
+  auto* back = static_cast<unsigned char*>(device_alloc(kRows * kPage));
+  const auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  std::vector<std::vector<std::byte>> pages;
+  for (std::size_t r = 0; r < kRows; ++r) {
+    pages.push_back(pattern(kPage, static_cast<int>(r) + 7));
+    ASSERT_EQ(api_->cuMemcpyHtoD(dptr(pool + r * kPage), pages[r].data(), kPage), CUDA_SUCCESS);
+  }
+  const std::vector<std::string> names = {"k0", "k1", "k2", "k3", "k4"};
+  const std::vector<std::string_view> keys(names.begin(), names.end());
+  std::vector<std::vector<kv::Segment>> src, dst;
+  std::vector<std::byte> host_half(kPage / 2);
+  for (std::size_t r = 0; r < kRows; ++r) {
+    if (r == 3) {  // half on the device, half in host memory
+      std::memcpy(host_half.data(), pages[3].data() + kPage / 2, kPage / 2);
+      src.push_back({{pool + r * kPage, kPage / 2}, {host_half.data(), kPage / 2}});
+    } else {
+      src.push_back({{pool + r * kPage, kPage}});
+    }
+    dst.push_back({{back + r * kPage, kPage}});
+  }
+  EXPECT_EQ(store.put(keys, src).get(), std::vector<bool>(kRows, true));
+  EXPECT_EQ(store.get(keys, dst).get(), std::vector<bool>(kRows, true));
+  for (std::size_t r = 0; r < kRows; ++r) {
+    std::vector<std::byte> host(kPage);
+    ASSERT_EQ(api_->cuMemcpyDtoH(host.data(), dptr(back + r * kPage), kPage), CUDA_SUCCESS);
+    EXPECT_EQ(host, pages[r]) << "row " << r;
+  }
+  EXPECT_EQ(store.stats().device_pages, 2 * kRows);
+
+  // A flipped byte on disk: a miss, and the device row keeps what it held (nothing unverified
+  // is copied to the device).
+  const auto slab = dir_.path() / "kv" / "slab-0000.bin";
+  auto bytes = slurp(slab.string());
+  const auto at = std::search(bytes.begin(), bytes.end(), pages[0].begin(), pages[0].begin() + 256);
+  ASSERT_NE(at, bytes.end());
+  const auto off = static_cast<std::size_t>(at - bytes.begin()) + 100;
+  {
+    const int fd = ::open(slab.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const unsigned char flipped = static_cast<unsigned char>(bytes[off]) ^ 0xFF;
+    ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(off)), 1);
+    ::close(fd);
+  }
+  const std::vector<std::byte> sentinel(kPage, std::byte{0xEE});
+  ASSERT_EQ(api_->cuMemcpyHtoD(dptr(back), sentinel.data(), kPage), CUDA_SUCCESS);
+  std::vector<std::string_view> k0 = {keys[0]};
+  std::vector<std::vector<kv::Segment>> row0 = {dst[0]};
+  EXPECT_EQ(store.get(k0, row0).get(), std::vector<bool>{false});
+  std::vector<std::byte> host(kPage);
+  ASSERT_EQ(api_->cuMemcpyDtoH(host.data(), dptr(back), kPage), CUDA_SUCCESS);
+  EXPECT_EQ(host, sentinel) << "a miss must not copy unverified bytes to the device";
+  EXPECT_EQ(store.stats().corrupt, 1u);
+
+  // Driver copy errors fail that page only (false), never the folder, and keep the page.
+  if (fake_control() != nullptr) {
+    std::vector<std::string_view> k1 = {keys[1]};
+    std::vector<std::vector<kv::Segment>> row1 = {dst[1]};
+    set_result("cuMemcpyHtoD", 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */, 0);
+    EXPECT_EQ(store.get(k1, row1).get(), std::vector<bool>{false});
+    set_result(nullptr, 0, 0);
+    EXPECT_EQ(store.stats().device_copy_errors, 1u);
+    EXPECT_EQ(store.get(k1, row1).get(), std::vector<bool>{true}) << "a failed copy does not forget the page";
+    const std::vector<std::string_view> k9 = {"k9"};
+    set_result("cuMemcpyDtoH", 700, 0);
+    EXPECT_EQ(store.put(k9, std::vector<std::vector<kv::Segment>>{src[2]}).get(), std::vector<bool>{false});
+    set_result(nullptr, 0, 0);
+    EXPECT_EQ(store.contains(k9), std::vector<bool>{false});
+    EXPECT_EQ(store.stats().device_copy_errors, 2u);
+    EXPECT_FALSE(store.stats().folders.at(0).failed);
+  }
+
+  // Host pages in the same store, with the driver loaded: the host path, no device pages.
+  const auto before = store.stats().device_pages;
+  std::vector<std::byte> h(kPage), hb(kPage);
+  std::memcpy(h.data(), pages[4].data(), kPage);
+  const std::vector<std::string_view> kh = {"host"};
+  EXPECT_EQ(store.put(kh, std::vector<std::vector<kv::Segment>>{{{h.data(), kPage}}}).get(), std::vector<bool>{true});
+  EXPECT_EQ(store.get(kh, std::vector<std::vector<kv::Segment>>{{{hb.data(), kPage}}}).get(), std::vector<bool>{true});
+  EXPECT_EQ(hb, h);
+  EXPECT_EQ(store.stats().device_pages, before);
 }
 
 }  // namespace

@@ -874,3 +874,95 @@ def test_managed_memory_labelled_cuda_is_read_in_place(cuda, tmp):
         assert h.stats()["gds"]["bytes_staged"] == 0
     finally:
         cuda.free(p.value)
+
+
+# ------------------------------------------------------------------- deepio.kv, a CUDA pool
+
+
+class FakeCudaPool(FakeCudaTensor):
+    """A 2-D [rows, page] uint8 CUDA pool exported through DLPack, as torch.empty((rows,
+    page), dtype=torch.uint8, device="cuda") would be."""
+
+    def __init__(self, cuda: FakeCuda, rows: int, page: int) -> None:
+        super().__init__(cuda, rows * page)
+        self.shape = (rows, page)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        shape = (ctypes.c_int64 * 2)(*self.shape)
+        mt = DLManagedTensor()
+        mt.dl_tensor.data = self.ptr
+        mt.dl_tensor.device = DLDevice(KDLCUDA, 0)
+        mt.dl_tensor.ndim = 2
+        mt.dl_tensor.dtype = DLDataType(1, 8, 1)
+        mt.dl_tensor.shape = shape
+        mt.dl_tensor.strides = None
+        mt.dl_tensor.byte_offset = 0
+        mt.deleter = _NOOP_DELETER
+        _keep.append((mt, shape))
+        return _PyCapsule_New(ctypes.addressof(mt), _CAPSULE_NAME, None)
+
+
+@needs_fake
+def test_kv_store_cuda_pool_round_trip_flipped_byte_and_copy_error(cuda, tmp):
+    import deepio.kv
+
+    page, rows = 16384, 6
+    pool = FakeCudaPool(cuda, rows, page)
+    try:
+        pages = [rand(page) for _ in range(3)]
+        for r, p in enumerate(pages):
+            cuda.put(pool.ptr + r * page, p)
+        with deepio.kv.Store(
+            [str(tmp / "kv")], capacity_bytes=16 * (4096 + page), page_bytes=page, device_pages_in_flight=2
+        ) as store:
+            store.register(pool)
+            assert store.put(["a", "b", "c"], [0, 1, 2]).result(timeout=30) == [True] * 3
+            assert store.get(["a", "b", "c", "zz"], [3, 4, 5, 0]).result(timeout=30) == [True, True, True, False]
+            for r, p in enumerate(pages):
+                assert cuda.get(pool.ptr + (3 + r) * page, page) == p
+            assert store.stats()["device_pages"] == 6
+            # segments with device addresses: the K and V halves of a page
+            half = page // 2
+            segs = [[(pool.ptr + half, half), (pool.ptr, half)]]
+            assert store.put_segments(["swapped"], segs).result(timeout=30) == [True]
+            back = [[(pool.ptr + 3 * page, half), (pool.ptr + 3 * page + half, half)]]
+            assert store.get_segments(["swapped"], back).result(timeout=30) == [True]
+            assert cuda.get(pool.ptr + 3 * page, page) == pages[0][half:] + pages[0][:half]
+
+            # A flipped byte on disk: a miss; the device row keeps what it held.
+            slab = tmp / "kv" / "slab-0000.bin"
+            raw = bytearray(slab.read_bytes())
+            at = raw.find(pages[1][:256])
+            assert at >= 0
+            raw[at + 10] ^= 0xFF
+            with open(slab, "r+b") as f:
+                f.seek(at + 10)
+                f.write(bytes([raw[at + 10]]))
+            cuda.put(pool.ptr + 4 * page, b"\xee" * page)
+            assert store.get(["b"], [4]).result(timeout=30) == [False]
+            assert cuda.get(pool.ptr + 4 * page, page) == b"\xee" * page
+            assert store.stats()["corrupt"] == 1
+
+            # A driver copy error: that page is False, the folder stays ok, the page stays.
+            cuda.fail("cuMemcpyHtoD", 700)
+            assert store.get(["c"], [5]).result(timeout=30) == [False]
+            cuda.fail(None)
+            st = store.stats()
+            assert st["device_copy_errors"] == 1 and st["folders"][0]["state"] == "ok"
+            assert store.get(["c"], [5]).result(timeout=30) == [True]
+            assert cuda.get(pool.ptr + 5 * page, page) == pages[2]
+
+            # A CPU pool on the same store: the host path, unchanged.
+            host = bytearray(rand(page)) + bytearray(page)
+            import numpy as np
+
+            cpu = np.frombuffer(host, dtype=np.uint8).reshape(2, page)
+            store.register(cpu)
+            n = store.stats()["device_pages"]
+            assert store.put(["h"], [0]).result(timeout=30) == [True]
+            assert store.get(["h"], [1]).result(timeout=30) == [True]
+            assert cpu[1].tobytes() == cpu[0].tobytes()
+            assert store.stats()["device_pages"] == n
+    finally:
+        cuda.fail(None)
+        pool.free()

@@ -51,7 +51,9 @@ class Store:
     ``capacity_bytes`` is the total over all folders (0: half of each folder's free space at
     first open); the layout is fixed at first open. ``page_bytes`` is the largest page.
     Keyword options: watermarks of the LRU eviction, slab file size, checkpoint interval in
-    seconds (0: only at close), batch threads, and the engine's queue depth and workers.
+    seconds (0: only at close), batch threads, the engine's queue depth and workers, and
+    ``device_pages_in_flight``: the page-locked host buffers each batch thread moves CUDA pages
+    through (made on its first CUDA page; host memory never uses them).
     Thread-safe; a Store used in a forked child raises deepio.ForkedHandleError.
     """
 
@@ -68,6 +70,7 @@ class Store:
         batch_threads: int = 4,
         queue_depth: int = 128,
         workers: int = 2,
+        device_pages_in_flight: int = 4,
     ) -> None:
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
@@ -86,6 +89,7 @@ class Store:
             batch_threads,
             queue_depth,
             workers,
+            device_pages_in_flight,
         )
         self.folders = paths
 
@@ -93,7 +97,12 @@ class Store:
     def register(self, pool: Any) -> None:
         """Registers the memory pages move to and from: 2-D [slots, page_bytes] (uint8, or any
         dtype whose row is page_bytes bytes), C-contiguous, writable, CPU (torch, NumPy,
-        DLPack, buffer protocol). The store keeps it alive until closed."""
+        DLPack, buffer protocol) or CUDA (torch ``is_cuda``, DLPack ``kDLCUDA``). A CUDA pool's
+        pages are copied through the store's page-locked host buffers (the checksum needs host
+        bytes): a put copies from the device when its batch runs, so finish the kernels that
+        write the rows first (e.g. ``torch.cuda.current_stream().synchronize()``); a get copies
+        to the device only pages whose checksum matched, and its future is done once they are
+        in device memory. The store keeps the pool alive until closed."""
         self._s.register(pool)
 
     def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
@@ -116,7 +125,8 @@ class Store:
     def put_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
         """Zero-copy scatter/gather put: page i is the concatenation of segments[i], a list of
         (address, nbytes) summing to at most page_bytes. The caller keeps that memory alive
-        and unchanged until the future is done."""
+        and unchanged until the future is done. Addresses may be CUDA device memory (copied
+        through host buffers, as for a CUDA pool)."""
         try:
             return self._s.put_segments(keys, segments)
         finally:
