@@ -193,3 +193,24 @@ def test_deepio_save_of_cuda_tensors_loads_in_torch_and_deepio(tmp_dir):
     assert torch.equal(on_cpu["big"], big.cpu())
     back = deepio.load(f, map_location="cuda", weights_only=True)
     assert back["cpu"].is_cuda and torch.equal(back["cpu"].cpu(), obj["cpu"])
+
+
+@needs_gpu
+def test_kv_store_round_trips_a_cuda_pool(tmp_dir):
+    """deepio.kv.Store with a torch CUDA pool: put, get into other rows, bytes compared on the
+    GPU; a missing key leaves its row untouched (docs/kv.md, "CUDA memory")."""
+    import deepio.kv
+
+    page, rows = 1 << 20, 8
+    pool = torch.zeros((rows, page), dtype=torch.uint8, device="cuda")
+    pool[:4] = torch.randint(0, 255, (4, page), dtype=torch.uint8, device="cuda")
+    pool[7] = 0xEE
+    want = pool[:4].clone()
+    torch.cuda.current_stream().synchronize()  # the store's copies do not wait for torch's stream
+    with deepio.kv.Store([str(tmp_dir / "kv")], capacity_bytes=16 * (page + 4096), page_bytes=page) as store:
+        store.register(pool)
+        assert store.put(["a", "b", "c", "d"], [0, 1, 2, 3]).result(timeout=60) == [True] * 4
+        assert store.get(["d", "c", "b", "a", "zz"], [4, 5, 6, 3, 7]).result(timeout=60) == [True] * 4 + [False]
+        assert torch.equal(pool[3:7], torch.stack([want[0], want[3], want[2], want[1]]))
+        assert bool((pool[7] == 0xEE).all())
+        assert store.stats()["device_pages"] == 8
