@@ -143,10 +143,10 @@ struct StoreStats {
   std::uint64_t evictions = 0, removes = 0;
   std::uint64_t bytes_written = 0, bytes_read = 0;
   std::uint64_t checkpoints = 0;
-  std::uint64_t recovered_pages = 0;  ///< pages found by the last open
-  std::uint64_t device_pages = 0;     ///< pages of puts and gets that were in device memory
+  std::uint64_t recovered_pages = 0;     ///< pages found by the last open
+  std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
-  double open_seconds = 0;            ///< how long the last open took (checkpoint + scan)
+  double open_seconds = 0;               ///< how long the last open took (checkpoint + scan)
   std::vector<FolderStats> folders;
 };
 

@@ -338,7 +338,9 @@ class DeviceScratch {
   }
   void release(int b) { busy_.at(static_cast<std::size_t>(b)) = false; }
   /// The buffer's memory; valid after a successful to_host()/prepare().
-  unsigned char* data(int b) const { return static_cast<unsigned char*>(arena_.data()) + static_cast<std::size_t>(b) * buf_bytes_; }
+  unsigned char* data(int b) const {
+    return static_cast<unsigned char*>(arena_.data()) + static_cast<std::size_t>(b) * buf_bytes_;
+  }
 
   /// Makes the arena (first call); false + *why when it cannot be made.
   bool prepare(std::string* why) {
