@@ -36,8 +36,9 @@
 // get reads into a buffer, verifies it, and copies host→device only a page that verified (a
 // miss leaves the device memory as it was); the future completes after those copies finished.
 // A failed driver copy makes that page false (counted in StoreStats::device_copy_errors), not a
-// folder failure, and a get's page stays stored. The copies are not ordered after the caller's
-// CUDA streams: finish the work that writes (put) or reads (get) the memory before the call.
+// folder failure, and a get's page stays stored. The copies follow the caller's CUDA stream
+// named by BatchOptions::stream (an event recorded at the call); without one, finish the work
+// that writes (put) or reads (get) the memory before the call.
 // cuFile (GPUDirect Storage) is not used: it would need the bytes read twice to be checked.
 //
 // Thread safety: every member function may be called from several threads at once, except
@@ -50,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -96,6 +98,17 @@ struct StoreOptions {
 struct Segment {
   void* data = nullptr;
   std::size_t nbytes = 0;
+};
+
+/// Options of one put or get batch.
+struct BatchOptions {
+  /// Device pages: the CUDA stream (a CUstream as an integer; 0 or 1 the legacy default stream,
+  /// 2 the per-thread one; of the device's primary context, as torch's streams are) whose work
+  /// queued before the call the batch's copies must come after, as OpOptions::stream: an event
+  /// is recorded on it at the call, on the calling thread, and the store's copy stream waits
+  /// for it on the device (no thread waits). Unset: nothing is ordered (finish that work
+  /// before the call). Ignored for host pages.
+  std::optional<std::uintptr_t> stream;
 };
 
 /// The completion of a put or get batch: one bool per key. Copyable; copies share the state.
@@ -167,10 +180,16 @@ class DEEPIO_API Store {
   /// caller keeps every segment's memory valid and unchanged until the future is done.
   /// Throws deepio::InvalidArgument (naming the index) for a key empty or over kMaxKeyBytes,
   /// or sizes that differ; a page over page_bytes is false in the result.
-  BatchFuture put(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments);
+  /// Throws deepio::Error (EIO, the driver's message) when options.stream is set and the
+  /// event cannot be recorded on it.
+  BatchFuture put(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments,
+                  const BatchOptions& options = {});
   /// Fills segments[i] with the page of keys[i]: true where found, its stored length equal
   /// to the sum of segments[i]'s sizes and its checksum matched. Memory valid until done.
-  BatchFuture get(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments);
+  /// options as for put() (the copies to the device wait for the stream's work: a buffer the
+  /// producer still reads is not overwritten under it).
+  BatchFuture get(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments,
+                  const BatchOptions& options = {});
   /// Length of the leading run of keys present.
   std::size_t exists(std::span<const std::string_view> keys);
   /// Per key: present.

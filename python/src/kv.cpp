@@ -177,6 +177,8 @@ class KvStore {
     }
     rows_ = shape[0];
     base_ = static_cast<unsigned char*>(buf->data);
+    pool_obj_ = nb::borrow(pool);
+    pool_device_ = buf->device;
     pools_.push_back(std::move(buf));
   }
 
@@ -254,9 +256,19 @@ class KvStore {
     std::vector<std::vector<kv::Segment>> segs = given != nullptr   ? *given
                                                  : slots.is_valid() ? rows(slots, k.size())
                                                                     : segments(segments_obj, k.size());
+    kv::BatchOptions opt;
+    if (slots.is_valid() && pool_device_ >= 0) {
+      // A CUDA pool: the copies follow the producer's stream (torch's current stream, or the
+      // DLPack exchange), as the engine's own device operations do.
+      Buffer b;
+      b.device = pool_device_;
+      b.nbytes = rows_;
+      order_after_producer(pool_obj_, &b);
+      opt.stream = b.stream;
+    }
     kv::Store& s = store();
     nb::gil_scoped_release release;  // keys stay referenced by `keep`
-    return KvFuture(write ? s.put(k, segs) : s.get(k, segs));
+    return KvFuture(write ? s.put(k, segs, opt) : s.get(k, segs, opt));
   }
 
   std::size_t exists(nb::handle keys) {
@@ -355,6 +367,8 @@ class KvStore {
  private:
   std::unique_ptr<kv::Store> store_;
   std::vector<std::shared_ptr<Buffer>> pools_;  // every pool registered (GIL)
+  nb::object pool_obj_;                         // the latest pool (GIL)
+  int pool_device_ = -1;                        // its CUDA device, -1 for host memory
   unsigned char* base_ = nullptr;
   std::size_t rows_ = 0;
   std::vector<std::string> late_warnings_;  // queued by the close

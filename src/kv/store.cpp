@@ -57,6 +57,7 @@
 #include "deepio/memory.hpp"
 #include "engine/device.hpp"
 #include "platform/fd.hpp"
+#include "platform/status.hpp"
 
 namespace deepio::kv {
 
@@ -397,6 +398,18 @@ class DeviceScratch {
     }
     return true;
   }
+  /// Every later copy to or from `dev` runs after the fence's work (the stager's stream waits
+  /// for its event on the device). false + *why when that cannot be arranged.
+  bool order_after(int dev, const detail::DeviceFence& fence, std::string* why) {
+    if (!prepare(why)) return false;
+    detail::DeviceStager* st = stager(dev, why);
+    if (st == nullptr) return false;
+    if (detail::Status r = st->order_after(fence); !r.ok()) {
+      *why = r.message;
+      return false;
+    }
+    return true;
+  }
   /// Waits for buffer b's copies on every device; false + *why when one failed.
   bool wait(int b, std::string* why) {
     bool good = true;
@@ -438,6 +451,8 @@ class DeviceScratch {
 
 struct Job {
   bool write = false;
+  /// BatchOptions::stream's events, one per device of the batch's device pages.
+  std::vector<std::pair<int, std::shared_ptr<detail::DeviceFence>>> fences;
   std::vector<std::string> keys;
   std::vector<std::vector<Segment>> segments;
   std::shared_ptr<BatchFuture::State> state;
@@ -620,6 +635,7 @@ struct Store::Impl {
     std::vector<bool> ok = do_put(job, scratch, &io_failed);
     for (std::size_t round = 1; round < folders.size(); ++round) {
       Job again;
+      again.fences = job.fences;
       std::vector<std::size_t> where;
       for (std::size_t i = 0; i < ok.size(); ++i) {
         if (!io_failed[i]) continue;
@@ -677,6 +693,9 @@ struct Store::Impl {
     std::vector<char> on_dev(n, 0), copy_failed(n, 0);
     std::vector<int> buf(n, -1);
     std::deque<std::size_t> writing;  // device pages whose write holds a buffer, oldest first
+    std::string fence_why;
+    bool fenced = true;
+    for (auto& [dev, fence] : job.fences) fenced = fenced && scratch.order_after(dev, *fence, &fence_why);
     auto settle_page = [&](std::size_t i) {
       for (Future& f : data[i]) {
         std::string w;
@@ -694,6 +713,11 @@ struct Store::Impl {
       File& slab = slab_of(f, pl[i].slot);
       std::uint64_t off = slot_offset(f, pl[i].slot) + kHeaderBytes;
       on_dev[i] = scratch.on_device(job.segments[i]) ? 1 : 0;
+      if (on_dev[i] != 0 && !fenced) {
+        copy_failed[i] = 1;
+        what[i] = fence_why;
+        continue;
+      }
       if (on_dev[i] != 0) {
         int b = scratch.acquire();
         while (b < 0) {  // never empty here: every buffer is held by a page in `writing`
@@ -895,7 +919,9 @@ struct Store::Impl {
     std::vector<int> buf(n, -1);
     std::deque<std::size_t> reading, copying;
     std::string dev_why;
-    if (!dev_pending.empty() && !scratch.prepare(&dev_why)) {
+    bool fenced = true;
+    for (auto& [dev, fence] : job.fences) fenced = fenced && scratch.order_after(dev, *fence, &dev_why);
+    if (!dev_pending.empty() && (!fenced || !scratch.prepare(&dev_why))) {
       for (std::size_t i : dev_pending) copy_failed[i] = 1;
       dev_pending.clear();
     }
@@ -1351,7 +1377,29 @@ Store::~Store() {
   }
 }
 
-BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments) {
+namespace {
+/// BatchOptions::stream's events: one per device holding a segment, recorded now.
+std::vector<std::pair<int, std::shared_ptr<detail::DeviceFence>>> fences_for(
+    const detail::DeviceSupport& device, std::span<const std::vector<Segment>> segments, const BatchOptions& options) {
+  std::vector<std::pair<int, std::shared_ptr<detail::DeviceFence>>> out;
+  if (!options.stream || !device.make_fence || !device.classify) return out;
+  for (const std::vector<Segment>& page : segments) {
+    for (const Segment& s : page) {
+      if (s.nbytes == 0) continue;
+      const int dev = device.classify(s.data);
+      if (dev < 0 || std::any_of(out.begin(), out.end(), [&](const auto& f) { return f.first == dev; })) continue;
+      detail::Status why;
+      auto fence = device.make_fence(dev, *options.stream, &why);
+      if (!fence) detail::throw_error(why.errnum != 0 ? why.errnum : EIO, why.message);
+      out.emplace_back(dev, std::move(fence));
+    }
+  }
+  return out;
+}
+}  // namespace
+
+BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments,
+                       const BatchOptions& options) {
   impl_->check_usable();
   check_keys(keys);
   if (keys.size() != segments.size()) {
@@ -1362,6 +1410,7 @@ BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const s
   job.write = true;
   job.keys.assign(keys.begin(), keys.end());
   job.segments.assign(segments.begin(), segments.end());
+  job.fences = fences_for(impl_->device, segments, options);
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);
@@ -1369,7 +1418,8 @@ BatchFuture Store::put(std::span<const std::string_view> keys, std::span<const s
   return fut;
 }
 
-BatchFuture Store::get(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments) {
+BatchFuture Store::get(std::span<const std::string_view> keys, std::span<const std::vector<Segment>> segments,
+                       const BatchOptions& options) {
   impl_->check_usable();
   check_keys(keys);
   if (keys.size() != segments.size()) {
@@ -1379,6 +1429,7 @@ BatchFuture Store::get(std::span<const std::string_view> keys, std::span<const s
   Job job;
   job.keys.assign(keys.begin(), keys.end());
   job.segments.assign(segments.begin(), segments.end());
+  job.fences = fences_for(impl_->device, segments, options);
   job.state = std::make_shared<BatchFuture::State>();
   job.state->pid = impl_->pid;
   BatchFuture fut(job.state);

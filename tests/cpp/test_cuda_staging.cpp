@@ -314,5 +314,58 @@ TEST_F(CudaStaging, KvStoreMovesDevicePagesThroughHostBuffersAndChecksThem) {
   EXPECT_EQ(store.stats().device_pages, before);
 }
 
+// BatchOptions::stream: a put copies what the producer's queued work wrote, a get's copy to the
+// device lands after the producer's queued work (as ProducerStreamOrdersTheStagedCopies).
+TEST_F(CudaStaging, KvStoreCopiesFollowTheProducerStream) {
+  using Memset = CUresult(CUdeviceptr, unsigned char, std::size_t, CUstream);
+  using DtoD = CUresult(CUdeviceptr, CUdeviceptr, std::size_t, CUstream);
+  using Fill = CUresult(void*, std::uintptr_t, int, std::size_t, long);
+  void* lib = ::dlopen(api_->library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto* memset_async = reinterpret_cast<Memset*>(::dlsym(lib, "cuMemsetD8Async"));
+  auto* dtod_async = reinterpret_cast<DtoD*>(::dlsym(lib, "cuMemcpyDtoDAsync_v2"));
+  auto* fake_fill = reinterpret_cast<Fill*>(::dlsym(lib, "deepio_fake_cuda_enqueue_fill"));
+  ::dlclose(lib);
+  ASSERT_NE(memset_async, nullptr);
+  ASSERT_NE(dtod_async, nullptr);
+  const std::size_t busy_bytes = fake_fill != nullptr ? 4096 : std::size_t{512} << 20;
+  const auto scratch_a = reinterpret_cast<CUdeviceptr>(device_alloc(busy_bytes));
+  const auto scratch_b = reinterpret_cast<CUdeviceptr>(device_alloc(busy_bytes));
+  auto keep_busy = [&] {
+    if (fake_fill != nullptr) {
+      ASSERT_EQ(fake_fill(nullptr, scratch_a, 1, busy_bytes, 200'000), CUDA_SUCCESS);
+      return;
+    }
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(dtod_async(scratch_b, scratch_a, busy_bytes, nullptr), CUDA_SUCCESS);
+  };
+  constexpr std::size_t kPage = 256 << 10;
+  kv::StoreOptions o;
+  o.folders = {(dir_.path() / "kv").string()};
+  o.page_bytes = kPage;
+  o.capacity_bytes = 4 * (4096 + kPage);
+  o.batch_threads = 1;
+  o.checkpoint_interval = std::chrono::milliseconds(0);
+  kv::Store store(o);
+  void* dev = device_alloc(kPage);
+  const auto d = reinterpret_cast<CUdeviceptr>(dev);
+  const std::vector<std::string_view> key = {"p"};
+  const std::vector<std::vector<kv::Segment>> page = {{{dev, kPage}}};
+  const kv::BatchOptions legacy{.stream = 0};
+
+  ASSERT_EQ(memset_async(d, 0, kPage, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(api_->cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+  keep_busy();
+  ASSERT_EQ(memset_async(d, 0x5C, kPage, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(store.put(key, page, legacy).get(), std::vector<bool>{true});
+  keep_busy();
+  ASSERT_EQ(memset_async(d, 0x77, kPage, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(store.get(key, page, legacy).get(), std::vector<bool>{true});
+  ASSERT_EQ(api_->cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+  std::vector<std::byte> back(kPage);
+  ASSERT_EQ(api_->cuMemcpyDtoH(back.data(), d, kPage), CUDA_SUCCESS);
+  EXPECT_EQ(std::count(back.begin(), back.end(), std::byte{0x5C}), static_cast<std::ptrdiff_t>(kPage))
+      << "the put copied before the producer's memset (0x00), or the get landed before its next one (0x77)";
+}
+
 }  // namespace
 }  // namespace deepio

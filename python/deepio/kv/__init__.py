@@ -99,10 +99,10 @@ class Store:
         dtype whose row is page_bytes bytes), C-contiguous, writable, CPU (torch, NumPy,
         DLPack, buffer protocol) or CUDA (torch ``is_cuda``, DLPack ``kDLCUDA``). A CUDA pool's
         pages are copied through the store's page-locked host buffers (the checksum needs host
-        bytes): a put copies from the device when its batch runs, so finish the kernels that
-        write the rows first (e.g. ``torch.cuda.current_stream().synchronize()``); a get copies
-        to the device only pages whose checksum matched, and its future is done once they are
-        in device memory. The store keeps the pool alive until closed."""
+        bytes). put/get order their copies after the work queued on the pool's producer stream
+        before the call (torch's current stream; other DLPack producers by the stream
+        exchange), without waiting on the calling thread; a get copies to the device only pages
+        whose checksum matched, and its future is done once they are in device memory. The store keeps the pool alive until closed."""
         self._s.register(pool)
 
     def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
@@ -126,7 +126,8 @@ class Store:
         """Zero-copy scatter/gather put: page i is the concatenation of segments[i], a list of
         (address, nbytes) summing to at most page_bytes. The caller keeps that memory alive
         and unchanged until the future is done. Addresses may be CUDA device memory (copied
-        through host buffers, as for a CUDA pool)."""
+        through host buffers, as for a CUDA pool; not ordered after any stream: finish the work
+        that writes them first)."""
         try:
             return self._s.put_segments(keys, segments)
         finally:
