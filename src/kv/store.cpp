@@ -20,6 +20,15 @@
 // pread_ranges per slab) and the data straight into the caller's segments; verify key,
 // generation, length and the data CRC; under the lock, unpin.
 //
+// Device pages (a segment in CUDA memory, DeviceSupport::classify): the same protocols through
+// the batch thread's DeviceScratch: put copies a page device→host into a free buffer, takes its
+// CRC there and writes it from there, waiting for the oldest device page's write when every
+// buffer is held; get reads device pages into buffers (as many as there are), verifies each as
+// its read completes and starts the host→device copy of a verified one only, and completes the
+// batch after every copy finished. BatchOptions::stream's events (recorded at the call) are
+// waited for by the stagers' streams before the batch's first copy. A failed copy is the
+// page's false, not a folder failure; a get's page stays indexed.
+//
 // Checkpoint: the live (slot, generation, LRU tick) of each folder and a generation bound B
 // below every put still in flight. At open a slot whose header is valid is live if its
 // generation is above B (written after the checkpoint) or the checkpoint lists it with that
