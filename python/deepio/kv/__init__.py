@@ -102,7 +102,8 @@ class Store:
         bytes). put/get order their copies after the work queued on the pool's producer stream
         before the call (torch's current stream; other DLPack producers by the stream
         exchange), without waiting on the calling thread; a get copies to the device only pages
-        whose checksum matched, and its future is done once they are in device memory. The store keeps the pool alive until closed."""
+        whose checksum matched, and its future is done once they are in device memory. The
+        store keeps the pool alive until closed."""
         self._s.register(pool)
 
     def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
