@@ -729,13 +729,18 @@ struct Store::Impl {
       }
       if (on_dev[i] != 0) {
         int b = scratch.acquire();
-        while (b < 0) {  // never empty here: every buffer is held by a page in `writing`
+        while (b < 0 && !writing.empty()) {  // wait for this batch's oldest device write
           const std::size_t j = writing.front();
           writing.pop_front();
           settle_page(j);
           scratch.release(buf[j]);
           buf[j] = -1;
           b = scratch.acquire();
+        }
+        if (b < 0) {  // only after a batch that threw (bad_alloc) kept its buffers
+          copy_failed[i] = 1;
+          what[i] = "kv: no free host buffer for a device page";
+          continue;
         }
         if (!scratch.to_host(b, job.segments[i], &what[i])) {
           copy_failed[i] = 1;
@@ -1012,6 +1017,7 @@ struct Store::Impl {
       start_reads();
     }
     while (!copying.empty()) finish_copy();
+    for (std::size_t i : dev_pending) copy_failed[i] = 1;  // no buffer at all (see do_put)
     std::uint64_t corrupt = 0, bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
       for (Future& f : data[i]) {
