@@ -50,7 +50,7 @@ std::uint32_t crc_table(const unsigned char* p, std::size_t n, std::uint32_t crc
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2,crc32"))) std::uint32_t crc_sse42(const unsigned char* p, std::size_t n,
-                                                          std::uint32_t crc) noexcept {
+                                                                std::uint32_t crc) noexcept {
   std::uint64_t c = crc;
   while (n >= 8) {
     std::uint64_t v;
