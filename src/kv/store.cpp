@@ -626,6 +626,9 @@ struct Store::Impl {
     }
   }
 
+  /// The errno a failed operation stands for (EIO where the error carries none).
+  static int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
+
   /// Waits for f and returns its errno (0 on success), with the message in *what.
   static int settle(Future& f, std::string* what) {
     try {
@@ -633,7 +636,7 @@ struct Store::Impl {
       return 0;
     } catch (const Error& e) {
       *what = e.what();
-      return e.errnum() != 0 ? e.errnum() : EIO;
+      return errno_of(e);
     }
   }
 
@@ -753,7 +756,7 @@ struct Store::Impl {
         try {
           if (pl[i].len > 0) data[i].push_back(slab.pwrite(scratch.data(b), pl[i].len, off));
         } catch (const Error& e) {
-          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          err[i] = errno_of(e);
           what[i] = e.what();
         }
         continue;
@@ -765,7 +768,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+        err[i] = errno_of(e);
         what[i] = e.what();
       }
     }
@@ -797,7 +800,7 @@ struct Store::Impl {
                              &members);
       } catch (const Error& e) {
         for (std::size_t i : members) {
-          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          err[i] = errno_of(e);
           what[i] = e.what();
         }
       }
@@ -898,7 +901,7 @@ struct Store::Impl {
         hdr_ops.emplace_back(f.slabs[where.second].pread_ranges(hdr.get(), n * kHeaderBytes, ranges), &members);
       } catch (const Error& e) {
         for (std::size_t i : members) {
-          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          err[i] = errno_of(e);
           what[i] = e.what();
         }
       }
@@ -923,7 +926,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+        err[i] = errno_of(e);
         what[i] = e.what();
       }
     }
@@ -968,7 +971,7 @@ struct Store::Impl {
           buf[i] = b;
           reading.push_back(i);
         } catch (const Error& e) {
-          err[i] = e.errnum() != 0 ? e.errnum() : EIO;
+          err[i] = errno_of(e);
           what[i] = e.what();
           scratch.release(b);
         }
