@@ -389,3 +389,18 @@ def test_kv_bench_runs_the_sglang_backends(tmp_dir):
     """The SGLang rows (SGLang 0.5.23 from scripts/setup-kv-engines.sh): deepio's backend and
     SGLang's HiCacheFile through SGLang's controller page functions."""
     _kv_bench(tmp_dir, "deepio-sglang,hicache-file", 1)
+
+
+def test_kv_crc_bench_times_each_implementation_and_size():
+    """A tiny run of bench/kv_crc.py: a row per implementation and size with a positive
+    figure (its values are checked against google-crc32c where that is installed)."""
+    r = _bench("kv_crc.py", "--sizes", "4K,300K", "--bytes", "1M", "--rounds", "1", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("deepio.kv", "zlib"))]
+    assert [(row[0], int(row[-3])) for row in rows] == [
+        ("deepio.kv.crc32c", 4096),
+        ("deepio.kv.crc32c", 300 * 1024),
+        ("zlib.crc32", 4096),
+        ("zlib.crc32", 300 * 1024),
+    ]
+    assert all(float(row[-2]) > 0 and float(row[-1]) >= 0 for row in rows)
