@@ -18,7 +18,8 @@
 //    and not while a get has it pinned.
 //  - Reopen after a crash: every put whose future completed is present (unless evicted or
 //    removed), and no key returns a torn page. remove() and evictions are durable at the next
-//    checkpoint (periodic and at close): after a crash a removed key may come back, whole.
+//    checkpoint (periodic, checkpoint(), close): after a crash before it a removed key may
+//    come back, whole. clear() is durable when it returns.
 //  - Space: puts never fail for space (the least recently used pages are evicted between the
 //    high and low watermarks); only a page larger than page_bytes (false), failed writes on
 //    every folder (false) or every slot pinned by gets (false) fails a put. A page whose
@@ -194,9 +195,19 @@ class DEEPIO_API Store {
   std::size_t exists(std::span<const std::string_view> keys);
   /// Per key: present.
   std::vector<bool> contains(std::span<const std::string_view> keys);
-  /// Removes keys (absent ones are ignored); returns how many were present.
+  /// Removes keys (absent ones are ignored); returns how many were present. Durable at the
+  /// next checkpoint (checkpoint(), close(), or the periodic one): a crash before it may bring
+  /// a removed page back, whole (it is still that key's page).
   std::size_t remove(std::span<const std::string_view> keys);
-  /// Writes the index checkpoint now (temp file, fsync, rename, fsync of the folder).
+  /// Removes every page and returns how many there were; durable when it returns (it ends
+  /// with checkpoint()): after a crash none of them comes back. For pages that must not be
+  /// served again (SGLang's clear after new weights). A put in flight at the call may commit
+  /// after it and stay. A folder failed at the time keeps its pages on the drive; they come
+  /// back only if a later open finds that folder readable and its old checkpoint intact.
+  std::size_t clear();
+  /// Writes the index checkpoint now (temp file, fsync, rename, fsync of the folder), after
+  /// waiting for every put in flight that began before the call: every page committed and
+  /// every removal made before the call are then durable.
   void checkpoint();
   [[nodiscard]] StoreStats stats() const;
   /// Warnings queued since the last call (a folder that failed), oldest first.

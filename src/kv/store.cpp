@@ -482,6 +482,7 @@ struct Store::Impl {
   std::vector<Folder> folders;
   std::unordered_map<std::string, Entry> index;
   std::set<std::uint64_t> inflight_gens;
+  std::condition_variable gens_cv;  // notified when puts leave inflight_gens (mu)
   std::uint64_t next_gen = 1;
   std::uint64_t clock = 0;
   StoreStats st;
@@ -696,6 +697,21 @@ struct Store::Impl {
         inflight_gens.insert(pl[i].gen);
       }
     }
+    // The generations leave inflight_gens at the commit, or here if the batch throws before
+    // it (bad_alloc): a checkpoint() waits for them.
+    bool committed = false;
+    auto release_gens = [&] {
+      if (committed) return;
+      std::lock_guard lk(mu);
+      for (const Place& p : pl) {
+        if (p.have) inflight_gens.erase(p.gen);
+      }
+      gens_cv.notify_all();
+    };
+    struct OnExit {
+      decltype(release_gens)& fn;
+      ~OnExit() { fn(); }
+    } on_exit{release_gens};
     // Phase 1: the data, unsynced; CRCs while it moves. A device page is copied into a host
     // buffer first (CRC there, written from there); with every buffer in use, the oldest
     // device page's write is waited for, so copies overlap the writes before them.
@@ -817,6 +833,8 @@ struct Store::Impl {
     }
     // Commit.
     std::lock_guard lk(mu);
+    committed = true;
+    gens_cv.notify_all();
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have) {
         ++st.puts_failed;
@@ -1345,6 +1363,25 @@ struct Store::Impl {
       threads.emplace_back([this] { run_jobs(); });
   }
 
+  /// Waits until every put that took its generation before the call has committed or failed
+  /// (lk holds mu). A checkpoint written after it lists every page committed before the call
+  /// and has a generation bound above every page removed before it, so that no removed page
+  /// (nor an older version of it) is taken back by the scan of a later open.
+  void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk) {
+    const std::uint64_t target = next_gen;
+    gens_cv.wait(lk, [&] { return inflight_gens.empty() || *inflight_gens.begin() >= target; });
+  }
+
+  /// checkpoint() and clear(): the barrier above, then the checkpoint.
+  void durable_checkpoint() {
+    {
+      std::unique_lock lk(mu);
+      wait_for_earlier_puts(lk);
+    }
+    std::lock_guard ck(ckpt_mu);
+    write_checkpoint();
+  }
+
   void check_usable() const {
     const long now = static_cast<long>(::getpid());
     if (now != pid) throw ForkedHandle(pid, now);
@@ -1489,10 +1526,22 @@ std::size_t Store::remove(std::span<const std::string_view> keys) {
   return n;
 }
 
+std::size_t Store::clear() {
+  impl_->check_usable();
+  std::size_t n = 0;
+  {
+    std::lock_guard lk(impl_->mu);
+    n = impl_->index.size();
+    while (!impl_->index.empty()) impl_->drop_entry(impl_->index.begin());
+    impl_->st.removes += n;
+  }
+  impl_->durable_checkpoint();
+  return n;
+}
+
 void Store::checkpoint() {
   impl_->check_usable();
-  std::lock_guard ck(impl_->ckpt_mu);
-  impl_->write_checkpoint();
+  impl_->durable_checkpoint();
 }
 
 StoreStats Store::stats() const {

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <random>
 #include <string>
@@ -438,6 +440,140 @@ TEST(KvStore, AFolderIsOpenedByOneStoreAtATime) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   Store after(small_options({shared}));
   EXPECT_EQ(after.stats().folders.size(), 1u);
+}
+
+/// A key whose pages go to folder `folder` of `folders` (the store places by FNV-1a 64 of the key).
+std::string key_for_folder(const std::string& prefix, std::uint64_t folder, std::uint64_t folders) {
+  for (int i = 0;; ++i) {
+    const std::string k = prefix + std::to_string(i);
+    std::uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : k) h = (h ^ c) * 1099511628211ull;
+    if (h % folders == folder) return k;
+  }
+}
+
+// clear() drops every page and is durable when it returns: a crash right after it (a forked
+// child that _exits with the store open) brings nothing back, neither pages in the last
+// checkpoint nor pages put after it, nor an older version of a replaced page.
+TEST(KvStore, ClearIsDurableWhenItReturns) {
+  TempDir dir;
+  auto o = small_options({dir.file("a"), dir.file("b")});
+  std::vector<std::string> before, after;
+  std::vector<std::vector<unsigned char>> before_pages, after_pages;
+  for (int i = 0; i < 10; ++i) {
+    before.push_back("c" + std::to_string(i));
+    before_pages.push_back(page_for(before.back(), kPage));
+    after.push_back("d" + std::to_string(i));
+    after_pages.push_back(page_for(after.back(), 1000 + i));
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int rc = 0;
+    try {
+      Store s(o);
+      for (bool b : put_pages(s, before, before_pages)) rc = b ? rc : 2;
+      s.checkpoint();
+      for (bool b : put_pages(s, after, after_pages)) rc = b ? rc : 3;
+      std::vector<std::vector<unsigned char>> newer{page_for(after[0], 500, 9)};
+      rc = put_pages(s, {after[0]}, newer)[0] ? rc : 4;  // the older version stays on the drive
+      if (s.clear() != 20) rc = 5;
+      std::vector<std::string_view> all(before.begin(), before.end());
+      all.insert(all.end(), after.begin(), after.end());
+      for (bool b : s.contains(all)) rc = b ? 6 : rc;
+      std::vector<std::vector<unsigned char>> kept{page_for("kept", 300)};
+      rc = put_pages(s, {"kept"}, kept)[0] ? rc : 7;
+      ::_exit(rc);  // a crash: no close(), no checkpoint at close
+    } catch (...) {
+      ::_exit(8);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  Store s(o);
+  EXPECT_EQ(s.stats().recovered_pages, 1u);
+  std::vector<std::vector<unsigned char>> out{std::vector<unsigned char>(300)};
+  EXPECT_TRUE(get_pages(s, {"kept"}, out)[0]);
+  EXPECT_EQ(out[0], page_for("kept", 300));
+  std::vector<std::string_view> all(before.begin(), before.end());
+  all.insert(all.end(), after.begin(), after.end());
+  for (bool b : s.contains(all)) EXPECT_FALSE(b);
+}
+
+// checkpoint() makes every remove() before it durable even while a put that started before the
+// removed page's (an older generation) is still writing: it waits for that put, so that the
+// checkpoint's generation bound covers the removed page and a later scan cannot take it back.
+TEST(KvStore, CheckpointAfterRemoveWaitsForEarlierPutsInFlight) {
+  TempDir dir;
+  auto o = small_options({dir.file("slow"), dir.file("fast")});
+  o.handle.intra_op_parallelism = 2;
+  const std::string slow_key = key_for_folder("s", 0, 2);
+  const std::string removed = key_for_folder("r", 1, 2);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int rc = 0;
+    std::mutex m;
+    std::condition_variable cv;
+    bool entered = false;
+    bool release = false;
+    try {
+      Store s(o);
+      deepio::detail::set_fault_hook([&](const deepio::detail::FaultSite& site) -> std::optional<std::int64_t> {
+        if (site.point != deepio::detail::FaultPoint::Write) return std::nullopt;
+        if (fd_path(site.fd).find("/slow/slab-") == std::string::npos) return std::nullopt;
+        std::lock_guard lk(m);
+        entered = true;
+        cv.notify_all();
+        if (release) return std::nullopt;
+        return deepio::detail::kFaultHold;  // the write stays in flight (its worker goes on)
+      });
+      std::vector<unsigned char> slow_page = page_for(slow_key, kPage);
+      std::vector<std::string_view> sk{slow_key};
+      std::vector<std::vector<Segment>> ss{{Segment{slow_page.data(), slow_page.size()}}};
+      kv::BatchFuture slow = s.put(sk, ss);
+      {
+        std::unique_lock lk(m);
+        cv.wait(lk, [&] { return entered; });  // its generation is taken, its write held
+      }
+      std::vector<unsigned char> rp = page_for(removed, kPage);
+      std::vector<std::string_view> rk{removed};
+      std::vector<std::vector<Segment>> rs{{Segment{rp.data(), rp.size()}}};
+      kv::BatchFuture fast = s.put(rk, rs);
+      if (!fast.wait_for(std::chrono::seconds(20))) rc = 2;  // the test's premise: it commits first
+      if (rc == 0 && !fast.get()[0]) rc = 3;
+      if (rc == 0 && s.remove(rk) != 1) rc = 4;
+      std::atomic<bool> checkpointed{false};
+      std::thread ck([&] {
+        s.checkpoint();
+        checkpointed = true;
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (checkpointed) rc = rc != 0 ? rc : 5;  // it did not wait for the earlier put
+      {
+        std::lock_guard lk(m);
+        release = true;
+      }
+      cv.notify_all();
+      ck.join();
+      deepio::detail::set_fault_hook({});
+      if (rc == 0 && !slow.get()[0]) rc = 6;
+      ::_exit(rc);  // a crash: no close()
+    } catch (...) {
+      ::_exit(7);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  Store s(o);
+  std::vector<std::string_view> keys{slow_key, removed};
+  auto present = s.contains(keys);
+  EXPECT_TRUE(present[0]);
+  EXPECT_FALSE(present[1]) << "a removed page came back after a crash that followed checkpoint()";
 }
 
 TEST(KvStore, OnDoneRunsOnce) {
