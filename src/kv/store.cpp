@@ -467,6 +467,95 @@ struct Job {
   std::shared_ptr<BatchFuture::State> state;
 };
 
+/// The errno a failed operation stands for (EIO where the error carries none).
+int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
+
+/// Waits for f and returns its errno (0 on success), with the message in *what.
+int settle(Future& f, std::string* what) {
+  try {
+    f.get();
+    return 0;
+  } catch (const Error& e) {
+    *what = e.what();
+    return errno_of(e);
+  }
+}
+
+/// The I/O errors of a batch's pages: per page an errno (0: none) and its message. A page's
+/// error fails its folder when the batch commits.
+struct PageErrors {
+  std::vector<int> err;
+  std::vector<std::string> what;
+
+  explicit PageErrors(std::size_t n) : err(n, 0), what(n) {}
+  void set(std::size_t i, int e, const std::string& w) {
+    err[i] = e;
+    what[i] = w;
+  }
+  void set(std::size_t i, const Error& e) { set(i, errno_of(e), e.what()); }
+  /// Waits for every future of page i (and drops them), keeping the page's first error.
+  void settle_all(std::size_t i, std::vector<Future>& futs) {
+    for (Future& f : futs) {
+      std::string w;
+      const int e = settle(f, &w);
+      if (e != 0 && err[i] == 0) set(i, e, w);
+    }
+    futs.clear();
+  }
+};
+
+/// The slot headers of a batch: page i's header is bytes [i * kHeaderBytes, +kHeaderBytes) of
+/// one aligned buffer, moved with one ranged read, or one ranged write with OpOptions::fsync,
+/// per slab (add() the pages, start(), then finish() before the buffer goes).
+class SlabHeaders {
+ public:
+  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), buf_(aligned_buf(bytes_)) {}
+  [[nodiscard]] unsigned char* at(std::size_t i) const { return buf_.get() + i * kHeaderBytes; }
+  /// Page i's header lives at file offset `offset` of slab `slab` of folder `folder`.
+  void add(std::size_t i, std::uint32_t folder, std::uint64_t slab, std::uint64_t offset) {
+    Group& g = groups_[{folder, slab}];
+    g.pages.push_back(i);
+    g.ranges.push_back(IoRange{offset, i * kHeaderBytes, kHeaderBytes});
+  }
+  /// Starts the reads (write false) or the synced writes; a call that throws marks its pages.
+  void start(std::vector<Folder>& folders, bool write, PageErrors& errs) {
+    for (auto& [where, g] : groups_) {
+      File& slab = folders[where.first].slabs[where.second];
+      try {
+        g.fut = write
+                    ? slab.pwrite_ranges(buf_.get(), bytes_, g.ranges, OpOptions{.fsync = true, .stream = std::nullopt})
+                    : slab.pread_ranges(buf_.get(), bytes_, g.ranges);
+        g.started = true;
+      } catch (const Error& e) {
+        for (std::size_t i : g.pages) errs.set(i, e);
+      }
+    }
+  }
+  /// Waits for what start() started; a failed one marks its pages.
+  void finish(PageErrors& errs) {
+    for (auto& [where, g] : groups_) {
+      if (!g.started) continue;
+      g.started = false;
+      std::string w;
+      const int e = settle(g.fut, &w);
+      if (e != 0) {
+        for (std::size_t i : g.pages) errs.set(i, e, w);
+      }
+    }
+  }
+
+ private:
+  struct Group {
+    std::vector<std::size_t> pages;
+    std::vector<IoRange> ranges;
+    Future fut;
+    bool started = false;
+  };
+  std::size_t bytes_;
+  AlignedBuf buf_;  // before groups_: their futures go first
+  std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
+};
+
 }  // namespace
 
 // ---- Store::Impl ----------------------------------------------------------------------------
@@ -501,6 +590,11 @@ struct Store::Impl {
   // -- helpers (mu held) --
   std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const { return (slot % f.per_slab) * slot_bytes; }
   File& slab_of(Folder& f, std::uint32_t slot) { return f.slabs[slot / f.per_slab]; }
+  /// Adds page i, whose slot is `slot` of folder `fi`, to a batch's headers.
+  void add_header(SlabHeaders& hdr, std::size_t i, std::uint32_t fi, std::uint32_t slot) const {
+    const Folder& f = folders[fi];
+    hdr.add(i, fi, slot / f.per_slab, slot_offset(f, slot));
+  }
 
   void fail_folder(std::uint32_t fi, int err, const std::string& what) {
     Folder& f = folders[fi];
@@ -626,20 +720,6 @@ struct Store::Impl {
     }
   }
 
-  /// The errno a failed operation stands for (EIO where the error carries none).
-  static int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
-
-  /// Waits for f and returns its errno (0 on success), with the message in *what.
-  static int settle(Future& f, std::string* what) {
-    try {
-      f.get();
-      return 0;
-    } catch (const Error& e) {
-      *what = e.what();
-      return errno_of(e);
-    }
-  }
-
   /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
   /// failed) are put again, to the next healthy folder, until none is left.
   std::vector<bool> put_batch(Job& job, DeviceScratch& scratch) {
@@ -700,25 +780,15 @@ struct Store::Impl {
     // buffer first (CRC there, written from there); with every buffer in use, the oldest
     // device page's write is waited for, so copies overlap the writes before them.
     std::vector<std::vector<Future>> data(n);
-    std::vector<int> err(n, 0);
-    std::vector<std::string> what(n);
+    PageErrors errs(n);
+    std::vector<int>& err = errs.err;
+    std::vector<std::string>& what = errs.what;
     std::vector<char> on_dev(n, 0), copy_failed(n, 0);
     std::vector<int> buf(n, -1);
     std::deque<std::size_t> writing;  // device pages whose write holds a buffer, oldest first
     std::string fence_why;
     bool fenced = true;
     for (auto& [dev, fence] : job.fences) fenced = fenced && scratch.order_after(dev, *fence, &fence_why);
-    auto settle_page = [&](std::size_t i) {
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-      data[i].clear();
-    };
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have) continue;
       Folder& f = folders[pl[i].folder];  // the vector never changes after open
@@ -735,7 +805,7 @@ struct Store::Impl {
         while (b < 0 && !writing.empty()) {  // wait for this batch's oldest device write
           const std::size_t j = writing.front();
           writing.pop_front();
-          settle_page(j);
+          errs.settle_all(j, data[j]);
           scratch.release(buf[j]);
           buf[j] = -1;
           b = scratch.acquire();
@@ -756,8 +826,7 @@ struct Store::Impl {
         try {
           if (pl[i].len > 0) data[i].push_back(slab.pwrite(scratch.data(b), pl[i].len, off));
         } catch (const Error& e) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
+          errs.set(i, e);
         }
         continue;
       }
@@ -768,8 +837,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = errno_of(e);
-        what[i] = e.what();
+        errs.set(i, e);
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -778,43 +846,17 @@ struct Store::Impl {
       for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
       pl[i].crc = c;
     }
-    for (std::size_t i = 0; i < n; ++i) settle_page(i);
+    for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
     for (std::size_t i : writing) scratch.release(buf[i]);
     // Phase 2: the headers, one ranged write with fsync per slab.
-    AlignedBuf hdr = aligned_buf(n * kHeaderBytes);
-    std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::size_t>> groups;
+    SlabHeaders hdr(n);
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
-      encode_header(hdr.get() + i * kHeaderBytes, job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
-      groups[{pl[i].folder, pl[i].slot / folders[pl[i].folder].per_slab}].push_back(i);
+      encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
+      add_header(hdr, i, pl[i].folder, pl[i].slot);
     }
-    std::vector<std::pair<Future, const std::vector<std::size_t>*>> hdr_ops;
-    for (auto& [where, members] : groups) {
-      Folder& f = folders[where.first];
-      std::vector<IoRange> ranges;
-      for (std::size_t i : members)
-        ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
-      try {
-        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges,
-                                                                 OpOptions{.fsync = true, .stream = std::nullopt}),
-                             &members);
-      } catch (const Error& e) {
-        for (std::size_t i : members) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
-        }
-      }
-    }
-    for (auto& [fut, members] : hdr_ops) {
-      std::string w;
-      const int e = settle(fut, &w);
-      if (e != 0) {
-        for (std::size_t i : *members) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-    }
+    hdr.start(folders, true, errs);
+    hdr.finish(errs);
     // Commit.
     std::lock_guard lk(mu);
     for (std::size_t i = 0; i < n; ++i) {
@@ -884,28 +926,14 @@ struct Store::Impl {
         pins[i] = Pin{true, e.folder, e.slot, e.gen, e.len};
       }
     }
-    AlignedBuf hdr = aligned_buf(n * kHeaderBytes);
-    std::vector<int> err(n, 0);
-    std::vector<std::string> what(n);
-    std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::size_t>> groups;
+    SlabHeaders hdr(n);
+    PageErrors errs(n);
+    std::vector<int>& err = errs.err;
+    std::vector<std::string>& what = errs.what;
     for (std::size_t i = 0; i < n; ++i) {
-      if (pins[i].have) groups[{pins[i].folder, pins[i].slot / folders[pins[i].folder].per_slab}].push_back(i);
+      if (pins[i].have) add_header(hdr, i, pins[i].folder, pins[i].slot);
     }
-    std::vector<std::pair<Future, const std::vector<std::size_t>*>> hdr_ops;
-    for (auto& [where, members] : groups) {
-      Folder& f = folders[where.first];
-      std::vector<IoRange> ranges;
-      for (std::size_t i : members)
-        ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
-      try {
-        hdr_ops.emplace_back(f.slabs[where.second].pread_ranges(hdr.get(), n * kHeaderBytes, ranges), &members);
-      } catch (const Error& e) {
-        for (std::size_t i : members) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
-        }
-      }
-    }
+    hdr.start(folders, false, errs);
     std::vector<std::vector<Future>> data(n);
     std::vector<char> on_dev(n, 0), copy_failed(n, 0), verified(n, 0);
     std::deque<std::size_t> dev_pending;
@@ -926,8 +954,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = errno_of(e);
-        what[i] = e.what();
+        errs.set(i, e);
       }
     }
     // Device pages: read into host buffers (as many at once as there are buffers), verified
@@ -971,37 +998,19 @@ struct Store::Impl {
           buf[i] = b;
           reading.push_back(i);
         } catch (const Error& e) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
+          errs.set(i, e);
           scratch.release(b);
         }
       }
     };
     start_reads();
-    for (auto& [fut, members] : hdr_ops) {
-      std::string w;
-      const int e = settle(fut, &w);
-      if (e != 0) {
-        for (std::size_t i : *members) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-    }
+    hdr.finish(errs);
     while (!reading.empty()) {
       const std::size_t i = reading.front();
       reading.pop_front();
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-      data[i].clear();
+      errs.settle_all(i, data[i]);
       if (err[i] == 0) {
-        auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
+        auto d = decode_header(hdr.at(i), opt.page_bytes);
         verified[i] = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len &&
                               crc32c(scratch.data(buf[i]), pins[i].len) == d->crc
                           ? 1
@@ -1023,14 +1032,7 @@ struct Store::Impl {
     for (std::size_t i : dev_pending) copy_failed[i] = 1;  // no buffer at all (see do_put)
     std::uint64_t corrupt = 0, bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
+      errs.settle_all(i, data[i]);
       if (!pins[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
       if (on_dev[i] != 0) {
         if (verified[i] != 0) {
@@ -1041,7 +1043,7 @@ struct Store::Impl {
         }
         continue;
       }
-      auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
+      auto d = decode_header(hdr.at(i), opt.page_bytes);
       bool good = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len;
       if (good) {
         std::uint32_t c = 0;
