@@ -35,10 +35,16 @@
 // generation; slots freed before the checkpoint are dead. For a key found in several slots
 // the newest whose data CRC matches wins (a replace torn by a crash leaves the older one).
 //
-// Errors: any failed operation of a folder marks it failed (errno, message, count, a queued
-// warning); its index entries are dropped and it gets no new pages until reopened.
-// Locks: mu_ guards the index, folders' slot state, stats and warnings; no I/O wait and no
-// callback runs under it. ckpt_mu_ serializes checkpoints.
+// Errors: any failed operation of a folder marks it failed (errno, message, count, time, a
+// queued warning); its index entries are dropped (pinned slots turn Zombie, freed when the last
+// get unpins them) and it gets no new pages. After a batch that finds its last error
+// retry_failed_after old, or at retry_failed(), probe() tests it: a zeroed header block written
+// (fsync) over a Free slot of each slab and read back, then the folder's checkpoint, which
+// lists none of the dropped pages (its old one did: a crash would bring them back). A folder
+// that failed at open (its slot table never read whole) is not probed.
+// Locks: mu guards the index, folders' slot state, stats and warnings; no I/O wait and no
+// callback runs under it. ckpt_mu serializes checkpoints; probe_mu probes. Order: probe_mu,
+// ckpt_mu, mu.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -307,7 +313,14 @@ struct Folder {
   std::list<const std::string*> lru;                      // live keys, least recently used first
   std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
   bool failed = false;
+  /// open() read every slot header of the folder (its slabs and slot table are whole): only
+  /// such a folder is probed after a failure. One that failed at open waits for a reopen.
+  bool opened = false;
+  /// When the folder last saw an error (a failed operation or probe): the next automatic
+  /// probe waits StoreOptions::retry_failed_after from here.
+  std::chrono::steady_clock::time_point failed_at{};
   std::uint64_t errors = 0;
+  std::uint64_t recoveries = 0;
   int last_errno = 0;
   std::string last_error;
 };
@@ -579,6 +592,7 @@ struct Store::Impl {
   bool closed = false;
 
   std::mutex ckpt_mu;
+  std::mutex probe_mu;  // one probe of failed folders at a time; taken before ckpt_mu and mu
   std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
 
   std::mutex qmu;
@@ -601,10 +615,12 @@ struct Store::Impl {
     ++f.errors;
     f.last_errno = err;
     f.last_error = what;
+    f.failed_at = std::chrono::steady_clock::now();
     if (f.failed) return;
     f.failed = true;
     warnings.push_back("deepio.kv: folder " + f.path + " failed (" + what +
-                       "); its pages are misses and new pages go to the other folders until the store is reopened");
+                       "); its pages are misses and new pages go to the other folders until a probe finds it "
+                       "working again");
     for (auto it = index.begin(); it != index.end();) {
       if (it->second.folder == fi) {
         f.lru.erase(it->second.lru);
@@ -702,6 +718,7 @@ struct Store::Impl {
       }
       job.state->complete(std::move(results));
       maybe_checkpoint();
+      maybe_retry_failed();
     }
   }
 
@@ -718,6 +735,140 @@ struct Store::Impl {
     } catch (const Error&) {
       // Counted in the folder's errors by write_checkpoint; the next interval tries again.
     }
+  }
+
+  // -- failed folders --
+  /// After a batch: probes the folders failed for at least retry_failed_after, unless another
+  /// thread is probing.
+  void maybe_retry_failed() {
+    if (opt.retry_failed_after.count() <= 0) return;
+    {
+      std::lock_guard lk(mu);
+      const auto now = std::chrono::steady_clock::now();
+      if (std::none_of(folders.begin(), folders.end(), [&](const Folder& f) {
+            return f.failed && f.opened && now - f.failed_at >= opt.retry_failed_after;
+          })) {
+        return;
+      }
+    }
+    std::unique_lock pl(probe_mu, std::try_to_lock);
+    if (pl.owns_lock()) retry_failed(false);
+  }
+
+  /// Probes the failed folders (all, or those failed at least retry_failed_after ago); returns
+  /// how many came back. probe_mu held, mu not.
+  std::size_t retry_failed(bool all) {
+    std::vector<std::uint32_t> due;
+    {
+      std::lock_guard lk(mu);
+      const auto now = std::chrono::steady_clock::now();
+      for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
+        const Folder& f = folders[fi];
+        if (f.failed && f.opened && (all || now - f.failed_at >= opt.retry_failed_after)) due.push_back(fi);
+      }
+    }
+    std::size_t back = 0;
+    for (std::uint32_t fi : due) back += probe(fi) ? 1 : 0;
+    return back;
+  }
+
+  /// Probes failed folder fi (probe_mu held, mu not; docs/kv.md "Faults"):
+  ///  1. per slab, a zeroed 4 KiB block (no valid header) written with OpOptions::fsync over the
+  ///     header of one of its Free slots, then read back and compared; a slab with no Free slot
+  ///     (all pinned by gets or being written) has one header read. The slots written are taken
+  ///     out of the free list meanwhile. A Free slot's header is never needed: its page was
+  ///     dropped, so a header that no longer parses can only keep it from coming back.
+  ///  2. the folder's checkpoint, written as write_checkpoint writes it (under ckpt_mu): the
+  ///     folder has no live page now, so it lists none, with the current generation bound.
+  ///     The checkpoint on disk was the one from before the failure (a failed folder is left out
+  ///     of checkpoints) and listed the pages the failure dropped: after a crash, a reopen would
+  ///     bring them back, whatever was removed or evicted since.
+  /// Success, with no other error of the folder meanwhile: it takes new pages again (a warning
+  /// is queued, recoveries counted). Failure: it stays failed, the error counted, the time of
+  /// the failure reset.
+  bool probe(std::uint32_t fi) {
+    Folder& f = folders[fi];
+    std::vector<std::optional<std::uint32_t>> slot_of(f.slabs.size());
+    std::uint64_t errors_before = 0;
+    {
+      std::lock_guard lk(mu);
+      if (!f.failed) return false;
+      errors_before = f.errors;
+      for (std::uint32_t slot : f.free) {
+        auto& pick = slot_of[slot / f.per_slab];
+        if (!pick) pick = slot;
+      }
+      std::erase_if(f.free, [&](std::uint32_t slot) { return slot_of[slot / f.per_slab] == slot; });
+      for (const auto& pick : slot_of) {
+        if (pick) f.info[*pick].state = SlotState::Writing;
+      }
+    }
+    int err = 0;
+    std::string what;
+    auto keep = [&](Future& fut) {
+      std::string w;
+      const int e = settle(fut, &w);
+      if (e != 0 && err == 0) {
+        err = e;
+        what = w;
+      }
+    };
+    const AlignedBuf zeros = aligned_buf(kHeaderBytes);
+    const AlignedBuf back = aligned_buf(kHeaderBytes * f.slabs.size());
+    try {
+      std::vector<Future> ops;
+      for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+        if (slot_of[s]) {
+          ops.push_back(f.slabs[s].pwrite(zeros.get(), kHeaderBytes, slot_offset(f, *slot_of[s]),
+                                          OpOptions{.fsync = true, .stream = std::nullopt}));
+        }
+      }
+      for (Future& op : ops) keep(op);
+      ops.clear();
+      if (err == 0) {
+        std::memset(back.get(), 0xA5, kHeaderBytes * f.slabs.size());
+        for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+          const std::uint64_t off = slot_of[s] ? slot_offset(f, *slot_of[s]) : 0;
+          ops.push_back(f.slabs[s].pread(back.get() + s * kHeaderBytes, kHeaderBytes, off));
+        }
+        for (Future& op : ops) keep(op);
+      }
+      for (std::size_t s = 0; s < f.slabs.size() && err == 0; ++s) {
+        if (slot_of[s] && std::memcmp(back.get() + s * kHeaderBytes, zeros.get(), kHeaderBytes) != 0) {
+          err = EIO;
+          what = "kv: a probe of " + f.slabs[s].path() + " read back other bytes than it wrote";
+        }
+      }
+      if (err == 0) {
+        std::lock_guard ck(ckpt_mu);
+        std::vector<unsigned char> bytes;
+        {
+          std::lock_guard lk(mu);
+          bytes = checkpoint_bytes(fi, checkpoint_bound());
+        }
+        write_durably(*handle, f.path, "index.ckpt", bytes);
+      }
+    } catch (const Error& e) {
+      if (err == 0) {
+        err = errno_of(e);
+        what = e.what();
+      }
+    }
+    std::lock_guard lk(mu);
+    for (const auto& pick : slot_of) {
+      if (!pick) continue;
+      f.info[*pick].state = SlotState::Free;
+      f.free.push_back(*pick);
+    }
+    if (err != 0) {
+      fail_folder(fi, err, what);
+      return false;
+    }
+    if (f.errors != errors_before) return false;  // an operation of the folder failed meanwhile
+    f.failed = false;
+    ++f.recoveries;
+    warnings.push_back("deepio.kv: folder " + f.path + " recovered");
+    return true;
   }
 
   /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
@@ -1087,6 +1238,35 @@ struct Store::Impl {
   }
 
   // -- checkpoint --
+  /// The generation bound of a checkpoint taken now: below every put in flight (mu held).
+  std::uint64_t checkpoint_bound() const { return inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1; }
+
+  /// Folder fi's checkpoint file: `bound` and its live (slot, generation, LRU tick), least
+  /// recently used first (mu held).
+  std::vector<unsigned char> checkpoint_bytes(std::uint32_t fi, std::uint64_t bound) const {
+    const Folder& f = folders[fi];
+    std::vector<unsigned char> b(24);
+    put_le<std::uint32_t>(b.data(), kCkptMagic);
+    put_le<std::uint32_t>(b.data() + 4, kVersion);
+    put_le<std::uint64_t>(b.data() + 8, bound);
+    std::uint64_t count = 0;
+    for (const std::string* k : f.lru) {
+      const Entry& e = index.at(*k);
+      unsigned char rec[24];
+      put_le<std::uint64_t>(rec, e.slot);
+      put_le<std::uint64_t>(rec + 8, e.gen);
+      auto t = f.tick.find(e.slot);
+      put_le<std::uint64_t>(rec + 16, t == f.tick.end() ? 0 : t->second);
+      b.insert(b.end(), rec, rec + 24);
+      ++count;
+    }
+    put_le<std::uint64_t>(b.data() + 16, count);
+    const std::uint32_t c = crc32c(b.data(), b.size());
+    b.resize(b.size() + 4);
+    put_le<std::uint32_t>(b.data() + b.size() - 4, c);
+    return b;
+  }
+
   void write_checkpoint() {
     struct Snap {
       std::vector<unsigned char> bytes;
@@ -1095,30 +1275,9 @@ struct Store::Impl {
     std::vector<Snap> snaps;
     {
       std::lock_guard lk(mu);
-      const std::uint64_t bound = inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1;
+      const std::uint64_t bound = checkpoint_bound();
       for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
-        const Folder& f = folders[fi];
-        if (f.failed) continue;
-        std::vector<unsigned char> b(24);
-        put_le<std::uint32_t>(b.data(), kCkptMagic);
-        put_le<std::uint32_t>(b.data() + 4, kVersion);
-        put_le<std::uint64_t>(b.data() + 8, bound);
-        std::uint64_t count = 0;
-        for (const std::string* k : f.lru) {
-          const Entry& e = index.at(*k);
-          unsigned char rec[24];
-          put_le<std::uint64_t>(rec, e.slot);
-          put_le<std::uint64_t>(rec + 8, e.gen);
-          auto t = f.tick.find(e.slot);
-          put_le<std::uint64_t>(rec + 16, t == f.tick.end() ? 0 : t->second);
-          b.insert(b.end(), rec, rec + 24);
-          ++count;
-        }
-        put_le<std::uint64_t>(b.data() + 16, count);
-        const std::uint32_t c = crc32c(b.data(), b.size());
-        b.resize(b.size() + 4);
-        put_le<std::uint32_t>(b.data() + b.size() - 4, c);
-        snaps.push_back(Snap{std::move(b), fi});
+        if (!folders[fi].failed) snaps.push_back(Snap{checkpoint_bytes(fi, bound), fi});
       }
       dirty = false;
       last_ckpt = std::chrono::steady_clock::now();
@@ -1300,6 +1459,7 @@ struct Store::Impl {
       try {
         open_folder(fi, share);
         scan_folder(fi, &found);
+        folders[fi].opened = true;
         ++usable;
       } catch (const InvalidArgument&) {
         throw;
@@ -1491,6 +1651,12 @@ std::size_t Store::remove(std::span<const std::string_view> keys) {
   return n;
 }
 
+std::size_t Store::retry_failed() {
+  impl_->check_usable();
+  std::lock_guard pl(impl_->probe_mu);
+  return impl_->retry_failed(true);
+}
+
 void Store::checkpoint() {
   impl_->check_usable();
   std::lock_guard ck(impl_->ckpt_mu);
@@ -1510,6 +1676,7 @@ StoreStats Store::stats() const {
     fs.used = f.slots - std::min<std::uint64_t>(f.slots, f.free.size());
     if (f.failed) fs.used = 0;
     fs.errors = f.errors;
+    fs.recoveries = f.recoveries;
     fs.last_errno = f.last_errno;
     fs.last_error = f.last_error;
     s.capacity_bytes += f.slots * impl_->opt.page_bytes;
