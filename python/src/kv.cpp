@@ -9,6 +9,7 @@
 // taken there, never under a store lock; the store is closed and destroyed with the GIL
 // released, so those threads can take it meanwhile.
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -136,7 +137,8 @@ class KvStore {
  public:
   KvStore(const std::vector<std::string>& folders, std::uint64_t capacity_bytes, std::size_t page_bytes,
           double high_watermark, double low_watermark, std::uint64_t slab_bytes, double checkpoint_interval,
-          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight) {
+          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight,
+          double retry_failed_after) {
     kv::StoreOptions o;
     o.folders = folders;
     o.capacity_bytes = capacity_bytes;
@@ -146,6 +148,9 @@ class KvStore {
     o.slab_bytes = slab_bytes;
     if (checkpoint_interval < 0) throw nb::value_error("checkpoint_interval must be non-negative");
     o.checkpoint_interval = std::chrono::milliseconds(static_cast<std::int64_t>(checkpoint_interval * 1000));
+    if (!(retry_failed_after >= 0)) throw nb::value_error("retry_failed_after must be non-negative");
+    // Rounded up: a positive value never turns into 0 (never).
+    o.retry_failed_after = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(retry_failed_after * 1000)));
     o.batch_threads = batch_threads;
     o.device_pages_in_flight = device_pages_in_flight;
     o.handle.queue_depth = queue_depth;
@@ -313,6 +318,7 @@ class KvStore {
       fd["slots"] = f.slots;
       fd["used"] = f.used;
       fd["errors"] = f.errors;
+      fd["recoveries"] = f.recoveries;
       fd["last_errno"] = f.last_errno;
       fd["last_error"] = f.last_error;
       folders.append(fd);
@@ -330,6 +336,12 @@ class KvStore {
     kv::Store& s = store();
     nb::gil_scoped_release release;
     s.checkpoint();
+  }
+
+  std::size_t retry_failed() {
+    kv::Store& s = store();
+    nb::gil_scoped_release release;
+    return s.retry_failed();
   }
 
   void close() {
@@ -388,10 +400,10 @@ void init_kv(nb::module_& m) {
           "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
-                    std::size_t, std::size_t, std::size_t, std::size_t>(),
+                    std::size_t, std::size_t, std::size_t, std::size_t, double>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
            nb::arg("low_watermark"), nb::arg("slab_bytes"), nb::arg("checkpoint_interval"), nb::arg("batch_threads"),
-           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"))
+           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
       .def("put", &submit_as<true, true>, nb::arg("keys"), nb::arg("slots"))
       .def("get", &submit_as<false, true>, nb::arg("keys"), nb::arg("slots"))
@@ -403,6 +415,7 @@ void init_kv(nb::module_& m) {
       .def("stats", &KvStore::stats)
       .def("take_warnings", &KvStore::take_warnings)
       .def("checkpoint", &KvStore::checkpoint)
+      .def("retry_failed", &KvStore::retry_failed)
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)
       .def_prop_ro("page_bytes", &KvStore::page_bytes);
