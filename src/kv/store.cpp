@@ -752,7 +752,12 @@ struct Store::Impl {
       }
     }
     std::unique_lock pl(probe_mu, std::try_to_lock);
-    if (pl.owns_lock()) retry_failed(false);
+    if (!pl.owns_lock()) return;
+    try {
+      retry_failed(false);
+    } catch (const std::exception&) {
+      // bad_alloc and the like, before a probe took any slot: a later batch tries again.
+    }
   }
 
   /// Probes the failed folders (all, or those failed at least retry_failed_after ago); returns
@@ -789,6 +794,10 @@ struct Store::Impl {
   bool probe(std::uint32_t fi) {
     Folder& f = folders[fi];
     std::vector<std::optional<std::uint32_t>> slot_of(f.slabs.size());
+    const AlignedBuf zeros = aligned_buf(kHeaderBytes);  // before any slot is taken: may throw
+    const AlignedBuf back = aligned_buf(kHeaderBytes * f.slabs.size());
+    std::vector<Future> ops;
+    ops.reserve(f.slabs.size());
     std::uint64_t errors_before = 0;
     {
       std::lock_guard lk(mu);
@@ -805,41 +814,51 @@ struct Store::Impl {
     }
     int err = 0;
     std::string what;
-    auto keep = [&](Future& fut) {
-      std::string w;
-      const int e = settle(fut, &w);
+    auto note = [&](int e, const std::string& w) {
       if (e != 0 && err == 0) {
         err = e;
         what = w;
       }
     };
-    const AlignedBuf zeros = aligned_buf(kHeaderBytes);
-    const AlignedBuf back = aligned_buf(kHeaderBytes * f.slabs.size());
-    try {
-      std::vector<Future> ops;
-      for (std::size_t s = 0; s < f.slabs.size(); ++s) {
-        if (slot_of[s]) {
-          ops.push_back(f.slabs[s].pwrite(zeros.get(), kHeaderBytes, slot_offset(f, *slot_of[s]),
-                                          OpOptions{.fsync = true, .stream = std::nullopt}));
-        }
+    // Every request started is waited for before the buffers go, whatever failed.
+    auto start = [&](auto&& op) {
+      try {
+        ops.push_back(op());
+      } catch (const Error& e) {
+        note(errno_of(e), e.what());
       }
-      for (Future& op : ops) keep(op);
+    };
+    auto wait_all = [&] {
+      for (Future& op : ops) {
+        std::string w;
+        const int e = settle(op, &w);
+        note(e, w);
+      }
       ops.clear();
-      if (err == 0) {
-        std::memset(back.get(), 0xA5, kHeaderBytes * f.slabs.size());
-        for (std::size_t s = 0; s < f.slabs.size(); ++s) {
-          const std::uint64_t off = slot_of[s] ? slot_offset(f, *slot_of[s]) : 0;
-          ops.push_back(f.slabs[s].pread(back.get() + s * kHeaderBytes, kHeaderBytes, off));
-        }
-        for (Future& op : ops) keep(op);
+    };
+    for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+      if (!slot_of[s]) continue;
+      start([&] {
+        return f.slabs[s].pwrite(zeros.get(), kHeaderBytes, slot_offset(f, *slot_of[s]),
+                                 OpOptions{.fsync = true, .stream = std::nullopt});
+      });
+    }
+    wait_all();
+    if (err == 0) {
+      std::memset(back.get(), 0xA5, kHeaderBytes * f.slabs.size());
+      for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+        const std::uint64_t off = slot_of[s] ? slot_offset(f, *slot_of[s]) : 0;
+        start([&] { return f.slabs[s].pread(back.get() + s * kHeaderBytes, kHeaderBytes, off); });
       }
-      for (std::size_t s = 0; s < f.slabs.size() && err == 0; ++s) {
-        if (slot_of[s] && std::memcmp(back.get() + s * kHeaderBytes, zeros.get(), kHeaderBytes) != 0) {
-          err = EIO;
-          what = "kv: a probe of " + f.slabs[s].path() + " read back other bytes than it wrote";
-        }
+      wait_all();
+    }
+    for (std::size_t s = 0; s < f.slabs.size() && err == 0; ++s) {
+      if (slot_of[s] && std::memcmp(back.get() + s * kHeaderBytes, zeros.get(), kHeaderBytes) != 0) {
+        note(EIO, "kv: a probe of " + f.slabs[s].path() + " read back other bytes than it wrote");
       }
-      if (err == 0) {
+    }
+    if (err == 0) {
+      try {
         std::lock_guard ck(ckpt_mu);
         std::vector<unsigned char> bytes;
         {
@@ -847,11 +866,8 @@ struct Store::Impl {
           bytes = checkpoint_bytes(fi, checkpoint_bound());
         }
         write_durably(*handle, f.path, "index.ckpt", bytes);
-      }
-    } catch (const Error& e) {
-      if (err == 0) {
-        err = errno_of(e);
-        what = e.what();
+      } catch (const Error& e) {
+        note(errno_of(e), e.what());
       }
     }
     std::lock_guard lk(mu);
