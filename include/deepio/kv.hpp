@@ -5,7 +5,8 @@
 // header's own CRC-32C) followed by page_bytes rounded up to 4 KiB. Every byte moves through
 // one deepio::Handle, on slab files opened once (deepio::File, O_DIRECT where the file system
 // allows it). New pages go to a folder chosen by key hash; a failed or full folder's share
-// goes to the next healthy one.
+// goes to the next healthy one; a failed folder is probed now and then and comes back when it
+// works again.
 //
 // Guarantees:
 //  - A get returns true only when the slot's header names the key and the generation the
@@ -24,9 +25,18 @@
 //    high and low watermarks); only a page larger than page_bytes (false), failed writes on
 //    every folder (false) or every slot pinned by gets (false) fails a put. A page whose
 //    folder's write failed is put again on the next healthy folder.
-//  - A folder whose I/O fails (EIO, ENOSPC, gone) is marked failed: its pages turn into
-//    misses, new pages go elsewhere, Stats names it (errno, count) and a warning is queued
-//    (take_warnings()).
+//  - A folder whose I/O fails (EIO, ENOSPC, gone) is marked failed: its pages are dropped (misses
+//    from then on, for good), new pages go elsewhere, Stats names it (errno, count) and a
+//    warning is queued (take_warnings()).
+//  - A failed folder comes back once it works again: after a batch that finds its last error at
+//    least retry_failed_after old (or at retry_failed()), one thread probes it, without the
+//    store's lock: in each slab a zeroed 4 KiB block is written with fsync over the header of a
+//    free slot (a page already dropped) and read back, through the slab files the pages use;
+//    then its checkpoint is rewritten, listing none of the dropped pages (so that a crash after
+//    the recovery cannot bring them back). Success: it takes new pages again, a "recovered"
+//    warning is queued and FolderStats::recoveries counts it. Failure: it stays failed, the
+//    error is counted and the wait starts again. Slots pinned by gets in flight are left alone
+//    until those gets finish. A folder that could not be opened at all waits for a reopen.
 //
 // Device memory: a segment may be CUDA device memory (recognised as the engine recognises it:
 // cuPointerGetAttribute, asked only once the process has loaded the driver; managed memory is
@@ -85,6 +95,9 @@ struct StoreOptions {
   /// A checkpoint of the index is written at close and, when the index changed, after a batch
   /// that finds this long passed since the last one; zero: only at close and checkpoint().
   std::chrono::milliseconds checkpoint_interval{60000};
+  /// A failed folder is probed after a batch that finds its last error (failed operation or
+  /// probe) at least this old; zero (or negative): only by Store::retry_failed().
+  std::chrono::milliseconds retry_failed_after{30000};
   /// Threads that run batches (each a whole put or get: CRCs, submission, waiting, commit).
   std::size_t batch_threads = 4;
   /// Device (CUDA) pages: each batch thread moves them through this many page-sized,
@@ -141,8 +154,9 @@ struct FolderStats {
   bool failed = false;
   std::uint64_t slots = 0;
   std::uint64_t used = 0;
-  std::uint64_t errors = 0;
-  int last_errno = 0;
+  std::uint64_t errors = 0;      ///< failed operations and probes, over the store's life
+  std::uint64_t recoveries = 0;  ///< times a probe brought the folder back
+  int last_errno = 0;            ///< of the last error (kept after a recovery)
   std::string last_error;
 };
 
@@ -209,8 +223,14 @@ class DEEPIO_API Store {
   /// waiting for every put in flight that began before the call: every page committed and
   /// every removal made before the call are then durable.
   void checkpoint();
+  /// Probes every failed folder now, however recently it failed (as the automatic probe after
+  /// retry_failed_after does; see "Guarantees"), and returns how many came back. Waits for a
+  /// probe another thread runs. A folder that could not be opened is not probed. Thread-safe;
+  /// throws deepio::InvalidArgument after close().
+  std::size_t retry_failed();
   [[nodiscard]] StoreStats stats() const;
-  /// Warnings queued since the last call (a folder that failed), oldest first.
+  /// Warnings queued since the last call, oldest first: "deepio.kv: folder PATH failed (...)..."
+  /// and "deepio.kv: folder PATH recovered".
   std::vector<std::string> take_warnings();
   [[nodiscard]] std::size_t page_bytes() const noexcept;
   /// Finishes every batch in flight, writes the checkpoint, closes the slabs. Later calls

@@ -9,9 +9,11 @@
 // taken there, never under a store lock; the store is closed and destroyed with the GIL
 // released, so those threads can take it meanwhile.
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nanobind/stl/pair.h>
@@ -116,11 +118,27 @@ std::vector<std::string_view> parse_keys(nb::handle keys, std::vector<nb::object
   return out;
 }
 
+/// Parses seq, the per-key argument of a put or get (slots, segment lists), into one page per
+/// item with parse(item, index); ValueError "N keys but M <noun>; <advice>" when the counts differ.
+template <typename Parse>
+std::vector<std::vector<kv::Segment>> per_key(nb::handle seq, std::size_t nkeys, const char* noun, const char* advice,
+                                              Parse parse) {
+  std::vector<std::vector<kv::Segment>> pages;
+  std::size_t i = 0;
+  for (nb::handle item : nb::iter(seq)) pages.push_back(parse(item, i++));
+  if (pages.size() != nkeys) {
+    throw nb::value_error(
+        (std::to_string(nkeys) + " keys but " + std::to_string(pages.size()) + " " + noun + "; " + advice).c_str());
+  }
+  return pages;
+}
+
 class KvStore {
  public:
   KvStore(const std::vector<std::string>& folders, std::uint64_t capacity_bytes, std::size_t page_bytes,
           double high_watermark, double low_watermark, std::uint64_t slab_bytes, double checkpoint_interval,
-          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight) {
+          std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight,
+          double retry_failed_after) {
     kv::StoreOptions o;
     o.folders = folders;
     o.capacity_bytes = capacity_bytes;
@@ -130,6 +148,9 @@ class KvStore {
     o.slab_bytes = slab_bytes;
     if (checkpoint_interval < 0) throw nb::value_error("checkpoint_interval must be non-negative");
     o.checkpoint_interval = std::chrono::milliseconds(static_cast<std::int64_t>(checkpoint_interval * 1000));
+    if (!(retry_failed_after >= 0)) throw nb::value_error("retry_failed_after must be non-negative");
+    // Rounded up: a positive value never turns into 0 (never).
+    o.retry_failed_after = std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(retry_failed_after * 1000)));
     o.batch_threads = batch_threads;
     o.device_pages_in_flight = device_pages_in_flight;
     o.handle.queue_depth = queue_depth;
@@ -182,12 +203,11 @@ class KvStore {
     pools_.push_back(std::move(buf));
   }
 
+  /// Pool rows as pages: slots[i] is a row of the registered pool.
   std::vector<std::vector<kv::Segment>> rows(nb::handle slots, std::size_t nkeys) {
     if (pools_.empty()) throw nb::value_error("no pool registered: call register(pool) before put() or get()");
-    std::vector<std::vector<kv::Segment>> segs;
-    std::size_t i = 0;
     const std::size_t page = store().page_bytes();
-    for (nb::handle s : nb::iter(slots)) {
+    return per_key(slots, nkeys, "slots", "give one slot per key", [&](nb::handle s, std::size_t i) {
       if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr())) {
         throw nb::type_error(("slots[" + std::to_string(i) + "] is " + py_type_name(s) + "; slots are ints").c_str());
       }
@@ -198,22 +218,14 @@ class KvStore {
                                "; the registered pool has rows 0 to " + std::to_string(rows_ - 1))
                                   .c_str());
       }
-      segs.push_back({kv::Segment{base_ + static_cast<std::size_t>(v) * page, page}});
-      ++i;
-    }
-    if (segs.size() != nkeys) {
-      throw nb::value_error(
-          (std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) + " slots; give one slot per key")
-              .c_str());
-    }
-    return segs;
+      return std::vector<kv::Segment>{kv::Segment{base_ + static_cast<std::size_t>(v) * page, page}};
+    });
   }
 
+  /// Caller memory as pages: segments[i] is a list of (address, nbytes) pairs.
   std::vector<std::vector<kv::Segment>> segments(nb::handle segments, std::size_t nkeys) {
-    std::vector<std::vector<kv::Segment>> segs;
     const std::size_t page = store().page_bytes();
-    std::size_t i = 0;
-    for (nb::handle list : nb::iter(segments)) {
+    return per_key(segments, nkeys, "segment lists", "give one per key", [&](nb::handle list, std::size_t i) {
       std::vector<kv::Segment> one;
       std::size_t total = 0;
       for (nb::handle pair : nb::iter(list)) {
@@ -238,26 +250,17 @@ class KvStore {
                                " bytes, more than page_bytes = " + std::to_string(page))
                                   .c_str());
       }
-      segs.push_back(std::move(one));
-      ++i;
-    }
-    if (segs.size() != nkeys) {
-      throw nb::value_error(
-          (std::to_string(nkeys) + " keys but " + std::to_string(segs.size()) + " segment lists; give one per key")
-              .c_str());
-    }
-    return segs;
+      return one;
+    });
   }
 
-  KvFuture submit(bool write, nb::handle keys, const std::vector<std::vector<kv::Segment>>* given, nb::handle slots,
-                  nb::handle segments_obj) {
+  /// put/get of keys with their pages: pool rows (`pages` is the slots) or segment lists.
+  KvFuture submit(bool write, nb::handle keys, nb::handle pages, bool pool_rows) {
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    std::vector<std::vector<kv::Segment>> segs = given != nullptr   ? *given
-                                                 : slots.is_valid() ? rows(slots, k.size())
-                                                                    : segments(segments_obj, k.size());
+    std::vector<std::vector<kv::Segment>> segs = pool_rows ? rows(pages, k.size()) : segments(pages, k.size());
     kv::BatchOptions opt;
-    if (slots.is_valid() && pool_device_ >= 0) {
+    if (pool_rows && pool_device_ >= 0) {
       // A CUDA pool: the copies follow the producer's stream (torch's current stream, or the
       // DLPack exchange), as the engine's own device operations do.
       Buffer b;
@@ -272,31 +275,17 @@ class KvStore {
   }
 
   std::size_t exists(nb::handle keys) {
-    std::vector<nb::object> keep;
-    auto k = parse_keys(keys, &keep);
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.exists(k);
+    return with_keys(keys, [](kv::Store& s, const std::vector<std::string_view>& k) { return s.exists(k); });
   }
   nb::list contains(nb::handle keys) {
-    std::vector<nb::object> keep;
-    auto k = parse_keys(keys, &keep);
-    kv::Store& s = store();
-    std::vector<bool> r;
-    {
-      nb::gil_scoped_release release;
-      r = s.contains(k);
-    }
+    std::vector<bool> r = with_keys(keys,
+                                    [](kv::Store& s, const std::vector<std::string_view>& k) { return s.contains(k); });
     nb::list out;
     for (bool b : r) out.append(nb::bool_(b));
     return out;
   }
   std::size_t remove(nb::handle keys) {
-    std::vector<nb::object> keep;
-    auto k = parse_keys(keys, &keep);
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.remove(k);
+    return with_keys(keys, [](kv::Store& s, const std::vector<std::string_view>& k) { return s.remove(k); });
   }
 
   nb::dict stats() {
@@ -329,6 +318,7 @@ class KvStore {
       fd["slots"] = f.slots;
       fd["used"] = f.used;
       fd["errors"] = f.errors;
+      fd["recoveries"] = f.recoveries;
       fd["last_errno"] = f.last_errno;
       fd["last_error"] = f.last_error;
       folders.append(fd);
@@ -348,6 +338,12 @@ class KvStore {
     s.checkpoint();
   }
 
+  std::size_t retry_failed() {
+    kv::Store& s = store();
+    nb::gil_scoped_release release;
+    return s.retry_failed();
+  }
+
   void close() {
     if (!store_) return;
     std::unique_ptr<kv::Store> s = std::move(store_);
@@ -365,6 +361,16 @@ class KvStore {
   std::size_t page_bytes() { return store().page_bytes(); }
 
  private:
+  /// fn(store, keys) with the GIL released (the keys' objects stay referenced meanwhile).
+  template <typename Fn>
+  std::invoke_result_t<Fn, kv::Store&, const std::vector<std::string_view>&> with_keys(nb::handle keys, Fn fn) {
+    std::vector<nb::object> keep;
+    auto k = parse_keys(keys, &keep);
+    kv::Store& s = store();
+    nb::gil_scoped_release release;
+    return fn(s, k);
+  }
+
   std::unique_ptr<kv::Store> store_;
   std::vector<std::shared_ptr<Buffer>> pools_;  // every pool registered (GIL)
   nb::object pool_obj_;                         // the latest pool (GIL)
@@ -373,6 +379,12 @@ class KvStore {
   std::size_t rows_ = 0;
   std::vector<std::string> late_warnings_;  // queued by the close
 };
+
+/// KvStore.put/get (PoolRows: pages are pool rows) and put_segments/get_segments.
+template <bool Write, bool PoolRows>
+KvFuture submit_as(KvStore& s, nb::handle keys, nb::handle pages) {
+  return s.submit(Write, keys, pages, PoolRows);
+}
 
 }  // namespace
 
@@ -388,41 +400,22 @@ void init_kv(nb::module_& m) {
           "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
-                    std::size_t, std::size_t, std::size_t, std::size_t>(),
+                    std::size_t, std::size_t, std::size_t, std::size_t, double>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
            nb::arg("low_watermark"), nb::arg("slab_bytes"), nb::arg("checkpoint_interval"), nb::arg("batch_threads"),
-           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"))
+           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
-      .def(
-          "put",
-          [](KvStore& s, nb::handle keys, nb::handle slots) {
-            return s.submit(true, keys, nullptr, slots, nb::handle());
-          },
-          nb::arg("keys"), nb::arg("slots"))
-      .def(
-          "get",
-          [](KvStore& s, nb::handle keys, nb::handle slots) {
-            return s.submit(false, keys, nullptr, slots, nb::handle());
-          },
-          nb::arg("keys"), nb::arg("slots"))
-      .def(
-          "put_segments",
-          [](KvStore& s, nb::handle keys, nb::handle segs) {
-            return s.submit(true, keys, nullptr, nb::handle(), segs);
-          },
-          nb::arg("keys"), nb::arg("segments"))
-      .def(
-          "get_segments",
-          [](KvStore& s, nb::handle keys, nb::handle segs) {
-            return s.submit(false, keys, nullptr, nb::handle(), segs);
-          },
-          nb::arg("keys"), nb::arg("segments"))
+      .def("put", &submit_as<true, true>, nb::arg("keys"), nb::arg("slots"))
+      .def("get", &submit_as<false, true>, nb::arg("keys"), nb::arg("slots"))
+      .def("put_segments", &submit_as<true, false>, nb::arg("keys"), nb::arg("segments"))
+      .def("get_segments", &submit_as<false, false>, nb::arg("keys"), nb::arg("segments"))
       .def("exists", &KvStore::exists, nb::arg("keys"))
       .def("contains", &KvStore::contains, nb::arg("keys"))
       .def("remove", &KvStore::remove, nb::arg("keys"))
       .def("stats", &KvStore::stats)
       .def("take_warnings", &KvStore::take_warnings)
       .def("checkpoint", &KvStore::checkpoint)
+      .def("retry_failed", &KvStore::retry_failed)
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)
       .def_prop_ro("page_bytes", &KvStore::page_bytes);

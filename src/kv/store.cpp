@@ -35,10 +35,16 @@
 // generation; slots freed before the checkpoint are dead. For a key found in several slots
 // the newest whose data CRC matches wins (a replace torn by a crash leaves the older one).
 //
-// Errors: any failed operation of a folder marks it failed (errno, message, count, a queued
-// warning); its index entries are dropped and it gets no new pages until reopened.
-// Locks: mu_ guards the index, folders' slot state, stats and warnings; no I/O wait and no
-// callback runs under it. ckpt_mu_ serializes checkpoints.
+// Errors: any failed operation of a folder marks it failed (errno, message, count, time, a
+// queued warning); its index entries are dropped (pinned slots turn Zombie, freed when the last
+// get unpins them) and it gets no new pages. After a batch that finds its last error
+// retry_failed_after old, or at retry_failed(), probe() tests it: a zeroed header block written
+// (fsync) over a Free slot of each slab and read back, then the folder's checkpoint, which
+// lists none of the dropped pages (its old one did: a crash would bring them back). A folder
+// that failed at open (its slot table never read whole) is not probed.
+// Locks: mu guards the index, folders' slot state, stats and warnings; no I/O wait and no
+// callback runs under it. ckpt_mu serializes checkpoints; probe_mu probes. Order: probe_mu,
+// ckpt_mu, mu.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -307,7 +313,14 @@ struct Folder {
   std::list<const std::string*> lru;                      // live keys, least recently used first
   std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
   bool failed = false;
+  /// open() read every slot header of the folder (its slabs and slot table are whole): only
+  /// such a folder is probed after a failure. One that failed at open waits for a reopen.
+  bool opened = false;
+  /// When the folder last saw an error (a failed operation or probe): the next automatic
+  /// probe waits StoreOptions::retry_failed_after from here.
+  std::chrono::steady_clock::time_point failed_at{};
   std::uint64_t errors = 0;
+  std::uint64_t recoveries = 0;
   int last_errno = 0;
   std::string last_error;
 };
@@ -467,6 +480,95 @@ struct Job {
   std::shared_ptr<BatchFuture::State> state;
 };
 
+/// The errno a failed operation stands for (EIO where the error carries none).
+int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
+
+/// Waits for f and returns its errno (0 on success), with the message in *what.
+int settle(Future& f, std::string* what) {
+  try {
+    f.get();
+    return 0;
+  } catch (const Error& e) {
+    *what = e.what();
+    return errno_of(e);
+  }
+}
+
+/// The I/O errors of a batch's pages: per page an errno (0: none) and its message. A page's
+/// error fails its folder when the batch commits.
+struct PageErrors {
+  std::vector<int> err;
+  std::vector<std::string> what;
+
+  explicit PageErrors(std::size_t n) : err(n, 0), what(n) {}
+  void set(std::size_t i, int e, const std::string& w) {
+    err[i] = e;
+    what[i] = w;
+  }
+  void set(std::size_t i, const Error& e) { set(i, errno_of(e), e.what()); }
+  /// Waits for every future of page i (and drops them), keeping the page's first error.
+  void settle_all(std::size_t i, std::vector<Future>& futs) {
+    for (Future& f : futs) {
+      std::string w;
+      const int e = settle(f, &w);
+      if (e != 0 && err[i] == 0) set(i, e, w);
+    }
+    futs.clear();
+  }
+};
+
+/// The slot headers of a batch: page i's header is bytes [i * kHeaderBytes, +kHeaderBytes) of
+/// one aligned buffer, moved with one ranged read, or one ranged write with OpOptions::fsync,
+/// per slab (add() the pages, start(), then finish() before the buffer goes).
+class SlabHeaders {
+ public:
+  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), buf_(aligned_buf(bytes_)) {}
+  [[nodiscard]] unsigned char* at(std::size_t i) const { return buf_.get() + i * kHeaderBytes; }
+  /// Page i's header lives at file offset `offset` of slab `slab` of folder `folder`.
+  void add(std::size_t i, std::uint32_t folder, std::uint64_t slab, std::uint64_t offset) {
+    Group& g = groups_[{folder, slab}];
+    g.pages.push_back(i);
+    g.ranges.push_back(IoRange{offset, i * kHeaderBytes, kHeaderBytes});
+  }
+  /// Starts the reads (write false) or the synced writes; a call that throws marks its pages.
+  void start(std::vector<Folder>& folders, bool write, PageErrors& errs) {
+    for (auto& [where, g] : groups_) {
+      File& slab = folders[where.first].slabs[where.second];
+      try {
+        g.fut = write
+                    ? slab.pwrite_ranges(buf_.get(), bytes_, g.ranges, OpOptions{.fsync = true, .stream = std::nullopt})
+                    : slab.pread_ranges(buf_.get(), bytes_, g.ranges);
+        g.started = true;
+      } catch (const Error& e) {
+        for (std::size_t i : g.pages) errs.set(i, e);
+      }
+    }
+  }
+  /// Waits for what start() started; a failed one marks its pages.
+  void finish(PageErrors& errs) {
+    for (auto& [where, g] : groups_) {
+      if (!g.started) continue;
+      g.started = false;
+      std::string w;
+      const int e = settle(g.fut, &w);
+      if (e != 0) {
+        for (std::size_t i : g.pages) errs.set(i, e, w);
+      }
+    }
+  }
+
+ private:
+  struct Group {
+    std::vector<std::size_t> pages;
+    std::vector<IoRange> ranges;
+    Future fut;
+    bool started = false;
+  };
+  std::size_t bytes_;
+  AlignedBuf buf_;  // before groups_: their futures go first
+  std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
+};
+
 }  // namespace
 
 // ---- Store::Impl ----------------------------------------------------------------------------
@@ -491,6 +593,7 @@ struct Store::Impl {
   bool closed = false;
 
   std::mutex ckpt_mu;
+  std::mutex probe_mu;  // one probe of failed folders at a time; taken before ckpt_mu and mu
   std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
 
   std::mutex qmu;
@@ -502,16 +605,23 @@ struct Store::Impl {
   // -- helpers (mu held) --
   std::uint64_t slot_offset(const Folder& f, std::uint32_t slot) const { return (slot % f.per_slab) * slot_bytes; }
   File& slab_of(Folder& f, std::uint32_t slot) { return f.slabs[slot / f.per_slab]; }
+  /// Adds page i, whose slot is `slot` of folder `fi`, to a batch's headers.
+  void add_header(SlabHeaders& hdr, std::size_t i, std::uint32_t fi, std::uint32_t slot) const {
+    const Folder& f = folders[fi];
+    hdr.add(i, fi, slot / f.per_slab, slot_offset(f, slot));
+  }
 
   void fail_folder(std::uint32_t fi, int err, const std::string& what) {
     Folder& f = folders[fi];
     ++f.errors;
     f.last_errno = err;
     f.last_error = what;
+    f.failed_at = std::chrono::steady_clock::now();
     if (f.failed) return;
     f.failed = true;
     warnings.push_back("deepio.kv: folder " + f.path + " failed (" + what +
-                       "); its pages are misses and new pages go to the other folders until the store is reopened");
+                       "); its pages are misses and new pages go to the other folders until a probe finds it "
+                       "working again");
     for (auto it = index.begin(); it != index.end();) {
       if (it->second.folder == fi) {
         f.lru.erase(it->second.lru);
@@ -609,6 +719,7 @@ struct Store::Impl {
       }
       job.state->complete(std::move(results));
       maybe_checkpoint();
+      maybe_retry_failed();
     }
   }
 
@@ -627,18 +738,154 @@ struct Store::Impl {
     }
   }
 
-  /// The errno a failed operation stands for (EIO where the error carries none).
-  static int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
-
-  /// Waits for f and returns its errno (0 on success), with the message in *what.
-  static int settle(Future& f, std::string* what) {
-    try {
-      f.get();
-      return 0;
-    } catch (const Error& e) {
-      *what = e.what();
-      return errno_of(e);
+  // -- failed folders --
+  /// After a batch: probes the folders failed for at least retry_failed_after, unless another
+  /// thread is probing.
+  void maybe_retry_failed() {
+    if (opt.retry_failed_after.count() <= 0) return;
+    {
+      std::lock_guard lk(mu);
+      const auto now = std::chrono::steady_clock::now();
+      if (std::none_of(folders.begin(), folders.end(), [&](const Folder& f) {
+            return f.failed && f.opened && now - f.failed_at >= opt.retry_failed_after;
+          })) {
+        return;
+      }
     }
+    std::unique_lock pl(probe_mu, std::try_to_lock);
+    if (!pl.owns_lock()) return;
+    try {
+      retry_failed(false);
+    } catch (const std::exception&) {
+      // bad_alloc and the like, before a probe took any slot: a later batch tries again.
+    }
+  }
+
+  /// Probes the failed folders (all, or those failed at least retry_failed_after ago); returns
+  /// how many came back. probe_mu held, mu not.
+  std::size_t retry_failed(bool all) {
+    std::vector<std::uint32_t> due;
+    {
+      std::lock_guard lk(mu);
+      const auto now = std::chrono::steady_clock::now();
+      for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
+        const Folder& f = folders[fi];
+        if (f.failed && f.opened && (all || now - f.failed_at >= opt.retry_failed_after)) due.push_back(fi);
+      }
+    }
+    std::size_t back = 0;
+    for (std::uint32_t fi : due) back += probe(fi) ? 1 : 0;
+    return back;
+  }
+
+  /// Probes failed folder fi (probe_mu held, mu not; docs/kv.md "Faults"):
+  ///  1. per slab, a zeroed 4 KiB block (no valid header) written with OpOptions::fsync over the
+  ///     header of one of its Free slots, then read back and compared; a slab with no Free slot
+  ///     (all pinned by gets or being written) has one header read. The slots written are taken
+  ///     out of the free list meanwhile. A Free slot's header is never needed: its page was
+  ///     dropped, so a header that no longer parses can only keep it from coming back.
+  ///  2. the folder's checkpoint, written as write_checkpoint writes it (under ckpt_mu): the
+  ///     folder has no live page now, so it lists none, with the current generation bound.
+  ///     The checkpoint on disk was the one from before the failure (a failed folder is left out
+  ///     of checkpoints) and listed the pages the failure dropped: after a crash, a reopen would
+  ///     bring them back, whatever was removed or evicted since.
+  /// Success, with no other error of the folder meanwhile: it takes new pages again (a warning
+  /// is queued, recoveries counted). Failure: it stays failed, the error counted, the time of
+  /// the failure reset.
+  bool probe(std::uint32_t fi) {
+    Folder& f = folders[fi];
+    std::vector<std::optional<std::uint32_t>> slot_of(f.slabs.size());
+    const AlignedBuf zeros = aligned_buf(kHeaderBytes);  // before any slot is taken: may throw
+    const AlignedBuf back = aligned_buf(kHeaderBytes * f.slabs.size());
+    std::vector<Future> ops;
+    ops.reserve(f.slabs.size());
+    std::uint64_t errors_before = 0;
+    {
+      std::lock_guard lk(mu);
+      if (!f.failed) return false;
+      errors_before = f.errors;
+      for (std::uint32_t slot : f.free) {
+        auto& pick = slot_of[slot / f.per_slab];
+        if (!pick) pick = slot;
+      }
+      std::erase_if(f.free, [&](std::uint32_t slot) { return slot_of[slot / f.per_slab] == slot; });
+      for (const auto& pick : slot_of) {
+        if (pick) f.info[*pick].state = SlotState::Writing;
+      }
+    }
+    int err = 0;
+    std::string what;
+    auto note = [&](int e, const std::string& w) {
+      if (e != 0 && err == 0) {
+        err = e;
+        what = w;
+      }
+    };
+    // Every request started is waited for before the buffers go, whatever failed.
+    auto start = [&](auto&& op) {
+      try {
+        ops.push_back(op());
+      } catch (const Error& e) {
+        note(errno_of(e), e.what());
+      }
+    };
+    auto wait_all = [&] {
+      for (Future& op : ops) {
+        std::string w;
+        const int e = settle(op, &w);
+        note(e, w);
+      }
+      ops.clear();
+    };
+    for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+      if (!slot_of[s]) continue;
+      start([&] {
+        return f.slabs[s].pwrite(zeros.get(), kHeaderBytes, slot_offset(f, *slot_of[s]),
+                                 OpOptions{.fsync = true, .stream = std::nullopt});
+      });
+    }
+    wait_all();
+    if (err == 0) {
+      std::memset(back.get(), 0xA5, kHeaderBytes * f.slabs.size());
+      for (std::size_t s = 0; s < f.slabs.size(); ++s) {
+        const std::uint64_t off = slot_of[s] ? slot_offset(f, *slot_of[s]) : 0;
+        start([&] { return f.slabs[s].pread(back.get() + s * kHeaderBytes, kHeaderBytes, off); });
+      }
+      wait_all();
+    }
+    for (std::size_t s = 0; s < f.slabs.size() && err == 0; ++s) {
+      if (slot_of[s] && std::memcmp(back.get() + s * kHeaderBytes, zeros.get(), kHeaderBytes) != 0) {
+        note(EIO, "kv: a probe of " + f.slabs[s].path() + " read back other bytes than it wrote");
+      }
+    }
+    if (err == 0) {
+      try {
+        std::lock_guard ck(ckpt_mu);
+        std::vector<unsigned char> bytes;
+        {
+          std::lock_guard lk(mu);
+          bytes = checkpoint_bytes(fi, checkpoint_bound());
+        }
+        write_durably(*handle, f.path, "index.ckpt", bytes);
+      } catch (const Error& e) {
+        note(errno_of(e), e.what());
+      }
+    }
+    std::lock_guard lk(mu);
+    for (const auto& pick : slot_of) {
+      if (!pick) continue;
+      f.info[*pick].state = SlotState::Free;
+      f.free.push_back(*pick);
+    }
+    if (err != 0) {
+      fail_folder(fi, err, what);
+      return false;
+    }
+    if (f.errors != errors_before) return false;  // an operation of the folder failed meanwhile
+    f.failed = false;
+    ++f.recoveries;
+    warnings.push_back("deepio.kv: folder " + f.path + " recovered");
+    return true;
   }
 
   /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
@@ -716,25 +963,15 @@ struct Store::Impl {
     // buffer first (CRC there, written from there); with every buffer in use, the oldest
     // device page's write is waited for, so copies overlap the writes before them.
     std::vector<std::vector<Future>> data(n);
-    std::vector<int> err(n, 0);
-    std::vector<std::string> what(n);
+    PageErrors errs(n);
+    std::vector<int>& err = errs.err;
+    std::vector<std::string>& what = errs.what;
     std::vector<char> on_dev(n, 0), copy_failed(n, 0);
     std::vector<int> buf(n, -1);
     std::deque<std::size_t> writing;  // device pages whose write holds a buffer, oldest first
     std::string fence_why;
     bool fenced = true;
     for (auto& [dev, fence] : job.fences) fenced = fenced && scratch.order_after(dev, *fence, &fence_why);
-    auto settle_page = [&](std::size_t i) {
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-      data[i].clear();
-    };
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have) continue;
       Folder& f = folders[pl[i].folder];  // the vector never changes after open
@@ -751,7 +988,7 @@ struct Store::Impl {
         while (b < 0 && !writing.empty()) {  // wait for this batch's oldest device write
           const std::size_t j = writing.front();
           writing.pop_front();
-          settle_page(j);
+          errs.settle_all(j, data[j]);
           scratch.release(buf[j]);
           buf[j] = -1;
           b = scratch.acquire();
@@ -772,8 +1009,7 @@ struct Store::Impl {
         try {
           if (pl[i].len > 0) data[i].push_back(slab.pwrite(scratch.data(b), pl[i].len, off));
         } catch (const Error& e) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
+          errs.set(i, e);
         }
         continue;
       }
@@ -784,8 +1020,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = errno_of(e);
-        what[i] = e.what();
+        errs.set(i, e);
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -794,43 +1029,17 @@ struct Store::Impl {
       for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
       pl[i].crc = c;
     }
-    for (std::size_t i = 0; i < n; ++i) settle_page(i);
+    for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
     for (std::size_t i : writing) scratch.release(buf[i]);
     // Phase 2: the headers, one ranged write with fsync per slab.
-    AlignedBuf hdr = aligned_buf(n * kHeaderBytes);
-    std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::size_t>> groups;
+    SlabHeaders hdr(n);
     for (std::size_t i = 0; i < n; ++i) {
       if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
-      encode_header(hdr.get() + i * kHeaderBytes, job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
-      groups[{pl[i].folder, pl[i].slot / folders[pl[i].folder].per_slab}].push_back(i);
+      encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
+      add_header(hdr, i, pl[i].folder, pl[i].slot);
     }
-    std::vector<std::pair<Future, const std::vector<std::size_t>*>> hdr_ops;
-    for (auto& [where, members] : groups) {
-      Folder& f = folders[where.first];
-      std::vector<IoRange> ranges;
-      for (std::size_t i : members)
-        ranges.push_back(IoRange{slot_offset(f, pl[i].slot), i * kHeaderBytes, kHeaderBytes});
-      try {
-        hdr_ops.emplace_back(f.slabs[where.second].pwrite_ranges(hdr.get(), n * kHeaderBytes, ranges,
-                                                                 OpOptions{.fsync = true, .stream = std::nullopt}),
-                             &members);
-      } catch (const Error& e) {
-        for (std::size_t i : members) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
-        }
-      }
-    }
-    for (auto& [fut, members] : hdr_ops) {
-      std::string w;
-      const int e = settle(fut, &w);
-      if (e != 0) {
-        for (std::size_t i : *members) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-    }
+    hdr.start(folders, true, errs);
+    hdr.finish(errs);
     // Commit.
     std::lock_guard lk(mu);
     committed = true;
@@ -902,28 +1111,14 @@ struct Store::Impl {
         pins[i] = Pin{true, e.folder, e.slot, e.gen, e.len};
       }
     }
-    AlignedBuf hdr = aligned_buf(n * kHeaderBytes);
-    std::vector<int> err(n, 0);
-    std::vector<std::string> what(n);
-    std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::size_t>> groups;
+    SlabHeaders hdr(n);
+    PageErrors errs(n);
+    std::vector<int>& err = errs.err;
+    std::vector<std::string>& what = errs.what;
     for (std::size_t i = 0; i < n; ++i) {
-      if (pins[i].have) groups[{pins[i].folder, pins[i].slot / folders[pins[i].folder].per_slab}].push_back(i);
+      if (pins[i].have) add_header(hdr, i, pins[i].folder, pins[i].slot);
     }
-    std::vector<std::pair<Future, const std::vector<std::size_t>*>> hdr_ops;
-    for (auto& [where, members] : groups) {
-      Folder& f = folders[where.first];
-      std::vector<IoRange> ranges;
-      for (std::size_t i : members)
-        ranges.push_back(IoRange{slot_offset(f, pins[i].slot), i * kHeaderBytes, kHeaderBytes});
-      try {
-        hdr_ops.emplace_back(f.slabs[where.second].pread_ranges(hdr.get(), n * kHeaderBytes, ranges), &members);
-      } catch (const Error& e) {
-        for (std::size_t i : members) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
-        }
-      }
-    }
+    hdr.start(folders, false, errs);
     std::vector<std::vector<Future>> data(n);
     std::vector<char> on_dev(n, 0), copy_failed(n, 0), verified(n, 0);
     std::deque<std::size_t> dev_pending;
@@ -944,8 +1139,7 @@ struct Store::Impl {
           off += s.nbytes;
         }
       } catch (const Error& e) {
-        err[i] = errno_of(e);
-        what[i] = e.what();
+        errs.set(i, e);
       }
     }
     // Device pages: read into host buffers (as many at once as there are buffers), verified
@@ -989,37 +1183,19 @@ struct Store::Impl {
           buf[i] = b;
           reading.push_back(i);
         } catch (const Error& e) {
-          err[i] = errno_of(e);
-          what[i] = e.what();
+          errs.set(i, e);
           scratch.release(b);
         }
       }
     };
     start_reads();
-    for (auto& [fut, members] : hdr_ops) {
-      std::string w;
-      const int e = settle(fut, &w);
-      if (e != 0) {
-        for (std::size_t i : *members) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-    }
+    hdr.finish(errs);
     while (!reading.empty()) {
       const std::size_t i = reading.front();
       reading.pop_front();
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
-      data[i].clear();
+      errs.settle_all(i, data[i]);
       if (err[i] == 0) {
-        auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
+        auto d = decode_header(hdr.at(i), opt.page_bytes);
         verified[i] = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len &&
                               crc32c(scratch.data(buf[i]), pins[i].len) == d->crc
                           ? 1
@@ -1041,14 +1217,7 @@ struct Store::Impl {
     for (std::size_t i : dev_pending) copy_failed[i] = 1;  // no buffer at all (see do_put)
     std::uint64_t corrupt = 0, bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      for (Future& f : data[i]) {
-        std::string w;
-        const int e = settle(f, &w);
-        if (e != 0 && err[i] == 0) {
-          err[i] = e;
-          what[i] = w;
-        }
-      }
+      errs.settle_all(i, data[i]);
       if (!pins[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
       if (on_dev[i] != 0) {
         if (verified[i] != 0) {
@@ -1059,7 +1228,7 @@ struct Store::Impl {
         }
         continue;
       }
-      auto d = decode_header(hdr.get() + i * kHeaderBytes, opt.page_bytes);
+      auto d = decode_header(hdr.at(i), opt.page_bytes);
       bool good = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len;
       if (good) {
         std::uint32_t c = 0;
@@ -1103,6 +1272,35 @@ struct Store::Impl {
   }
 
   // -- checkpoint --
+  /// The generation bound of a checkpoint taken now: below every put in flight (mu held).
+  std::uint64_t checkpoint_bound() const { return inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1; }
+
+  /// Folder fi's checkpoint file: `bound` and its live (slot, generation, LRU tick), least
+  /// recently used first (mu held).
+  std::vector<unsigned char> checkpoint_bytes(std::uint32_t fi, std::uint64_t bound) const {
+    const Folder& f = folders[fi];
+    std::vector<unsigned char> b(24);
+    put_le<std::uint32_t>(b.data(), kCkptMagic);
+    put_le<std::uint32_t>(b.data() + 4, kVersion);
+    put_le<std::uint64_t>(b.data() + 8, bound);
+    std::uint64_t count = 0;
+    for (const std::string* k : f.lru) {
+      const Entry& e = index.at(*k);
+      unsigned char rec[24];
+      put_le<std::uint64_t>(rec, e.slot);
+      put_le<std::uint64_t>(rec + 8, e.gen);
+      auto t = f.tick.find(e.slot);
+      put_le<std::uint64_t>(rec + 16, t == f.tick.end() ? 0 : t->second);
+      b.insert(b.end(), rec, rec + 24);
+      ++count;
+    }
+    put_le<std::uint64_t>(b.data() + 16, count);
+    const std::uint32_t c = crc32c(b.data(), b.size());
+    b.resize(b.size() + 4);
+    put_le<std::uint32_t>(b.data() + b.size() - 4, c);
+    return b;
+  }
+
   void write_checkpoint() {
     struct Snap {
       std::vector<unsigned char> bytes;
@@ -1111,30 +1309,9 @@ struct Store::Impl {
     std::vector<Snap> snaps;
     {
       std::lock_guard lk(mu);
-      const std::uint64_t bound = inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1;
+      const std::uint64_t bound = checkpoint_bound();
       for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
-        const Folder& f = folders[fi];
-        if (f.failed) continue;
-        std::vector<unsigned char> b(24);
-        put_le<std::uint32_t>(b.data(), kCkptMagic);
-        put_le<std::uint32_t>(b.data() + 4, kVersion);
-        put_le<std::uint64_t>(b.data() + 8, bound);
-        std::uint64_t count = 0;
-        for (const std::string* k : f.lru) {
-          const Entry& e = index.at(*k);
-          unsigned char rec[24];
-          put_le<std::uint64_t>(rec, e.slot);
-          put_le<std::uint64_t>(rec + 8, e.gen);
-          auto t = f.tick.find(e.slot);
-          put_le<std::uint64_t>(rec + 16, t == f.tick.end() ? 0 : t->second);
-          b.insert(b.end(), rec, rec + 24);
-          ++count;
-        }
-        put_le<std::uint64_t>(b.data() + 16, count);
-        const std::uint32_t c = crc32c(b.data(), b.size());
-        b.resize(b.size() + 4);
-        put_le<std::uint32_t>(b.data() + b.size() - 4, c);
-        snaps.push_back(Snap{std::move(b), fi});
+        if (!folders[fi].failed) snaps.push_back(Snap{checkpoint_bytes(fi, bound), fi});
       }
       dirty = false;
       last_ckpt = std::chrono::steady_clock::now();
@@ -1316,6 +1493,7 @@ struct Store::Impl {
       try {
         open_folder(fi, share);
         scan_folder(fi, &found);
+        folders[fi].opened = true;
         ++usable;
       } catch (const InvalidArgument&) {
         throw;
@@ -1539,6 +1717,12 @@ std::size_t Store::clear() {
   return n;
 }
 
+std::size_t Store::retry_failed() {
+  impl_->check_usable();
+  std::lock_guard pl(impl_->probe_mu);
+  return impl_->retry_failed(true);
+}
+
 void Store::checkpoint() {
   impl_->check_usable();
   impl_->durable_checkpoint();
@@ -1557,6 +1741,7 @@ StoreStats Store::stats() const {
     fs.used = f.slots - std::min<std::uint64_t>(f.slots, f.free.size());
     if (f.failed) fs.used = 0;
     fs.errors = f.errors;
+    fs.recoveries = f.recoveries;
     fs.last_errno = f.last_errno;
     fs.last_error = f.last_error;
     s.capacity_bytes += f.slots * impl_->opt.page_bytes;

@@ -2,17 +2,20 @@
 
 Round trips (hypothesis), zero-copy segments, a flipped byte on disk, a SIGKILLed writer, puts
 of 3 x capacity, two threads on one key, every bad argument, EIO on one folder, done
-callbacks, fork, reopen speed. Small pages keep it fast; the long cases are marked slow.
+callbacks, fork, reopen speed, a failed folder probed back (by hand, by itself, never with 0)
+and what a crash after its recovery finds. Small pages keep it fast; the long cases are marked slow.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -334,6 +337,143 @@ def test_write_failure_on_one_folder(tmp_dir, fault):
         assert s["folders"][1]["used"] == 16 and s["puts"] == 16 and s["puts_failed"] == 0
         assert store.put(keys, range(16)).result() == [True] * 16
         assert store.get(keys, range(16)).result() == [True] * 16
+
+
+BAD = f"{os.sep}bad{os.sep}"
+
+
+def fail_bad_folder(store, fault, n=16):
+    """Puts n pages over ("bad", "good"), then fails "bad" by a get under EIO on its reads (the
+    fault stays on); returns the keys."""
+    pool = np.zeros((max(n, 32), PAGE), np.uint8)
+    store.register(pool)
+    keys = [f"e{i}" for i in range(n)]
+    for i, k in enumerate(keys):
+        pool[i] = page(k)
+    assert store.put(keys, range(n)).result() == [True] * n
+    fault("read", errno=5, count=1 << 30, path_contains=BAD)
+    assert 0 < sum(store.get(keys, range(n)).result()) < n
+    with pytest.warns(deepio.kv.FolderFailedWarning, match="bad"):
+        assert store.stats()["folders"][0]["state"] == "failed"
+    return keys
+
+
+@needs_numpy
+def test_a_failed_folder_comes_back_once_it_works(tmp_dir, fault):
+    """retry_failed() fails while the fault lasts (still failed, one more error each time), then
+    brings the folder back: a FolderRecoveredWarning (not a FolderFailedWarning), recoveries
+    counted, errors kept; its old pages stay dropped; it takes new pages and serves them."""
+    with make_store(tmp_dir, folders=("bad", "good")) as store:
+        old = fail_bad_folder(store, fault)
+        errors = store.stats()["folders"][0]["errors"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a failed probe of a failed folder warns no more
+            assert store.retry_failed() == 0
+            assert store.retry_failed() == 0
+        bad = store.stats()["folders"][0]
+        assert bad["state"] == "failed" and bad["errors"] == errors + 2 and bad["recoveries"] == 0
+        deepio._deepio._clear_fault()
+        with pytest.warns(deepio.kv.FolderRecoveredWarning, match=r"folder .*bad recovered") as rec:
+            assert store.retry_failed() == 1
+        assert not any(issubclass(w.category, deepio.kv.FolderFailedWarning) for w in rec)
+        assert not issubclass(deepio.kv.FolderRecoveredWarning, deepio.kv.FolderFailedWarning)
+        bad = store.stats()["folders"][0]
+        assert bad["state"] == "ok" and bad["recoveries"] == 1
+        assert bad["errors"] == errors + 2 and bad["last_errno"] == 5 and bad["used"] == 0
+        assert store.retry_failed() == 0
+        present = store.contains(old)
+        assert 0 < sum(present) < len(old)  # those on "bad" stay dropped
+        pool = np.zeros((32, PAGE), np.uint8)
+        store.register(pool)
+        keys = [f"n{i}" for i in range(32)]
+        for i, k in enumerate(keys):
+            pool[i] = page(k)
+        want = pool.copy()
+        assert store.put(keys, range(32)).result() == [True] * 32
+        assert store.stats()["folders"][0]["used"] > 0
+        pool[:] = 0
+        assert store.get(keys, range(32)).result() == [True] * 32
+        assert (pool == want).all()
+
+
+def _until(cond, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@needs_numpy
+def test_a_failed_folder_is_probed_after_retry_failed_after(tmp_dir, fault):
+    """retry_failed_after=0.05: a batch that finds the folder failed that long ago probes it;
+    while the fault lasts the probes fail, then one brings it back."""
+    with make_store(tmp_dir, folders=("bad", "good"), retry_failed_after=0.05) as store:
+        fail_bad_folder(store, fault)
+        errors = store.stats()["folders"][0]["errors"]
+
+        def batch_then(cond):
+            assert store.put(["tick"], [0]).result() == [True]
+            return cond(store.stats()["folders"][0])
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert _until(lambda: batch_then(lambda f: f["errors"] >= errors + 2))
+            assert store.stats()["folders"][0]["state"] == "failed"
+            assert not seen  # failed probes of a failed folder warn no more
+            deepio._deepio._clear_fault()
+            assert _until(lambda: batch_then(lambda f: f["state"] == "ok"))
+        assert [w.category for w in seen] == [deepio.kv.FolderRecoveredWarning]
+        assert "bad recovered" in str(seen[0].message)
+        assert store.stats()["folders"][0]["recoveries"] == 1
+
+
+@needs_numpy
+def test_retry_failed_after_zero_never_probes_by_itself(tmp_dir, fault):
+    with make_store(tmp_dir, folders=("bad", "good"), retry_failed_after=0) as store:
+        fail_bad_folder(store, fault)
+        deepio._deepio._clear_fault()
+        errors = store.stats()["folders"][0]["errors"]
+        for _ in range(20):
+            assert store.put(["tick"], [0]).result() == [True]
+            time.sleep(0.005)
+        bad = store.stats()["folders"][0]
+        assert bad["state"] == "failed" and bad["errors"] == errors
+        with pytest.warns(deepio.kv.FolderRecoveredWarning):
+            assert store.retry_failed() == 1
+    with pytest.raises(ValueError, match="retry_failed_after"):
+        make_store(tmp_dir, folders=("c",), retry_failed_after=-1)
+
+
+@needs_numpy
+def test_a_recovered_folder_does_not_bring_back_dropped_pages_after_a_crash(tmp_dir, fault):
+    """The folder's checkpoint on disk lists the pages its failure dropped: a crash after the
+    recovery must not bring them back. The crash is a copy of its files taken while open."""
+    with make_store(tmp_dir, pages=32, folders=("bad",)) as store:
+        pool = np.zeros((9, PAGE), np.uint8)
+        store.register(pool)
+        keys = [f"d{i}" for i in range(8)]
+        for i, k in enumerate(keys):
+            pool[i] = page(k)
+        assert store.put(keys, range(8)).result() == [True] * 8
+        store.checkpoint()
+        fault("read", errno=5, count=1 << 30, path_contains=BAD)
+        assert store.get(keys, range(8)).result() == [False] * 8
+        deepio._deepio._clear_fault()
+        with pytest.warns(deepio.kv.FolderFailedWarning):
+            assert store.stats()["folders"][0]["state"] == "failed"
+        with pytest.warns(deepio.kv.FolderRecoveredWarning):
+            assert store.retry_failed() == 1
+        pool[8] = page("after")
+        assert store.put(["after"], [8]).result() == [True]
+        shutil.copytree(tmp_dir / "bad", tmp_dir / "crashed")
+    with make_store(tmp_dir, pages=32, folders=("crashed",)) as again:
+        assert again.contains(keys) == [False] * 8
+        pool = np.zeros((1, PAGE), np.uint8)
+        again.register(pool)
+        assert again.get(["after"], [0]).result() == [True]
+        assert (pool[0] == page("after")).all()
 
 
 @needs_numpy

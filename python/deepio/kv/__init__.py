@@ -10,7 +10,7 @@ A thin face over the C++ store (``deepio::kv::Store``, include/deepio/kv.hpp)::
     store.contains(keys)                  # list[bool]
 
 The engine's guarantees (durability, atomic replace, crash recovery, eviction, failed
-folders) are the C++ store's; this module adds argument handling, warnings and the context
+folders and their recovery) are the C++ store's; this module adds argument handling, warnings and the context
 manager.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Union
 
 from deepio import _deepio
 
-__all__ = ["Store", "Future", "FolderFailedWarning", "MAX_KEY_BYTES", "crc32c"]
+__all__ = ["Store", "Future", "FolderFailedWarning", "FolderRecoveredWarning", "MAX_KEY_BYTES", "crc32c"]
 
 #: The longest key, in bytes (utf-8 for str).
 MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
@@ -42,7 +42,23 @@ def crc32c(buffer: Any, crc: int = 0) -> int:
 
 
 class FolderFailedWarning(RuntimeWarning):
-    """A store folder's I/O failed: its pages are misses until the store is reopened."""
+    """A store folder's I/O failed: its pages are dropped (misses from then on) and new pages
+    go to the other folders until a probe finds it working again (``retry_failed_after``,
+    ``Store.retry_failed()``)."""
+
+
+class FolderRecoveredWarning(RuntimeWarning):
+    """A failed store folder passed a probe and takes new pages again (its dropped pages stay
+    dropped). Not a FolderFailedWarning: a filter that turns failures into errors leaves it be."""
+
+
+# The C++ store's recovery message is "deepio.kv: folder PATH recovered"; a failure's ends
+# otherwise ("... until a probe finds it working again").
+_RECOVERED_SUFFIX = " recovered"
+
+
+def _warning_category(message: str) -> type[RuntimeWarning]:
+    return FolderRecoveredWarning if message.endswith(_RECOVERED_SUFFIX) else FolderFailedWarning
 
 
 class Store:
@@ -51,9 +67,11 @@ class Store:
     ``capacity_bytes`` is the total over all folders (0: half of each folder's free space at
     first open); the layout is fixed at first open. ``page_bytes`` is the largest page.
     Keyword options: watermarks of the LRU eviction, slab file size, checkpoint interval in
-    seconds (0: only at close), batch threads, the engine's queue depth and workers, and
+    seconds (0: only at close), batch threads, the engine's queue depth and workers,
     ``device_pages_in_flight``: the page-locked host buffers each batch thread moves CUDA pages
-    through (made on its first CUDA page; host memory never uses them).
+    through (made on its first CUDA page; host memory never uses them), and
+    ``retry_failed_after``: seconds after its last error before a batch probes a failed folder
+    again (0: only ``retry_failed()``; see ``retry_failed``).
     Thread-safe; a Store used in a forked child raises deepio.ForkedHandleError.
     """
 
@@ -71,6 +89,7 @@ class Store:
         queue_depth: int = 128,
         workers: int = 2,
         device_pages_in_flight: int = 4,
+        retry_failed_after: float = 30.0,
     ) -> None:
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
@@ -90,6 +109,7 @@ class Store:
             queue_depth,
             workers,
             device_pages_in_flight,
+            retry_failed_after,
         )
         self.folders = paths
 
@@ -165,9 +185,24 @@ class Store:
         """Writes the index checkpoint now."""
         self._s.checkpoint()
 
+    def retry_failed(self) -> int:
+        """Probes every failed folder now, however recently it failed, and returns how many
+        came back. A probe writes a zeroed 4 KiB block with fsync over a free slot's header in
+        each slab file and reads it back, then rewrites the folder's checkpoint (listing none
+        of the pages its failure dropped, so that a crash cannot bring them back). A folder that
+        passes takes new pages again (a FolderRecoveredWarning; ``stats()`` counts it in
+        ``recoveries``); one that fails stays failed, its error counted. A folder that could not
+        be opened at all is not probed (reopen the store). The same probe runs by itself after
+        a batch once a folder's last error is ``retry_failed_after`` seconds old."""
+        try:
+            return self._s.retry_failed()
+        finally:
+            self._warn()
+
     def stats(self) -> dict[str, Any]:
         """Counters and per-folder state (path, state "ok"/"failed", slots, used, errors,
-        last_errno, last_error)."""
+        recoveries, last_errno, last_error; errors and the last error are kept after a
+        recovery)."""
         try:
             return self._s.stats()
         finally:
@@ -188,7 +223,7 @@ class Store:
             self._s.close()
         finally:
             for w in self._s.take_warnings():
-                warnings.warn(w, FolderFailedWarning, stacklevel=2)
+                warnings.warn(w, _warning_category(w), stacklevel=2)
 
     def __enter__(self) -> Store:
         return self
@@ -198,7 +233,7 @@ class Store:
 
     def _warn(self) -> None:
         for w in self._s.take_warnings():
-            warnings.warn(w, FolderFailedWarning, stacklevel=3)
+            warnings.warn(w, _warning_category(w), stacklevel=3)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
