@@ -179,6 +179,13 @@ def test_sglang_zero_copy_round_trip(engines, tmp_dir, layout):
         dst2 = pool.alloc(len(mixed) * PAGE_TOKENS)
         assert backend.batch_get_v1(mixed, dst2) == [True, True, True, False, True, True]
         assert HiCacheController._page_get_zero_copy(ctl, op, mixed, dst2) == 3
+
+        # Host indices that are not whole pages: per-key False (logged), no exception into
+        # the controller, and nothing stored.
+        short = ["short-0", "short-1"]
+        assert backend.batch_set_v1(short, src[: 2 * PAGE_TOKENS - 1]) == [False, False]
+        assert backend.batch_get_v1(keys[:2], dst[: 2 * PAGE_TOKENS - 1]) == [False, False]
+        assert backend.batch_exists(short) == 0
     finally:
         backend.close()
 
@@ -259,6 +266,14 @@ def test_sglang_v2_pools_hit_policies_like_hicache_file(engines, tmp_dir):
             got = backend.batch_get_v2([PoolTransfer(name=PoolName.SWA, host_indices=dst, keys=keys[-2:])])
             assert got == {PoolName.SWA: [True, True]}
             assert all(torch.equal(a, b) for a, b in zip(expected_side, _pages(side, dst), strict=True))
+        # A pool never registered: per-key False for it, the other pools' transfers unharmed.
+        got = deepio_backend.batch_get_v2(
+            [
+                PoolTransfer(name=PoolName.MAMBA, host_indices=dst, keys=keys[-2:]),
+                PoolTransfer(name=PoolName.SWA, host_indices=dst, keys=keys[-2:]),
+            ]
+        )
+        assert got == {PoolName.MAMBA: [False, False], PoolName.SWA: [True, True]}
         (f_trailing, f_every), (d_trailing, d_every) = answers
         assert f_trailing.kv_hit_pages == d_trailing.kv_hit_pages == n
         assert f_trailing.restorable_prefix_pages == d_trailing.restorable_prefix_pages

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -59,6 +59,7 @@ from deepio.kv import Store
 logger = logging.getLogger(__name__)
 
 Segments = list[tuple[int, int]]
+Op = Literal["put", "get"]
 
 
 def _rank_folder(config: HiCacheStorageConfig) -> str:
@@ -125,7 +126,7 @@ class DeepioHiCacheStorage(HiCacheStorage):
 
     def _open(self, name: str, pool: Any) -> Store:
         one_page = torch.arange(_page_size(pool), dtype=torch.int64)
-        page_bytes = sum(nbytes for _, nbytes in _page_segments(pool, one_page, 1)[0][0])
+        page_bytes = sum(nbytes for _, nbytes in _page_segments(pool, one_page, 1)[0])
         with self._lock:
             store = self._stores.get(name)
             if store is not None and self._pools.get(name) is pool:
@@ -159,7 +160,7 @@ class DeepioHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        return self._set(str(PoolName.KV), self.mem_pool_host, keys, host_indices)
+        return self._move("put", str(PoolName.KV), self.mem_pool_host, keys, host_indices)
 
     def batch_get_v1(
         self,
@@ -167,43 +168,26 @@ class DeepioHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        return self._get(str(PoolName.KV), self.mem_pool_host, keys, host_indices)
+        return self._move("get", str(PoolName.KV), self.mem_pool_host, keys, host_indices)
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         if not keys:
             return 0
         return int(self._store(str(PoolName.KV)).exists(list(keys)))
 
-    def _set(self, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+    def _move(self, op: Op, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        """The one body of the zero-copy calls, v1 and v2: ``op`` ("put" or "get") of the pages
+        at ``host_indices`` of ``pool`` under ``keys``, in the store of pool ``name``."""
         if not keys:
             return []
         try:
             store = self._store(name)
-            segments, ok = _page_segments(pool, host_indices, len(keys))
-            if not ok:
-                return [False] * len(keys)
-            present = store.contains(list(keys))
-            todo = [i for i, p in enumerate(present) if not p]
-            results = [True] * len(keys)
-            if todo:
-                done = store.put_segments([keys[i] for i in todo], [segments[i] for i in todo]).result()
-                for i, r in zip(todo, done, strict=True):
-                    results[i] = bool(r)
-            return results
+            segments = _page_segments(pool, host_indices, len(keys))
+            if op == "put":
+                return _put_absent(store, keys, segments)
+            return [bool(r) for r in store.get_segments(list(keys), segments).result()]
         except Exception as e:  # the controller expects per-key results, not exceptions
-            logger.error("deepio HiCache backend: put of %d pages of pool %s failed: %s", len(keys), name, e)
-            return [False] * len(keys)
-
-    def _get(self, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        if not keys:
-            return []
-        try:
-            segments, ok = _page_segments(pool, host_indices, len(keys))
-            if not ok:
-                return [False] * len(keys)
-            return [bool(r) for r in self._store(name).get_segments(list(keys), segments).result()]
-        except Exception as e:
-            logger.error("deepio HiCache backend: get of %d pages of pool %s failed: %s", len(keys), name, e)
+            logger.error("deepio HiCache backend: %s of %d pages of pool %s failed: %s", op, len(keys), name, e)
             return [False] * len(keys)
 
     # ---- multi-pool interface (v2) -------------------------------------------------------
@@ -220,18 +204,18 @@ class DeepioHiCacheStorage(HiCacheStorage):
         transfers: list[PoolTransfer],
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> dict[str, list[bool]]:
-        return {
-            t.name: self._set(str(t.name), self._transfer_pool(t), list(t.keys or []), t.host_indices)
-            for t in transfers
-        }
+        return self._move_v2("put", transfers)
 
     def batch_get_v2(
         self,
         transfers: list[PoolTransfer],
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> dict[str, list[bool]]:
+        return self._move_v2("get", transfers)
+
+    def _move_v2(self, op: Op, transfers: list[PoolTransfer]) -> dict[str, list[bool]]:
         return {
-            t.name: self._get(str(t.name), self._transfer_pool(t), list(t.keys or []), t.host_indices)
+            t.name: self._move(op, str(t.name), self._transfer_pool(t), list(t.keys or []), t.host_indices)
             for t in transfers
         }
 
@@ -291,14 +275,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
     ) -> bool:
         if not keys:
             return True
-        store = self._store(str(PoolName.KV))
         pages = [v.contiguous() for v in values]  # kept alive until the put is done
-        present = store.contains(list(keys))
-        todo = [i for i, p in enumerate(present) if not p]
-        if not todo:
-            return True
-        results = store.put_segments([keys[i] for i in todo], [_tensor_segments(pages[i]) for i in todo]).result()
-        return all(results)
+        return all(_put_absent(self._store(str(PoolName.KV)), keys, [_tensor_segments(p) for p in pages]))
 
     def exists(self, key: str) -> bool:
         return bool(self._store(str(PoolName.KV)).contains([key])[0])
@@ -332,22 +310,31 @@ def _page_size(pool: Any) -> int:
     return int(getattr(pool, "page_size", 1) or 1)
 
 
-def _page_segments(pool: Any, host_indices: torch.Tensor, pages: int) -> tuple[list[Segments], bool]:
+def _page_segments(pool: Any, host_indices: torch.Tensor, pages: int) -> list[Segments]:
     """Per page, the (address, nbytes) pieces of the host pool that hold it, in the order of
-    ``get_page_buffer_meta`` (which defines the page's byte layout on the drive)."""
-    if host_indices is None or host_indices.numel() != pages * _page_size(pool):
-        logger.error(
-            "deepio HiCache backend: %d pages need %d host indices, got %s",
-            pages,
-            pages * _page_size(pool),
-            None if host_indices is None else host_indices.numel(),
-        )
-        return [], False
+    ``get_page_buffer_meta`` (which defines the page's byte layout on the drive). Raises
+    ValueError where the indices or the pool's pieces do not make ``pages`` whole pages."""
+    want = pages * _page_size(pool)
+    if host_indices is None or host_indices.numel() != want:
+        got = None if host_indices is None else host_indices.numel()
+        raise ValueError(f"{pages} pages need {want} host indices, got {got}")
     ptrs, sizes = pool.get_page_buffer_meta(host_indices.cpu())
     if pages == 0 or len(ptrs) % pages or len(ptrs) != len(sizes):
         raise ValueError(f"host pool gave {len(ptrs)} pieces for {pages} pages")
     per = len(ptrs) // pages
-    return [[(int(ptrs[j]), int(sizes[j])) for j in range(i * per, (i + 1) * per)] for i in range(pages)], True
+    return [[(int(ptrs[j]), int(sizes[j])) for j in range(i * per, (i + 1) * per)] for i in range(pages)]
+
+
+def _put_absent(store: Store, keys: list[str], segments: list[Segments]) -> list[bool]:
+    """Puts the pages whose keys the store lacks (a HiCache key names the page's content: a key
+    present is that page already). Per key: True where the page is in the store now."""
+    results = [True] * len(keys)
+    todo = [i for i, present in enumerate(store.contains(list(keys))) if not present]
+    if todo:
+        done = store.put_segments([keys[i] for i in todo], [segments[i] for i in todo]).result()
+        for i, r in zip(todo, done, strict=True):
+            results[i] = bool(r)
+    return results
 
 
 def _tensor_segments(tensor: torch.Tensor) -> Segments:
