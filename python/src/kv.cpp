@@ -338,6 +338,12 @@ class KvStore {
     s.checkpoint();
   }
 
+  std::size_t clear() {
+    kv::Store& s = store();
+    nb::gil_scoped_release release;
+    return s.clear();
+  }
+
   std::size_t retry_failed() {
     kv::Store& s = store();
     nb::gil_scoped_release release;
@@ -415,6 +421,7 @@ void init_kv(nb::module_& m) {
       .def("stats", &KvStore::stats)
       .def("take_warnings", &KvStore::take_warnings)
       .def("checkpoint", &KvStore::checkpoint)
+      .def("clear", &KvStore::clear)
       .def("retry_failed", &KvStore::retry_failed)
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)

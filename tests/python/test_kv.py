@@ -72,6 +72,26 @@ def test_round_trip_exists_contains_remove(tmp_dir):
 
 
 @needs_numpy
+def test_clear_removes_every_page_for_good(tmp_dir):
+    # The crash right after clear() is tests/cpp/test_kv.cpp's ClearIsDurableWhenItReturns.
+    with make_store(tmp_dir) as store:
+        pool = np.zeros((8, PAGE), np.uint8)
+        store.register(pool)
+        keys = [f"c{i}" for i in range(8)]
+        for i, k in enumerate(keys):
+            pool[i] = page(k)
+        assert store.put(keys, range(8)).result() == [True] * 8
+        assert store.clear() == 8
+        assert store.contains(keys) == [False] * 8
+        assert store.get(keys, range(8)).result() == [False] * 8
+        assert store.stats()["removes"] == 8
+        assert store.put(["after"], [0]).result() == [True]
+    with make_store(tmp_dir) as store:
+        assert store.stats()["recovered_pages"] == 1
+        assert store.contains(keys + ["after"]) == [False] * 8 + [True]
+
+
+@needs_numpy
 def test_replace_and_reopen(tmp_dir):
     pool = np.zeros((4, PAGE), np.uint8)
     with make_store(tmp_dir) as store:

@@ -186,6 +186,15 @@ def test_sglang_zero_copy_round_trip(engines, tmp_dir, layout):
         assert backend.batch_set_v1(short, src[: 2 * PAGE_TOKENS - 1]) == [False, False]
         assert backend.batch_get_v1(keys[:2], dst[: 2 * PAGE_TOKENS - 1]) == [False, False]
         assert backend.batch_exists(short) == 0
+
+        # SGLang's /clear_hicache_storage_backend: every page gone, and still gone after a
+        # reopen (Store.clear is durable when it returns).
+        assert backend.clear() is True
+        assert backend.batch_exists(keys) == 0
+        backend.close()
+        backend = _deepio_backend([tmp_dir / "a", tmp_dir / "b"], pool)
+        assert backend.batch_exists(keys) == 0
+        assert backend.store_stats()["kv"]["recovered_pages"] == 0
     finally:
         backend.close()
 

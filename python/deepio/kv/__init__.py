@@ -181,8 +181,17 @@ class Store:
         the next checkpoint (after a crash before it a removed page may come back, whole)."""
         return self._s.remove(keys)
 
+    def clear(self) -> int:
+        """Removes every page; returns how many there were. Durable when it returns (it ends
+        with a checkpoint): after a crash none of them comes back. For pages that must not be
+        served again, e.g. after the model's weights changed. A put in flight at the call may
+        commit after it and stay. A folder failed at the time keeps its pages on its drive;
+        they come back only if a later open finds that folder readable again."""
+        return self._s.clear()
+
     def checkpoint(self) -> None:
-        """Writes the index checkpoint now."""
+        """Writes the index checkpoint now, after waiting for the puts in flight that began
+        before the call: every page put and every removal made before it is then durable."""
         self._s.checkpoint()
 
     def retry_failed(self) -> int:

@@ -283,10 +283,15 @@ class DeepioHiCacheStorage(HiCacheStorage):
 
     # ---- the rest ------------------------------------------------------------------------
 
-    def clear(self) -> None:
-        """Not supported: the store has no "remove everything" and keeps no key list in
-        Python. SGLang calls this only to flush the L3 tier by hand; it says so in its log."""
-        logger.warning("deepio HiCache backend: clear() is not supported; pages stay on the drives")
+    def clear(self) -> bool:
+        """Removes every page of this process's stores (``Store.clear``, durable when it
+        returns). SGLang calls it for its ``/clear_hicache_storage_backend`` endpoint, e.g.
+        after new weights, when the stored pages must not be served again."""
+        with self._lock:
+            stores = list(self._stores.values())
+        removed = sum(store.clear() for store in stores)
+        logger.info("deepio HiCache backend: cleared %d pages", removed)
+        return True
 
     def get_stats(self) -> None:
         """None: SGLang's metrics collector expects its own StorageMetrics (page counts and
