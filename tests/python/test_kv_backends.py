@@ -22,7 +22,9 @@ Each engine is skipped, with the reason, where it is not installed; DEEPIO_REQUI
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import gc
 import json
 import mmap
 import select
@@ -45,14 +47,33 @@ PAGE_TOKENS = 16  # SGLang pages of 16 tokens: 2 x 4 layers x 16 x 2 heads x 64 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[None]:
-    """The engines' folder on sys.path for this file's tests only (kv_engines.py)."""
+    """The engines' folder on sys.path for this file's tests only (kv_engines.py).
+
+    The engines' imports (SGLang's host pool pulls in transformers, torch._inductor and vLLM)
+    leave about 5,500 modules and millions of long-lived objects. Automatic collection is off
+    while this file runs: each full collection during those imports walks them all (2 s of
+    the file's 10 here). They stay loaded in this pytest worker after the file (modules do not
+    unload), so at the end they are collected once and frozen (gc.freeze): the later files of
+    the worker then collect, gc.collect() included, over their own objects, not the engines'
+    (test_nothing_lost.py's three gc.collect() calls took 2.1 s after this file unfrozen, 0.4
+    s alone). They are unfrozen at exit, for the interpreter's last collection (which also
+    lets the extension modules' leak checks, triton's nanobind one, see them freed)."""
     import kv_engines
 
     added = str(kv_engines.folder()) not in sys.path
     kv_engines.activate()
-    yield
-    if added and str(kv_engines.folder()) in sys.path:
-        sys.path.remove(str(kv_engines.folder()))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if added and str(kv_engines.folder()) in sys.path:
+            sys.path.remove(str(kv_engines.folder()))
+        gc.collect()
+        gc.freeze()
+        atexit.register(gc.unfreeze)
 
 
 def _wait_readable(fd: int, timeout: float = 10.0) -> None:
