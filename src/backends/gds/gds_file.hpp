@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "backends/gds/gds_route.hpp"
+#include "platform/process.hpp"
 
 namespace deepio::detail::gpu {
 
@@ -37,9 +38,9 @@ inline std::string hex(std::uintptr_t v) {
 class GdsRegistration final {
  public:
   GdsRegistration(std::shared_ptr<GdsRoute> route, int ordinal, int fd)
-      : route_(std::move(route)), ordinal_(ordinal), fd_(fd), pid_(::getpid()) {}
+      : route_(std::move(route)), ordinal_(ordinal), fd_(fd) {}
   ~GdsRegistration() {
-    if (::getpid() != pid_) {
+    if (!stamp_.here()) {
       // A forked child's copy: cuFile and CUDA are the parent's; leaked, as GdsHandle does.
       (void)new std::shared_ptr<GdsRoute>(std::move(route_));
       return;
@@ -56,9 +57,9 @@ class GdsRegistration final {
 
  private:
   std::shared_ptr<GdsRoute> route_;
-  int ordinal_;  // the device whose context was current at registration
-  int fd_;       // the registered descriptor (outlives this object)
-  pid_t pid_;    // the process that registered it
+  int ordinal_;         // the device whose context was current at registration
+  int fd_;              // the registered descriptor (outlives this object)
+  ProcessStamp stamp_;  // the process that registered it
 };
 
 // One operation's binding: the file's registration (null or without a handle when staged)
