@@ -206,7 +206,7 @@ def test_device_submissions_run_on_the_callers_thread():
     and hands back its result or its exception; once that thread stops serving, a hand-over
     is refused instead of waiting forever."""
     from deepio.dcp._reader import _OnCaller
-    from deepio.dcp._writer import _side_by_side
+    from deepio.dcp._common import side_by_side
 
     caller = _OnCaller()
     seen: list[int] = []
@@ -226,7 +226,7 @@ def test_device_submissions_run_on_the_callers_thread():
         finally:
             caller.ended()
 
-    _side_by_side([functools.partial(caller.serve, 2), work, work], "test-dcp")
+    side_by_side([functools.partial(caller.serve, 2), work, work], "test-dcp")
     assert seen == [threading.get_ident()] * 6 and len(raised) == 2
     assert caller.run(threading.get_ident) == threading.get_ident()  # on the caller: at once
     late: list[BaseException] = []

@@ -53,8 +53,8 @@ from ..safetensors._load import read_header
 from ..safetensors._save import save_file, write_in_place
 from ..safetensors._tensors import torch_dtype
 from . import _record
+from ._common import item_nbytes, overlapping_order
 from ._reader import FileSystemReader
-from ._writer import _nbytes, _overlapping_order
 
 try:
     from torch.distributed.checkpoint import _hf_utils
@@ -194,8 +194,8 @@ class HuggingFaceStorageWriter(_TorchHFWriter):
 
     def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
         """Writes one data file of ``items`` as torch's writer would, through the engine."""
-        if _overlapping_order(self):
-            items = sorted(items, key=_nbytes)  # stable, as torch's loader's sort
+        if overlapping_order(self):
+            items = sorted(items, key=item_nbytes)  # stable, as torch's loader's sort
         tensors: dict[str, torch.Tensor] = {}
         offsets: dict[str, Any] = {}
         results = []
