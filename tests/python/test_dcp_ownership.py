@@ -205,8 +205,8 @@ def test_device_submissions_run_on_the_callers_thread():
     which runs it there (so its ordering event is recorded on that thread's current stream)
     and hands back its result or its exception; once that thread stops serving, a hand-over
     is refused instead of waiting forever."""
-    from deepio.dcp._reader import _OnCaller
     from deepio.dcp._common import side_by_side
+    from deepio.dcp._reader import _OnCaller
 
     caller = _OnCaller()
     seen: list[int] = []
