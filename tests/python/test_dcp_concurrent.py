@@ -260,3 +260,41 @@ def test_each_rank_removes_its_own_files(tmp_dir, mode):
     assert _data_files(*folders) == named
     assert all(_data_files(f) for f in folders[1:])  # each rank's folder holds its files
     assert not [n for n in os.listdir(main) if n.endswith(".lock")], os.listdir(main)
+
+
+@pytest.mark.parametrize("where", ["same-thread", "other-thread"])
+def test_a_save_that_failed_before_finish_does_not_hold_the_path(tmp_dir, where):
+    """A save that fails between the coordinator's prepare_global_plan and its write_data
+    (here the planner's finish_plan: the writer is never told) leaves no lock behind once
+    torch's save has returned, though its writer is still referenced: the next save of the
+    path, on the same thread or another, goes through and the checkpoint is the new one."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class Failing(DefaultSavePlanner):
+        def finish_plan(self, central_plan: Any) -> Any:
+            raise RuntimeError("the planner fails after the global plan")
+
+    main, extra = tmp_dir / "ck", [tmp_dir / "x1"]
+    dcp.save(_state(0.0), storage_writer=_writer(main, extra))
+    kept = _writer(main, extra)
+    with pytest.raises(CheckpointException):
+        dcp.save(_state(1.0), storage_writer=kept, planner=Failing())
+    assert kept._save_lock is not None  # never given back by the writer: its save is just over
+    if where == "same-thread":
+        dcp.save(_state(2.0), storage_writer=_writer(main, extra))
+    else:
+        errors: list[BaseException] = []
+
+        def save() -> None:
+            try:
+                dcp.save(_state(2.0), storage_writer=_writer(main, extra))
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=save)
+        t.start()
+        t.join(120)
+        assert not t.is_alive() and not errors, errors
+    assert _loads_as(main, 0.0, 2.0) == 2.0
+    assert not (main / ".deepio-save.lock").exists()
+    del kept
