@@ -298,3 +298,23 @@ def test_a_save_that_failed_before_finish_does_not_hold_the_path(tmp_dir, where)
     assert _loads_as(main, 0.0, 2.0) == 2.0
     assert not (main / ".deepio-save.lock").exists()
     del kept
+
+
+def test_a_file_system_without_flock_saves_with_a_warning(tmp_dir, monkeypatch):
+    """Where flock fails with ENOLCK (NFS mounted with nolock), the save goes on, with a
+    RuntimeWarning naming the lock file; the checkpoint loads and no lock file is left."""
+    import errno
+    import fcntl
+
+    from deepio.dcp import _savelock
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(_savelock.fcntl, "flock", no_flock)
+    main = tmp_dir / "ck"
+    with pytest.warns(RuntimeWarning, match=r"cannot lock .*\.deepio-save\.lock"):
+        dcp.save(_state(1.0), storage_writer=_writer(main, []))
+    monkeypatch.setattr(_savelock.fcntl, "flock", fcntl.flock)
+    assert _loads_as(main, 1.0) == 1.0
+    assert not (main / ".deepio-save.lock").exists()

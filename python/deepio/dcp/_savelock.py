@@ -8,7 +8,9 @@ collectives each rank is a save of its own (it writes its own ``__{rank}.metadat
 the plans out (so before any rank writes a file), and gives it back at the end of ``finish``.
 A second save of MAIN waits for it: the threads of one process on one another (a condition
 variable), processes through an exclusive ``flock`` on the file (which reaches other hosts
-where the file system carries flock: local ones, NFS v4, Lustre mounted with ``flock``).
+where the file system carries flock: local ones, NFS v4, Lustre mounted with ``flock``; where
+it does not, ``flock`` fails with ``ENOLCK``/``EOPNOTSUPP`` and the save goes on with a
+``RuntimeWarning``, kept apart from this process's other saves only).
 Given back, the lock file is removed while still locked; a waiter that then gets the lock on
 the removed file sees its inode gone and opens the file anew. A finished checkpoint's folder
 thus holds no lock file; a killed save leaves one, unlocked, that the next save takes and
@@ -37,10 +39,12 @@ files: its own saves take the lock as any other process's do.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
 import threading
+import warnings
 import weakref
 from types import CodeType, FrameType
 from typing import Any
@@ -115,13 +119,30 @@ class _Entry:
 _paths: dict[str, _Entry] = {}
 
 
+#: flock's errors on a file system that does not carry it (NFS mounted with ``nolock``, some
+#: FUSE file systems): the save goes on, excluded from this process's other saves only, with a
+#: warning.
+_NO_FLOCK = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
 def _flock(path: str) -> int:
     """Opens (creating) and locks ``path`` exclusively, waiting for another process; returns
     the descriptor once the locked file is the one at ``path``."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                if e.errno not in _NO_FLOCK:
+                    raise
+                warnings.warn(
+                    f"deepio.dcp: cannot lock {path!r} ({os.strerror(e.errno)}): saves of this checkpoint "
+                    "from other processes are not kept apart on this file system",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return fd
             held = os.fstat(fd)
             try:
                 now = os.stat(path)

@@ -19,8 +19,8 @@ with these steps replaced:
   whole until the new ``.metadata`` replaces its own; in each extra folder, always a folder of
   the save's own (``<name of path>.<id>/``, its ``owner`` file first). Every file not at
   torch's names ends with the save's owner mark, which the reader checks. Each save has an id
-  of its own: a writer that saves again without ``reset`` draws a new one
-  (``set_up_storage_writer``), so a save never writes over the files of the checkpoint in place.
+  of its own, drawn in ``set_up_storage_writer`` (also where a writer saves again without
+  ``reset``), so a save never writes over the files of the checkpoint in place.
 - ``finish``: ``.metadata`` (torch's pickle of torch's ``Metadata``) is written last, under a
   temporary name, flushed, renamed into place and the folder flushed (``deepio._durable``,
   the same steps as ``deepio.save``); the folder is flushed before the rename too, so the
@@ -150,7 +150,6 @@ class FileSystemWriter(T.FileSystemWriter):
             )
         self._coordinator = True
         self._ranks = 0  # the ranks of the save under way (the coordinator's global plan)
-        self._spent_id = ""  # the save id of this writer's last save
         self._save_lock: _savelock.SaveLock | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,12 +182,11 @@ class FileSystemWriter(T.FileSystemWriter):
         _savelock.take_turn(self)  # one save through this writer at a time (_savelock)
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
         self._coordinator = bool(is_coordinator)
-        save_id = self.save_id
-        if save_id == self._spent_id:
-            # A writer saving again without reset(): a save id of its own, so that its files
-            # never take the names of the checkpoint in place (_owner.main_dir).
-            save_id = self.save_id = str(uuid.uuid4())
-        self._spent_id = save_id
+        # A save id of this save's own, also for a writer saving again without reset() (torch's
+        # save() resets only when given a checkpoint_id) or a copy of one pickled for each save
+        # (async_save's PROCESS checkpointer): its files never take the names of the checkpoint
+        # in place (_owner.main_dir). torch's finish records it (storage_meta()).
+        self.save_id = str(uuid.uuid4())
 
     def _deepio_path(self) -> bool:
         return not self.transforms.extensions and self.serialization_format == T.TORCH_SAVE
