@@ -137,7 +137,11 @@ class FileSystemWriter(T.FileSystemWriter):
     spread with ``path`` (``assign_folders``); ``.metadata`` stays in ``path`` and records
     where each file went, so ``deepio.dcp.FileSystemReader(path)`` finds them (see the
     module). Raises ``ValueError`` for an extra path that is ``path`` or given twice, and with
-    torch's ``_extensions`` or another ``serialization_format``."""
+    torch's ``_extensions`` or another ``serialization_format``.
+
+    Two saves of one ``path`` (threads, processes, an ``async_save`` not awaited) run one after
+    the other, the second waiting for the first's lock (``_savelock``); so do two saves through
+    one writer object."""
 
     save_id: str  # torch's: the id of the save under way (StorageMeta.save_id)
 
