@@ -318,3 +318,55 @@ def test_a_file_system_without_flock_saves_with_a_warning(tmp_dir, monkeypatch):
     monkeypatch.setattr(_savelock.fcntl, "flock", fcntl.flock)
     assert _loads_as(main, 1.0) == 1.0
     assert not (main / ".deepio-save.lock").exists()
+
+
+def test_two_huggingface_saves_of_one_folder_never_mix_their_files(tmp_dir):
+    """deepio.dcp.HuggingFaceStorageWriter, two files a save: a save held between its two
+    files (its planner waits before handing over the second file's tensor) and a second save
+    of the folder meanwhile: the second waits for the first, so the folder ends with the
+    second's two files, never one file of each."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    held = _Held()
+
+    class Holding(DefaultSavePlanner):
+        def resolve_data(self, write_item: Any) -> Any:
+            if write_item.index.fqn == "b":
+                held.__reduce__()  # waits for held.go
+            return super().resolve_data(write_item)
+
+    folder = str(tmp_dir / "hf")
+    mapping = {"a": 1, "b": 2}
+
+    def state(v: float) -> dict[str, torch.Tensor]:
+        return {"a": torch.full((1000,), v), "b": torch.full((1000,), v + 0.5)}
+
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            w = deepio.dcp.HuggingFaceStorageWriter(folder, fqn_to_index_mapping=mapping)
+            dcp.save(state(1.0), storage_writer=w, planner=Holding())
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert held.reached.wait(120)
+        second = threading.Thread(
+            target=lambda: dcp.save(
+                state(2.0), storage_writer=deepio.dcp.HuggingFaceStorageWriter(folder, fqn_to_index_mapping=mapping)
+            )
+        )
+        second.start()
+        wait_until(lambda: not second.is_alive() or _waits_in_save_lock(second.ident), "the second HF save")
+    finally:
+        held.go.set()
+        t.join()
+    second.join()
+    assert not errors, errors
+    out = {k: torch.zeros(1000) for k in ("a", "b")}
+    dcp.load(out, storage_reader=deepio.dcp.HuggingFaceStorageReader(folder))
+    assert torch.equal(out["a"], state(2.0)["a"]) and torch.equal(out["b"], state(2.0)["b"])
+    assert not [n for n in os.listdir(folder) if n.endswith(".lock")]
