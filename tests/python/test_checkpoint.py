@@ -1406,7 +1406,7 @@ def test_writer_takes_device_memory_through_the_engine(tmp_dir, tmp_path_factory
         import os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import deepio
-        from test_gpu_fake_cases import FakeCuda, FakeCudaTensor
+        from gpu_fake_support import FakeCuda, FakeCudaTensor
         cuda = FakeCuda()
         data = os.urandom(3_000_017)
         dev = FakeCudaTensor(cuda, len(data))

@@ -613,7 +613,7 @@ FAKE_CASE = r"""
 import os, sys
 import safetensors.torch as st, torch
 sys.path.insert(0, {tests!r})
-import test_gpu_fake_cases as g
+import gpu_fake_support as g
 import deepio.safetensors as ds
 from deepio.safetensors import _io
 cuda = g.FakeCuda()
