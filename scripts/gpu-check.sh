@@ -247,7 +247,7 @@ step_pytest_cuda() {
     local site=$SITE
     [[ -d $SITE-mpi/deepio ]] && site=$SITE-mpi
     cd "$ROOT/tests" && PYTHONPATH="$site" DEEPIO_TEST_DIR="$WORK/pytest" python3 -m pytest -v -rs \
-        -p no:cacheprovider python/test_safetensors.py::test_load_to_gpu \
+        -p no:cacheprovider python/test_safetensors_backends.py::test_load_to_gpu \
         python/test_comm_torchops.py -k "gpu or cuda or nccl"
 }
 
@@ -299,7 +299,7 @@ STEPS=(
     "pytest_fake 90 pip pytest tests/python/test_gpu_fake.py test_gpu_cli.py"
     "ctest_nocuda 60 build DEEPIO_CUDA_LIBRARY=none ctest -L gpu (absence on a GPU machine)"
     "pip_mpi 120 deps pip install --target $SITE-mpi with MPI (only where mpicc exists)"
-    "pytest_cuda 120 probe,pip,pip_mpi pytest the CUDA rows of test_safetensors.py, test_comm_torchops.py"
+    "pytest_cuda 120 probe,pip,pip_mpi pytest the CUDA rows of test_safetensors_backends.py, test_comm_torchops.py"
 )
 
 if ((dry_run)); then

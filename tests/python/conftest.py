@@ -38,6 +38,12 @@ except ImportError:
 
 REPO = Path(__file__).resolve().parents[2]
 
+# The helper modules that test files share (not test files themselves): their asserts get
+# pytest's messages too. CTest's --noconftest run of test_cli*.py does without them.
+pytest.register_assert_rewrite(
+    "checkpoint_support", "cli_support", "gpu_fake_support", "safetensors_support", "dcp_support", "comm_mpi_support"
+)
+
 # ------------------------------------------------------------------ optional test dependencies
 # A test that needs an optional package carries a capability mark (needs_torch, ...): it skips,
 # with the reason, where the package is missing. DEEPIO_REQUIRE=torch,numpy,... (comma-separated;

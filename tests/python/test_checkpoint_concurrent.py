@@ -3,7 +3,7 @@ temporary file of its own (named by host, process and thread) and renames it ove
 last, so two saves end as if run one after the other (the one that renames last is in place),
 every file whole; the file before stays loadable until a whole new one replaces it. One save
 is held mid-write with a real mechanism (an object whose pickling waits on an event) while
-the other process saves; nothing is timed. test_checkpoint.py's
+the other process saves; nothing is timed. test_checkpoint_large_saves.py's
 test_saves_from_many_threads_at_once covers threads."""
 
 from __future__ import annotations

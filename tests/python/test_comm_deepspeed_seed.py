@@ -31,20 +31,9 @@ import sys
 
 import pytest
 
+from comm_mpi_support import _have, _python
+
 HERE = os.path.abspath(__file__)
-
-
-def _python():
-    """This interpreter, with -S if we run without site (so workers import what we import)."""
-    return [sys.executable, "-S"] if sys.flags.no_site else [sys.executable]
-
-
-def _have(mod):
-    try:
-        __import__(mod)
-        return True
-    except Exception:
-        return False
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")

@@ -29,7 +29,7 @@ import pytest
 
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
-from test_comm_mpi import _have, _python, run_world  # noqa: E402 - the folder is on sys.path now
+from comm_mpi_support import _have, _python, run_world  # noqa: E402 - the folder is on sys.path now
 
 needs_comm = pytest.mark.skipif(
     not (_have("torch") and _have("deepio.comm")), reason="needs torch and deepio._comm (MPI build)"
@@ -339,7 +339,7 @@ def _free_port():
 def _inputs(n0, rank, call):
     import torch
 
-    from test_comm_mpi import make_input
+    from comm_mpi_support import make_input
 
     return torch.from_numpy(make_input(n0, rank, call, 1414))
 
@@ -441,7 +441,7 @@ def case_nccl_backend_on_gloo(comm):
     import torch
 
     import deepio.comm as dcomm
-    from test_comm_mpi import _init_gloo
+    from comm_mpi_support import _init_gloo
 
     _init_gloo(comm)
     w, me = comm.Get_size(), comm.Get_rank()
@@ -477,7 +477,7 @@ def case_torch_ops_errors(comm):
     import torch
 
     import deepio.comm as dcomm
-    from test_comm_mpi import _expect_value_error_everywhere
+    from comm_mpi_support import _expect_value_error_everywhere
 
     w, me = comm.Get_size(), comm.Get_rank()
     n = 8 * w * 4

@@ -27,9 +27,9 @@ import torch  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import deepio.dcp  # noqa: E402
+from dcp_support import _data_files, _items_are_zips_with_their_crcs, _save_both_with_crc32  # noqa: E402
 from deepio.checkpoint import _filling  # noqa: E402
 from deepio.dcp import _datafile, _writer  # noqa: E402
-from test_dcp import _data_files, _items_are_zips_with_their_crcs, _save_both_with_crc32  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

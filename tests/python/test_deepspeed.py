@@ -485,7 +485,7 @@ def test_deepspeeds_ds_io_runs_on_deepio(tmp_path, read):
 
 
 def test_deepio_info_says_whether_deepspeed_is_there_and_switched():
-    from test_cli import CLI, run
+    from cli_support import CLI, run
 
     if CLI is None:
         pytest.skip("the deepio command is not built")

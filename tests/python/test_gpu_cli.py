@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-from test_cli import CLI  # the binary test_cli.py found ($DEEPIO_CLI, PATH, build/*/tools)
+from cli_support import CLI  # the binary cli_support.py found ($DEEPIO_CLI, PATH, build/*/tools)
 from test_gpu_fake import build_fakes
 
 pytestmark = pytest.mark.skipif(CLI is None, reason="the deepio command is not built (set DEEPIO_CLI)")

@@ -1,4 +1,4 @@
-"""GPU tensors and gds_handle without a GPU: test_gpu_fake_cases.py run in subprocesses.
+"""GPU tensors and gds_handle without a GPU: test_gpu_fake_cases*.py run in subprocesses.
 
 The CUDA and cuFile libraries are chosen once per process (DEEPIO_CUDA_LIBRARY /
 DEEPIO_CUFILE_LIBRARY), so each configuration is a separate pytest invocation:
@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = Path(__file__).with_name("test_gpu_fake_cases.py")
+CASES = [
+    Path(__file__).with_name(name)
+    for name in ("test_gpu_fake_cases.py", "test_gpu_fake_cases_gds.py", "test_gpu_fake_cases_stream_order.py")
+]
 
 
 def build_fakes(out: Path) -> tuple[Path, Path]:
@@ -73,7 +76,7 @@ def run_cases(mode: str, cuda: str, cufile: str) -> None:
     env = dict(os.environ)
     env.update(DEEPIO_GPU_TEST_MODE=mode, DEEPIO_CUDA_LIBRARY=cuda, DEEPIO_CUFILE_LIBRARY=cufile)
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, CASES)],
         cwd=REPO,
         env=env,
         capture_output=True,

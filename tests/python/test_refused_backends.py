@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import CLI
+from cli_support import CLI
 
 IO_URING = Path("/proc/sys/kernel/io_uring_disabled")
 AIO_MAX = Path("/proc/sys/fs/aio-max-nr")

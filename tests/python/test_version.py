@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import deepio
-from test_cli import CLI
+from cli_support import CLI
 
 REPO = Path(__file__).resolve().parents[2]
 
