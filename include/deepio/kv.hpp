@@ -53,8 +53,15 @@
 // cuFile (GPUDirect Storage) is not used: it would need the bytes read twice to be checked.
 //
 // Thread safety: every member function may be called from several threads at once, except
-// close() (call it once, after the last call of other threads). Fork: a Store belongs to the
-// process that made it; in a forked child every call throws deepio::ForkedHandle.
+// close() (call it after the last call of other threads). A Store may be closed or destroyed
+// on any thread, its own batch threads included (from a BatchFuture::on_done callback): there
+// the close is deferred (see close()), never a thread joining itself.
+// Fork: a Store belongs to the process that made it. In a forked child every call of a Store
+// or of its BatchFutures (stats(), take_warnings(), close() and on_done() included) throws
+// deepio::ForkedHandle before taking any lock, destroying the Store there returns at once and
+// releases nothing of the parent's (its memory is left), and the child does not hold the
+// folders' kv.lock (replaced by /dev/null in the child at the fork): once the parent closes
+// the store, another may open the folders while the child lives.
 #pragma once
 
 #include <chrono>
@@ -136,9 +143,11 @@ class DEEPIO_API BatchFuture {
   /// Waits, then returns the per-key results (true: stored durably / found whole).
   const std::vector<bool>& get() const;
   /// Calls fn once, when done: at once on this thread if already done, else on the store's
-  /// batch thread that completes it, with no store lock held. fn must not throw, and must not
-  /// call Store::close() (which joins that thread). Waiters are woken first: a callback may
-  /// still be running, or not yet started, when wait() returns.
+  /// batch thread that completes it, with no store lock held. fn must not throw. fn may call
+  /// Store::close() or destroy the Store (drop its last reference): the close is then
+  /// deferred to the batch threads' exit (Store::close()). Waiters are woken first: a
+  /// callback may still be running, or not yet started, when wait() returns. Throws
+  /// deepio::ForkedHandle in a forked child (fn is not kept).
   void on_done(std::function<void()> fn) const;
 
   struct State;
@@ -228,19 +237,28 @@ class DEEPIO_API Store {
   /// probe another thread runs. A folder that could not be opened is not probed. Thread-safe;
   /// throws deepio::InvalidArgument after close().
   std::size_t retry_failed();
+  /// Counters and per-folder state. Throws deepio::ForkedHandle in a forked child.
   [[nodiscard]] StoreStats stats() const;
   /// Warnings queued since the last call, oldest first: "deepio.kv: folder PATH failed (...)..."
-  /// and "deepio.kv: folder PATH recovered".
+  /// and "deepio.kv: folder PATH recovered". Throws deepio::ForkedHandle in a forked child.
   std::vector<std::string> take_warnings();
   [[nodiscard]] std::size_t page_bytes() const noexcept;
-  /// Finishes every batch in flight, writes the checkpoint, closes the slabs. Later calls
-  /// (other than stats(), close() and destruction) throw deepio::InvalidArgument. Idempotent.
+  /// Finishes every batch in flight, writes the checkpoint, closes the slabs and unlocks the
+  /// folders; throws the checkpoint's deepio::Error (the store is closed all the same). Later
+  /// calls (other than stats(), take_warnings(), close() and destruction) throw
+  /// deepio::InvalidArgument. Idempotent: a second close() (or the destructor) waits until the
+  /// first one finished, unless it runs on one of the store's batch threads.
+  /// From one of the store's own batch threads (a BatchFuture::on_done callback, where the
+  /// destructor runs too when the callback held the last reference): returns at once; the
+  /// batch threads finish the queued batches and the last one out writes the checkpoint and
+  /// unlocks the folders (its errors are lost: nobody is left to tell). Until then, a new Store
+  /// over the same folders gets EBUSY. Throws deepio::ForkedHandle in a forked child.
   void close();
 
   struct Impl;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the batch threads (a close from one is deferred)
 };
 
 /// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has

@@ -1,12 +1,16 @@
 #include "kv/files.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <mutex>
 
 #include "deepio/error.hpp"
 
@@ -21,6 +25,33 @@ void fsync_dir(const std::string& dir) {
   const int err = errno;
   ::close(fd);
   if (rc != 0) throw Error(err, "kv: cannot sync the folder", dir);
+}
+
+// The registry of lock descriptors a forked child must let go of. A fixed table, so that the
+// atfork child handler neither allocates nor takes a lock another thread could hold.
+constexpr std::size_t kMaxLocks = 4096;
+std::mutex g_locks_mu;                    // taken by the prepare handler: fork sees no half-made change
+std::array<int, kMaxLocks> g_lock_fds{};  // 0: empty slot (descriptor 0 is never a lock file here), else fd + 1
+std::size_t g_lock_count = 0;             // slots [0, count) may be used
+
+void on_fork_prepare() noexcept { g_locks_mu.lock(); }
+void on_fork_parent() noexcept { g_locks_mu.unlock(); }
+void on_fork_child() noexcept {
+  const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (std::size_t i = 0; i < g_lock_count; ++i) {
+    const int fd = g_lock_fds[i] - 1;
+    if (fd < 0) continue;
+    // The child's reference to the locked file goes; the number stays open (on /dev/null).
+    // Without /dev/null it is closed (never flock(LOCK_UN): that would unlock the parent too).
+    if (null < 0 || ::dup3(null, fd, O_CLOEXEC) < 0) ::close(fd);
+  }
+  if (null >= 0) ::close(null);
+  g_locks_mu.unlock();
+}
+
+void install_handlers() {
+  static const bool installed = ::pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child) == 0;
+  if (!installed) throw Error(ENOMEM, "kv: cannot register the fork handler of the folder locks");
 }
 
 }  // namespace
@@ -47,8 +78,13 @@ std::optional<std::vector<unsigned char>> read_whole(Handle& handle, const std::
 }
 
 FolderLock::FolderLock(const std::string& dir) {
+  install_handlers();
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/kv.lock";
+  std::lock_guard lk(g_locks_mu);  // open and register as one step with respect to fork()
+  std::size_t slot = 0;
+  while (slot < g_lock_count && g_lock_fds[slot] != 0) ++slot;
+  if (slot == kMaxLocks) throw Error(EMFILE, "kv: too many folders open at once", dir);
   deepio::detail::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
   if (!fd.valid()) throw Error(errno, "kv: cannot open the folder's lock file", path);
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
@@ -62,6 +98,8 @@ FolderLock::FolderLock(const std::string& dir) {
     throw Error(e, "kv: cannot lock the folder", path);
   }
   fd_ = fd.release();
+  g_lock_fds[slot] = fd_ + 1;
+  if (slot == g_lock_count) ++g_lock_count;
 }
 
 FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
@@ -75,6 +113,13 @@ FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
 
 void FolderLock::reset() noexcept {
   if (fd_ < 0) return;
+  std::lock_guard lk(g_locks_mu);  // unregister and close as one step with respect to fork()
+  for (std::size_t i = 0; i < g_lock_count; ++i) {
+    if (g_lock_fds[i] == fd_ + 1) {
+      g_lock_fds[i] = 0;
+      break;
+    }
+  }
   ::close(fd_);
   fd_ = -1;
 }

@@ -1,6 +1,6 @@
 // The store's small files: the durable replace of kv.meta and index.ckpt, whole-file reads,
 // and the folder lock (kv.lock). Each function throws deepio::Error (errno, path) on failure.
-// Thread-safe (no shared state).
+// Thread-safe (no shared state but the lock registry, which has its own mutex).
 #pragma once
 
 #include <optional>
@@ -26,6 +26,14 @@ std::optional<std::vector<unsigned char>> read_whole(Handle& handle, const std::
 /// folder would hand out the same slots and overwrite each other's pages. The lock belongs to
 /// the open file description, so a second store in this process is refused as one in another
 /// process is, and it goes when the last descriptor of it closes.
+///
+/// Fork: a child inherits the descriptor, and with it the lock, which would outlive the
+/// parent's close() for as long as the child lives. A FolderLock's descriptor is registered
+/// in a process-wide table; a pthread_atfork child handler dup2()s /dev/null over every one,
+/// so the child lets go of the lock at once, and the descriptor number stays taken (nothing
+/// else of the child is closed by mistake when the child's copy of this object closes it).
+/// The table's mutex is held across fork() (prepare handler), so a lock being taken or
+/// released at that moment is either fully registered or fully gone in the child.
 class FolderLock {
  public:
   FolderLock() = default;
@@ -40,7 +48,8 @@ class FolderLock {
 
   [[nodiscard]] bool held() const noexcept { return fd_ >= 0; }
   [[nodiscard]] int fd() const noexcept { return fd_; }
-  /// Closes the descriptor: the lock goes (unless a forked child still holds a copy).
+  /// Unregisters and closes the descriptor (the lock goes unless a forked child... cannot:
+  /// a child's copy was replaced by /dev/null at the fork).
   void reset() noexcept;
 
  private:

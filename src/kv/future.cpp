@@ -15,6 +15,7 @@ void BatchFuture::State::complete(std::vector<bool> r) {
 }
 
 namespace {
+/// The state, after the fork check (before any lock: one held at the fork stays held).
 BatchFuture::State& usable(const std::shared_ptr<BatchFuture::State>& s) {
   if (!s) throw InvalidArgument("kv::BatchFuture: empty future");
   s->stamp.check();
@@ -46,8 +47,7 @@ const std::vector<bool>& BatchFuture::get() const {
 }
 
 void BatchFuture::on_done(std::function<void()> fn) const {
-  if (!state_) throw InvalidArgument("kv::BatchFuture: empty future");
-  State& s = *state_;
+  State& s = usable(state_);
   {
     std::lock_guard lk(s.mu);
     if (!s.done) {

@@ -149,14 +149,27 @@ struct Store::Impl {
   std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
 
   std::mutex qmu;
-  std::condition_variable qcv;
+  std::condition_variable qcv;  // the queue, stopping, and close_finished (qmu)
   std::deque<Job> queue;
   bool stopping = false;
+  /// Batch threads not yet out of run_jobs (qmu).
+  std::size_t running = 0;
+  /// close() came from a batch thread (a done-callback): the last thread out finishes it (qmu).
+  bool close_deferred = false;
+  /// finish_close() is done: the checkpoint written, the folders unlocked (qmu).
+  bool close_finished = false;
+  /// Joined by close(), or detached by a close() from a batch thread. Each thread holds a
+  /// shared_ptr to this Impl, so that it outlives them: the Store's own reference may go first.
   std::vector<std::thread> threads;
 
   explicit Impl(const StoreOptions& o) : opt(o), model(o.folders.size(), o.high_watermark, o.low_watermark) {}
 
-  // -- store.cpp: batch threads --
+  // -- store.cpp: batch threads and close --
+  /// Starts the batch threads, each holding `self` (this Impl).
+  void start_threads(const std::shared_ptr<Impl>& self);
+  /// After the batch threads are gone: the final checkpoint, slabs closed, folders unlocked,
+  /// the engine destroyed; close_finished set. Throws the checkpoint's error.
+  void finish_close();
   /// Queues a batch; refused once close() began (its threads may be gone).
   void enqueue(Job job);
   void run_jobs();

@@ -17,32 +17,91 @@ void Store::Impl::enqueue(Job job) {
   qcv.notify_one();
 }
 
+namespace {
+/// The store whose batch thread this is (null on other threads): close() there is deferred.
+thread_local const Store::Impl* t_batch_store = nullptr;
+}  // namespace
+
 void Store::Impl::run_jobs() {
-  internal::DeviceScratch scratch(&device, opt.device_pages_in_flight,
-                                  internal::round_up(opt.page_bytes, internal::kAlign));
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock lk(qmu);
-      qcv.wait(lk, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      job = std::move(queue.front());
-      queue.pop_front();
+  t_batch_store = this;
+  {
+    internal::DeviceScratch scratch(&device, opt.device_pages_in_flight,
+                                    internal::round_up(opt.page_bytes, internal::kAlign));
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lk(qmu);
+        qcv.wait(lk, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) break;
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      std::vector<bool> results;
+      try {
+        results = job.write ? put_batch(job, scratch) : do_get(job, scratch);
+      } catch (...) {
+        results.assign(job.keys.size(), false);  // bad_alloc and the like: the batch fails
+      }
+      job.state->complete(std::move(results));
+      maybe_checkpoint();
+      maybe_retry_failed();
     }
-    std::vector<bool> results;
+  }
+  t_batch_store = nullptr;
+  bool last = false;
+  {
+    std::lock_guard lk(qmu);
+    last = --running == 0 && close_deferred;
+  }
+  if (last) {
     try {
-      results = job.write ? put_batch(job, scratch) : do_get(job, scratch);
-    } catch (...) {
-      results.assign(job.keys.size(), false);  // bad_alloc and the like: the batch fails
+      finish_close();
+    } catch (const Error&) {
+      // Nobody is left to tell: the close was asked for from a callback, which has returned.
     }
-    job.state->complete(std::move(results));
-    maybe_checkpoint();
-    maybe_retry_failed();
+  }
+  // The thread's reference to *this goes with its function object: the last one frees it.
+}
+
+void Store::Impl::finish_close() {
+  std::optional<Error> err;
+  try {
+    std::lock_guard ck(ckpt_mu);
+    write_checkpoint();
+  } catch (const Error& e) {
+    err = e;
+  }
+  for (internal::Folder& f : folders) f.slabs.clear();
+  // The locks last, once no write of this store can come.
+  for (internal::Folder& f : folders) f.lock.reset();
+  handle.reset();
+  {
+    std::lock_guard lk(qmu);
+    close_finished = true;
+  }
+  qcv.notify_all();
+  if (err) throw *err;
+}
+
+void Store::Impl::start_threads(const std::shared_ptr<Impl>& self) {
+  const std::size_t n = std::max<std::size_t>(1, opt.batch_threads);
+  running = n;
+  try {
+    for (std::size_t t = 0; t < n; ++t) threads.emplace_back([self] { self->run_jobs(); });
+  } catch (...) {
+    {
+      std::lock_guard lk(qmu);
+      stopping = true;
+      running -= n - threads.size();
+    }
+    qcv.notify_all();
+    for (auto& t : threads) t.join();
+    throw;
   }
 }
 
 void Store::Impl::check_usable() const {
-  stamp.check();
+  stamp.check();  // before any lock: one held by another thread at the fork stays held here
   std::lock_guard lk(mu);
   if (closed) throw InvalidArgument("kv::Store: the store is closed");
 }
@@ -60,7 +119,7 @@ void check_keys(std::span<const std::string_view> keys) {
 }
 }  // namespace
 
-Store::Store(const StoreOptions& options) : impl_(std::make_unique<Impl>(options)) {
+Store::Store(const StoreOptions& options) : impl_(std::make_shared<Impl>(options)) {
   Impl& m = *impl_;
   if (options.folders.empty()) throw InvalidArgument("kv: no folders");
   if (options.page_bytes == 0) throw InvalidArgument("kv: page_bytes is 0");
@@ -78,12 +137,17 @@ Store::Store(const StoreOptions& options) : impl_(std::make_unique<Impl>(options
   m.st.page_bytes = options.page_bytes;
   m.st.slot_bytes = m.slot_bytes;
   m.open();
-  for (std::size_t t = 0; t < std::max<std::size_t>(1, options.batch_threads); ++t) {
-    m.threads.emplace_back([&m] { m.run_jobs(); });
-  }
+  m.start_threads(impl_);
 }
 
 Store::~Store() {
+  if (!impl_->stamp.here()) {
+    // A forked child: the threads, locks, engine and memory are the parent's (their copies
+    // here have no threads, and a lock another thread held at the fork stays held): leaked on
+    // purpose, so that nothing blocks and nothing of the parent's is released.
+    (void)new std::shared_ptr<Impl>(std::move(impl_));
+    return;
+  }
   try {
     close();
   } catch (...) {
@@ -202,6 +266,7 @@ void Store::checkpoint() {
 }
 
 StoreStats Store::stats() const {
+  impl_->stamp.check();
   std::lock_guard lk(impl_->mu);
   StoreStats s = impl_->st;
   s.pages = impl_->model.pages();
@@ -225,6 +290,7 @@ StoreStats Store::stats() const {
 }
 
 std::vector<std::string> Store::take_warnings() {
+  impl_->stamp.check();
   std::lock_guard lk(impl_->mu);
   std::vector<std::string> out;
   out.swap(impl_->warnings);
@@ -235,37 +301,40 @@ std::size_t Store::page_bytes() const noexcept { return impl_->opt.page_bytes; }
 
 void Store::close() {
   Impl& m = *impl_;
+  m.stamp.check();
+  const bool on_batch_thread = t_batch_store == &m;
+  bool first = false;
   {
     std::lock_guard lk(m.mu);
-    if (m.closed) return;
+    first = !m.closed;
     m.closed = true;
   }
-  if (!m.stamp.here()) {
-    // A forked child: the threads, locks and engine are the parent's; leak them all (joining
-    // or destroying threads that are not in this process would hang or abort).
-    (void)m.handle.release();
-    (void)new std::vector<std::thread>(std::move(m.threads));
+  if (!first) {
+    // Another close() (or a deferred one) is under way: wait for it, unless this thread is
+    // one it waits for.
+    if (!on_batch_thread) {
+      std::unique_lock lk(m.qmu);
+      m.qcv.wait(lk, [&] { return m.close_finished; });
+    }
     return;
   }
   {
     std::lock_guard lk(m.qmu);
     m.stopping = true;
+    m.close_deferred = on_batch_thread;
   }
   m.qcv.notify_all();
+  if (on_batch_thread) {
+    // From a done-callback: this thread cannot join itself. Every batch thread finishes the
+    // queue and leaves; the last one out writes the checkpoint and unlocks (finish_close).
+    // They hold the Impl alive; their std::thread objects let go of them.
+    for (auto& t : m.threads) t.detach();
+    m.threads.clear();
+    return;
+  }
   for (auto& t : m.threads) t.join();
   m.threads.clear();
-  std::optional<Error> err;
-  try {
-    std::lock_guard ck(m.ckpt_mu);
-    m.write_checkpoint();
-  } catch (const Error& e) {
-    err = e;
-  }
-  for (internal::Folder& f : m.folders) f.slabs.clear();
-  // The locks last, once no write of this store can come.
-  for (internal::Folder& f : m.folders) f.lock.reset();
-  m.handle.reset();
-  if (err) throw *err;
+  m.finish_close();
 }
 
 }  // namespace deepio::kv

@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 
 #include "common/support.hpp"
+#include "kv_support.hpp"
 #include "deepio/kv.hpp"
 #include "platform/fault.hpp"
 
@@ -41,46 +42,6 @@ using kv::BatchFuture;
 using kv::Segment;
 using kv::Store;
 using kv::StoreOptions;
-
-constexpr std::size_t kPage = 8192;
-
-StoreOptions small_options(const std::vector<std::string>& folders, std::uint64_t pages_total = 64) {
-  StoreOptions o;
-  o.folders = folders;
-  o.page_bytes = kPage;
-  o.capacity_bytes = pages_total * (4096 + kPage);
-  o.batch_threads = 2;
-  o.checkpoint_interval = std::chrono::milliseconds(0);
-  o.handle.intra_op_parallelism = 1;
-  o.handle.queue_depth = 32;
-  return o;
-}
-
-std::vector<unsigned char> page_for(const std::string& key, std::size_t n, std::uint32_t salt = 0) {
-  std::vector<unsigned char> p(n);
-  std::uint64_t h = std::hash<std::string>{}(key) ^ salt;
-  for (std::size_t i = 0; i < n; ++i) {
-    h = h * 6364136223846793005ull + 1442695040888963407ull;
-    p[i] = static_cast<unsigned char>(h >> 56);
-  }
-  return p;
-}
-
-std::vector<bool> put_pages(Store& s, const std::vector<std::string>& keys,
-                            std::vector<std::vector<unsigned char>>& pages) {
-  std::vector<std::string_view> kv(keys.begin(), keys.end());
-  std::vector<std::vector<Segment>> segs;
-  for (auto& p : pages) segs.push_back({Segment{p.data(), p.size()}});
-  return s.put(kv, segs).get();
-}
-
-std::vector<bool> get_pages(Store& s, const std::vector<std::string>& keys,
-                            std::vector<std::vector<unsigned char>>& out) {
-  std::vector<std::string_view> kv(keys.begin(), keys.end());
-  std::vector<std::vector<Segment>> segs;
-  for (auto& p : out) segs.push_back({Segment{p.data(), p.size()}});
-  return s.get(kv, segs).get();
-}
 
 TEST(KvCrc, KnownVectors) {
   const char* v = "123456789";
@@ -697,14 +658,6 @@ TEST(KvStore, AFolderIsOpenedByOneStoreAtATime) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   Store after(small_options({shared}));
   EXPECT_EQ(after.stats().folders.size(), 1u);
-}
-
-/// Waits for a forked child that ends with ::_exit (a crash: the store it opened is never
-/// closed) and returns its exit code (0: every check in it passed), or -1 if it did not exit.
-int exit_code_of(pid_t child) {
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
 }
 
 /// A key whose pages go to folder `folder` of `folders` (the store places by FNV-1a 64 of the key).
