@@ -87,10 +87,28 @@ inline constexpr std::size_t kMaxKeyBytes = 1024;
 struct StoreOptions {
   /// One folder per drive; created if missing.
   std::vector<std::string> folders;
-  /// Total capacity over all folders, split evenly; 0: at first open, half of each folder's
-  /// free space (statvfs f_bavail). The layout (slots per folder, page_bytes) is fixed at
-  /// first open and kept by later opens, whatever these say.
+  /// Total capacity over all folders, split evenly; the folders' space is allocated at once
+  /// (fallocate). Needed to make a store: a folder that holds none (no kv.meta) with
+  /// capacity_bytes 0 throws deepio::InvalidArgument naming it, before anything is made, so
+  /// that a drive that failed to mount never has its store made on the file system below it.
+  /// A folder's share larger than its file system's free space (statvfs f_bavail, plus slab
+  /// files already there) throws deepio::InvalidArgument naming the folder and both sizes.
+  /// The layout (slots per folder, page_bytes) is fixed when a folder's store is made and kept
+  /// by later opens, whatever these say: reopen an existing store with 0.
   std::uint64_t capacity_bytes = 0;
+  /// What the pages' bytes mean, for the backend that stores them: model, KV layout, dtype,
+  /// page shape, tensor-parallel rank and size... Opaque to the store (compared byte for byte),
+  /// at most 4 KiB. Written in each folder's kv.meta when its store is made (a store made by
+  /// an older deepio has the fingerprint ""). Opening a store made with another fingerprint
+  /// throws deepio::InvalidArgument naming the folder and both fingerprints, before anything
+  /// is touched, unless clear_on_mismatch.
+  std::string fingerprint;
+  /// With another fingerprint on a folder: drop every page there, durably (one atomic replace
+  /// of kv.meta holding the new fingerprint; a crash at any instant leaves either the old
+  /// store, which the next open meets as a mismatch again, or none of its pages), and queue a
+  /// warning naming both fingerprints (take_warnings()). No page written under one fingerprint
+  /// is ever a hit under another.
+  bool clear_on_mismatch = false;
   /// The largest page; a slot holds 4 KiB of header plus this rounded up to 4 KiB.
   std::size_t page_bytes = std::size_t{2} << 20;
   /// Eviction starts when a folder's used slots exceed high_watermark of its slots (or none is
@@ -190,7 +208,9 @@ struct StoreStats {
 class DEEPIO_API Store {
  public:
   /// Opens or creates the store. Throws deepio::InvalidArgument for bad options (no folder,
-  /// page_bytes 0, watermarks out of order, an existing layout with another page_bytes) and
+  /// page_bytes 0, watermarks out of order, a fingerprint over 4 KiB, an existing layout with
+  /// another page_bytes, or another fingerprint without clear_on_mismatch, a folder holding no
+  /// store with capacity_bytes 0, or a share over its free space; see StoreOptions) and
   /// deepio::Error when a folder cannot be created or its slabs cannot be allocated, and
   /// deepio::Error EBUSY when another open store (in this process or another) holds one of the
   /// folders (each folder's kv.lock is held with flock until close()).

@@ -82,6 +82,10 @@ struct Folder {
   std::vector<File> slabs;
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
+  /// Its kv.meta as read or written at open (fingerprint, generation floor).
+  Meta meta;
+  /// Opened with another fingerprint and clear_on_mismatch: the scan drops every page.
+  bool clear_pages = false;
   /// open() read every slot header of the folder (its slabs and slot table are whole): only
   /// such a folder is probed after a failure. One that failed at open waits for a reopen.
   bool opened = false;
@@ -185,6 +189,10 @@ struct Store::Impl {
 
   // -- recovery.cpp --
   void open();
+  /// Before anything is made or locked: every folder's kv.meta against the options (page_bytes,
+  /// fingerprint unless clear_on_mismatch); a folder with none needs a capacity share (> 0)
+  /// its file system has free. Throws InvalidArgument naming the folder.
+  void check_layouts(std::uint64_t share);
   void open_folder(std::uint32_t fi, std::uint64_t share);
   struct Candidate {
     std::uint32_t folder, slot;

@@ -59,30 +59,46 @@ std::optional<Decoded> decode_header(const unsigned char* h, std::uint64_t page_
 }
 
 namespace {
-constexpr std::size_t kMetaBytes = 44;
+constexpr std::size_t kMetaV1Bytes = 44;
+constexpr std::size_t kMetaV2Fixed = 52;  // up to the fingerprint's length
 }  // namespace
 
 std::vector<unsigned char> encode_meta(const Meta& m) {
-  std::vector<unsigned char> b(kMetaBytes);
+  std::vector<unsigned char> b(kMetaV2Fixed + m.fingerprint.size() + 4);
   put_le<std::uint32_t>(b.data(), kMetaMagic);
   put_le<std::uint32_t>(b.data() + 4, kMetaVersion);
   put_le<std::uint64_t>(b.data() + 8, m.page_bytes);
   put_le<std::uint64_t>(b.data() + 16, m.slot_bytes);
   put_le<std::uint64_t>(b.data() + 24, m.slots);
   put_le<std::uint64_t>(b.data() + 32, m.per_slab);
-  put_le<std::uint32_t>(b.data() + 40, crc32c(b.data(), 40));
+  put_le<std::uint64_t>(b.data() + 40, m.gen_floor);
+  put_le<std::uint32_t>(b.data() + 48, static_cast<std::uint32_t>(m.fingerprint.size()));
+  std::memcpy(b.data() + kMetaV2Fixed, m.fingerprint.data(), m.fingerprint.size());
+  put_le<std::uint32_t>(b.data() + b.size() - 4, crc32c(b.data(), b.size() - 4));
   return b;
 }
 
 std::optional<Meta> decode_meta(const std::vector<unsigned char>& b) {
-  if (b.size() != kMetaBytes || get_le<std::uint32_t>(b.data()) != kMetaMagic) return std::nullopt;
-  if (crc32c(b.data(), 40) != get_le<std::uint32_t>(b.data() + 40)) return std::nullopt;
+  if (b.size() < kMetaV1Bytes || get_le<std::uint32_t>(b.data()) != kMetaMagic) return std::nullopt;
+  if (crc32c(b.data(), b.size() - 4) != get_le<std::uint32_t>(b.data() + b.size() - 4)) return std::nullopt;
   Meta m;
   m.version = get_le<std::uint32_t>(b.data() + 4);
   m.page_bytes = get_le<std::uint64_t>(b.data() + 8);
   m.slot_bytes = get_le<std::uint64_t>(b.data() + 16);
   m.slots = get_le<std::uint64_t>(b.data() + 24);
   m.per_slab = get_le<std::uint64_t>(b.data() + 32);
+  if (m.version == 1) {  // format 1 wrote its version as 1 (the slot header's) and no fingerprint
+    if (b.size() != kMetaV1Bytes) return std::nullopt;
+  } else if (m.version == 2) {
+    if (b.size() < kMetaV2Fixed + 4) return std::nullopt;
+    m.gen_floor = get_le<std::uint64_t>(b.data() + 40);
+    const std::size_t fp = get_le<std::uint32_t>(b.data() + 48);
+    if (fp > kMaxFingerprintBytes || b.size() != kMetaV2Fixed + fp + 4) return std::nullopt;
+    m.fingerprint.assign(reinterpret_cast<const char*>(b.data() + kMetaV2Fixed), fp);
+  } else {
+    return std::nullopt;
+  }
+  if (m.slots == 0 || m.per_slab == 0) return std::nullopt;
   return m;
 }
 

@@ -5,8 +5,13 @@
 //   0 u32 magic "DKVS" | 4 u16 version | 6 u16 key length | 8 u64 generation | 16 u64 page length
 //   24 u32 CRC-32C of the page | 28 u32 CRC-32C of bytes [0, 40 + key length) with this field 0
 //   32 u64 page_bytes of the layout | 40 key bytes
-// kv.meta (44 bytes): magic "DKVM" | u32 1 | u64 page_bytes | u64 slot bytes | u64 slots |
-//   u64 slots per slab | u32 CRC-32C of bytes [0, 40).
+// kv.meta, format 1 (44 bytes; still read): magic "DKVM" | u32 1 | u64 page_bytes | u64 slot
+//   bytes | u64 slots | u64 slots per slab | u32 CRC-32C of bytes [0, 40).
+// kv.meta, format 2 (written since): magic "DKVM" | u32 2 | u64 page_bytes | u64 slot bytes |
+//   u64 slots | u64 slots per slab | u64 generation floor | u32 fingerprint length | the
+//   fingerprint | u32 CRC-32C of everything before it. A format-1 file reads as fingerprint ""
+//   and floor 0. The floor: a slot whose header generation is at or below it is dead (the
+//   pages of another fingerprint, dropped in one atomic replace of kv.meta).
 // index.ckpt: magic "DKVC" | u32 1 | u64 generation bound | u64 count | count x (u64 slot,
 //   u64 generation, u64 LRU tick) | u32 CRC-32C of everything before it.
 // Pure functions, thread-safe.
@@ -30,8 +35,10 @@ inline constexpr std::size_t kHeaderBytes = 4096;
 inline constexpr std::size_t kAlign = 4096;
 inline constexpr std::size_t kKeyOffset = 40;
 inline constexpr std::uint32_t kMetaMagic = 0x4D564B44u;  // "DKVM"
-inline constexpr std::uint32_t kMetaVersion = 1;
+inline constexpr std::uint32_t kMetaVersion = 2;          // kv.meta as written now
 inline constexpr std::uint32_t kCkptMagic = 0x43564B44u;  // "DKVC"
+/// The longest fingerprint (StoreOptions::fingerprint).
+inline constexpr std::size_t kMaxFingerprintBytes = 4096;
 
 template <typename T>
 void put_le(unsigned char* p, T v) {
@@ -78,10 +85,12 @@ struct Meta {
   std::uint64_t slot_bytes = 0;
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
+  std::uint64_t gen_floor = 0;
+  std::string fingerprint;
 };
 
 std::vector<unsigned char> encode_meta(const Meta& m);
-/// The meta if the bytes are a whole kv.meta; nullopt otherwise.
+/// The meta if the bytes are a whole kv.meta of format 1 or 2; nullopt otherwise.
 std::optional<Meta> decode_meta(const std::vector<unsigned char>& b);
 
 /// One live page of a folder in a checkpoint.

@@ -3,6 +3,7 @@
 // "Checkpoint", for which headers are live). Runs once, on the constructing thread, before
 // the batch threads start.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -25,7 +26,71 @@ using internal::read_whole;
 namespace {
 constexpr std::size_t kScanChunkSlots = 2048;
 constexpr std::size_t kScanInFlight = 8;
+
+std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
+
+InvalidArgument no_store(const std::string& folder) {
+  return InvalidArgument("kv: folder " + folder +
+                         " holds no store; give capacity_bytes (the total over the folders) to make one there "
+                         "(a store is never made with a size of its own: a folder on the wrong drive, one that "
+                         "failed to mount, would fill that file system)");
+}
+
+InvalidArgument other_fingerprint(const std::string& folder, const std::string& stored, const std::string& given) {
+  return InvalidArgument("kv: folder " + folder + " holds pages of fingerprint " + in_quotes(stored) +
+                         ", not of the fingerprint given, " + in_quotes(given) +
+                         "; open it with that fingerprint, or with clear_on_mismatch to drop its pages");
+}
+
+/// Bytes free for an unprivileged writer on the file system that would hold `folder` (its
+/// nearest existing ancestor's), plus what its slab files already hold (a creation cut short).
+std::uint64_t free_bytes_for(const std::string& folder) {
+  std::filesystem::path p = std::filesystem::absolute(folder);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  struct statvfs vfs {};
+  if (::statvfs(p.c_str(), &vfs) != 0) throw Error(errno, "kv: cannot statvfs", p.string());
+  std::uint64_t free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    struct stat st {};
+    if (name.rfind("slab-", 0) == 0 && ::stat(e.path().c_str(), &st) == 0) {
+      free += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return free;
+}
 }  // namespace
+
+void Store::Impl::check_layouts(std::uint64_t share) {
+  for (const std::string& folder : opt.folders) {
+    std::optional<std::vector<unsigned char>> bytes;
+    try {
+      bytes = read_whole(*handle, folder + "/kv.meta");
+    } catch (const Error&) {
+      continue;  // unreadable (not a folder, no access): open_folder fails it
+    }
+    std::optional<internal::Meta> meta;
+    if (bytes) meta = internal::decode_meta(*bytes);
+    if (meta) {
+      if (meta->page_bytes != opt.page_bytes) {
+        throw InvalidArgument("kv: " + folder + " holds a store of page_bytes " + std::to_string(meta->page_bytes) +
+                              ", not " + std::to_string(opt.page_bytes));
+      }
+      if (meta->fingerprint != opt.fingerprint && !opt.clear_on_mismatch) {
+        throw other_fingerprint(folder, meta->fingerprint, opt.fingerprint);
+      }
+      continue;
+    }
+    if (share == 0) throw no_store(folder);
+    if (const std::uint64_t free = free_bytes_for(folder); share > free) {
+      throw InvalidArgument("kv: folder " + folder + " would get " + std::to_string(share) + " bytes (capacity_bytes " +
+                            std::to_string(opt.capacity_bytes) + " over " + std::to_string(opt.folders.size()) +
+                            " folders), but its file system has " + std::to_string(free) +
+                            " bytes free; give a smaller capacity_bytes");
+    }
+  }
+}
 
 void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
   Folder& f = folders[fi];
@@ -41,14 +106,15 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
       throw InvalidArgument("kv: " + f.path + " holds a store of page_bytes " + std::to_string(pb) + ", not " +
                             std::to_string(opt.page_bytes));
     }
+    if (meta->fingerprint != opt.fingerprint) {
+      if (!opt.clear_on_mismatch) throw other_fingerprint(f.path, meta->fingerprint, opt.fingerprint);
+      f.clear_pages = true;  // scan_folder drops them
+    }
     f.slots = meta->slots;
     f.per_slab = meta->per_slab;
+    f.meta = *meta;
   } else {
-    if (share == 0) {
-      struct statvfs vfs {};
-      if (::statvfs(f.path.c_str(), &vfs) != 0) throw Error(errno, "kv: cannot statvfs", f.path);
-      share = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize / 2;
-    }
+    if (share == 0) throw no_store(f.path);  // checked by check_layouts, unless kv.meta went since
     f.slots = std::max<std::uint64_t>(1, share / slot_bytes);
     f.slots = std::min<std::uint64_t>(f.slots, 0xFFFFFFFFull);
     f.per_slab = std::max<std::uint64_t>(1, opt.slab_bytes / slot_bytes);
@@ -76,7 +142,9 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
     m.slot_bytes = slot_bytes;
     m.slots = f.slots;
     m.per_slab = f.per_slab;
+    m.fingerprint = opt.fingerprint;
     internal::replace_durably(*handle, f.path, "kv.meta", internal::encode_meta(m));
+    f.meta = m;
   }
   model.init_folder(fi, f.slots);
 }
@@ -99,6 +167,10 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
     Future fut;
   };
   std::deque<Chunk> inflight;
+  // Dead whatever the checkpoint says: at or below the floor (pages of an older fingerprint),
+  // or every page when this open drops them (clear_on_mismatch).
+  const std::uint64_t floor = f.meta.gen_floor;
+  std::uint64_t highest = 0;
   auto drain_one = [&] {
     Chunk c = std::move(inflight.front());
     inflight.pop_front();
@@ -108,6 +180,8 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
       auto d = decode_header(c.buf.get() + k * kHeaderBytes, opt.page_bytes);
       if (!d) continue;
       next_gen = std::max(next_gen, d->gen + 1);
+      highest = std::max(highest, d->gen);
+      if (f.clear_pages || d->gen <= floor) continue;
       std::uint64_t tick = 0;
       if (d->gen <= bound) {
         auto it = ck.find(slot);
@@ -132,6 +206,21 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
     }
   }
   while (!inflight.empty()) drain_one();
+  next_gen = std::max(next_gen, floor + 1);  // new pages above the floor, even if no header is left
+  if (f.clear_pages) {
+    // One atomic replace drops every page: the new fingerprint and a floor at the highest
+    // generation on the drive. A crash before it leaves the old kv.meta (a mismatch again), a
+    // crash after it no page of the old fingerprint (all at or below the floor).
+    internal::Meta m = f.meta;
+    m.fingerprint = opt.fingerprint;
+    m.gen_floor = std::max(floor, highest);
+    internal::replace_durably(*handle, f.path, "kv.meta", internal::encode_meta(m));
+    warnings.push_back("deepio.kv: folder " + f.path + " held pages of fingerprint " + in_quotes(f.meta.fingerprint) +
+                       "; opened with fingerprint " + in_quotes(opt.fingerprint) +
+                       " and clear_on_mismatch: every page of it was dropped");
+    f.meta = m;
+    f.clear_pages = false;
+  }
 }
 
 bool Store::Impl::data_matches(const Candidate& c) {
@@ -151,6 +240,8 @@ void Store::Impl::open() {
     throw InvalidArgument("kv: capacity_bytes " + std::to_string(opt.capacity_bytes) + " holds less than one slot (" +
                           std::to_string(slot_bytes) + " bytes) per folder");
   }
+  // Every folder's layout against the options, before anything is made, locked or written.
+  check_layouts(share);
   // Every folder's lock first: one held by another store fails the open as a whole, before
   // anything is read or written. A folder that cannot be made or locked otherwise is left to
   // open_folder, which marks it failed for the same reason.

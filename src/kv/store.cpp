@@ -123,6 +123,10 @@ Store::Store(const StoreOptions& options) : impl_(std::make_shared<Impl>(options
   Impl& m = *impl_;
   if (options.folders.empty()) throw InvalidArgument("kv: no folders");
   if (options.page_bytes == 0) throw InvalidArgument("kv: page_bytes is 0");
+  if (options.fingerprint.size() > internal::kMaxFingerprintBytes) {
+    throw InvalidArgument("kv: the fingerprint is " + std::to_string(options.fingerprint.size()) + " bytes; at most " +
+                          std::to_string(internal::kMaxFingerprintBytes));
+  }
   if (!(options.low_watermark > 0 && options.low_watermark <= options.high_watermark && options.high_watermark <= 1)) {
     throw InvalidArgument("kv: watermarks must satisfy 0 < low <= high <= 1");
   }
