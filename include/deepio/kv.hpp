@@ -1,12 +1,12 @@
 // deepio::kv::Store: a KV-cache page store on local NVMe drives (docs/kv.md, "The store").
 //
-// Layout: one folder per drive; in each, preallocated slab files of fixed slots. A slot is a
-// 4 KiB header (magic, format version, key, page length, CRC-32C of the page, generation, the
-// header's own CRC-32C) followed by page_bytes rounded up to 4 KiB. Every byte moves through
-// one deepio::Handle, on slab files opened once (deepio::File, O_DIRECT where the file system
-// allows it). New pages go to a folder chosen by key hash; a failed or full folder's share
-// goes to the next healthy one; a failed folder is probed now and then and comes back when it
-// works again.
+// Layout: one folder per drive; in each, a preallocated slab file of fixed slots (at most 4
+// files: StoreOptions::slab_bytes). A slot is a 4 KiB header (magic, format version, key,
+// page length, CRC-32C of the page, generation, the header's own CRC-32C) followed by
+// page_bytes rounded up to 4 KiB. Every byte moves through one deepio::Handle, on slab files
+// opened once (deepio::File, O_DIRECT where the file system allows it). New pages go to a
+// folder chosen by key hash; a failed or full folder's share goes to the next healthy one; a
+// failed folder is probed now and then and comes back when it works again.
 //
 // Guarantees:
 //  - A get returns true only when the slot's header names the key and the generation the
@@ -115,8 +115,14 @@ struct StoreOptions {
   /// free) and frees least recently used pages down to low_watermark.
   double high_watermark = 0.95;
   double low_watermark = 0.85;
-  /// Slab file size bound (a slab holds max(1, slab_bytes / slot size) slots).
-  std::uint64_t slab_bytes = std::uint64_t{1} << 30;
+  /// How a new folder's slots are split over slab files: 0 (the default), one file per
+  /// folder; otherwise files of slab_bytes (max(1, slab_bytes / slot size) slots each), but
+  /// never more than 4 per folder (larger slabs when the folder's share needs it). Each slab
+  /// costs two descriptors (O_DIRECT and buffered) and the folder one more (kv.lock): 3 to 9
+  /// per folder, whatever its size (docs/kv.md, "Descriptors"). Kept by later opens: a folder
+  /// made by an older deepio (1 GiB slabs, any number) is read with its slabs as they are.
+  /// A folder over 16 TiB on ext4 (its largest file) needs slab_bytes.
+  std::uint64_t slab_bytes = 0;
   /// A checkpoint of the index is written at close and, when the index changed, after a batch
   /// that finds this long passed since the last one; zero: only at close and checkpoint().
   std::chrono::milliseconds checkpoint_interval{60000};

@@ -26,6 +26,8 @@ using internal::read_whole;
 namespace {
 constexpr std::size_t kScanChunkSlots = 2048;
 constexpr std::size_t kScanInFlight = 8;
+/// The most slab files a folder made now has (one with StoreOptions::slab_bytes 0).
+constexpr std::uint64_t kMaxSlabs = 4;
 
 std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
 
@@ -117,7 +119,11 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
     if (share == 0) throw no_store(f.path);  // checked by check_layouts, unless kv.meta went since
     f.slots = std::max<std::uint64_t>(1, share / slot_bytes);
     f.slots = std::min<std::uint64_t>(f.slots, 0xFFFFFFFFull);
-    f.per_slab = std::max<std::uint64_t>(1, opt.slab_bytes / slot_bytes);
+    // One slab file per folder, or slabs of slab_bytes but never more than kMaxSlabs: a
+    // folder costs a few descriptors (two per slab, plus kv.lock) whatever its size.
+    const std::uint64_t fewest = (f.slots + kMaxSlabs - 1) / kMaxSlabs;
+    f.per_slab = opt.slab_bytes == 0 ? f.slots : std::max<std::uint64_t>(opt.slab_bytes / slot_bytes, fewest);
+    f.per_slab = std::max<std::uint64_t>(f.per_slab, 1);
     fresh = true;
   }
   const std::uint64_t nslabs = (f.slots + f.per_slab - 1) / f.per_slab;
