@@ -208,6 +208,8 @@ struct StoreStats {
   std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
   double open_seconds = 0;               ///< how long the last open took (checkpoint + scan)
+  std::uint64_t open_headers_read = 0;   ///< slot headers the last open read (each slot's once)
+  std::uint64_t open_pages_read = 0;     ///< pages the last open read to choose between versions
   std::vector<FolderStats> folders;
 };
 

@@ -181,6 +181,7 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
     Chunk c = std::move(inflight.front());
     inflight.pop_front();
     c.fut.get();
+    st.open_headers_read += c.count;
     for (std::size_t k = 0; k < c.count; ++k) {
       const std::uint32_t slot = c.first + static_cast<std::uint32_t>(k);
       auto d = decode_header(c.buf.get() + k * kHeaderBytes, opt.page_bytes);
@@ -230,6 +231,7 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
 }
 
 bool Store::Impl::data_matches(const Candidate& c) {
+  ++st.open_pages_read;
   AlignedBuf buf = aligned_buf(c.len);
   Folder& f = folders[c.folder];
   if (c.len > 0) f.slab_of(c.slot).pread(buf.get(), c.len, f.offset_of(c.slot, slot_bytes) + kHeaderBytes).get();

@@ -12,6 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include <filesystem>
+
+#include "common/support.hpp"
 #include "deepio/kv.hpp"
 
 namespace deepio::test {
@@ -40,6 +43,12 @@ inline std::vector<unsigned char> page_for(const std::string& key, std::size_t n
   return p;
 }
 
+inline std::vector<std::string> numbered_keys(const std::string& prefix, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(prefix + std::to_string(i));
+  return keys;
+}
+
 inline std::vector<bool> put_pages(kv::Store& s, const std::vector<std::string>& keys,
                                    std::vector<std::vector<unsigned char>>& pages) {
   std::vector<std::string_view> kv(keys.begin(), keys.end());
@@ -55,6 +64,19 @@ inline std::vector<bool> get_pages(kv::Store& s, const std::vector<std::string>&
   for (auto& p : out) segs.push_back({kv::Segment{p.data(), p.size()}});
   return s.get(kv, segs).get();
 }
+
+/// `folder` as descriptors name it (/proc/self/fd: absolute, symbolic links resolved), with a
+/// trailing slash: fault hooks match the store's own folder by prefix, never a substring of
+/// an absolute path (a checkout under a folder named "bad" would match every folder).
+inline std::string folder_prefix(const std::string& folder) {
+  return std::filesystem::weakly_canonical(std::filesystem::absolute(folder)).string() + "/";
+}
+
+/// Whether descriptor fd is a file under the folder of `prefix` (folder_prefix()).
+inline bool fd_in(int fd, const std::string& prefix) { return fd_path(fd).rfind(prefix, 0) == 0; }
+
+/// Whether descriptor fd is one of a store's slab files (by its file name).
+inline bool fd_is_slab(int fd) { return std::filesystem::path(fd_path(fd)).filename().string().rfind("slab-", 0) == 0; }
 
 /// Waits for a forked child that ends with ::_exit (a crash: the store it opened is never
 /// closed) and returns its exit code (0: every check in it passed), or -1 if it did not exit

@@ -40,7 +40,7 @@ class HeldWrites {
     auto released = released_;
     deepio::detail::set_fault_hook([released](const deepio::detail::FaultSite& site) -> std::optional<std::int64_t> {
       if (site.point != deepio::detail::FaultPoint::Write || released->load()) return std::nullopt;
-      if (fd_path(site.fd).find("/slab-") == std::string::npos) return std::nullopt;
+      if (!fd_is_slab(site.fd)) return std::nullopt;
       return deepio::detail::kFaultHold;
     });
   }
