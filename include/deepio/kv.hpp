@@ -91,8 +91,9 @@ struct StoreOptions {
   /// (fallocate). Needed to make a store: a folder that holds none (no kv.meta) with
   /// capacity_bytes 0 throws deepio::InvalidArgument naming it, before anything is made, so
   /// that a drive that failed to mount never has its store made on the file system below it.
-  /// A folder's share larger than its file system's free space (statvfs f_bavail, plus slab
-  /// files already there) throws deepio::InvalidArgument naming the folder and both sizes.
+  /// New folders' shares larger than their file system's free space (statvfs f_bavail, plus
+  /// slab files already there; folders on one file system added up) throw
+  /// deepio::InvalidArgument naming the folder and the sizes.
   /// The layout (slots per folder, page_bytes) is fixed when a folder's store is made and kept
   /// by later opens, whatever these say: reopen an existing store with 0.
   std::uint64_t capacity_bytes = 0;

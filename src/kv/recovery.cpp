@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <unordered_map>
 
@@ -44,9 +45,10 @@ InvalidArgument other_fingerprint(const std::string& folder, const std::string& 
                          "; open it with that fingerprint, or with clear_on_mismatch to drop its pages");
 }
 
-/// Bytes free for an unprivileged writer on the file system that would hold `folder` (its
-/// nearest existing ancestor's), plus what its slab files already hold (a creation cut short).
-std::uint64_t free_bytes_for(const std::string& folder) {
+/// The file system that would hold `folder` (its nearest existing ancestor's): its id and the
+/// bytes free for an unprivileged writer, plus what the folder's slab files already hold (a
+/// creation cut short).
+std::pair<std::uint64_t, std::uint64_t> file_system_of(const std::string& folder) {
   std::filesystem::path p = std::filesystem::absolute(folder);
   std::error_code ec;
   while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
@@ -60,11 +62,16 @@ std::uint64_t free_bytes_for(const std::string& folder) {
       free += static_cast<std::uint64_t>(st.st_blocks) * 512;
     }
   }
-  return free;
+  return {static_cast<std::uint64_t>(vfs.f_fsid), free};
 }
 }  // namespace
 
 void Store::Impl::check_layouts(std::uint64_t share) {
+  struct Need {
+    std::uint64_t bytes = 0, free = 0;
+    std::size_t folders = 0;
+  };
+  std::map<std::uint64_t, Need> need;  // per file system: new folders on one share its space
   for (const std::string& folder : opt.folders) {
     std::optional<std::vector<unsigned char>> bytes;
     try {
@@ -85,10 +92,15 @@ void Store::Impl::check_layouts(std::uint64_t share) {
       continue;
     }
     if (share == 0) throw no_store(folder);
-    if (const std::uint64_t free = free_bytes_for(folder); share > free) {
+    const auto [fs, free] = file_system_of(folder);
+    Need& n = need[fs];
+    n.bytes += share;
+    n.free = std::max(n.free, free);
+    if (++n.folders; n.bytes > n.free) {
       throw InvalidArgument("kv: folder " + folder + " would get " + std::to_string(share) + " bytes (capacity_bytes " +
                             std::to_string(opt.capacity_bytes) + " over " + std::to_string(opt.folders.size()) +
-                            " folders), but its file system has " + std::to_string(free) +
+                            " folders; " + std::to_string(n.bytes) + " for the " + std::to_string(n.folders) +
+                            " new ones on its file system), but that file system has " + std::to_string(n.free) +
                             " bytes free; give a smaller capacity_bytes");
     }
   }

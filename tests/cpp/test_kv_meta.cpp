@@ -93,6 +93,12 @@ TEST(KvMeta, ACapacityOverTheFreeSpaceIsRefused) {
   EXPECT_NE(msg.find(std::to_string(o.capacity_bytes / 2)), std::string::npos) << msg;
   EXPECT_NE(msg.find("bytes free"), std::string::npos) << msg;
   EXPECT_FALSE(std::filesystem::exists(dir.file("a")));
+  // Two folders on one file system share its space: each half fits, both together do not.
+  o.capacity_bytes = free + free / 2;
+  const std::string sum = message_of(o);
+  EXPECT_NE(sum.find(dir.file("b")), std::string::npos) << sum;
+  EXPECT_NE(sum.find("for the 2 new ones"), std::string::npos) << sum;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("a")));
 }
 
 TEST(KvMeta, AnotherFingerprintIsRefusedBeforeAnythingIsTouched) {
