@@ -1,6 +1,7 @@
 // deepio::kv::Store's public calls, its batch threads and close (impl.hpp says where the
 // rest is).
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <set>
 
@@ -56,7 +57,7 @@ void Store::Impl::run_jobs() {
   if (last) {
     try {
       finish_close();
-    } catch (const Error&) {
+    } catch (...) {
       // Nobody is left to tell: the close was asked for from a callback, which has returned.
     }
   }
@@ -64,12 +65,12 @@ void Store::Impl::run_jobs() {
 }
 
 void Store::Impl::finish_close() {
-  std::optional<Error> err;
+  std::exception_ptr err;  // thrown after the rest: every later close() waits for close_finished
   try {
     std::lock_guard ck(ckpt_mu);
     write_checkpoint();
-  } catch (const Error& e) {
-    err = e;
+  } catch (...) {
+    err = std::current_exception();
   }
   for (internal::Folder& f : folders) f.slabs.clear();
   // The locks last, once no write of this store can come.
@@ -80,7 +81,7 @@ void Store::Impl::finish_close() {
     close_finished = true;
   }
   qcv.notify_all();
-  if (err) throw *err;
+  if (err) std::rethrow_exception(err);
 }
 
 void Store::Impl::start_threads(const std::shared_ptr<Impl>& self) {
