@@ -1,12 +1,12 @@
 // deepio::kv::Store: a KV-cache page store on local NVMe drives (docs/kv.md, "The store").
 //
-// Layout: one folder per drive; in each, preallocated slab files of fixed slots. A slot is a
-// 4 KiB header (magic, format version, key, page length, CRC-32C of the page, generation, the
-// header's own CRC-32C) followed by page_bytes rounded up to 4 KiB. Every byte moves through
-// one deepio::Handle, on slab files opened once (deepio::File, O_DIRECT where the file system
-// allows it). New pages go to a folder chosen by key hash; a failed or full folder's share
-// goes to the next healthy one; a failed folder is probed now and then and comes back when it
-// works again.
+// Layout: one folder per drive; in each, a preallocated slab file of fixed slots (at most 4
+// files: StoreOptions::slab_bytes). A slot is a 4 KiB header (magic, format version, key,
+// page length, CRC-32C of the page, generation, the header's own CRC-32C) followed by
+// page_bytes rounded up to 4 KiB. Every byte moves through one deepio::Handle, on slab files
+// opened once (deepio::File, O_DIRECT where the file system allows it). New pages go to a
+// folder chosen by key hash; a failed or full folder's share goes to the next healthy one; a
+// failed folder is probed now and then and comes back when it works again.
 //
 // Guarantees:
 //  - A get returns true only when the slot's header names the key and the generation the
@@ -53,8 +53,15 @@
 // cuFile (GPUDirect Storage) is not used: it would need the bytes read twice to be checked.
 //
 // Thread safety: every member function may be called from several threads at once, except
-// close() (call it once, after the last call of other threads). Fork: a Store belongs to the
-// process that made it; in a forked child every call throws deepio::ForkedHandle.
+// close() (call it after the last call of other threads). A Store may be closed or destroyed
+// on any thread, its own batch threads included (from a BatchFuture::on_done callback): there
+// the close is deferred (see close()), never a thread joining itself.
+// Fork: a Store belongs to the process that made it. In a forked child every call of a Store
+// or of its BatchFutures (stats(), take_warnings(), close() and on_done() included) throws
+// deepio::ForkedHandle before taking any lock, destroying the Store there returns at once and
+// releases nothing of the parent's (its memory is left), and the child does not hold the
+// folders' kv.lock (replaced by /dev/null in the child at the fork): once the parent closes
+// the store, another may open the folders while the child lives.
 #pragma once
 
 #include <chrono>
@@ -80,18 +87,43 @@ inline constexpr std::size_t kMaxKeyBytes = 1024;
 struct StoreOptions {
   /// One folder per drive; created if missing.
   std::vector<std::string> folders;
-  /// Total capacity over all folders, split evenly; 0: at first open, half of each folder's
-  /// free space (statvfs f_bavail). The layout (slots per folder, page_bytes) is fixed at
-  /// first open and kept by later opens, whatever these say.
+  /// Total capacity over all folders, split evenly; the folders' space is allocated at once
+  /// (fallocate). Needed to make a store: a folder that holds none (no kv.meta) with
+  /// capacity_bytes 0 throws deepio::InvalidArgument naming it, before anything is made, so
+  /// that a drive that failed to mount never has its store made on the file system below it.
+  /// New folders' shares larger than their file system's free space (statvfs f_bavail, plus
+  /// slab files already there; folders on one file system added up) throw
+  /// deepio::InvalidArgument naming the folder and the sizes.
+  /// The layout (slots per folder, page_bytes) is fixed when a folder's store is made and kept
+  /// by later opens, whatever these say: reopen an existing store with 0.
   std::uint64_t capacity_bytes = 0;
+  /// What the pages' bytes mean, for the backend that stores them: model, KV layout, dtype,
+  /// page shape, tensor-parallel rank and size... Opaque to the store (compared byte for byte),
+  /// at most 4 KiB. Written in each folder's kv.meta when its store is made (a store made by
+  /// an older deepio has the fingerprint ""). Opening a store made with another fingerprint
+  /// throws deepio::InvalidArgument naming the folder and both fingerprints, before anything
+  /// is touched, unless clear_on_mismatch.
+  std::string fingerprint;
+  /// With another fingerprint on a folder: drop every page there, durably (one atomic replace
+  /// of kv.meta holding the new fingerprint; a crash at any instant leaves either the old
+  /// store, which the next open meets as a mismatch again, or none of its pages), and queue a
+  /// warning naming both fingerprints (take_warnings()). No page written under one fingerprint
+  /// is ever a hit under another.
+  bool clear_on_mismatch = false;
   /// The largest page; a slot holds 4 KiB of header plus this rounded up to 4 KiB.
   std::size_t page_bytes = std::size_t{2} << 20;
   /// Eviction starts when a folder's used slots exceed high_watermark of its slots (or none is
   /// free) and frees least recently used pages down to low_watermark.
   double high_watermark = 0.95;
   double low_watermark = 0.85;
-  /// Slab file size bound (a slab holds max(1, slab_bytes / slot size) slots).
-  std::uint64_t slab_bytes = std::uint64_t{1} << 30;
+  /// How a new folder's slots are split over slab files: 0 (the default), one file per
+  /// folder; otherwise files of slab_bytes (max(1, slab_bytes / slot size) slots each), but
+  /// never more than 4 per folder (larger slabs when the folder's share needs it). Each slab
+  /// costs two descriptors (O_DIRECT and buffered) and the folder one more (kv.lock): 3 to 9
+  /// per folder, whatever its size (docs/kv.md, "Descriptors"). Kept by later opens: a folder
+  /// made by an older deepio (1 GiB slabs, any number) is read with its slabs as they are.
+  /// A folder over 16 TiB on ext4 (its largest file) needs slab_bytes.
+  std::uint64_t slab_bytes = 0;
   /// A checkpoint of the index is written at close and, when the index changed, after a batch
   /// that finds this long passed since the last one; zero: only at close and checkpoint().
   std::chrono::milliseconds checkpoint_interval{60000};
@@ -136,9 +168,11 @@ class DEEPIO_API BatchFuture {
   /// Waits, then returns the per-key results (true: stored durably / found whole).
   const std::vector<bool>& get() const;
   /// Calls fn once, when done: at once on this thread if already done, else on the store's
-  /// batch thread that completes it, with no store lock held. fn must not throw, and must not
-  /// call Store::close() (which joins that thread). Waiters are woken first: a callback may
-  /// still be running, or not yet started, when wait() returns.
+  /// batch thread that completes it, with no store lock held. fn must not throw. fn may call
+  /// Store::close() or destroy the Store (drop its last reference): the close is then
+  /// deferred to the batch threads' exit (Store::close()). Waiters are woken first: a
+  /// callback may still be running, or not yet started, when wait() returns. Throws
+  /// deepio::ForkedHandle in a forked child (fn is not kept).
   void on_done(std::function<void()> fn) const;
 
   struct State;
@@ -175,13 +209,17 @@ struct StoreStats {
   std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
   double open_seconds = 0;               ///< how long the last open took (checkpoint + scan)
+  std::uint64_t open_headers_read = 0;   ///< slot headers the last open read (each slot's once)
+  std::uint64_t open_pages_read = 0;     ///< pages the last open read to choose between versions
   std::vector<FolderStats> folders;
 };
 
 class DEEPIO_API Store {
  public:
   /// Opens or creates the store. Throws deepio::InvalidArgument for bad options (no folder,
-  /// page_bytes 0, watermarks out of order, an existing layout with another page_bytes) and
+  /// page_bytes 0, watermarks out of order, a fingerprint over 4 KiB, an existing layout with
+  /// another page_bytes, or another fingerprint without clear_on_mismatch, a folder holding no
+  /// store with capacity_bytes 0, or a share over its free space; see StoreOptions) and
   /// deepio::Error when a folder cannot be created or its slabs cannot be allocated, and
   /// deepio::Error EBUSY when another open store (in this process or another) holds one of the
   /// folders (each folder's kv.lock is held with flock until close()).
@@ -228,19 +266,28 @@ class DEEPIO_API Store {
   /// probe another thread runs. A folder that could not be opened is not probed. Thread-safe;
   /// throws deepio::InvalidArgument after close().
   std::size_t retry_failed();
+  /// Counters and per-folder state. Throws deepio::ForkedHandle in a forked child.
   [[nodiscard]] StoreStats stats() const;
   /// Warnings queued since the last call, oldest first: "deepio.kv: folder PATH failed (...)..."
-  /// and "deepio.kv: folder PATH recovered".
+  /// and "deepio.kv: folder PATH recovered". Throws deepio::ForkedHandle in a forked child.
   std::vector<std::string> take_warnings();
   [[nodiscard]] std::size_t page_bytes() const noexcept;
-  /// Finishes every batch in flight, writes the checkpoint, closes the slabs. Later calls
-  /// (other than stats(), close() and destruction) throw deepio::InvalidArgument. Idempotent.
+  /// Finishes every batch in flight, writes the checkpoint, closes the slabs and unlocks the
+  /// folders; throws the checkpoint's deepio::Error (the store is closed all the same). Later
+  /// calls (other than stats(), take_warnings(), close() and destruction) throw
+  /// deepio::InvalidArgument. Idempotent: a second close() (or the destructor) waits until the
+  /// first one finished, unless it runs on one of the store's batch threads.
+  /// From one of the store's own batch threads (a BatchFuture::on_done callback, where the
+  /// destructor runs too when the callback held the last reference): returns at once; the
+  /// batch threads finish the queued batches and the last one out writes the checkpoint and
+  /// unlocks the folders (its errors are lost: nobody is left to tell). Until then, a new Store
+  /// over the same folders gets EBUSY. Throws deepio::ForkedHandle in a forked child.
   void close();
 
   struct Impl;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the batch threads (a close from one is deferred)
 };
 
 /// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has

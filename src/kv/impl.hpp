@@ -1,0 +1,236 @@
+// deepio::kv::Store's implementation (the guarantees are in include/deepio/kv.hpp; the format
+// in layout.hpp; the slot model in slots.hpp). One file per job:
+//   future.cpp      BatchFuture
+//   layout.cpp      header, kv.meta and checkpoint bytes (pure)
+//   slots.cpp       slots, index, LRU and eviction (pure model)
+//   files.cpp       durable replace, whole-file reads, the folder lock
+//   batch_io.cpp    put and get batches (the I/O of the protocols below)
+//   recovery.cpp    open: layout, checkpoint and header scan
+//   probe.cpp       folder failures and the probes that bring them back
+//   checkpoint.cpp  writing checkpoints
+//   store.cpp       the public API, the batch threads and close
+//
+// Put protocol (one batch thread per batch): under mu, allocate a slot per page (evicting
+// LRU pages of its folder when needed) and a new generation; then, unlocked, write every
+// page's data (no sync) while computing its CRC, then every header with OpOptions::fsync (one
+// pwrite_ranges per slab: the engine's fdatasync after it covers the data written before);
+// then, under mu, switch the index to the new slots and free the old ones (freed later when
+// pinned). A crash anywhere leaves a slot whose header CRC or data CRC does not match (a
+// miss) or the previous version.
+//
+// Get protocol: under mu, look up and pin; unlocked, read the headers (one pread_ranges per
+// slab) and the data straight into the caller's segments; verify key, generation, length and
+// the data CRC; under mu, unpin.
+//
+// Device pages (a segment in CUDA memory, DeviceSupport::classify): the same protocols through
+// the batch thread's DeviceScratch: put copies a page device→host into a free buffer, takes its
+// CRC there and writes it from there, waiting for the oldest device page's write when every
+// buffer is held; get reads device pages into buffers (as many as there are), verifies each as
+// its read completes and starts the host→device copy of a verified one only, and completes the
+// batch after every copy finished. BatchOptions::stream's events (recorded at the call) are
+// waited for by the stagers' streams before the batch's first copy. A failed copy is the
+// page's false, not a folder failure; a get's page stays indexed.
+//
+// Checkpoint: the live (slot, generation, LRU tick) of each folder and a generation bound B
+// below every put still in flight. At open a slot whose header is valid is live if its
+// generation is above B (written after the checkpoint) or the checkpoint lists it with that
+// generation; slots freed before the checkpoint are dead. For a key found in several slots
+// the newest whose data CRC matches wins (a replace torn by a crash leaves the older one).
+// Generations come from one counter per store, restarted above the highest found at open.
+//
+// Errors: any failed operation of a folder marks it failed (errno, message, count, time, a
+// queued warning); its index entries are dropped (pinned slots turn Zombie, freed when the last
+// get unpins them) and it gets no new pages. After a batch that finds its last error
+// retry_failed_after old, or at retry_failed(), probe() tests it (probe.cpp). A folder that
+// failed at open (its slot table never read whole) is not probed.
+//
+// Locks: mu guards the slot model, folders' error state, stats and warnings; no I/O wait and
+// no callback runs under it. ckpt_mu serializes checkpoints; probe_mu probes; qmu the queue.
+// Order: probe_mu, ckpt_mu, mu.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "deepio/handle.hpp"
+#include "deepio/kv.hpp"
+#include "engine/device.hpp"
+#include "kv/device_scratch.hpp"
+#include "kv/files.hpp"
+#include "kv/future.hpp"
+#include "kv/layout.hpp"
+#include "kv/slots.hpp"
+#include "platform/process.hpp"
+
+namespace deepio::kv {
+
+namespace internal {
+
+/// A folder's files and error history (its slots are in the SlotModel).
+struct Folder {
+  std::string path;
+  /// kv.lock, held with flock(LOCK_EX) while the store is open: one store per folder.
+  FolderLock lock;
+  std::vector<File> slabs;
+  std::uint64_t slots = 0;
+  std::uint64_t per_slab = 0;
+  /// Its kv.meta as read or written at open (fingerprint, generation floor).
+  Meta meta;
+  /// Opened with another fingerprint and clear_on_mismatch: the scan drops every page.
+  bool clear_pages = false;
+  /// open() read every slot header of the folder (its slabs and slot table are whole): only
+  /// such a folder is probed after a failure. One that failed at open waits for a reopen.
+  bool opened = false;
+  /// When the folder last saw an error (a failed operation or probe): the next automatic
+  /// probe waits StoreOptions::retry_failed_after from here.
+  std::chrono::steady_clock::time_point failed_at{};
+  std::uint64_t errors = 0;
+  std::uint64_t recoveries = 0;
+  int last_errno = 0;
+  std::string last_error;
+
+  [[nodiscard]] std::uint64_t offset_of(std::uint32_t slot, std::uint64_t slot_bytes) const {
+    return (slot % per_slab) * slot_bytes;
+  }
+  [[nodiscard]] File& slab_of(std::uint32_t slot) { return slabs[slot / per_slab]; }
+};
+
+struct Job {
+  bool write = false;
+  /// BatchOptions::stream's events, one per device of the batch's device pages.
+  std::vector<std::pair<int, std::shared_ptr<deepio::detail::DeviceFence>>> fences;
+  std::vector<std::string> keys;
+  std::vector<std::vector<Segment>> segments;
+  std::shared_ptr<BatchFuture::State> state;
+};
+
+/// The errno a failed operation stands for (EIO where the error carries none).
+inline int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
+
+/// Waits for f and returns its errno (0 on success), with the message in *what.
+inline int settle(Future& f, std::string* what) {
+  try {
+    f.get();
+    return 0;
+  } catch (const Error& e) {
+    *what = e.what();
+    return errno_of(e);
+  }
+}
+
+}  // namespace internal
+
+struct Store::Impl {
+  using Folder = internal::Folder;
+  using Job = internal::Job;
+
+  StoreOptions opt;
+  const deepio::detail::ProcessStamp stamp;
+  std::uint64_t slot_bytes = 0;
+  std::unique_ptr<Handle> handle;
+  deepio::detail::DeviceSupport device;  // read once at open, as a Handle does
+
+  mutable std::mutex mu;
+  std::vector<Folder> folders;  // the vector never changes after open
+  internal::SlotModel model;
+  std::set<std::uint64_t> inflight_gens;
+  std::condition_variable gens_cv;  // notified when puts leave inflight_gens (mu)
+  std::uint64_t next_gen = 1;
+  StoreStats st;
+  std::vector<std::string> warnings;
+  bool closed = false;
+
+  std::mutex ckpt_mu;
+  std::mutex probe_mu;  // one probe of failed folders at a time; taken before ckpt_mu and mu
+  std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
+
+  std::mutex qmu;
+  std::condition_variable qcv;  // the queue, stopping, and close_finished (qmu)
+  std::deque<Job> queue;
+  bool stopping = false;
+  /// Batch threads not yet out of run_jobs (qmu).
+  std::size_t running = 0;
+  /// close() came from a batch thread (a done-callback): the last thread out finishes it (qmu).
+  bool close_deferred = false;
+  /// finish_close() is done: the checkpoint written, the folders unlocked (qmu).
+  bool close_finished = false;
+  /// Joined by close(), or detached by a close() from a batch thread. Each thread holds a
+  /// shared_ptr to this Impl, so that it outlives them: the Store's own reference may go first.
+  std::vector<std::thread> threads;
+
+  explicit Impl(const StoreOptions& o) : opt(o), model(o.folders.size(), o.high_watermark, o.low_watermark) {}
+
+  // -- store.cpp: batch threads and close --
+  /// Starts the batch threads, each holding `self` (this Impl).
+  void start_threads(const std::shared_ptr<Impl>& self);
+  /// After the batch threads are gone: the final checkpoint, slabs closed, folders unlocked,
+  /// the engine destroyed; close_finished set. Throws the checkpoint's error.
+  void finish_close();
+  /// Queues a batch; refused once close() began (its threads may be gone).
+  void enqueue(Job job);
+  void run_jobs();
+  /// Throws ForkedHandle in a forked child, InvalidArgument after close().
+  void check_usable() const;
+
+  // -- batch_io.cpp --
+  /// A put batch: its pages that failed because their folder's I/O failed (that folder is now
+  /// failed) are put again, to the next healthy folder, until none is left.
+  std::vector<bool> put_batch(Job& job, internal::DeviceScratch& scratch);
+  std::vector<bool> do_put(Job& job, internal::DeviceScratch& scratch, std::vector<bool>* io_failed);
+  std::vector<bool> do_get(Job& job, internal::DeviceScratch& scratch);
+
+  // -- recovery.cpp --
+  void open();
+  /// Before anything is made or locked: every folder's kv.meta against the options (page_bytes,
+  /// fingerprint unless clear_on_mismatch); a folder with none needs a capacity share (> 0)
+  /// its file system has free. Throws InvalidArgument naming the folder.
+  void check_layouts(std::uint64_t share);
+  void open_folder(std::uint32_t fi, std::uint64_t share);
+  struct Candidate {
+    std::uint32_t folder, slot;
+    std::uint64_t gen, len, tick;
+    std::uint32_t crc;
+  };
+  /// Reads every slot header of folder fi; appends its live candidates by key.
+  void scan_folder(std::uint32_t fi, std::unordered_map<std::string, std::vector<Candidate>>* found);
+  /// Whether the slot's data matches crc (read through the handle).
+  bool data_matches(const Candidate& c);
+
+  // -- probe.cpp --
+  /// Marks folder fi failed (mu held): counts the error, queues a warning the first time and
+  /// drops its pages.
+  void fail_folder(std::uint32_t fi, int err, const std::string& what);
+  /// After a batch: probes the folders failed for at least retry_failed_after, unless another
+  /// thread is probing.
+  void maybe_retry_failed();
+  /// Probes the failed folders (all, or those failed at least retry_failed_after ago); returns
+  /// how many came back. probe_mu held, mu not.
+  std::size_t retry_failed(bool all);
+  bool probe(std::uint32_t fi);
+
+  // -- checkpoint.cpp --
+  void maybe_checkpoint();
+  /// The generation bound of a checkpoint taken now: below every put in flight (mu held).
+  [[nodiscard]] std::uint64_t checkpoint_bound() const {
+    return inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1;
+  }
+  /// Writes every folder's checkpoint but the failed ones' (ckpt_mu held, mu not).
+  void write_checkpoint();
+  /// Writes folder fi's checkpoint, as of now (ckpt_mu held, mu not).
+  void write_folder_checkpoint(std::uint32_t fi);
+  /// Waits until every put that took its generation before the call has committed or failed
+  /// (lk holds mu).
+  void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk);
+  /// checkpoint() and clear(): the barrier above, then the checkpoint.
+  void durable_checkpoint();
+};
+
+}  // namespace deepio::kv

@@ -1,0 +1,183 @@
+// The store's slots, index and LRU as a pure model: no I/O, no threads, no clock. Store::Impl
+// holds one under its mutex and does the I/O around it; tests/cpp/test_kv_slots.cpp drives it
+// alone with randomized operation sequences and checks the invariants below after each step.
+//
+// State. Per folder: `slots` slots, each Free, Writing (handed to a put, not yet committed),
+// Live (the slot of exactly one index entry) or Zombie (dropped from the index while gets
+// still pin it); a free list; an LRU list of its live keys (least recently used first) and an
+// LRU tick per live slot (what a checkpoint records); a failed flag. The index maps a key to
+// (folder, slot, generation, length).
+//
+// Invariants (after every public call):
+//  I1. Every slot is in exactly one state; the free list holds each Free slot once and no
+//      other; a slot with pins > 0 is never Free.
+//  I2. Each index entry's slot is Live and belongs to no other entry; every Live slot has one.
+//  I3. A folder's LRU list holds exactly the keys of its index entries; a failed folder has
+//      no entries.
+//  I4. allocate() hands out only a Free slot (so never a pinned one) of a folder not failed.
+//  I5. A put commits only over an older generation: a commit whose key has a newer entry
+//      frees its slot instead.
+// Policies:
+//  - Placement: the folder FNV-1a 64(key) % folders first, then the next ones in order,
+//    skipping failed folders and folders with no Free slot after eviction.
+//  - Eviction (in allocate): when a folder's used slots + 1 exceed high_watermark * slots or
+//    none is Free, least recently used pages are dropped until used <= low_watermark * slots
+//    or no live page is left. A pinned page is dropped too (its slot turns Zombie, handed out
+//    only after the last unpin); Writing slots are not evictable.
+//  - A get pins (pin()) and touches; unpin() of the last pin frees a Zombie slot.
+// Not thread-safe: the caller serializes every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kv/layout.hpp"
+
+namespace deepio::kv::internal {
+
+enum class SlotState : std::uint8_t { Free, Writing, Live, Zombie };
+
+struct Place {
+  std::uint32_t folder = 0;
+  std::uint32_t slot = 0;
+  friend bool operator==(const Place&, const Place&) = default;
+};
+
+/// What a get pinned: read the slot and check the header against gen and len.
+struct Pinned {
+  Place where;
+  std::uint64_t gen = 0;
+  std::uint64_t len = 0;
+};
+
+/// A page found by recovery, to install with load().
+struct Found {
+  Place where;
+  std::uint64_t gen = 0;
+  std::uint64_t len = 0;
+  std::uint64_t tick = 0;  // orders the LRU list (smaller: less recently used)
+};
+
+class SlotModel {
+ public:
+  /// `folders` folders of no slots yet (init_folder gives them theirs); watermarks as
+  /// StoreOptions's (0 < low <= high <= 1).
+  SlotModel(std::size_t folders, double high_watermark, double low_watermark);
+
+  /// Gives folder fi its slots, all Free (before any other call touches it; lowest handed out first).
+  void init_folder(std::uint32_t fi, std::uint64_t slots);
+
+  // -- puts --
+  /// A Writing slot for a new page of `key` (evicting as the policy says), or nullopt when no
+  /// folder has one.
+  std::optional<Place> allocate(std::string_view key);
+  /// The put of `key` into p (Writing) is durable: the index switches to it and the key's old
+  /// slot is released. false (and p released) when a newer generation of the key committed
+  /// first.
+  bool commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len);
+  /// A put into p (Writing) failed: p is released.
+  void abort(Place p);
+
+  // -- gets --
+  /// Pins and touches the key's slot when present, of length `len`, in a folder not failed.
+  std::optional<Pinned> pin(std::string_view key, std::uint64_t len);
+  /// Ends a pin(); the last one frees a Zombie slot.
+  void unpin(Place p);
+  /// The key's entry, if it is still generation gen, is dropped (its slot did not hold it).
+  void forget(std::string_view key, std::uint64_t gen);
+
+  // -- removal --
+  [[nodiscard]] bool contains(std::string_view key) const;
+  /// Drops the key's entry; false when absent.
+  bool remove(std::string_view key);
+  /// Drops every entry; returns how many there were.
+  std::size_t clear();
+
+  // -- folder failure and recovery --
+  /// Marks folder fi failed and drops its entries (pinned slots turn Zombie). Returns false
+  /// when it already was failed (nothing changes).
+  bool fail(std::uint32_t fi);
+  [[nodiscard]] bool failed(std::uint32_t fi) const { return folders_[fi].failed; }
+  /// Takes one Free slot per group of `per_group` slots (a slab) out of the free list, as
+  /// Writing (for a probe to overwrite); nullopt for a group with none.
+  std::vector<std::optional<std::uint32_t>> take_probe_slots(std::uint32_t fi, std::uint64_t per_group);
+  /// Gives back what take_probe_slots() took.
+  void return_probe_slots(std::uint32_t fi, const std::vector<std::optional<std::uint32_t>>& picks);
+  /// Folder fi takes new pages again.
+  void recover(std::uint32_t fi) { folders_[fi].failed = false; }
+
+  // -- checkpoints and recovery --
+  /// Folder fi's live pages, least recently used first.
+  [[nodiscard]] std::vector<CkptRecord> records(std::uint32_t fi) const;
+  /// Installs the pages recovery found (one per key; their slots Free until now), then remakes
+  /// the LRU lists and free lists (a failed folder gets no free list). Once, before any put.
+  void load(const std::vector<std::pair<std::string, Found>>& pages);
+
+  // -- counts --
+  [[nodiscard]] std::size_t pages() const { return index_.size(); }
+  [[nodiscard]] std::size_t folders() const { return folders_.size(); }
+  [[nodiscard]] std::uint64_t slots(std::uint32_t fi) const { return folders_[fi].slots; }
+  /// Slots not Free (0 for a failed folder, as stats report it).
+  [[nodiscard]] std::uint64_t used(std::uint32_t fi) const;
+  [[nodiscard]] std::uint64_t evictions() const { return evictions_; }
+  /// Whether the index changed since the last take_dirty(); clears the flag.
+  bool take_dirty() { return std::exchange(dirty_, false); }
+  [[nodiscard]] bool dirty() const { return dirty_; }
+
+  // -- for tests --
+  [[nodiscard]] SlotState state(Place p) const { return folders_[p.folder].info[p.slot].state; }
+  [[nodiscard]] std::uint32_t pins(Place p) const { return folders_[p.folder].info[p.slot].pins; }
+  [[nodiscard]] std::vector<std::string> lru_keys(std::uint32_t fi) const;
+  [[nodiscard]] std::optional<Pinned> find(std::string_view key) const;
+  /// Checks I1-I3; the first violation in words, or "" when there is none.
+  [[nodiscard]] std::string check() const;
+
+ private:
+  struct SlotInfo {
+    SlotState state = SlotState::Free;
+    std::uint32_t pins = 0;
+  };
+  struct Entry {
+    std::uint32_t folder = 0;
+    std::uint32_t slot = 0;
+    std::uint64_t gen = 0;
+    std::uint64_t len = 0;
+    std::list<const std::string*>::iterator lru;
+  };
+  struct Folder {
+    std::uint64_t slots = 0;
+    std::vector<SlotInfo> info;
+    std::vector<std::uint32_t> free;                        // slots to hand out
+    std::list<const std::string*> lru;                      // live keys, least recently used first
+    std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
+    bool failed = false;
+  };
+  struct KeyHash {
+    using is_transparent = void;  // find() by string_view without a copy
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  using Index = std::unordered_map<std::string, Entry, KeyHash, std::equal_to<>>;
+
+  void release(Folder& f, std::uint32_t slot);
+  void drop(Index::iterator it);
+  void evict(std::uint32_t fi);
+  Index::iterator lookup(std::string_view key);
+  [[nodiscard]] Index::const_iterator lookup(std::string_view key) const;
+
+  double high_;
+  double low_;
+  std::vector<Folder> folders_;
+  Index index_;
+  std::uint64_t clock_ = 0;
+  std::uint64_t evictions_ = 0;
+  bool dirty_ = false;
+};
+
+}  // namespace deepio::kv::internal
