@@ -1,5 +1,6 @@
-// `_deepio.KvStore` and `_deepio.KvFuture`: thin bindings over deepio::kv::Store
-// (include/deepio/kv.hpp), wrapped by deepio.kv.Store (python/deepio/kv/__init__.py).
+// `_deepio.KvStore`: the thin binding of deepio::kv::Store
+// (include/deepio/kv.hpp), wrapped by deepio.kv.Store (python/deepio/kv/__init__.py); its
+// futures and argument parsing are in kv_future.cpp.
 //
 // Arguments are checked here, with the GIL, so that a bad one raises at the call naming its
 // index; the store's calls then run with the GIL released. Lifetimes: a registered pool is
@@ -8,11 +9,29 @@
 // keep until the future is done. Done callbacks run on the store's batch thread with the GIL
 // taken there, never under a store lock; the store is closed and destroyed with the GIL
 // released, so those threads can take it meanwhile.
+//
+// Calls, close and fork (KvStore):
+//  * Every call first checks the process (deepio.ForkedHandleError in a forked child) before
+//    it takes any lock, the binding's mu_ included; then it counts itself as a user of the
+//    store (mu_) until it returns. close() marks the store closing (later calls raise
+//    ValueError "closed store"), waits until no call is under way (GIL released, Ctrl-C
+//    honoured), then closes and destroys the store; a second close() waits for the first.
+//  * A forked child never touches the store, its threads or mu_ (the parent's, perhaps held
+//    at the fork): its calls raise, and dropping the object there leaks the store.
+//  * A done callback runs on one of the store's batch threads, which closing the store joins:
+//    a close() or the last reference dropped there (t_callback_of names the store) hands the
+//    close and destruction to a thread of its own (retire()), never a self-join. The pools
+//    stay alive until that close finished every batch; a failure of its checkpoint is reported
+//    as a deepio.UnobservedFailureWarning.
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -21,116 +40,40 @@
 
 #include "common.hpp"
 #include "deepio/kv.hpp"
+#include "kv_future.hpp"
+#include "platform/process.hpp"
 
 namespace deepio::py {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+constexpr const char* kClosed = "deepio.kv: operation on a closed store";
 
-class KvFuture {
- public:
-  explicit KvFuture(kv::BatchFuture f) : fut_(std::move(f)) {}
-  bool done() const { return fut_.done(); }
-
-  nb::list result(std::optional<double> timeout) {
-    std::optional<Clock::time_point> deadline;
-    if (timeout) {
-      if (*timeout < 0) throw nb::value_error("timeout must be non-negative");
-      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
-    }
-    for (;;) {
-      bool done = false;
-      {
-        nb::gil_scoped_release release;
-        auto slice_end = Clock::now() + std::chrono::milliseconds(50);
-        if (deadline && *deadline < slice_end) slice_end = *deadline;
-        done = fut_.wait_for(slice_end - Clock::now());
-      }
-      if (done) break;
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (deadline && Clock::now() >= *deadline) {
-        if (fut_.done()) break;
-        PyErr_SetString(PyExc_TimeoutError, "deepio.kv: the batch did not complete within the timeout");
-        throw nb::python_error();
-      }
-    }
-    nb::list out;
-    for (bool b : fut_.get()) out.append(nb::bool_(b));
-    return out;
-  }
-
-  void add_done_callback(nb::handle self, nb::object fn) {
-    if (fut_.done()) {
-      fn(self);
-      return;
-    }
-    // The references live in ctx, made and released with the GIL; it is released by the
-    // callback, which runs exactly once (the store completes every batch, at the latest when
-    // it closes). While the interpreter finalizes it is leaked instead.
-    auto* ctx = new std::pair<nb::object, nb::object>(nb::borrow(self), std::move(fn));
-    fut_.on_done([ctx] {
-      if (interpreter_finalizing()) return;
-      nb::gil_scoped_acquire gil;
+/// Closes and destroys `store` on a thread of its own, then drops `pools` and `pool` (with the
+/// GIL); for a store whose own batch thread calls (see the protocol above). GIL held.
+void retire(std::unique_ptr<kv::Store> store, std::vector<std::shared_ptr<Buffer>> pools, nb::object pool) {
+  struct Held {
+    std::vector<std::shared_ptr<Buffer>> pools;
+    nb::object pool;
+  };
+  auto* held = new Held{std::move(pools), std::move(pool)};
+  try {
+    std::thread([store = std::move(store), held]() mutable {
+      std::string error;
       try {
-        ctx->second(ctx->first);
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("deepio.kv: a done callback raised");
+        store->close();
+      } catch (const std::exception& e) {
+        error = e.what();
       }
-      delete ctx;
-    });
+      store.reset();
+      if (interpreter_finalizing()) return;  // exiting: the pools are leaked with the process
+      nb::gil_scoped_acquire gil;
+      delete held;
+      if (!error.empty()) warn_unobserved("deepio.kv: closing a store dropped in its own done callback: " + error);
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: the store stays open and its memory alive (a leak, not a hang).
+    (void)held;
   }
-
- private:
-  kv::BatchFuture fut_;
-};
-
-/// Keys as views into the Python objects (valid while `keys` lives and the GIL is held or the
-/// objects are referenced by `keep`).
-std::vector<std::string_view> parse_keys(nb::handle keys, std::vector<nb::object>* keep) {
-  if (nb::isinstance<nb::str>(keys) || nb::isinstance<nb::bytes>(keys)) {
-    throw nb::type_error("keys must be a list of str or bytes, not a single str or bytes");
-  }
-  std::vector<std::string_view> out;
-  std::size_t i = 0;
-  for (nb::handle k : nb::iter(keys)) {
-    std::string_view v;
-    if (PyUnicode_Check(k.ptr())) {
-      Py_ssize_t n = 0;
-      const char* p = PyUnicode_AsUTF8AndSize(k.ptr(), &n);
-      if (p == nullptr) throw nb::python_error();
-      v = std::string_view(p, static_cast<std::size_t>(n));
-    } else if (PyBytes_Check(k.ptr())) {
-      v = std::string_view(PyBytes_AS_STRING(k.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(k.ptr())));
-    } else {
-      throw nb::type_error(
-          ("keys[" + std::to_string(i) + "] is " + py_type_name(k) + "; keys are str or bytes").c_str());
-    }
-    if (v.empty() || v.size() > kv::kMaxKeyBytes) {
-      throw nb::value_error(("keys[" + std::to_string(i) + "] is " + std::to_string(v.size()) +
-                             " bytes long; keys are 1 to " + std::to_string(kv::kMaxKeyBytes) +
-                             " bytes (utf-8 for str)")
-                                .c_str());
-    }
-    keep->push_back(nb::borrow(k));
-    out.push_back(v);
-    ++i;
-  }
-  return out;
-}
-
-/// Parses seq, the per-key argument of a put or get (slots, segment lists), into one page per
-/// item with parse(item, index); ValueError "N keys but M <noun>; <advice>" when the counts differ.
-template <typename Parse>
-std::vector<std::vector<kv::Segment>> per_key(nb::handle seq, std::size_t nkeys, const char* noun, const char* advice,
-                                              Parse parse) {
-  std::vector<std::vector<kv::Segment>> pages;
-  std::size_t i = 0;
-  for (nb::handle item : nb::iter(seq)) pages.push_back(parse(item, i++));
-  if (pages.size() != nkeys) {
-    throw nb::value_error(
-        (std::to_string(nkeys) + " keys but " + std::to_string(pages.size()) + " " + noun + "; " + advice).c_str());
-  }
-  return pages;
 }
 
 class KvStore {
@@ -159,8 +102,14 @@ class KvStore {
     store_ = std::make_unique<kv::Store>(o);
   }
   ~KvStore() {
-    if (interpreter_finalizing()) {
-      (void)store_.release();  // its threads may want the GIL: leak it at exit
+    if (!stamp_.here() || interpreter_finalizing()) {
+      // A forked child: the store's threads and locks are the parent's. At exit: its threads
+      // may want the GIL. Either way it is leaked.
+      (void)store_.release();
+      return;
+    }
+    if (store_ && t_callback_of == store_.get()) {
+      retire(std::move(store_), std::move(pools_), std::move(pool_obj_));
       return;
     }
     nb::gil_scoped_release release;
@@ -169,13 +118,25 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  kv::Store& store() {
-    if (!store_) throw nb::value_error("deepio.kv.Store is closed");
-    return *store_;
-  }
+  /// A call's use of the store (see the protocol above): ForkedHandleError in a forked child,
+  /// ValueError once closed or closing.
+  class Use {
+   public:
+    explicit Use(KvStore& owner) : owner_(owner), store_(owner.enter()) {}
+    ~Use() { owner_.leave(); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    kv::Store& operator*() const noexcept { return store_; }
+    kv::Store* operator->() const noexcept { return &store_; }
+
+   private:
+    KvStore& owner_;
+    kv::Store& store_;
+  };
 
   void register_pool(nb::handle pool) {
-    const std::size_t page = store().page_bytes();
+    Use s(*this);
+    const std::size_t page = s->page_bytes();
     // CUDA memory too: the store copies device pages through its own host buffers.
     auto buf = std::make_shared<Buffer>(import_buffer(pool, true, "pool", /*allow_device=*/true));
     // The shape: obj.shape (NumPy, torch, CuPy...) or its memoryview's.
@@ -204,9 +165,8 @@ class KvStore {
   }
 
   /// Pool rows as pages: slots[i] is a row of the registered pool.
-  std::vector<std::vector<kv::Segment>> rows(nb::handle slots, std::size_t nkeys) {
+  std::vector<std::vector<kv::Segment>> rows(nb::handle slots, std::size_t nkeys, std::size_t page) {
     if (pools_.empty()) throw nb::value_error("no pool registered: call register(pool) before put() or get()");
-    const std::size_t page = store().page_bytes();
     return per_key(slots, nkeys, "slots", "give one slot per key", [&](nb::handle s, std::size_t i) {
       if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr())) {
         throw nb::type_error(("slots[" + std::to_string(i) + "] is " + py_type_name(s) + "; slots are ints").c_str());
@@ -223,8 +183,7 @@ class KvStore {
   }
 
   /// Caller memory as pages: segments[i] is a list of (address, nbytes) pairs.
-  std::vector<std::vector<kv::Segment>> segments(nb::handle segments, std::size_t nkeys) {
-    const std::size_t page = store().page_bytes();
+  std::vector<std::vector<kv::Segment>> segments(nb::handle segments, std::size_t nkeys, std::size_t page) {
     return per_key(segments, nkeys, "segment lists", "give one per key", [&](nb::handle list, std::size_t i) {
       std::vector<kv::Segment> one;
       std::size_t total = 0;
@@ -256,9 +215,12 @@ class KvStore {
 
   /// put/get of keys with their pages: pool rows (`pages` is the slots) or segment lists.
   KvFuture submit(bool write, nb::handle keys, nb::handle pages, bool pool_rows) {
+    Use s(*this);
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    std::vector<std::vector<kv::Segment>> segs = pool_rows ? rows(pages, k.size()) : segments(pages, k.size());
+    const std::size_t page = s->page_bytes();
+    std::vector<std::vector<kv::Segment>> segs = pool_rows ? rows(pages, k.size(), page)
+                                                           : segments(pages, k.size(), page);
     kv::BatchOptions opt;
     if (pool_rows && pool_device_ >= 0) {
       // A CUDA pool: the copies follow the producer's stream (torch's current stream, or the
@@ -269,9 +231,8 @@ class KvStore {
       order_after_producer(pool_obj_, &b);
       opt.stream = b.stream;
     }
-    kv::Store& s = store();
     nb::gil_scoped_release release;  // keys stay referenced by `keep`
-    return KvFuture(write ? s.put(k, segs, opt) : s.get(k, segs, opt));
+    return KvFuture(write ? s->put(k, segs, opt) : s->get(k, segs, opt), &*s);
   }
 
   std::size_t exists(nb::handle keys) {
@@ -289,7 +250,12 @@ class KvStore {
   }
 
   nb::dict stats() {
-    kv::StoreStats st = store().stats();
+    kv::StoreStats st;
+    {
+      Use s(*this);
+      nb::gil_scoped_release release;  // it waits for the store's locks
+      st = s->stats();
+    }
     nb::dict d;
     d["page_bytes"] = st.page_bytes;
     d["slot_bytes"] = st.slot_bytes;
@@ -327,56 +293,143 @@ class KvStore {
     return d;
   }
 
+  /// The warnings queued since the last call; once closed, those of the close. While another
+  /// thread closes: none (that close's caller gets them).
   std::vector<std::string> take_warnings() {
-    if (!store_) return std::move(late_warnings_);
-    return store_->take_warnings();
+    stamp_.check();
+    {
+      std::lock_guard lock(mu_);
+      if (!store_) return std::move(late_warnings_);
+      if (closing_) return {};
+    }
+    Use s(*this);
+    nb::gil_scoped_release release;
+    return s->take_warnings();
   }
 
   void checkpoint() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    s.checkpoint();
+    call([](kv::Store& s) { s.checkpoint(); });
   }
-
   std::size_t clear() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.clear();
+    return call([](kv::Store& s) { return s.clear(); });
   }
-
   std::size_t retry_failed() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.retry_failed();
+    return call([](kv::Store& s) { return s.retry_failed(); });
   }
 
   void close() {
-    if (!store_) return;
-    std::unique_ptr<kv::Store> s = std::move(store_);
-    nb::gil_scoped_release release;
-    try {
-      s->close();  // throws deepio::Error (a checkpoint that failed) after closing
-    } catch (...) {
-      late_warnings_ = s->take_warnings();
-      throw;
+    stamp_.check();  // a forked child: before mu_, which a parent's thread may have held
+    {
+      std::lock_guard lock(mu_);
+      if (!store_) return;
+      if (!closing_) {
+        closing_ = true;
+      } else {
+        wait_until([this] { return !closing_; }, [] {});  // another close(): until it is done
+        return;
+      }
     }
-    late_warnings_ = s->take_warnings();
+    wait_until([this] { return users_ == 0; }, [this] { closing_ = false; });
+    std::unique_ptr<kv::Store> s;
+    {
+      std::lock_guard lock(mu_);
+      s = std::move(store_);  // calls refused from here on (store_ null)
+    }
+    if (t_callback_of == s.get()) {  // this store's batch thread: it cannot join itself
+      retire(std::move(s), pools_, pool_obj_);
+      done_closing();
+      return;
+    }
+    std::exception_ptr error;
+    std::vector<std::string> warnings;
+    {
+      nb::gil_scoped_release release;
+      try {
+        s->close();  // throws deepio::Error (a checkpoint that failed) after closing
+      } catch (...) {
+        error = std::current_exception();
+      }
+      warnings = s->take_warnings();
+      s.reset();
+    }
+    late_warnings_ = std::move(warnings);
+    done_closing();
+    if (error) std::rethrow_exception(error);
   }
 
   bool closed() const { return store_ == nullptr; }
-  std::size_t page_bytes() { return store().page_bytes(); }
+  std::size_t page_bytes() {
+    Use s(*this);
+    return s->page_bytes();
+  }
+  /// Calls under way (for tests).
+  int users() {
+    std::lock_guard lock(mu_);
+    return users_;
+  }
 
  private:
+  kv::Store& enter() {
+    stamp_.check();  // before any lock: a forked child takes none
+    std::lock_guard lock(mu_);
+    if (!store_ || closing_) throw nb::value_error(kClosed);
+    ++users_;
+    return *store_;
+  }
+  void leave() noexcept {
+    std::lock_guard lock(mu_);
+    if (--users_ == 0) changed_.notify_all();
+  }
+  void done_closing() {
+    std::lock_guard lock(mu_);
+    closing_ = false;
+    changed_.notify_all();
+  }
+  /// Waits (GIL released, in slices that honour Ctrl-C) until pred() holds under mu_; on a
+  /// raised signal calls undo() under mu_ and raises. GIL held, mu_ not.
+  template <class Pred, class Undo>
+  void wait_until(Pred pred, Undo undo) {
+    for (;;) {
+      bool ok = false;
+      {
+        nb::gil_scoped_release release;
+        std::unique_lock lock(mu_);
+        ok = changed_.wait_for(lock, std::chrono::milliseconds(50), pred);
+      }
+      if (ok) return;
+      if (PyErr_CheckSignals() != 0) {
+        {
+          std::lock_guard lock(mu_);
+          undo();
+          changed_.notify_all();
+        }
+        throw nb::python_error();
+      }
+    }
+  }
+
+  /// fn(store) with the GIL released, as a user of the store.
+  template <typename Fn>
+  std::invoke_result_t<Fn, kv::Store&> call(Fn fn) {
+    Use s(*this);
+    nb::gil_scoped_release release;
+    return fn(*s);
+  }
   /// fn(store, keys) with the GIL released (the keys' objects stay referenced meanwhile).
   template <typename Fn>
   std::invoke_result_t<Fn, kv::Store&, const std::vector<std::string_view>&> with_keys(nb::handle keys, Fn fn) {
+    Use s(*this);
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    kv::Store& s = store();
     nb::gil_scoped_release release;
-    return fn(s, k);
+    return fn(*s, k);
   }
 
+  detail::ProcessStamp stamp_;  // the process that made the store (first thing every call checks)
+  std::mutex mu_;               // users_, closing_, and changes of store_ (made with the GIL held too)
+  std::condition_variable changed_;
+  int users_ = 0;
+  bool closing_ = false;
   std::unique_ptr<kv::Store> store_;
   std::vector<std::shared_ptr<Buffer>> pools_;  // every pool registered (GIL)
   nb::object pool_obj_;                         // the latest pool (GIL)
@@ -395,15 +448,7 @@ KvFuture submit_as(KvStore& s, nb::handle keys, nb::handle pages) {
 }  // namespace
 
 void init_kv(nb::module_& m) {
-  nb::class_<KvFuture>(m, "KvFuture", "The completion of a deepio.kv.Store put or get batch.")
-      .def("done", &KvFuture::done, "True once every page of the batch is stored or read (or failed).")
-      .def("result", &KvFuture::result, nb::arg("timeout") = nb::none(),
-           "Waits (GIL released, Ctrl-C honoured) and returns one bool per key; TimeoutError when the timeout passes.")
-      .def(
-          "add_done_callback",
-          [](nb::handle self, nb::object fn) { nb::cast<KvFuture&>(self).add_done_callback(self, std::move(fn)); },
-          nb::arg("fn"),
-          "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
+  init_kv_future(m);
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
                     std::size_t, std::size_t, std::size_t, std::size_t, double>(),
@@ -425,6 +470,7 @@ void init_kv(nb::module_& m) {
       .def("retry_failed", &KvStore::retry_failed)
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)
+      .def_prop_ro("_users", &KvStore::users, "Calls under way (for tests).")
       .def_prop_ro("page_bytes", &KvStore::page_bytes);
   m.attr("KV_MAX_KEY_BYTES") = kv::kMaxKeyBytes;
   m.def(

@@ -72,7 +72,9 @@ class Store:
     through (made on its first CUDA page; host memory never uses them), and
     ``retry_failed_after``: seconds after its last error before a batch probes a failed folder
     again (0: only ``retry_failed()``; see ``retry_failed``).
-    Thread-safe; a Store used in a forked child raises deepio.ForkedHandleError.
+    Thread-safe, close() included (it waits for the calls under way). In a forked child
+    every call raises deepio.ForkedHandleError at once, and dropping the Store there leaves
+    the parent's store alone. The last reference may go anywhere, a done callback included.
     """
 
     def __init__(
@@ -227,7 +229,11 @@ class Store:
 
     def close(self) -> None:
         """Finishes every batch in flight, writes the checkpoint, closes the slab files.
-        Idempotent; raises OSError if the checkpoint could not be written."""
+        Calls under way in other threads finish first (close waits for them); later calls
+        raise ValueError. Idempotent; raises OSError if the checkpoint could not be written.
+        From a done callback (the store's own batch thread) the close runs on a thread of its
+        own and this returns at once; a failure of its checkpoint is then reported as a
+        deepio.UnobservedFailureWarning."""
         try:
             self._s.close()
         finally:
