@@ -12,17 +12,20 @@
 //
 // Calls, close and fork (KvStore):
 //  * Every call first checks the process (deepio.ForkedHandleError in a forked child) before
-//    it takes any lock, the binding's mu_ included; then it counts itself as a user of the
-//    store (mu_) until it returns. close() marks the store closing (later calls raise
-//    ValueError "closed store"), waits until no call is under way (GIL released, Ctrl-C
-//    honoured), then closes and destroys the store; a second close() waits for the first.
-//  * A forked child never touches the store, its threads or mu_ (the parent's, perhaps held
-//    at the fork): its calls raise, and dropping the object there leaks the store.
+//    it takes any lock, the binding's own (the Gate's) included; then it counts itself as a
+//    user of the store (Gate::users) until it returns. close() marks the store closing (later
+//    calls raise ValueError "closed store"), waits until no call is under way (GIL released,
+//    Ctrl-C honoured), then closes and destroys the store; a second close() waits for the first.
+//  * A forked child never touches the store, its threads or the Gate (the parent's, perhaps
+//    held at the fork): its calls raise, and dropping the object there leaks the store.
 //  * A done callback runs on one of the store's batch threads, which closing the store joins:
-//    a close() or the last reference dropped there (t_callback_of names the store) hands the
-//    close and destruction to a thread of its own (retire()), never a self-join. The pools
-//    stay alive until that close finished every batch; a failure of its checkpoint is reported
-//    as a deepio.UnobservedFailureWarning.
+//    a close() or the last reference dropped there (t_callback_of names the store) never waits
+//    there. It refuses new calls and hands the store to a thread of its own (retire()), which
+//    waits for the calls under way, then closes and destroys it: never a self-join, and never a
+//    wait for a call that may itself wait for this batch thread. Such a close() returns at
+//    once (a close() already under way elsewhere finishes the store). The pools stay alive
+//    until that close finished every batch; a failure of its checkpoint is reported as a
+//    deepio.UnobservedFailureWarning.
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -48,31 +51,48 @@ namespace {
 
 constexpr const char* kClosed = "deepio.kv: operation on a closed store";
 
-/// Closes and destroys `store` on a thread of its own, then drops `pools` and `pool` (with the
-/// GIL); for a store whose own batch thread calls (see the protocol above). GIL held.
-void retire(std::unique_ptr<kv::Store> store, std::vector<std::shared_ptr<Buffer>> pools, nb::object pool) {
+/// The use count of a store's binding: shared with a thread that closes the store for it
+/// (retire()), which may outlive the binding object.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable changed;  // notified when users reaches 0 and when a close ends
+  int users = 0;                    // calls under way
+  bool closing = false;             // a close() waits for them (new calls refused)
+};
+
+/// Closes and destroys `store` on a thread of its own, once no call counted by `gate` is under
+/// way, then drops `pools` and `pool` (with the GIL); for a store whose own batch thread
+/// closes or drops it (see the protocol above). Returns at once. GIL held.
+void retire(std::unique_ptr<kv::Store> store, std::vector<std::shared_ptr<Buffer>> pools, nb::object pool,
+            std::shared_ptr<Gate> gate) {
   struct Held {
     std::vector<std::shared_ptr<Buffer>> pools;
     nb::object pool;
   };
   auto* held = new Held{std::move(pools), std::move(pool)};
+  kv::Store* raw = store.release();  // owned by the thread; leaked if there is none
   try {
-    std::thread([store = std::move(store), held]() mutable {
+    std::thread([raw, held, gate = std::move(gate)] {
+      std::unique_ptr<kv::Store> owned(raw);
+      {
+        std::unique_lock lock(gate->mu);
+        gate->changed.wait(lock, [&] { return gate->users == 0; });
+      }
       std::string error;
       try {
-        store->close();
+        owned->close();
       } catch (const std::exception& e) {
         error = e.what();
       }
-      store.reset();
+      owned.reset();
       if (interpreter_finalizing()) return;  // exiting: the pools are leaked with the process
       nb::gil_scoped_acquire gil;
       delete held;
-      if (!error.empty()) warn_unobserved("deepio.kv: closing a store dropped in its own done callback: " + error);
+      if (!error.empty()) warn_unobserved("deepio.kv: closing a store from its own done callback: " + error);
     }).detach();
   } catch (const std::system_error&) {
-    // No thread to be had: the store stays open and its memory alive (a leak, not a hang).
-    (void)held;
+    // No thread to be had: the store stays open and its memory alive (a leak, neither a hang
+    // nor the self-join that destroying it here would be).
   }
 }
 
@@ -109,7 +129,7 @@ class KvStore {
       return;
     }
     if (store_ && t_callback_of == store_.get()) {
-      retire(std::move(store_), std::move(pools_), std::move(pool_obj_));
+      retire(std::move(store_), std::move(pools_), std::move(pool_obj_), gate_);
       return;
     }
     nb::gil_scoped_release release;
@@ -298,9 +318,9 @@ class KvStore {
   std::vector<std::string> take_warnings() {
     stamp_.check();
     {
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(gate_->mu);
       if (!store_) return std::move(late_warnings_);
-      if (closing_) return {};
+      if (gate_->closing) return {};
     }
     Use s(*this);
     nb::gil_scoped_release release;
@@ -318,27 +338,31 @@ class KvStore {
   }
 
   void close() {
-    stamp_.check();  // a forked child: before mu_, which a parent's thread may have held
+    stamp_.check();  // a forked child: before the gate, which a parent's thread may have held
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(gate_->mu);
       if (!store_) return;
-      if (!closing_) {
-        closing_ = true;
-      } else {
-        wait_until([this] { return !closing_; }, [] {});  // another close(): until it is done
+      if (t_callback_of == store_.get()) {
+        // This store's batch thread: a close here would join this thread, and a wait here (for
+        // another close, or for calls that may wait for this thread's batches) might never end.
+        if (gate_->closing) return;                        // the close under way finishes the store
+        std::unique_ptr<kv::Store> s = std::move(store_);  // calls refused from here on
+        lock.unlock();
+        retire(std::move(s), pools_, pool_obj_, gate_);
         return;
       }
+      if (gate_->closing) {
+        lock.unlock();
+        wait_until([this] { return !gate_->closing; }, [] {});  // another close(): until it is done
+        return;
+      }
+      gate_->closing = true;
     }
-    wait_until([this] { return users_ == 0; }, [this] { closing_ = false; });
+    wait_until([this] { return gate_->users == 0; }, [this] { gate_->closing = false; });
     std::unique_ptr<kv::Store> s;
     {
-      std::lock_guard lock(mu_);
+      std::lock_guard lock(gate_->mu);
       s = std::move(store_);  // calls refused from here on (store_ null)
-    }
-    if (t_callback_of == s.get()) {  // this store's batch thread: it cannot join itself
-      retire(std::move(s), pools_, pool_obj_);
-      done_closing();
-      return;
     }
     std::exception_ptr error;
     std::vector<std::string> warnings;
@@ -364,44 +388,44 @@ class KvStore {
   }
   /// Calls under way (for tests).
   int users() {
-    std::lock_guard lock(mu_);
-    return users_;
+    std::lock_guard lock(gate_->mu);
+    return gate_->users;
   }
 
  private:
   kv::Store& enter() {
     stamp_.check();  // before any lock: a forked child takes none
-    std::lock_guard lock(mu_);
-    if (!store_ || closing_) throw nb::value_error(kClosed);
-    ++users_;
+    std::lock_guard lock(gate_->mu);
+    if (!store_ || gate_->closing) throw nb::value_error(kClosed);
+    ++gate_->users;
     return *store_;
   }
   void leave() noexcept {
-    std::lock_guard lock(mu_);
-    if (--users_ == 0) changed_.notify_all();
+    std::lock_guard lock(gate_->mu);
+    if (--gate_->users == 0) gate_->changed.notify_all();
   }
   void done_closing() {
-    std::lock_guard lock(mu_);
-    closing_ = false;
-    changed_.notify_all();
+    std::lock_guard lock(gate_->mu);
+    gate_->closing = false;
+    gate_->changed.notify_all();
   }
-  /// Waits (GIL released, in slices that honour Ctrl-C) until pred() holds under mu_; on a
-  /// raised signal calls undo() under mu_ and raises. GIL held, mu_ not.
+  /// Waits (GIL released, in slices that honour Ctrl-C) until pred() holds under the gate's
+  /// mutex; on a raised signal calls undo() under it and raises. GIL held, the mutex not.
   template <class Pred, class Undo>
   void wait_until(Pred pred, Undo undo) {
     for (;;) {
       bool ok = false;
       {
         nb::gil_scoped_release release;
-        std::unique_lock lock(mu_);
-        ok = changed_.wait_for(lock, std::chrono::milliseconds(50), pred);
+        std::unique_lock lock(gate_->mu);
+        ok = gate_->changed.wait_for(lock, std::chrono::milliseconds(50), pred);
       }
       if (ok) return;
       if (PyErr_CheckSignals() != 0) {
         {
-          std::lock_guard lock(mu_);
+          std::lock_guard lock(gate_->mu);
           undo();
-          changed_.notify_all();
+          gate_->changed.notify_all();
         }
         throw nb::python_error();
       }
@@ -426,14 +450,11 @@ class KvStore {
   }
 
   detail::ProcessStamp stamp_;  // the process that made the store (first thing every call checks)
-  std::mutex mu_;               // users_, closing_, and changes of store_ (made with the GIL held too)
-  std::condition_variable changed_;
-  int users_ = 0;
-  bool closing_ = false;
-  std::unique_ptr<kv::Store> store_;
-  std::vector<std::shared_ptr<Buffer>> pools_;  // every pool registered (GIL)
-  nb::object pool_obj_;                         // the latest pool (GIL)
-  int pool_device_ = -1;                        // its CUDA device, -1 for host memory
+  std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();  // its mutex also guards changes of store_
+  std::unique_ptr<kv::Store> store_;                       // changed with the GIL and the gate's mutex held
+  std::vector<std::shared_ptr<Buffer>> pools_;             // every pool registered (GIL)
+  nb::object pool_obj_;                                    // the latest pool (GIL)
+  int pool_device_ = -1;                                   // its CUDA device, -1 for host memory
   unsigned char* base_ = nullptr;
   std::size_t rows_ = 0;
   std::vector<std::string> late_warnings_;  // queued by the close

@@ -315,33 +315,59 @@ _DROP_IN_CALLBACK = """
     pool = np.zeros((2, PAGE), np.uint8)
     pool[0] = 7
     store.register(pool)
-    _deepio._set_fault("write", delay=0.5, count=1)  # the put is still in flight below
+    # The put is still in flight below ("busy": every write is slow, so that a checkpoint()
+    # that the callback starts in another thread is still writing when the callback closes).
+    _deepio._set_fault("write", delay=0.5, count=1 if how != "busy" else 1 << 30)
     fut = store.put(["k"], [0])
     holder = [store]
     ran = []
     done = threading.Event()
+    checkpointed = []
+
+    def checkpointer(s):
+        try:
+            s.checkpoint()
+            checkpointed.append("done")
+        except BaseException as e:
+            checkpointed.append(repr(e))
 
     def cb(f):
         ran.append((threading.get_ident(), f.result()))
-        if how == "close":
-            holder[0].close()
+        s = holder[0]
+        if how == "busy":  # until the checkpoint is inside the store, a call under way
+            threads.append(threading.Thread(target=checkpointer, args=(s,)))
+            threads[0].start()
+            deadline = time.monotonic() + 20
+            while s._s._users == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            ran.append(("users at close", s._s._users))
+        if how in ("close", "busy"):
+            s.close()  # returns at once: the close runs on a thread of its own
+            ran.append(("users after close", s._s._users))
             try:
-                holder[0].stats()
+                s.stats()
                 ran.append("stats after close did not raise")
             except ValueError:
                 pass
         holder.clear()  # the last reference to the store
         done.set()
 
+    threads = []
     del store, pool
     fut.add_done_callback(cb)
     assert done.wait(30), "the callback never ran"
-    _deepio._clear_fault()
     assert ran[0][0] != threading.get_ident(), "the callback ran at once: nothing was tested"
-    assert ran == [(ran[0][0], [True])], ran
+    assert ran[0][1] == [True], ran
+    if how == "busy":
+        assert ran[1] == ("users at close", 1) and ran[2] == ("users after close", 1), ran
+        threads[0].join(30)
+        assert checkpointed == ["done"], checkpointed
+    elif how == "close":
+        assert ran[1] == ("users after close", 0), ran
+    _deepio._clear_fault()
     gc.collect()
-    # The store closes after its callback returned: its folders' locks are released then, and
-    # its page is durable.
+    # The store closes after its callback returned (and, "busy", after the checkpoint): its
+    # folders' locks are released then, and its pages are durable.
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -356,11 +382,13 @@ _DROP_IN_CALLBACK = """
 """
 
 
-@pytest.mark.parametrize("how", ["drop", "close"])
+@pytest.mark.parametrize("how", ["drop", "close", "busy"])
 @needs_numpy
 def test_done_callback_drops_or_closes_the_store(tmp_dir, how):
-    """The callback of a put drops the last reference to the Store ("drop") or closes it
-    ("close"), on the store's own batch thread: no abort (a self-join), and the store closes."""
+    """The callback of a put drops the last reference to the Store ("drop"), or closes it first
+    ("close"; "busy": while another thread's checkpoint() is under way), on the store's own
+    batch thread: no abort (a self-join), no wait in the callback, and the store closes once
+    the calls under way are done."""
     if not HAS_TEST_HOOKS:
         pytest.skip(NO_TEST_HOOKS)
     out = run_child(_DROP_IN_CALLBACK, str(tmp_dir), how)
