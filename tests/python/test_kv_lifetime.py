@@ -196,6 +196,7 @@ def _in_child(box: list) -> int:
     not hang. Returns the exit code (0: as expected)."""
     signal.alarm(20)  # a hang is killed (SIGALRM) and the parent sees it
     store, fut = box
+    assert "of another process" in repr(store)  # repr never raises
     calls = [
         store.stats,
         lambda: store.put(["c"], [0]),

@@ -292,5 +292,10 @@ class Store:
             warnings.warn(w, _warning_category(w), stacklevel=3)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
+        try:
+            state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
+        except _deepio.ForkedHandleError:  # a forked child's copy: every call refuses
+            state = "of another process"
+        except ValueError:  # closed by another thread meanwhile
+            state = "closed"
         return f"deepio.kv.Store({self.folders!r}, {state})"
