@@ -101,7 +101,7 @@ class KvStore {
   KvStore(const std::vector<std::string>& folders, std::uint64_t capacity_bytes, std::size_t page_bytes,
           double high_watermark, double low_watermark, std::uint64_t slab_bytes, double checkpoint_interval,
           std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight,
-          double retry_failed_after) {
+          double retry_failed_after, std::string fingerprint, bool clear_on_mismatch) {
     kv::StoreOptions o;
     o.folders = folders;
     o.capacity_bytes = capacity_bytes;
@@ -118,6 +118,8 @@ class KvStore {
     o.device_pages_in_flight = device_pages_in_flight;
     o.handle.queue_depth = queue_depth;
     o.handle.intra_op_parallelism = workers;
+    o.fingerprint = std::move(fingerprint);
+    o.clear_on_mismatch = clear_on_mismatch;
     nb::gil_scoped_release release;
     store_ = std::make_unique<kv::Store>(o);
   }
@@ -294,6 +296,8 @@ class KvStore {
     d["checkpoints"] = st.checkpoints;
     d["recovered_pages"] = st.recovered_pages;
     d["open_seconds"] = st.open_seconds;
+    d["open_headers_read"] = st.open_headers_read;
+    d["open_pages_read"] = st.open_pages_read;
     d["device_pages"] = st.device_pages;
     d["device_copy_errors"] = st.device_copy_errors;
     nb::list folders;
@@ -472,10 +476,11 @@ void init_kv(nb::module_& m) {
   init_kv_future(m);
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
-                    std::size_t, std::size_t, std::size_t, std::size_t, double>(),
+                    std::size_t, std::size_t, std::size_t, std::size_t, double, std::string, bool>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
            nb::arg("low_watermark"), nb::arg("slab_bytes"), nb::arg("checkpoint_interval"), nb::arg("batch_threads"),
-           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"))
+           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"),
+           nb::arg("fingerprint"), nb::arg("clear_on_mismatch"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
       .def("put", &submit_as<true, true>, nb::arg("keys"), nb::arg("slots"))
       .def("get", &submit_as<false, true>, nb::arg("keys"), nb::arg("slots"))

@@ -571,6 +571,8 @@ def test_reopen_recovers_every_page(tmp_dir):
     try:
         s = store.stats()
         assert s["recovered_pages"] == s["pages"] == n
+        slots = sum(f["slots"] for f in s["folders"])
+        assert s["open_headers_read"] == slots and s["open_pages_read"] == 0  # each header once
         assert s["open_seconds"] > 0 and s["bytes_read"] == 0 and s["gets"] == 0
         assert store.contains([f"p{i}" for i in range(0, n, 97)]) == [True] * len(range(0, n, 97))
     finally:

@@ -12,6 +12,7 @@ through deepio.kv.Store and each engine backend:
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ torch = pytest.importorskip("torch")
 from test_kv_backends import (  # noqa: E402 (after the skips: it imports numpy and torch too)
     LM_PAGE,
     PAGE_TOKENS,
+    _drain_until,
+    _pages,
     _sglang_config,
     engines,  # noqa: F401 (the fixture that puts the engines on sys.path)
 )
@@ -227,3 +230,152 @@ def test_vllm_fingerprint_and_capacity(engines, tmp_dir):  # noqa: F811
     base = json.loads(seen[0])
     assert base["model"] == "m" and base["dtype"] == "bfloat16" and base["chunk_bytes"] == 16 << 10
     assert base["parallel"]["world_size"] == 1 and base["groups"][0][:2] == [0, 16]
+
+
+# ------------------------------------------- reopened under another configuration (C++ store)
+
+
+def _store(folder: Path, capacity: int = 16 * SLOT, **kw):
+    return deepio.kv.Store([str(folder)], capacity_bytes=capacity, page_bytes=PAGE, checkpoint_interval=0, **kw)
+
+
+@needs_numpy
+def test_a_fresh_folder_needs_a_capacity(tmp_dir):
+    """No capacity for a fresh folder: InvalidArgumentError naming it, nothing allocated (a
+    drive that failed to mount must not fill the file system below it). A store that exists
+    reopens without one."""
+    fresh = tmp_dir / "nvme1" / "kv"
+    with pytest.raises(deepio.InvalidArgumentError, match=str(fresh)):
+        deepio.kv.Store([str(fresh)], page_bytes=PAGE)
+    assert not fresh.exists() or not list(fresh.glob("slab-*"))
+    _store(fresh).close()
+    with deepio.kv.Store([str(fresh)], page_bytes=PAGE) as store:
+        assert store.stats()["capacity_bytes"] > 0
+
+
+@needs_numpy
+def test_another_fingerprint_raises_or_starts_empty(tmp_dir):
+    pool = np.zeros((2, PAGE), np.uint8)
+    pool[0] = 3
+    with _store(tmp_dir / "s", fingerprint="model-a fp16") as store:
+        store.register(pool)
+        assert store.put(["k"], [0]).result() == [True]
+    with pytest.raises(deepio.InvalidArgumentError) as info:
+        _store(tmp_dir / "s", fingerprint="model-a bf16")
+    for part in (str(tmp_dir / "s"), "model-a fp16", "model-a bf16"):
+        assert part in str(info.value)
+    with _store(tmp_dir / "s", fingerprint="model-a fp16") as store:  # the same one: a hit
+        store.register(pool)
+        assert store.get(["k"], [1]).result() == [True] and (pool[1] == 3).all()
+    with pytest.warns(deepio.kv.StoreClearedWarning, match="fingerprint"):
+        store = _store(tmp_dir / "s", fingerprint="model-a bf16", clear_on_mismatch=True)
+    with store:
+        store.register(pool)
+        assert store.contains(["k"]) == [False] and store.get(["k"], [1]).result() == [False]
+        assert store.stats()["pages"] == 0
+    with pytest.raises(deepio.InvalidArgumentError):  # the store is now bf16's, durably
+        _store(tmp_dir / "s", fingerprint="model-a fp16")
+    with _store(tmp_dir / "s", fingerprint="model-a bf16") as store:
+        assert store.contains(["k"]) == [False]
+
+
+def _sglang_written(tmp_dir: Path, pool, n: int = 4):
+    """Pages put by the SGLang backend over `pool` into tmp_dir/"s"; returns their keys."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    backend = _sglang([tmp_dir / "s"], pool)
+    try:
+        keys = [f"page-{i}" for i in range(n)]
+        ctl = types.SimpleNamespace(
+            storage_backend=backend, storage_host_pool=pool, mem_pool_host=pool, page_size=pool.page_size
+        )
+        assert HiCacheController._page_set_zero_copy(ctl, keys, pool.alloc(n * PAGE_TOKENS)) is True
+    finally:
+        backend.close()
+    return keys
+
+
+@needs("sglang")
+@pytest.mark.parametrize("change", ["dtype", "heads"])
+def test_sglang_reopened_under_another_layout_never_hits(engines, tmp_dir, change):  # noqa: F811
+    """Pages written by an fp16 pool of 2 heads of 64, reopened with a bf16 pool or one of 4
+    heads of 32 (the same page bytes): the backend raises, naming the setting; with
+    clear_on_mismatch it starts empty with a warning and every get misses."""
+    keys = _sglang_written(tmp_dir, _host_pool(torch.float16))
+    other = _host_pool(torch.bfloat16) if change == "dtype" else _host_pool(heads=4, head_dim=32)
+    with pytest.raises(deepio.InvalidArgumentError) as info:
+        _sglang([tmp_dir / "s"], other)
+    assert "clear_on_mismatch" in " ".join(getattr(info.value, "__notes__", []))
+    with pytest.warns(deepio.kv.StoreClearedWarning):
+        backend = _sglang([tmp_dir / "s"], other, clear_on_mismatch=True)
+    try:
+        assert backend.batch_exists(keys) == 0
+        dst = other.alloc(len(keys) * PAGE_TOKENS)
+        assert backend.batch_get_v1(keys, dst) == [False] * len(keys)
+    finally:
+        backend.close()
+
+
+@needs("sglang")
+def test_sglang_same_layout_still_hits(engines, tmp_dir):  # noqa: F811
+    pool = _host_pool(torch.float16)
+    keys = _sglang_written(tmp_dir, pool)
+    backend = _sglang([tmp_dir / "s"], pool)
+    try:
+        dst = pool.alloc(len(keys) * PAGE_TOKENS)
+        assert backend.batch_get_v1(keys, dst) == [True] * len(keys)
+        assert len(_pages(pool, dst)) == len(keys)
+    finally:
+        backend.close()
+
+
+@needs("lmcache")
+def test_lmcache_reopened_under_another_fingerprint_never_hits(engines, tmp_dir):  # noqa: F811
+    from deepio.kv.lmcache import DeepioL2Connector
+
+    def conn(fp: str, **kw):
+        return DeepioL2Connector(
+            folders=[str(tmp_dir)], capacity_bytes=4 << 20, page_bytes=LM_PAGE, fingerprint=fp, **kw
+        )
+
+    first = conn("fp16 chunk256")
+    try:
+        fid = first.submit_batch_set(["k"], [memoryview(bytearray(LM_PAGE))])
+        assert _drain_until(first, first.event_fd(), {fid})[fid][1] is True
+    finally:
+        first.close()
+    with pytest.raises(deepio.InvalidArgumentError):
+        conn("bf16 chunk256")
+    with pytest.warns(deepio.kv.StoreClearedWarning):
+        second = conn("bf16 chunk256", clear_on_mismatch=True)
+    try:
+        assert second._store.contains(["k"]) == [False]
+    finally:
+        second.close()
+
+
+@needs("vllm")
+def test_vllm_reopened_under_another_config_never_hits(engines, tmp_dir):  # noqa: F811
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    rows = np.ones((4, 16 << 10), np.uint8)
+    key = make_offload_key(b"\x07" * 16, 0)
+    tier = _tier(tmp_dir, _Spec(dtype="bfloat16"), rows, capacity_bytes=1 << 20)
+    try:
+        ctx = ReqContext(req_id="r")
+        tier.submit_store(
+            TransferJob(job_id=1, keys=[key], chunk_ids=np.arange(1), is_promotion=False, req_context=ctx)
+        )
+        tier.drain_jobs()
+        assert [r.success for r in tier.get_finished_jobs()] == [True]
+    finally:
+        tier.shutdown()
+    with pytest.raises(deepio.InvalidArgumentError):
+        _tier(tmp_dir, _Spec(dtype="float16"), rows)
+    with pytest.warns(deepio.kv.StoreClearedWarning):
+        tier = _tier(tmp_dir, _Spec(dtype="float16"), rows, clear_on_mismatch=True)
+    try:
+        assert tier.lookup(key, ReqContext(req_id="r")) == LookupResult.MISS
+    finally:
+        tier.shutdown()

@@ -94,7 +94,8 @@ class Store:
     an existing store opened with another one raises deepio.InvalidArgumentError naming the
     folder and both, or, with ``clear_on_mismatch=True``, drops every page durably, keeps the
     new fingerprint and warns (StoreClearedWarning).
-    Keyword options: watermarks of the LRU eviction, slab file size, checkpoint interval in
+    Keyword options: watermarks of the LRU eviction, slab file size (0: one file per folder;
+    else files of that size, at most 4 per folder; kept by later opens), checkpoint interval in
     seconds (0: only at close), batch threads, the engine's queue depth and workers,
     ``device_pages_in_flight``: the page-locked host buffers each batch thread moves CUDA pages
     through (made on its first CUDA page; host memory never uses them), and
@@ -113,7 +114,7 @@ class Store:
         *,
         high_watermark: float = 0.95,
         low_watermark: float = 0.85,
-        slab_bytes: int = 1 << 30,
+        slab_bytes: int = 0,
         checkpoint_interval: float = 60.0,
         batch_threads: int = 4,
         queue_depth: int = 128,
@@ -150,7 +151,9 @@ class Store:
             workers,
             device_pages_in_flight,
             retry_failed_after,
-        )  # fingerprint and clear_on_mismatch reach the store with the kvcore store (next commit)
+            fingerprint,
+            clear_on_mismatch,
+        )
         self.folders = paths
         #: What the pages mean to the caller, as given (see the class docstring).
         self.fingerprint = fingerprint
