@@ -1,5 +1,6 @@
-// `_deepio.KvStore` and `_deepio.KvFuture`: thin bindings over deepio::kv::Store
-// (include/deepio/kv.hpp), wrapped by deepio.kv.Store (python/deepio/kv/__init__.py).
+// `_deepio.KvStore`: the thin binding of deepio::kv::Store
+// (include/deepio/kv.hpp), wrapped by deepio.kv.Store (python/deepio/kv/__init__.py); its
+// futures and argument parsing are in kv_future.cpp.
 //
 // Arguments are checked here, with the GIL, so that a bad one raises at the call naming its
 // index; the store's calls then run with the GIL released. Lifetimes: a registered pool is
@@ -8,11 +9,32 @@
 // keep until the future is done. Done callbacks run on the store's batch thread with the GIL
 // taken there, never under a store lock; the store is closed and destroyed with the GIL
 // released, so those threads can take it meanwhile.
+//
+// Calls, close and fork (KvStore):
+//  * Every call first checks the process (deepio.ForkedHandleError in a forked child) before
+//    it takes any lock, the binding's own (the Gate's) included; then it counts itself as a
+//    user of the store (Gate::users) until it returns. close() marks the store closing (later
+//    calls raise ValueError "closed store"), waits until no call is under way (GIL released,
+//    Ctrl-C honoured), then closes and destroys the store; a second close() waits for the first.
+//  * A forked child never touches the store, its threads or the Gate (the parent's, perhaps
+//    held at the fork): its calls raise, and dropping the object there leaks the store.
+//  * A done callback runs on one of the store's batch threads, which closing the store joins:
+//    a close() or the last reference dropped there (t_callback_of names the store) never waits
+//    there. It refuses new calls and hands the store to a thread of its own (retire()), which
+//    waits for the calls under way, then closes and destroys it: never a self-join, and never a
+//    wait for a call that may itself wait for this batch thread. Such a close() returns at
+//    once (a close() already under way elsewhere finishes the store). The pools stay alive
+//    until that close finished every batch; a failure of its checkpoint is reported as a
+//    deepio.UnobservedFailureWarning.
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -21,116 +43,57 @@
 
 #include "common.hpp"
 #include "deepio/kv.hpp"
+#include "kv_future.hpp"
+#include "platform/process.hpp"
 
 namespace deepio::py {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+constexpr const char* kClosed = "deepio.kv: operation on a closed store";
 
-class KvFuture {
- public:
-  explicit KvFuture(kv::BatchFuture f) : fut_(std::move(f)) {}
-  bool done() const { return fut_.done(); }
-
-  nb::list result(std::optional<double> timeout) {
-    std::optional<Clock::time_point> deadline;
-    if (timeout) {
-      if (*timeout < 0) throw nb::value_error("timeout must be non-negative");
-      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
-    }
-    for (;;) {
-      bool done = false;
-      {
-        nb::gil_scoped_release release;
-        auto slice_end = Clock::now() + std::chrono::milliseconds(50);
-        if (deadline && *deadline < slice_end) slice_end = *deadline;
-        done = fut_.wait_for(slice_end - Clock::now());
-      }
-      if (done) break;
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (deadline && Clock::now() >= *deadline) {
-        if (fut_.done()) break;
-        PyErr_SetString(PyExc_TimeoutError, "deepio.kv: the batch did not complete within the timeout");
-        throw nb::python_error();
-      }
-    }
-    nb::list out;
-    for (bool b : fut_.get()) out.append(nb::bool_(b));
-    return out;
-  }
-
-  void add_done_callback(nb::handle self, nb::object fn) {
-    if (fut_.done()) {
-      fn(self);
-      return;
-    }
-    // The references live in ctx, made and released with the GIL; it is released by the
-    // callback, which runs exactly once (the store completes every batch, at the latest when
-    // it closes). While the interpreter finalizes it is leaked instead.
-    auto* ctx = new std::pair<nb::object, nb::object>(nb::borrow(self), std::move(fn));
-    fut_.on_done([ctx] {
-      if (interpreter_finalizing()) return;
-      nb::gil_scoped_acquire gil;
-      try {
-        ctx->second(ctx->first);
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("deepio.kv: a done callback raised");
-      }
-      delete ctx;
-    });
-  }
-
- private:
-  kv::BatchFuture fut_;
+/// The use count of a store's binding: shared with a thread that closes the store for it
+/// (retire()), which may outlive the binding object.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable changed;  // notified when users reaches 0 and when a close ends
+  int users = 0;                    // calls under way
+  bool closing = false;             // a close() waits for them (new calls refused)
 };
 
-/// Keys as views into the Python objects (valid while `keys` lives and the GIL is held or the
-/// objects are referenced by `keep`).
-std::vector<std::string_view> parse_keys(nb::handle keys, std::vector<nb::object>* keep) {
-  if (nb::isinstance<nb::str>(keys) || nb::isinstance<nb::bytes>(keys)) {
-    throw nb::type_error("keys must be a list of str or bytes, not a single str or bytes");
+/// Closes and destroys `store` on a thread of its own, once no call counted by `gate` is under
+/// way, then drops `pools` and `pool` (with the GIL); for a store whose own batch thread
+/// closes or drops it (see the protocol above). Returns at once. GIL held.
+void retire(std::unique_ptr<kv::Store> store, std::vector<std::shared_ptr<Buffer>> pools, nb::object pool,
+            std::shared_ptr<Gate> gate) {
+  struct Held {
+    std::vector<std::shared_ptr<Buffer>> pools;
+    nb::object pool;
+  };
+  auto* held = new Held{std::move(pools), std::move(pool)};
+  kv::Store* raw = store.release();  // owned by the thread; leaked if there is none
+  try {
+    std::thread([raw, held, gate = std::move(gate)] {
+      std::unique_ptr<kv::Store> owned(raw);
+      {
+        std::unique_lock lock(gate->mu);
+        gate->changed.wait(lock, [&] { return gate->users == 0; });
+      }
+      std::string error;
+      try {
+        owned->close();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      owned.reset();
+      if (interpreter_finalizing()) return;  // exiting: the pools are leaked with the process
+      nb::gil_scoped_acquire gil;
+      delete held;
+      if (!error.empty()) warn_unobserved("deepio.kv: closing a store from its own done callback: " + error);
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: the store stays open and its memory alive (a leak, neither a hang
+    // nor the self-join that destroying it here would be).
   }
-  std::vector<std::string_view> out;
-  std::size_t i = 0;
-  for (nb::handle k : nb::iter(keys)) {
-    std::string_view v;
-    if (PyUnicode_Check(k.ptr())) {
-      Py_ssize_t n = 0;
-      const char* p = PyUnicode_AsUTF8AndSize(k.ptr(), &n);
-      if (p == nullptr) throw nb::python_error();
-      v = std::string_view(p, static_cast<std::size_t>(n));
-    } else if (PyBytes_Check(k.ptr())) {
-      v = std::string_view(PyBytes_AS_STRING(k.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(k.ptr())));
-    } else {
-      throw nb::type_error(
-          ("keys[" + std::to_string(i) + "] is " + py_type_name(k) + "; keys are str or bytes").c_str());
-    }
-    if (v.empty() || v.size() > kv::kMaxKeyBytes) {
-      throw nb::value_error(("keys[" + std::to_string(i) + "] is " + std::to_string(v.size()) +
-                             " bytes long; keys are 1 to " + std::to_string(kv::kMaxKeyBytes) +
-                             " bytes (utf-8 for str)")
-                                .c_str());
-    }
-    keep->push_back(nb::borrow(k));
-    out.push_back(v);
-    ++i;
-  }
-  return out;
-}
-
-/// Parses seq, the per-key argument of a put or get (slots, segment lists), into one page per
-/// item with parse(item, index); ValueError "N keys but M <noun>; <advice>" when the counts differ.
-template <typename Parse>
-std::vector<std::vector<kv::Segment>> per_key(nb::handle seq, std::size_t nkeys, const char* noun, const char* advice,
-                                              Parse parse) {
-  std::vector<std::vector<kv::Segment>> pages;
-  std::size_t i = 0;
-  for (nb::handle item : nb::iter(seq)) pages.push_back(parse(item, i++));
-  if (pages.size() != nkeys) {
-    throw nb::value_error(
-        (std::to_string(nkeys) + " keys but " + std::to_string(pages.size()) + " " + noun + "; " + advice).c_str());
-  }
-  return pages;
 }
 
 class KvStore {
@@ -138,7 +101,7 @@ class KvStore {
   KvStore(const std::vector<std::string>& folders, std::uint64_t capacity_bytes, std::size_t page_bytes,
           double high_watermark, double low_watermark, std::uint64_t slab_bytes, double checkpoint_interval,
           std::size_t batch_threads, std::size_t queue_depth, std::size_t workers, std::size_t device_pages_in_flight,
-          double retry_failed_after) {
+          double retry_failed_after, std::string fingerprint, bool clear_on_mismatch) {
     kv::StoreOptions o;
     o.folders = folders;
     o.capacity_bytes = capacity_bytes;
@@ -155,12 +118,20 @@ class KvStore {
     o.device_pages_in_flight = device_pages_in_flight;
     o.handle.queue_depth = queue_depth;
     o.handle.intra_op_parallelism = workers;
+    o.fingerprint = std::move(fingerprint);
+    o.clear_on_mismatch = clear_on_mismatch;
     nb::gil_scoped_release release;
     store_ = std::make_unique<kv::Store>(o);
   }
   ~KvStore() {
-    if (interpreter_finalizing()) {
-      (void)store_.release();  // its threads may want the GIL: leak it at exit
+    if (!stamp_.here() || interpreter_finalizing()) {
+      // A forked child: the store's threads and locks are the parent's. At exit: its threads
+      // may want the GIL. Either way it is leaked.
+      (void)store_.release();
+      return;
+    }
+    if (store_ && t_callback_of == store_.get()) {
+      retire(std::move(store_), std::move(pools_), std::move(pool_obj_), gate_);
       return;
     }
     nb::gil_scoped_release release;
@@ -169,13 +140,25 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  kv::Store& store() {
-    if (!store_) throw nb::value_error("deepio.kv.Store is closed");
-    return *store_;
-  }
+  /// A call's use of the store (see the protocol above): ForkedHandleError in a forked child,
+  /// ValueError once closed or closing.
+  class Use {
+   public:
+    explicit Use(KvStore& owner) : owner_(owner), store_(owner.enter()) {}
+    ~Use() { owner_.leave(); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    kv::Store& operator*() const noexcept { return store_; }
+    kv::Store* operator->() const noexcept { return &store_; }
+
+   private:
+    KvStore& owner_;
+    kv::Store& store_;
+  };
 
   void register_pool(nb::handle pool) {
-    const std::size_t page = store().page_bytes();
+    Use s(*this);
+    const std::size_t page = s->page_bytes();
     // CUDA memory too: the store copies device pages through its own host buffers.
     auto buf = std::make_shared<Buffer>(import_buffer(pool, true, "pool", /*allow_device=*/true));
     // The shape: obj.shape (NumPy, torch, CuPy...) or its memoryview's.
@@ -204,9 +187,8 @@ class KvStore {
   }
 
   /// Pool rows as pages: slots[i] is a row of the registered pool.
-  std::vector<std::vector<kv::Segment>> rows(nb::handle slots, std::size_t nkeys) {
+  std::vector<std::vector<kv::Segment>> rows(nb::handle slots, std::size_t nkeys, std::size_t page) {
     if (pools_.empty()) throw nb::value_error("no pool registered: call register(pool) before put() or get()");
-    const std::size_t page = store().page_bytes();
     return per_key(slots, nkeys, "slots", "give one slot per key", [&](nb::handle s, std::size_t i) {
       if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr())) {
         throw nb::type_error(("slots[" + std::to_string(i) + "] is " + py_type_name(s) + "; slots are ints").c_str());
@@ -223,8 +205,7 @@ class KvStore {
   }
 
   /// Caller memory as pages: segments[i] is a list of (address, nbytes) pairs.
-  std::vector<std::vector<kv::Segment>> segments(nb::handle segments, std::size_t nkeys) {
-    const std::size_t page = store().page_bytes();
+  std::vector<std::vector<kv::Segment>> segments(nb::handle segments, std::size_t nkeys, std::size_t page) {
     return per_key(segments, nkeys, "segment lists", "give one per key", [&](nb::handle list, std::size_t i) {
       std::vector<kv::Segment> one;
       std::size_t total = 0;
@@ -256,9 +237,12 @@ class KvStore {
 
   /// put/get of keys with their pages: pool rows (`pages` is the slots) or segment lists.
   KvFuture submit(bool write, nb::handle keys, nb::handle pages, bool pool_rows) {
+    Use s(*this);
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    std::vector<std::vector<kv::Segment>> segs = pool_rows ? rows(pages, k.size()) : segments(pages, k.size());
+    const std::size_t page = s->page_bytes();
+    std::vector<std::vector<kv::Segment>> segs = pool_rows ? rows(pages, k.size(), page)
+                                                           : segments(pages, k.size(), page);
     kv::BatchOptions opt;
     if (pool_rows && pool_device_ >= 0) {
       // A CUDA pool: the copies follow the producer's stream (torch's current stream, or the
@@ -269,9 +253,8 @@ class KvStore {
       order_after_producer(pool_obj_, &b);
       opt.stream = b.stream;
     }
-    kv::Store& s = store();
     nb::gil_scoped_release release;  // keys stay referenced by `keep`
-    return KvFuture(write ? s.put(k, segs, opt) : s.get(k, segs, opt));
+    return KvFuture(write ? s->put(k, segs, opt) : s->get(k, segs, opt), &*s);
   }
 
   std::size_t exists(nb::handle keys) {
@@ -289,7 +272,12 @@ class KvStore {
   }
 
   nb::dict stats() {
-    kv::StoreStats st = store().stats();
+    kv::StoreStats st;
+    {
+      Use s(*this);
+      nb::gil_scoped_release release;  // it waits for the store's locks
+      st = s->stats();
+    }
     nb::dict d;
     d["page_bytes"] = st.page_bytes;
     d["slot_bytes"] = st.slot_bytes;
@@ -308,6 +296,8 @@ class KvStore {
     d["checkpoints"] = st.checkpoints;
     d["recovered_pages"] = st.recovered_pages;
     d["open_seconds"] = st.open_seconds;
+    d["open_headers_read"] = st.open_headers_read;
+    d["open_pages_read"] = st.open_pages_read;
     d["device_pages"] = st.device_pages;
     d["device_copy_errors"] = st.device_copy_errors;
     nb::list folders;
@@ -327,60 +317,148 @@ class KvStore {
     return d;
   }
 
+  /// The warnings queued since the last call; once closed, those of the close. While another
+  /// thread closes: none (that close's caller gets them).
   std::vector<std::string> take_warnings() {
-    if (!store_) return std::move(late_warnings_);
-    return store_->take_warnings();
+    stamp_.check();
+    {
+      std::lock_guard lock(gate_->mu);
+      if (!store_) return std::move(late_warnings_);
+      if (gate_->closing) return {};
+    }
+    Use s(*this);
+    nb::gil_scoped_release release;
+    return s->take_warnings();
   }
 
   void checkpoint() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    s.checkpoint();
+    call([](kv::Store& s) { s.checkpoint(); });
   }
-
   std::size_t clear() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.clear();
+    return call([](kv::Store& s) { return s.clear(); });
   }
-
   std::size_t retry_failed() {
-    kv::Store& s = store();
-    nb::gil_scoped_release release;
-    return s.retry_failed();
+    return call([](kv::Store& s) { return s.retry_failed(); });
   }
 
   void close() {
-    if (!store_) return;
-    std::unique_ptr<kv::Store> s = std::move(store_);
-    nb::gil_scoped_release release;
-    try {
-      s->close();  // throws deepio::Error (a checkpoint that failed) after closing
-    } catch (...) {
-      late_warnings_ = s->take_warnings();
-      throw;
+    stamp_.check();  // a forked child: before the gate, which a parent's thread may have held
+    {
+      std::unique_lock lock(gate_->mu);
+      if (!store_) return;
+      if (t_callback_of == store_.get()) {
+        // This store's batch thread: a close here would join this thread, and a wait here (for
+        // another close, or for calls that may wait for this thread's batches) might never end.
+        if (gate_->closing) return;                        // the close under way finishes the store
+        std::unique_ptr<kv::Store> s = std::move(store_);  // calls refused from here on
+        lock.unlock();
+        retire(std::move(s), pools_, pool_obj_, gate_);
+        return;
+      }
+      if (gate_->closing) {
+        lock.unlock();
+        wait_until([this] { return !gate_->closing; }, [] {});  // another close(): until it is done
+        return;
+      }
+      gate_->closing = true;
     }
-    late_warnings_ = s->take_warnings();
+    wait_until([this] { return gate_->users == 0; }, [this] { gate_->closing = false; });
+    std::unique_ptr<kv::Store> s;
+    {
+      std::lock_guard lock(gate_->mu);
+      s = std::move(store_);  // calls refused from here on (store_ null)
+    }
+    std::exception_ptr error;
+    std::vector<std::string> warnings;
+    {
+      nb::gil_scoped_release release;
+      try {
+        s->close();  // throws deepio::Error (a checkpoint that failed) after closing
+      } catch (...) {
+        error = std::current_exception();
+      }
+      warnings = s->take_warnings();
+      s.reset();
+    }
+    late_warnings_ = std::move(warnings);
+    done_closing();
+    if (error) std::rethrow_exception(error);
   }
 
   bool closed() const { return store_ == nullptr; }
-  std::size_t page_bytes() { return store().page_bytes(); }
+  std::size_t page_bytes() {
+    Use s(*this);
+    return s->page_bytes();
+  }
+  /// Calls under way (for tests).
+  int users() {
+    std::lock_guard lock(gate_->mu);
+    return gate_->users;
+  }
 
  private:
+  kv::Store& enter() {
+    stamp_.check();  // before any lock: a forked child takes none
+    std::lock_guard lock(gate_->mu);
+    if (!store_ || gate_->closing) throw nb::value_error(kClosed);
+    ++gate_->users;
+    return *store_;
+  }
+  void leave() noexcept {
+    std::lock_guard lock(gate_->mu);
+    if (--gate_->users == 0) gate_->changed.notify_all();
+  }
+  void done_closing() {
+    std::lock_guard lock(gate_->mu);
+    gate_->closing = false;
+    gate_->changed.notify_all();
+  }
+  /// Waits (GIL released, in slices that honour Ctrl-C) until pred() holds under the gate's
+  /// mutex; on a raised signal calls undo() under it and raises. GIL held, the mutex not.
+  template <class Pred, class Undo>
+  void wait_until(Pred pred, Undo undo) {
+    for (;;) {
+      bool ok = false;
+      {
+        nb::gil_scoped_release release;
+        std::unique_lock lock(gate_->mu);
+        ok = gate_->changed.wait_for(lock, std::chrono::milliseconds(50), pred);
+      }
+      if (ok) return;
+      if (PyErr_CheckSignals() != 0) {
+        {
+          std::lock_guard lock(gate_->mu);
+          undo();
+          gate_->changed.notify_all();
+        }
+        throw nb::python_error();
+      }
+    }
+  }
+
+  /// fn(store) with the GIL released, as a user of the store.
+  template <typename Fn>
+  std::invoke_result_t<Fn, kv::Store&> call(Fn fn) {
+    Use s(*this);
+    nb::gil_scoped_release release;
+    return fn(*s);
+  }
   /// fn(store, keys) with the GIL released (the keys' objects stay referenced meanwhile).
   template <typename Fn>
   std::invoke_result_t<Fn, kv::Store&, const std::vector<std::string_view>&> with_keys(nb::handle keys, Fn fn) {
+    Use s(*this);
     std::vector<nb::object> keep;
     auto k = parse_keys(keys, &keep);
-    kv::Store& s = store();
     nb::gil_scoped_release release;
-    return fn(s, k);
+    return fn(*s, k);
   }
 
-  std::unique_ptr<kv::Store> store_;
-  std::vector<std::shared_ptr<Buffer>> pools_;  // every pool registered (GIL)
-  nb::object pool_obj_;                         // the latest pool (GIL)
-  int pool_device_ = -1;                        // its CUDA device, -1 for host memory
+  detail::ProcessStamp stamp_;  // the process that made the store (first thing every call checks)
+  std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();  // its mutex also guards changes of store_
+  std::unique_ptr<kv::Store> store_;                       // changed with the GIL and the gate's mutex held
+  std::vector<std::shared_ptr<Buffer>> pools_;             // every pool registered (GIL)
+  nb::object pool_obj_;                                    // the latest pool (GIL)
+  int pool_device_ = -1;                                   // its CUDA device, -1 for host memory
   unsigned char* base_ = nullptr;
   std::size_t rows_ = 0;
   std::vector<std::string> late_warnings_;  // queued by the close
@@ -395,21 +473,14 @@ KvFuture submit_as(KvStore& s, nb::handle keys, nb::handle pages) {
 }  // namespace
 
 void init_kv(nb::module_& m) {
-  nb::class_<KvFuture>(m, "KvFuture", "The completion of a deepio.kv.Store put or get batch.")
-      .def("done", &KvFuture::done, "True once every page of the batch is stored or read (or failed).")
-      .def("result", &KvFuture::result, nb::arg("timeout") = nb::none(),
-           "Waits (GIL released, Ctrl-C honoured) and returns one bool per key; TimeoutError when the timeout passes.")
-      .def(
-          "add_done_callback",
-          [](nb::handle self, nb::object fn) { nb::cast<KvFuture&>(self).add_done_callback(self, std::move(fn)); },
-          nb::arg("fn"),
-          "Calls fn(future) once when done: at once if done, else from the store's batch thread (GIL held).");
+  init_kv_future(m);
   nb::class_<KvStore>(m, "KvStore", "deepio::kv::Store (use deepio.kv.Store).")
       .def(nb::init<const std::vector<std::string>&, std::uint64_t, std::size_t, double, double, std::uint64_t, double,
-                    std::size_t, std::size_t, std::size_t, std::size_t, double>(),
+                    std::size_t, std::size_t, std::size_t, std::size_t, double, std::string, bool>(),
            nb::arg("folders"), nb::arg("capacity_bytes"), nb::arg("page_bytes"), nb::arg("high_watermark"),
            nb::arg("low_watermark"), nb::arg("slab_bytes"), nb::arg("checkpoint_interval"), nb::arg("batch_threads"),
-           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"))
+           nb::arg("queue_depth"), nb::arg("workers"), nb::arg("device_pages_in_flight"), nb::arg("retry_failed_after"),
+           nb::arg("fingerprint"), nb::arg("clear_on_mismatch"))
       .def("register", &KvStore::register_pool, nb::arg("pool"))
       .def("put", &submit_as<true, true>, nb::arg("keys"), nb::arg("slots"))
       .def("get", &submit_as<false, true>, nb::arg("keys"), nb::arg("slots"))
@@ -425,6 +496,7 @@ void init_kv(nb::module_& m) {
       .def("retry_failed", &KvStore::retry_failed)
       .def("close", &KvStore::close)
       .def_prop_ro("closed", &KvStore::closed)
+      .def_prop_ro("_users", &KvStore::users, "Calls under way (for tests).")
       .def_prop_ro("page_bytes", &KvStore::page_bytes);
   m.attr("KV_MAX_KEY_BYTES") = kv::kMaxKeyBytes;
   m.def(

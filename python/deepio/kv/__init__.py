@@ -23,10 +23,22 @@ from typing import Any, Union
 
 from deepio import _deepio
 
-__all__ = ["Store", "Future", "FolderFailedWarning", "FolderRecoveredWarning", "MAX_KEY_BYTES", "crc32c"]
+__all__ = [
+    "Store",
+    "Future",
+    "FolderFailedWarning",
+    "FolderRecoveredWarning",
+    "StoreClearedWarning",
+    "MAX_KEY_BYTES",
+    "MAX_FINGERPRINT_BYTES",
+    "crc32c",
+]
 
 #: The longest key, in bytes (utf-8 for str).
 MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
+
+#: The longest fingerprint, in bytes (utf-8).
+MAX_FINGERPRINT_BYTES: int = 4096
 
 #: The completion of a put or get batch: ``done()``, ``result(timeout=None) -> list[bool]``,
 #: ``add_done_callback(fn)``.
@@ -52,27 +64,46 @@ class FolderRecoveredWarning(RuntimeWarning):
     dropped). Not a FolderFailedWarning: a filter that turns failures into errors leaves it be."""
 
 
-# The C++ store's recovery message is "deepio.kv: folder PATH recovered"; a failure's ends
-# otherwise ("... until a probe finds it working again").
+class StoreClearedWarning(RuntimeWarning):
+    """An existing store was opened with another fingerprint and ``clear_on_mismatch=True``:
+    every page it held was dropped (durably) and it starts empty."""
+
+
+# The C++ store's recovery message is "deepio.kv: folder PATH recovered"; the one of a store
+# cleared at open names the fingerprint; a failure's ends otherwise ("... until a probe finds
+# it working again").
 _RECOVERED_SUFFIX = " recovered"
 
 
 def _warning_category(message: str) -> type[RuntimeWarning]:
-    return FolderRecoveredWarning if message.endswith(_RECOVERED_SUFFIX) else FolderFailedWarning
+    if message.endswith(_RECOVERED_SUFFIX):
+        return FolderRecoveredWarning
+    if "fingerprint" in message:
+        return StoreClearedWarning
+    return FolderFailedWarning
 
 
 class Store:
     """A page store over one folder per drive (see the module docstring and docs/kv.md).
 
-    ``capacity_bytes`` is the total over all folders (0: half of each folder's free space at
-    first open); the layout is fixed at first open. ``page_bytes`` is the largest page.
-    Keyword options: watermarks of the LRU eviction, slab file size, checkpoint interval in
+    ``capacity_bytes`` is the total over all folders, required (> 0) for a fresh folder (one
+    without ``kv.meta``): deepio.InvalidArgumentError naming the folder otherwise; the layout
+    is fixed at first open (0, or any value, keeps an existing one). ``page_bytes`` is the
+    largest page. ``fingerprint``: what the pages mean to the caller (model, layout, dtype,
+    page shape, ranks; opaque, at most MAX_FINGERPRINT_BYTES), kept in the store's ``kv.meta``:
+    an existing store opened with another one raises deepio.InvalidArgumentError naming the
+    folder and both, or, with ``clear_on_mismatch=True``, drops every page durably, keeps the
+    new fingerprint and warns (StoreClearedWarning).
+    Keyword options: watermarks of the LRU eviction, slab file size (0: one file per folder;
+    else files of that size, at most 4 per folder; kept by later opens), checkpoint interval in
     seconds (0: only at close), batch threads, the engine's queue depth and workers,
     ``device_pages_in_flight``: the page-locked host buffers each batch thread moves CUDA pages
     through (made on its first CUDA page; host memory never uses them), and
     ``retry_failed_after``: seconds after its last error before a batch probes a failed folder
     again (0: only ``retry_failed()``; see ``retry_failed``).
-    Thread-safe; a Store used in a forked child raises deepio.ForkedHandleError.
+    Thread-safe, close() included (it waits for the calls under way). In a forked child
+    every call raises deepio.ForkedHandleError at once, and dropping the Store there leaves
+    the parent's store alone. The last reference may go anywhere, a done callback included.
     """
 
     def __init__(
@@ -83,13 +114,15 @@ class Store:
         *,
         high_watermark: float = 0.95,
         low_watermark: float = 0.85,
-        slab_bytes: int = 1 << 30,
+        slab_bytes: int = 0,
         checkpoint_interval: float = 60.0,
         batch_threads: int = 4,
         queue_depth: int = 128,
         workers: int = 2,
         device_pages_in_flight: int = 4,
         retry_failed_after: float = 30.0,
+        fingerprint: str = "",
+        clear_on_mismatch: bool = False,
     ) -> None:
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
@@ -97,6 +130,14 @@ class Store:
         for name, value in (("capacity_bytes", capacity_bytes), ("page_bytes", page_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"{name} must be a non-negative int, not {value!r}")
+        if not isinstance(fingerprint, str):
+            raise TypeError(f"fingerprint must be a str, not {type(fingerprint).__name__}")
+        if len(fingerprint.encode()) > MAX_FINGERPRINT_BYTES:
+            raise ValueError(
+                f"fingerprint is {len(fingerprint.encode())} bytes (utf-8); at most {MAX_FINGERPRINT_BYTES}"
+            )
+        if not isinstance(clear_on_mismatch, bool):
+            raise TypeError(f"clear_on_mismatch must be a bool, not {clear_on_mismatch!r}")
         self._s = _deepio.KvStore(
             paths,
             capacity_bytes,
@@ -110,8 +151,13 @@ class Store:
             workers,
             device_pages_in_flight,
             retry_failed_after,
+            fingerprint,
+            clear_on_mismatch,
         )
         self.folders = paths
+        #: What the pages mean to the caller, as given (see the class docstring).
+        self.fingerprint = fingerprint
+        self._warn()  # a store cleared for another fingerprint says so at once
 
     # -- pages -------------------------------------------------------------------------------
     def register(self, pool: Any) -> None:
@@ -227,7 +273,11 @@ class Store:
 
     def close(self) -> None:
         """Finishes every batch in flight, writes the checkpoint, closes the slab files.
-        Idempotent; raises OSError if the checkpoint could not be written."""
+        Calls under way in other threads finish first (close waits for them); later calls
+        raise ValueError. Idempotent; raises OSError if the checkpoint could not be written.
+        From a done callback (the store's own batch thread) the close runs on a thread of its
+        own and this returns at once; a failure of its checkpoint is then reported as a
+        deepio.UnobservedFailureWarning."""
         try:
             self._s.close()
         finally:
@@ -245,5 +295,10 @@ class Store:
             warnings.warn(w, _warning_category(w), stacklevel=3)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
+        try:
+            state = "closed" if self.closed else f"page_bytes={self.page_bytes}"
+        except _deepio.ForkedHandleError:  # a forked child's copy: every call refuses
+            state = "of another process"
+        except ValueError:  # closed by another thread meanwhile
+            state = "closed"
         return f"deepio.kv.Store({self.folders!r}, {state})"

@@ -6,7 +6,16 @@ command line)::
     --l2-adapter '{"type": "native_plugin", "module_path": "deepio.kv.lmcache",
                    "class_name": "DeepioL2Connector",
                    "adapter_params": {"folders": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"],
-                                      "capacity_bytes": 68719476736, "page_bytes": 6291456}}'
+                                      "capacity_bytes": 68719476736, "page_bytes": 6291456,
+                                      "fingerprint": "llama-3.1-8b bf16 chunk256"}}'
+
+What the bytes mean: LMCache passes a native plug-in nothing but ``adapter_params``, and its
+keys name the model and the KV rank (``<model>@<kv_rank>@<group>@<chunk hash>``) but not the
+dtype, chunk size or layout of an object. The store's fingerprint is ``page_bytes`` and the
+``fingerprint`` parameter, a string the operator sets to name the rest (e.g. the KV dtype,
+chunk size and format); a store written under another one raises at construction, or, with
+``"clear_on_mismatch": true``, starts empty with a warning: its objects are never served.
+A fresh folder needs ``capacity_bytes`` (the construction raises, naming the folder).
 
 LMCache constructs ``DeepioL2Connector(**adapter_params)`` and wraps it in its
 ``NativeConnectorL2Adapter``, which calls exactly the six methods below (its
@@ -47,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from deepio.kv import Store
+from deepio.kv._backend import clear_setting, fingerprint, open_store
 
 # (future id, ok, error message, per-key results)
 Completion = tuple[int, bool, str, list[bool]]
@@ -60,21 +69,33 @@ def _address(view: Any) -> tuple[int, int]:
 
 
 class DeepioL2Connector:
-    """The native-plugin client: ``folders`` (one per drive), ``capacity_bytes`` (0: half of
-    each drive's free space), ``page_bytes`` (the largest object LMCache stores: its chunk
-    size in bytes; default 2 MiB), and any further ``deepio.kv.Store`` keyword argument."""
+    """The native-plugin client: ``folders`` (one per drive), ``capacity_bytes`` (required to
+    create a store, not to reopen one), ``page_bytes`` (the largest object LMCache stores: its
+    chunk size in bytes; default 2 MiB), ``fingerprint`` (what the objects' bytes are, beyond
+    what the keys say: see the module comment), ``clear_on_mismatch`` (default false: a store
+    written under another fingerprint raises; true: it starts empty, with a warning), and any
+    further ``deepio.kv.Store`` keyword argument."""
 
     def __init__(
         self,
         folders: Sequence[str] | str,
         capacity_bytes: int = 0,
         page_bytes: int = 2 << 20,
+        fingerprint: str = "",
+        clear_on_mismatch: bool = False,
         **store_options: Any,
     ) -> None:
         if isinstance(folders, str):
             folders = [folders]
-        self._store = Store(
-            list(folders), capacity_bytes=int(capacity_bytes), page_bytes=int(page_bytes), **store_options
+        self._store = open_store(
+            "deepio LMCache L2 connector",
+            _WHERE,
+            list(folders),
+            capacity_bytes=int(capacity_bytes),
+            page_bytes=int(page_bytes),
+            fingerprint=_fingerprint(int(page_bytes), str(fingerprint)),
+            clear_on_mismatch=clear_setting(clear_on_mismatch, _WHERE),
+            **store_options,
         )
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._lock = threading.Lock()
@@ -175,9 +196,31 @@ class DeepioL2Connector:
         future.add_done_callback(finished)
         return fid
 
+    def __del__(self) -> None:
+        # Dropped without close() (an adapter dropped mid-job: the last reference may go in a
+        # store callback): the eventfd is closed here; the store closes itself when dropped.
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # the construction failed before the eventfd was made
+            return
+        with lock:
+            if self._fd_closed:
+                return
+            self._fd_closed = True
+        os.close(self._efd)
+
     def _complete(self, fid: int, ok: bool, results: list[bool], error: str) -> None:
         with self._lock:
             self._done.append((fid, ok, error, results))
             if self._fd_closed:  # a submit after close(): its failure is queued, nobody waits
                 return
             os.eventfd_write(self._efd, 1)
+
+
+_WHERE = 'the --l2-adapter "adapter_params"'
+
+
+def _fingerprint(page_bytes: int, user: str) -> str:
+    fields: dict[str, Any] = {"page_bytes": page_bytes}
+    if user:
+        fields["user"] = user
+    return fingerprint("lmcache", fields)

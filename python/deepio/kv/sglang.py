@@ -18,6 +18,13 @@ model and this process's tensor/pipeline/context/data-parallel ranks: two proces
 a store's slab files). Each further pool of the v2 interface (``register_mem_host_pool_v2``:
 Mamba state, SWA, indexer, ...) gets its own store in ``<folder>/<rank>/<pool name>``.
 
+What a page's bytes mean (the model, this process's ranks, the host pool's class, layout, dtype,
+page tokens, heads, layers and the sizes of a page's pieces: see ``_fingerprint``) is the
+store's fingerprint: a store written under another configuration raises at open, or, with
+``"clear_on_mismatch": true``, starts empty with a warning; its pages are never served.
+A fresh folder needs ``capacity_bytes`` (``pool_capacity_bytes`` for a v2 pool, else derived
+from ``capacity_bytes``): without it the open raises, naming the folder and the setting.
+
 Memory: a page moves straight between the drive and the host pool, no staging copy: the
 host pool's ``get_page_buffer_meta(indices)`` gives, per page, the addresses and sizes of its
 pieces (page_first: the K part and the V part; layer_first: one K and one V piece per layer),
@@ -55,6 +62,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from deepio.kv import Store
+from deepio.kv._backend import clear_setting, digest, fingerprint, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +89,12 @@ class DeepioHiCacheStorage(HiCacheStorage):
     ``storage_config.extra_config`` (the JSON of ``--hicache-storage-backend-extra-config``):
     ``folders`` (list of paths, one per drive; or the environment variable
     ``DEEPIO_KV_FOLDERS``, colon-separated), ``capacity_bytes`` (over all folders, for the KV
-    pool; default 0: half of each drive's free space) and ``pool_capacity_bytes`` (a dict
-    pool name -> bytes for v2 pools; default: room for as many pages as the KV pool).
+    pool; required to create a store, not to reopen one), ``pool_capacity_bytes`` (a dict
+    pool name -> bytes for v2 pools; default: room for as many pages as the KV pool),
+    ``clear_on_mismatch`` (default false: a store written under another configuration raises;
+    true: its pages are dropped and it starts empty, with a warning) and ``fingerprint`` (a
+    string added to the store's fingerprint, for what SGLang's config does not say, e.g. the
+    weights' revision).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -109,6 +121,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
         self._folders = [os.path.join(str(f), _rank_folder(storage_config)) for f in folders]
         self._capacity_bytes = int(extra.get("capacity_bytes", 0))
         self._pool_capacity = {str(k): int(v) for k, v in dict(extra.get("pool_capacity_bytes", {})).items()}
+        self._clear_on_mismatch = clear_setting(extra.get("clear_on_mismatch", False), _WHERE)
+        self._user_fingerprint = str(extra.get("fingerprint", ""))
         self._lock = threading.Lock()
         self._stores: dict[str, Store] = {}
         self._pools: dict[str, Any] = {}
@@ -126,21 +140,33 @@ class DeepioHiCacheStorage(HiCacheStorage):
 
     def _open(self, name: str, pool: Any) -> Store:
         one_page = torch.arange(_page_size(pool), dtype=torch.int64)
-        page_bytes = sum(nbytes for _, nbytes in _page_segments(pool, one_page, 1)[0])
+        pieces = [nbytes for _, nbytes in _page_segments(pool, one_page, 1)[0]]
+        page_bytes = sum(pieces)
         with self._lock:
             store = self._stores.get(name)
             if store is not None and self._pools.get(name) is pool:
                 return store
             folders = [os.path.join(f, name) for f in self._folders]
+            setting = '"capacity_bytes"'
             if name == str(PoolName.KV):
                 self._kv_page_bytes = page_bytes
                 capacity = self._capacity_bytes
             else:
+                setting = f'"pool_capacity_bytes": {{"{name}": ...}} (or "capacity_bytes")'
                 capacity = self._pool_capacity.get(name, 0)
                 if not capacity and self._capacity_bytes and self._kv_page_bytes:
                     capacity = max(self._capacity_bytes * page_bytes // self._kv_page_bytes, page_bytes)
             if store is None:
-                store = Store(folders, capacity_bytes=capacity, page_bytes=page_bytes)
+                store = open_store(
+                    "deepio HiCache backend",
+                    _WHERE,
+                    folders,
+                    capacity_bytes=capacity,
+                    page_bytes=page_bytes,
+                    fingerprint=_fingerprint(self.storage_config, name, pool, pieces, self._user_fingerprint),
+                    clear_on_mismatch=self._clear_on_mismatch,
+                    capacity_setting=setting,
+                )
                 self._stores[name] = store
             self._pools[name] = pool
             return store
@@ -309,6 +335,53 @@ class DeepioHiCacheStorage(HiCacheStorage):
             stores, self._stores = self._stores, {}
         for store in stores.values():
             store.close()
+
+
+_WHERE = "--hicache-storage-backend-extra-config"
+
+# The host pool's attributes that say what its pages' bytes are (those a pool class has).
+_POOL_FIELDS = (
+    "layout",
+    "dtype",
+    "page_size",
+    "head_num",
+    "head_dim",
+    "layer_num",
+    "start_layer",
+    "end_layer",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "size_per_token",
+    "dcp_size",
+    "dcp_rank",
+    "storage_format_tag",
+    "stores_page_envelope",
+)
+
+
+def _fingerprint(config: HiCacheStorageConfig, name: str, pool: Any, pieces: list[int], user: str) -> str:
+    """What the pages of pool ``name`` mean: the model and this process's ranks (SGLang's
+    storage config), the host pool's class and geometry, and the sizes of a page's pieces in
+    the order they are stored (the byte layout on the drive)."""
+    fields: dict[str, Any] = {
+        "pool": name,
+        "model": config.model_name,
+        "tp": [config.tp_rank, config.tp_size],
+        "pp": [config.pp_rank, config.pp_size],
+        "cp": [config.attn_cp_rank, config.attn_cp_size],
+        "dp_rank": getattr(config, "dp_rank", 0),
+        "mla": config.is_mla_model,
+        "page_first": config.is_page_first_layout,
+        "host_pool": type(pool).__name__,
+        "pieces": pieces if len(pieces) <= 64 else [len(pieces), digest(pieces)],
+    }
+    for attr in _POOL_FIELDS:
+        value = getattr(pool, attr, None)
+        if value is not None:
+            fields[attr] = value
+    if user:
+        fields["user"] = user
+    return fingerprint("sglang", fields)
 
 
 def _page_size(pool: Any) -> int:

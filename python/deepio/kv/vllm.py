@@ -30,11 +30,19 @@ Calls (vLLM makes them under its tiering manager's lock; they never block on I/O
 
 Keys are vLLM's ``OffloadKey`` bytes (block hash + group index); one folder set serves one
 vLLM instance (the store is not shared between processes).
+
+What the bytes mean (the model and its dtype, the parallel ranks and sizes, the KV groups'
+tokens per block and layers, the cache's tokens per hash and blocks per chunk, the worker's
+bytes per block and KV layout, from ``offloading_spec.config``; the chunk's bytes; and the
+tier's ``fingerprint`` string) is the store's fingerprint: a store written under another
+raises at construction, or, with ``"clear_on_mismatch": true``, starts empty with a warning.
+A fresh folder needs ``capacity_bytes`` (the construction raises, naming the folder).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -51,7 +59,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from deepio.kv import Store
+from deepio.kv._backend import clear_setting, digest, fingerprint, open_store
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -60,7 +68,10 @@ if TYPE_CHECKING:
 
 class DeepioTier(SecondaryTierManager):
     """A vLLM secondary tier on local drives: ``folders`` (one per drive), ``capacity_bytes``
-    (0: half of each drive's free space), and any further ``deepio.kv.Store`` keyword."""
+    (required to create a store, not to reopen one), ``clear_on_mismatch`` (default false: a
+    store written under another configuration raises; true: it starts empty, with a warning),
+    ``fingerprint`` (a string added to the fingerprint, for what vLLM's config does not say),
+    and any further ``deepio.kv.Store`` keyword."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -73,6 +84,8 @@ class DeepioTier(SecondaryTierManager):
         folders: Sequence[str] | str = (),
         capacity_bytes: int = 0,
         locality: str | None = "LOCAL",
+        clear_on_mismatch: bool = False,
+        fingerprint: str = "",
         **store_options: Any,
     ) -> None:
         super().__init__(
@@ -96,8 +109,15 @@ class DeepioTier(SecondaryTierManager):
             )
         pool = pool.view(np.uint8)
         self._pool = pool
-        self._store = Store(
-            list(folders), capacity_bytes=int(capacity_bytes), page_bytes=int(pool.shape[1]), **store_options
+        self._store = open_store(
+            "DeepioTier",
+            _WHERE,
+            list(folders),
+            capacity_bytes=int(capacity_bytes),
+            page_bytes=int(pool.shape[1]),
+            fingerprint=_fingerprint(offloading_spec, int(pool.shape[1]), str(fingerprint)),
+            clear_on_mismatch=clear_setting(clear_on_mismatch, _WHERE),
+            **store_options,
         )
         self._store.register(pool)
         self._lock = threading.Lock()
@@ -211,3 +231,43 @@ class DeepioTier(SecondaryTierManager):
 
 def _slots(job: TransferJob) -> list[int]:
     return [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
+
+
+_WHERE = 'its entry of "secondary_tiers" in --kv-transfer-config'
+
+
+def _as_dict(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
+def _fingerprint(spec: Any, chunk_bytes: int, user: str) -> str:
+    """What a chunk's bytes mean, from the offloading spec's normalized config (vLLM's
+    ``OffloadingConfig``; absent fields are left out) and the chunk's size."""
+    fields: dict[str, Any] = {"chunk_bytes": chunk_bytes}
+    config = getattr(spec, "config", None)
+    if config is not None:
+        model = getattr(config, "model", None)
+        if model is not None:
+            fields["model"] = getattr(model, "name", None)
+            fields["dtype"] = getattr(model, "dtype", None)
+        for name in ("parallel", "cache"):
+            if getattr(config, name, None) is not None:
+                fields[name] = _as_dict(getattr(config, name))
+        groups = getattr(config, "groups", None)
+        if groups is not None:
+            fields["groups"] = [
+                [
+                    getattr(g, "group_id", None),
+                    getattr(g, "tokens_per_block", None),
+                    getattr(g, "sliding_window_size_in_chunks", None),
+                    len(getattr(g, "layer_names", ())),
+                    digest(list(getattr(g, "layer_names", ()))),
+                ]
+                for g in groups
+            ]
+        for name in ("worker_kv_bytes_per_block", "kv_cache_layout", "replicated_layout", "canonical_layout"):
+            if getattr(config, name, None) is not None:
+                fields[name] = getattr(config, name)
+    if user:
+        fields["user"] = user
+    return fingerprint("vllm", fields)
