@@ -104,7 +104,9 @@ nb::object PyFile::submit_ranges(nb::handle handle, bool write, nb::handle buffe
 }
 
 void PyFile::track(nb::object op) {
-  while (!ops_.empty() && op_of(ops_.front()).done()) {
+  while (!ops_.empty()) {
+    visited(1);
+    if (!op_of(ops_.front()).done()) break;
     nb::object front = std::move(ops_.front());
     ops_.pop_front();
     settle(std::move(front));
@@ -118,6 +120,7 @@ void PyFile::settle(nb::object op) {
 }
 
 void PyFile::prune() {
+  visited(ops_.size() + failed_.size());
   std::deque<nb::object> kept;
   for (auto& op : ops_) {
     if (op_of(op).done()) {
@@ -191,7 +194,12 @@ void init_file(nb::module_& m) {
       .def("drain", &PyFile::drain,
            "Waits for every tracked operation; returns the failures nobody retrieved (marked retrieved).")
       .def_prop_ro("tracked", &PyFile::tracked,
-                   "(operations not yet seen done, done ones with an unretrieved failure); for tests.");
+                   "(operations not yet seen done, done ones with an unretrieved failure); for tests.")
+#ifdef DEEPIO_TEST_HOOKS
+      .def_prop_ro("_visits", &PyFile::visits,
+                   "TESTING ONLY. Tracked operations looked at by tracking since the file opened.")
+#endif
+      ;
 }
 
 }  // namespace deepio::py

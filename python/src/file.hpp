@@ -71,6 +71,11 @@ class PyFile {
   nb::list drain();
   /// Tracked operations: (not yet seen done, done with an unretrieved failure). For tests.
   [[nodiscard]] std::pair<std::size_t, std::size_t> tracked() const { return {ops_.size(), failed_.size()}; }
+#ifdef DEEPIO_TEST_HOOKS
+  /// Tracked operations looked at by track() and prune() since the file opened (test builds
+  /// only): the work that tracking costs, which tests count instead of timing it.
+  [[nodiscard]] std::uint64_t visits() const noexcept { return visits_; }
+#endif
 
  private:
   static constexpr std::size_t kPruneMin = 64;
@@ -80,6 +85,12 @@ class PyFile {
   void track(nb::object op);
   void settle(nb::object op);
   void prune();
+  /// Counts `n` tracked operations looked at (test builds only; nothing otherwise).
+  void visited([[maybe_unused]] std::size_t n) noexcept {
+#ifdef DEEPIO_TEST_HOOKS
+    visits_ += n;
+#endif
+  }
   /// Runs `submit` (returning the Op) as a user of the file, then tracks its Op.
   template <class Submit>
   nb::object tracked_submit(Submit&& submit);
@@ -94,6 +105,9 @@ class PyFile {
   std::size_t prune_at_ = kPruneMin;
   int users_ = 0;
   bool closing_ = false;
+#ifdef DEEPIO_TEST_HOOKS
+  std::uint64_t visits_ = 0;
+#endif
 };
 
 /// Registers _deepio.File.

@@ -36,6 +36,15 @@ FOLDER/nvme2/ck (three folders standing in for three drives), load it back resha
 deepio.dcp's reader given the main path alone, then (rank 0) move the extra folders to
 FOLDER/moved1 and FOLDER/moved2 and load again with ``folder_map``.
 
+``dcp_program.py one-save MAIN [EXTRA...]``: one process saves ``concurrent_state(2.0)`` to
+MAIN with the extra folders EXTRA (test_dcp_concurrent.py runs it beside a save of its own).
+
+``dcp_program.py clean-collectives FOLDER`` and ``clean-alone FOLDER`` (``use_collectives=False``):
+two ranks save to FOLDER/ck three times, each rank with an extra folder of its own
+(FOLDER/node{rank}, standing in for a node-local drive); the second save fails midway
+(collectives: rank 1's last item refuses to be pickled; alone: every rank's), leaving files
+behind; each rank then loads the third save back and checks it.
+
 The multi-rank modes print ``ranks OK`` when every rank passed.
 """
 
@@ -369,6 +378,58 @@ def _drives(rank: int, world: int, folder: str) -> None:
         assert torch.equal(out[f"own{rank}"], want[f"own{rank}"]) and out["step"] == 11, f"rank {rank}, {step}"
 
 
+# ------------------------------------------------ concurrent saves, clean-up on each rank's host
+
+
+def concurrent_state(value: float) -> dict[str, Any]:
+    """Tensors over several files (one per item), a 1 MiB one among them, and an object."""
+    return {
+        "big": torch.full((1 << 18,), value),
+        "w": {f"w{i}": torch.full((3000 + 100 * i,), value + i) for i in range(4)},
+        "step": int(value),
+    }
+
+
+def _one_save(main: str, extra: list[str]) -> None:
+    writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, single_file_per_rank=False)
+    dcp.save(concurrent_state(2.0), storage_writer=writer)
+    print("saved", flush=True)
+
+
+class _Refused:
+    def __reduce__(self):  # runs while DCP pickles the item, after the larger items' files
+        raise RuntimeError("dcp_program: this item refuses to be saved")
+
+
+def _cleaned(rank: int, world: int, folder: str, collectives: bool) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    main, extra = f"{folder}/ck", [f"{folder}/node{rank}"]
+
+    def state(value: float) -> dict[str, Any]:
+        return {f"r{rank}_{i}": torch.full((20000 + i,), value + rank) for i in range(3)}
+
+    def save(sd: dict[str, Any]) -> None:
+        writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, single_file_per_rank=False)
+        dcp.save(sd, storage_writer=writer, use_collectives=collectives)
+
+    save(state(1.0))
+    bad = state(2.0)
+    if rank == 1 or not collectives:  # without collectives a rank failing alone would hang the others' barrier
+        bad["zz"] = _Refused()
+    try:
+        save(bad)
+    except (Exception, CheckpointException):
+        pass
+    else:
+        raise AssertionError(f"rank {rank}: the save that refuses an item succeeded")
+    save(state(3.0))
+    out = state(0.0)
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
+    for k, v in out.items():
+        assert torch.equal(v, state(3.0)[k]), f"rank {rank}: {k}"
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
@@ -387,7 +448,7 @@ def _ranked(rank: int, world: int, folder: str, fn: Callable[..., None], args: t
     sys.stdout.flush()
 
 
-def _run_ranks(world: int, folder: str, fn: Callable[..., None], *args: str) -> None:
+def _run_ranks(world: int, folder: str, fn: Callable[..., None], *args: Any) -> None:
     """`fn(rank, world, folder, *args)` in `world` processes over gloo. Forked, not spawned:
     the ranks inherit the imported torch (spawn re-imports it in each, about 4 s of CPU a
     rank on a 2-core VM). The parent has done nothing but import: no deepio engine, process
@@ -419,6 +480,12 @@ if __name__ == "__main__":
         _run_ranks(2, folder, _async)
     elif mode == "drives":
         _run_ranks(2, folder, _drives)
+    elif mode == "one-save":
+        _one_save(folder, sys.argv[3:])
+    elif mode == "clean-collectives":
+        _run_ranks(2, folder, _cleaned, True)
+    elif mode == "clean-alone":
+        _run_ranks(2, folder, _cleaned, False)
     elif mode == "enospc":
         _run_ranks(2, folder, _enospc, sys.argv[3])
     else:

@@ -528,14 +528,14 @@ def test_every_folder_is_written_through_the_one_default_engine(tmp_dir, monkeyp
     busy at once, tests/cpp/test_scheduler.cpp)."""
     main, extra = _drives(tmp_dir)
     used: dict[str, set] = {}
-    real = deepio.dcp._writer._write_file
+    real = deepio.dcp._datafile.write_file
 
     def spy(path, key, items, planner, durable, by_size=False, handle=None, **kw):
         folder = os.path.dirname(path)
         used.setdefault(folder if folder == str(main) else os.path.dirname(folder), set()).add(handle)
         return real(path, key, items, planner, durable, by_size, handle, **kw)
 
-    monkeypatch.setattr(deepio.dcp._writer, "_write_file", spy)
+    monkeypatch.setattr(deepio.dcp._datafile, "write_file", spy)
     writer = deepio.dcp.FileSystemWriter(main, extra_paths=extra, thread_count=4)
     dcp.save(_with_big(_state()), storage_writer=writer)
     assert used == {str(main): {None}, str(extra[0]): {None}, str(extra[1]): {None}}, used
@@ -593,6 +593,7 @@ def test_extra_folders_are_flushed_before_the_metadata(tmp_dir, monkeypatch):
         real(path)
 
     monkeypatch.setattr(deepio.dcp._writer, "fsync_path", spy)
+    monkeypatch.setattr(deepio.dcp._cleanup, "fsync_path", spy)  # where the writer makes folders
     dcp.save(_with_big(_state()), storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
     for folder in extra:
         assert (str(folder), False) in flushed and (str(folder.parent), False) in flushed, flushed
@@ -676,7 +677,7 @@ def _mixed(single: bool = False) -> dict:
 def _filled_items(monkeypatch) -> list[int]:
     """Each tensor item the filling route wrote, by its bytes (a spy on _write_filled)."""
     filled: list[int] = []
-    real = deepio.dcp._writer._write_filled
+    real = deepio.dcp._datafile._write_filled
 
     def spy(t, w, crc, pool=None):
         got = real(t, w, crc, pool)
@@ -684,7 +685,7 @@ def _filled_items(monkeypatch) -> list[int]:
             filled.append(t.untyped_storage().nbytes())
         return got
 
-    monkeypatch.setattr(deepio.dcp._writer, "_write_filled", spy)
+    monkeypatch.setattr(deepio.dcp._datafile, "_write_filled", spy)
     return filled
 
 
@@ -711,9 +712,9 @@ def test_large_tensors_take_the_filling_route_and_write_torchs_bytes(tmp_dir, mo
     file; every item's CRC-32s hold, and both readers load the checkpoint."""
     from deepio.checkpoint import _filling
 
-    monkeypatch.setattr(deepio.dcp._writer, "_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(deepio.dcp._datafile, "_FILL_MIN", 1 << 20)
     filled = _filled_items(monkeypatch)
-    pools: list[str] = []  # the CRC thread pools made, by module: one per data file, by _writer
+    pools: list[str] = []  # the CRC thread pools made, by module: one per data file, by _datafile
 
     def counting(module):
         class Pool(module.ThreadPoolExecutor):
@@ -723,7 +724,7 @@ def test_large_tensors_take_the_filling_route_and_write_torchs_bytes(tmp_dir, mo
 
         monkeypatch.setattr(module, "ThreadPoolExecutor", Pool)
 
-    counting(deepio.dcp._writer)
+    counting(deepio.dcp._datafile)
     counting(_filling)
     sd = _mixed()
     kw = {"single_file_per_rank": single_file_per_rank}
@@ -732,7 +733,7 @@ def test_large_tensors_take_the_filling_route_and_write_torchs_bytes(tmp_dir, mo
     large = [sd[k].untyped_storage().nbytes() for k in ("odd", "transposed", "i64")] + [sd["slice"].nbytes]
     assert sorted(filled) == sorted(large)
     ours, theirs = _data_files(tmp_dir / "d"), _data_files(tmp_dir / "t")
-    assert pools == ["deepio.dcp._writer"] * len(ours)
+    assert pools == ["deepio.dcp._datafile"] * len(ours)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert ours[name] == theirs[name], name
@@ -767,7 +768,7 @@ def _save_both_with_crc32(sd: dict, folder: Path, crc32: bool) -> None:
 def test_filling_route_follows_torchs_crc32_option(tmp_dir, monkeypatch, crc32):
     """torch's writer calls torch.save, whose records carry CRC-32s as
     torch.serialization.set_crc32_options says: the filling route follows it, byte for byte."""
-    monkeypatch.setattr(deepio.dcp._writer, "_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(deepio.dcp._datafile, "_FILL_MIN", 1 << 20)
     filled = _filled_items(monkeypatch)
     _save_both_with_crc32(_mixed(), tmp_dir, crc32)
     assert len(filled) == 4 and _data_files(tmp_dir / "d") == _data_files(tmp_dir / "t")
@@ -781,7 +782,7 @@ def test_filling_route_that_starts_again_writes_the_item_as_before(tmp_dir, monk
     the file is torch's."""
     from deepio.checkpoint import _filling
 
-    monkeypatch.setattr(deepio.dcp._writer, "_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(deepio.dcp._datafile, "_FILL_MIN", 1 << 20)
     sd = {"a": torch.randn((1 << 18) + 1), "b": torch.randn(1 << 19), "s": torch.arange(5)}
     victim = sd["a"] if where == "first" else sd["b"]
     real = _filling._save_filling

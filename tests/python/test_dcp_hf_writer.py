@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 import deepio  # noqa: E402
 import deepio.dcp  # noqa: E402
 from deepio import _engine  # noqa: E402
-from deepio.dcp import _hf  # noqa: E402
+from deepio.dcp import _common  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -178,11 +178,11 @@ def test_items_go_in_torchs_loader_order(tmp_dir, monkeypatch):
     assert order(tmp_dir / "cpu") == list(sd)
     assert order(tmp_dir / "accel") == ["c_small", "b_mid", "a_big"]
     w = deepio.dcp.HuggingFaceStorageWriter(str(tmp_dir / "x"))
-    assert _hf._overlapping_order(w)
+    assert _common.overlapping_order(w)
     w.thread_count = 2
-    assert not _hf._overlapping_order(w)
+    assert not _common.overlapping_order(w)
     w.thread_count, w.per_thread_copy_ahead = 1, 0
-    assert not _hf._overlapping_order(w)
+    assert not _common.overlapping_order(w)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     w.per_thread_copy_ahead = 10_000_000
-    assert not _hf._overlapping_order(w)
+    assert not _common.overlapping_order(w)

@@ -172,7 +172,8 @@ def test_a_part_of_a_tensor_is_checked_too(tmp_dir):
 def test_a_save_killed_over_a_checkpoint_leaves_it_loadable(tmp_dir):
     """SIGKILL mid-way through a save over an existing checkpoint (overwrite=True, extra
     folders): the old checkpoint loads whole, with deepio's reader and torch's; the next save
-    replaces it and removes the old files and the killed save's leftovers in the main path."""
+    replaces it and removes the old files and the killed save's leftovers in the main path, and
+    the lock file the killed save left behind."""
     main, extra = tmp_dir / "ck", [tmp_dir / "nvme1"]
     r = subprocess.run(
         [sys.executable, "-W", "ignore", str(HERE / "dcp_program.py"), "killed", str(main), *map(str, extra)],
@@ -189,6 +190,7 @@ def test_a_save_killed_over_a_checkpoint_leaves_it_loadable(tmp_dir):
     old = {p for p, _, _ in _places(main).values()}
     left = sorted(p.name for p in main.iterdir() if p.is_dir())
     assert left and all(n.startswith("save.") for n in left)  # the killed save's own folder
+    assert (main / ".deepio-save.lock").exists()  # left unlocked by the killed save (_savelock)
     dcp.save({"a": torch.ones(8)}, storage_writer=deepio.dcp.FileSystemWriter(main, extra_paths=extra))
     out = {"a": torch.empty(8)}
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
@@ -197,6 +199,7 @@ def test_a_save_killed_over_a_checkpoint_leaves_it_loadable(tmp_dir):
     assert not any(os.path.exists(p) for p in old - now)
     on_disk = {str(p) for p in main.rglob("*.distcp")} | {str(p) for p in extra[0].rglob("*.distcp")}
     assert on_disk == now
+    assert not (main / ".deepio-save.lock").exists()  # the next save took it and removed it
 
 
 def test_device_submissions_run_on_the_callers_thread():
@@ -205,8 +208,8 @@ def test_device_submissions_run_on_the_callers_thread():
     which runs it there (so its ordering event is recorded on that thread's current stream)
     and hands back its result or its exception; once that thread stops serving, a hand-over
     is refused instead of waiting forever."""
+    from deepio.dcp._common import side_by_side
     from deepio.dcp._reader import _OnCaller
-    from deepio.dcp._writer import _side_by_side
 
     caller = _OnCaller()
     seen: list[int] = []
@@ -226,7 +229,7 @@ def test_device_submissions_run_on_the_callers_thread():
         finally:
             caller.ended()
 
-    _side_by_side([functools.partial(caller.serve, 2), work, work], "test-dcp")
+    side_by_side([functools.partial(caller.serve, 2), work, work], "test-dcp")
     assert seen == [threading.get_ident()] * 6 and len(raised) == 2
     assert caller.run(threading.get_ident) == threading.get_ident()  # on the caller: at once
     late: list[BaseException] = []

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import deepio.dcp  # noqa: E402
 from deepio.checkpoint import _filling  # noqa: E402
-from deepio.dcp import _writer  # noqa: E402
+from deepio.dcp import _datafile, _writer  # noqa: E402
 from test_dcp import _data_files, _items_are_zips_with_their_crcs, _save_both_with_crc32  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -38,8 +38,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 def staged(monkeypatch) -> list[int]:
     """CPU tensors take the device route, from 1 MiB, in unaligned pieces of 300,000 bytes
     through the ring: returns the bytes of each storage _write_staged wrote."""
-    monkeypatch.setattr(_writer, "_STAGED_DEVICES", frozenset({"cpu"}))
-    monkeypatch.setattr(_writer, "_FILL_MIN", 1 << 20)
+    monkeypatch.setattr(_datafile, "_STAGED_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(_datafile, "_FILL_MIN", 1 << 20)
     monkeypatch.setattr(_filling, "_STAGE_CHUNK", 300_000)
     wrote: list[int] = []
     real = _filling.FillingWriter._write_staged
@@ -81,19 +81,19 @@ def _loads(folder: Path, want: dict) -> None:
 
 
 def test_device_twin_keeps_a_dense_tensors_memory_and_clones_only_what_is_not_dense(monkeypatch):
-    monkeypatch.setattr(_writer, "_STAGED_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(_datafile, "_STAGED_DEVICES", frozenset({"cpu"}))
     sd = _state()
     for key in ("rows", "transposed", "odd"):
         t = sd[key]
-        stand, src = _writer._device_twin(t)
+        stand, src = _datafile._device_twin(t)
         assert stand.shape == t.shape and stand.stride() == t.stride() and stand.dtype == t.dtype, key
         assert stand.untyped_storage().nbytes() == t.nbytes == src.numel(), key
         assert src.data_ptr() == t.data_ptr(), key  # the tensor's own bytes, no copy
-    stand, src = _writer._device_twin(sd["cols"])
+    stand, src = _datafile._device_twin(sd["cols"])
     assert stand.is_contiguous() and src.data_ptr() != sd["cols"].data_ptr()
     assert torch.equal(src, sd["cols"].contiguous().reshape(-1).view(torch.uint8))
-    monkeypatch.setattr(_writer, "_STAGED_DEVICES", frozenset({"cuda"}))
-    assert _writer._device_twin(sd["rows"]) is None
+    monkeypatch.setattr(_datafile, "_STAGED_DEVICES", frozenset({"cuda"}))
+    assert _datafile._device_twin(sd["rows"]) is None
 
 
 @pytest.mark.parametrize("combine", [True, False], ids=["pieces-combined", "one-running-crc"])
@@ -183,7 +183,7 @@ def test_tensors_go_smallest_first_where_torch_would_overlap_its_copies(tmp_dir,
         return [i.fqn for i, _ in sorted(md.storage_data.items(), key=lambda kv: kv[1].offset)]
 
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "plain"))
-    monkeypatch.setattr(_writer, "_overlapping_order", lambda w: True)
+    monkeypatch.setattr(_writer, "overlapping_order", lambda w: True)
     dcp.save(sd, storage_writer=deepio.dcp.FileSystemWriter(tmp_dir / "sorted"))
     assert order(tmp_dir / "sorted") == ["name", "b", "d", "c", "a"]
     assert order(tmp_dir / "plain") != order(tmp_dir / "sorted")

@@ -29,8 +29,9 @@ over an existing checkpoint writes new names and switches ``.metadata`` last and
 save killed midway leaves the old checkpoint loadable (a first save killed leaves a folder
 ``dcp.load`` refuses); the reader refuses a data file another save wrote, and checks the
 CRC-32 of every record it reads (``FileSystemReader(path, verify_crc=False)`` skips that), both
-with ``deepio.CorruptFileError``. Importing
-this package imports torch.distributed.checkpoint (``import deepio`` does not). See
+with ``deepio.CorruptFileError``. Two saves of one checkpoint at once run one after the other
+(``_savelock``), and every rank removes the files no save needs on its own host (``_cleanup``).
+Importing this package imports torch.distributed.checkpoint (``import deepio`` does not). See
 docs/checkpoints.md, "Distributed checkpoint (DCP)".
 """
 

@@ -52,9 +52,9 @@ from ..safetensors._format import Header, TensorInfo
 from ..safetensors._load import read_header
 from ..safetensors._save import save_file, write_in_place
 from ..safetensors._tensors import torch_dtype
-from . import _record
+from . import _record, _savelock
+from ._common import item_nbytes, overlapping_order
 from ._reader import FileSystemReader
-from ._writer import _nbytes, _overlapping_order
 
 try:
     from torch.distributed.checkpoint import _hf_utils
@@ -171,9 +171,56 @@ class HuggingFaceStorageWriter(_TorchHFWriter):
 
     Raises, besides torch's errors (``dcp.save`` wraps each in its ``CheckpointException``):
     ``ValueError`` naming a non-tensor value, before any file is written; the engine's
-    ``OSError`` naming the file for I/O."""
+    ``OSError`` naming the file for I/O.
+
+    Two saves of one folder run one after the other: the coordinator holds the folder's save
+    lock (``_savelock``, as ``deepio.dcp.FileSystemWriter``) from ``prepare_global_plan`` to
+    the end of ``finish``, so the files of two saves never mix (torch's writer replaces the
+    files one by one: the folder holds no whole checkpoint while a save runs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._save_lock: _savelock.SaveLock | None = None
+        self._ranks = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_save_lock"] = None  # a lock this process holds stays here
+        return state
+
+    def _give_back(self) -> None:
+        held, self._save_lock = self._save_lock, None
+        if held is not None:
+            held.release()
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        folder = os.path.abspath(os.fspath(self.consolidated_output_path or self.path))
+        alone = not self.use_collectives and self.rank is not None
+        name = f".deepio-save-{self.rank}.lock" if alone else ".deepio-save.lock"
+        self._save_lock = _savelock.lock(os.path.join(folder, name))
+        try:
+            plans = super().prepare_global_plan(plans)
+        except BaseException:
+            self._give_back()
+            raise
+        self._ranks = len(plans)
+        return plans
+
+    def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+        try:
+            super().finish(metadata, results)
+        finally:
+            self._give_back()
 
     def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return self._write_data(plan, planner)
+        except BaseException:
+            if not self.use_collectives or self._ranks == 1:  # no other rank writes for this save
+                self._give_back()
+            raise
+
+    def _write_data(self, plan: Any, planner: Any) -> Any:
         odd = [i.index.fqn for i in plan.items if i.type == WriteItemType.BYTE_IO]
         if odd:
             raise ValueError(
@@ -194,8 +241,8 @@ class HuggingFaceStorageWriter(_TorchHFWriter):
 
     def _write_file(self, path: str, name: str, items: list[Any], planner: Any) -> list[Any]:
         """Writes one data file of ``items`` as torch's writer would, through the engine."""
-        if _overlapping_order(self):
-            items = sorted(items, key=_nbytes)  # stable, as torch's loader's sort
+        if overlapping_order(self):
+            items = sorted(items, key=item_nbytes)  # stable, as torch's loader's sort
         tensors: dict[str, torch.Tensor] = {}
         offsets: dict[str, Any] = {}
         results = []

@@ -71,7 +71,7 @@ from ..checkpoint._filling import _crc32
 from ..checkpoint._zip import _MemoryFile
 from . import _owner, _record
 from . import _torchapi as T
-from ._writer import _side_by_side
+from ._common import side_by_side
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -326,7 +326,7 @@ class FileSystemReader(T.FileSystemReader):
         tasks: list[Callable[[], None]] = [functools.partial(caller.serve, len(folders))]
         tasks += [functools.partial(work, n) for n in range(len(folders))]
         try:
-            _side_by_side(tasks, "deepio.dcp-read")
+            side_by_side(tasks, "deepio.dcp-read")
         finally:
             caller.close()
         if errors:

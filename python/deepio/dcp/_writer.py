@@ -3,53 +3,38 @@ files are written through deepio's engine and whose ``.metadata`` is put in plac
 
 What is torch's and what is deepio's. The class is torch's ``FileSystemWriter`` (planning,
 storage prefixes, staging for ``async_save``, ``storage_meta``, ``validate_checkpoint_id``)
-with three steps replaced:
+with these steps replaced:
 
 - ``write_data``: each data file (``__{rank}_{n}.distcp``, the same files and the same bytes
-  torch writes) is a ``FillingWriter`` (deepio.save's ``deepio.Writer``: page-locked staging
-  buffers, aligned direct I/O through the process's default engine, ``fsync`` when
-  ``sync_files``) instead of a Python file object; a small file gets staging the size of its
-  estimated bytes (``_staging_for``).
-  Each item's bytes are what torch's own writer puts there, in its order (bytes items first,
-  then the tensors as planned, or smallest first where torch's writer would take them
-  through its overlapping loader: one thread and an accelerator, ``_overlapping_order``).
-  Tensors are made contiguous CPU tensors first exactly as torch's loader does
-  (``detach().cpu()``, cloned where the storage holds more than the view), except CUDA
-  tensors of ``_FILL_MIN`` bytes or more: for those torch's record is pickled from an
-  unfilled host stand-in of the same sizes and strides (``_device_twin``), and the Writer
-  fills it from device memory through a small ring of page-locked buffers, computing the
-  CRC-32 from the same host bytes (``FillingWriter._write_staged``): no whole host copy of
-  the tensor. A non-dense CUDA tensor is cloned on its device first (torch's loader makes it
-  dense on the host). A tensor of ``_FILL_MIN`` bytes or more takes deepio.save's
-  filling route (``_write_filled``; checkpoint/_filling.py): ``torch.save`` under skip_data
-  writes its zip, with torch's record alignment and CRC option, from the item's offset without
-  the storage's bytes; the Writer places the storage where torch seeks over it (from the
-  tensor's own memory by direct I/O where its address suits the device), helper threads
-  compute its CRC-32, and once every item of the file is written ``_zip._patch_crcs`` puts each
-  item's CRC-32s (and the serialization id torch derives from them) into that item's zip,
-  before the file is closed and fsynced: the bytes torch's writer writes. Where the route is
-  refused (a tensor torch refuses under skip_data) or starts again (``_FillMismatch``), the
-  item is written from its start as a smaller tensor is: ``torch.save`` into the Writer
-  (torch's zip record and its CRC-32, on the writing thread); the file is cut at its end. A
-  bytes item (``io.BytesIO`` from the planner: non-tensor objects pickled by torch) is written
-  as it is. A write error on either route is the Writer's, naming the file. A writer with
-  stream extensions (``_extensions``) or another ``serialization_format`` uses torch's own
-  write path.
+  torch writes) is written by ``_datafile.write_file`` through the engine instead of a Python
+  file object. A writer with stream extensions (``_extensions``) or another
+  ``serialization_format`` uses torch's own write path.
 - the checkpoint's start (``prepare_local_plan``/``prepare_global_plan``): an existing
   checkpoint is refused with ``FileExistsError`` under ``overwrite=False``. The coordinator
+  takes the checkpoint's save lock (``_savelock``: one save of a checkpoint at a time; a
+  second one waits, in ``prepare_global_plan``, until the first gave it back) and, under it,
   names the save's files (``_Naming``, in each rank's global plan; ``_owner``): torch's names
   in the main path for a first save; under ``overwrite=True`` over an existing checkpoint,
   new names in a folder of the save's own there (``save.<id>/``), so the old checkpoint stays
   whole until the new ``.metadata`` replaces its own; in each extra folder, always a folder of
   the save's own (``<name of path>.<id>/``, its ``owner`` file first). Every file not at
-  torch's names ends with the save's owner mark, which the reader checks.
+  torch's names ends with the save's owner mark, which the reader checks. Each save has an id
+  of its own, drawn in ``set_up_storage_writer`` (also where a writer saves again without
+  ``reset``), so a save never writes over the files of the checkpoint in place.
 - ``finish``: ``.metadata`` (torch's pickle of torch's ``Metadata``) is written last, under a
   temporary name, flushed, renamed into place and the folder flushed (``deepio._durable``,
   the same steps as ``deepio.save``); the folder is flushed before the rename too, so the
   data files' names are on disk before the metadata that points at them. Without
-  ``sync_files`` only the rename is kept (no flushes, as torch). Then the files the old
-  ``.metadata`` named, and those of saves of this checkpoint that never finished, are removed
-  (``_remove_unused``).
+  ``sync_files`` only the rename is kept (no flushes, as torch). Then the files no save needs
+  are removed on this host (``_cleanup``: the old ``.metadata``'s and those of saves that never
+  finished, never one the new ``.metadata`` names), and the save lock is given back. Every
+  other rank removes such files in its own extra folders at the start of its next
+  ``write_data`` (its host's node-local folders included); without collectives each rank is
+  its own coordinator and removes its own files in ``finish``.
+
+One save through one writer at a time: a second ``dcp.save`` with the same writer object (an
+``async_save`` not awaited) waits in ``reset``/``set_up_storage_writer`` until the first is
+over (``_savelock``).
 
 Several drives without RAID (``extra_paths``, deepio's own argument): each rank's data files
 are spread over the main path and the extra folders. With ``single_file_per_rank`` a rank's
@@ -77,126 +62,21 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import io
 import os
 import pickle
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, cast
+import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .._durable import fsync_path, replacing
-from ..checkpoint import DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS, Writer, _filling, _zip
-from ..checkpoint._save import _crc_wanted
-from . import _owner
+from . import _datafile, _owner, _savelock
 from . import _torchapi as T
-
-
-def _contiguous_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """What torch's _SerialCpuLoader hands its writer: detached, on the host, and owning only
-    its own bytes (torch.save writes a view's whole storage)."""
-    t = tensor.detach().cpu()
-    if t.untyped_storage().size() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
-
-
-#: The buffer that gathers torch.save's small writes of one item (see _write_file): 2,000 items
-#: of 1 KiB took 2.7x less CPU through it (0.49 against 1.29 s on the development VM).
-_COALESCE = 64 << 10
-
-
-class _NoClose(io.RawIOBase):
-    """The Writer as torch.save sees it: writes go through, close() only flushes (torch.save
-    closes the file object it is given; the data file goes on after the item)."""
-
-    def __init__(self, w: Writer) -> None:
-        super().__init__()
-        self._w = w
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        return self._w.write(b)
-
-    def tell(self) -> int:
-        return self._w.tell()
-
-    def flush(self) -> None:
-        pass  # the Writer keeps staging: nothing must reach the disk before close()
-
-
-def _nbytes(item: Any) -> int:
-    """The bytes of a planned tensor item (torch's ``_item_size``)."""
-    return int(item.tensor_data.size.numel()) * item.tensor_data.properties.dtype.itemsize
-
-
-def _overlapping_order(writer: Any) -> bool:
-    """Whether torch's writer would take its tensor items through ``_OverlappingCpuLoader``
-    (which hands them over smallest first, stable): one thread, an accelerator, copy-ahead on.
-    Its files then hold the tensors in that order, and so do deepio's."""
-    backend = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
-    accel = torch.cuda.is_available() or bool(backend is not None and backend.is_available())
-    return writer.thread_count == 1 and accel and writer.per_thread_copy_ahead > 0
-
-
-#: Devices whose tensor items of ``_FILL_MIN`` bytes or more are written from device memory
-#: through host staging (``_device_twin``; FillingWriter._write_staged) instead of a whole host
-#: copy first. Read at each use (tests add "cpu" to run the same route on the host).
-_STAGED_DEVICES = frozenset({"cuda"})
-
-
-def _device_twin(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For a tensor item on a ``_STAGED_DEVICES`` device: (a host stand-in, the device bytes
-    of its storage as a flat uint8 tensor). The stand-in is what torch's loader hands its
-    writer (``.cpu()``, or ``.to("cpu")``: the same sizes and strides, a storage of its own
-    bytes), left unfilled: pickled under skip_data it gives the record torch writes. The
-    device bytes are laid out as its storage: the tensor's own span of its storage where its
-    strides are the stand-in's (dense; a view's offset kept), else a device clone. None for
-    other devices."""
-    d = data.detach()
-    if d.device.type not in _STAGED_DEVICES:
-        return None
-    stand = torch.empty_like(d, device="cpu")
-    if stand.stride() != d.stride():  # not dense: .cpu() makes it contiguous, as clone() does
-        d = d.clone()
-        stand = torch.empty_like(d, device="cpu")
-    src = torch.empty(0, dtype=torch.uint8, device=d.device)
-    src.set_(d.untyped_storage(), d.storage_offset() * d.element_size(), (d.numel() * d.element_size(),), (1,))
-    return stand, src
-
-
-#: torch.save's zip around one tensor's bytes (local headers, data.pkl, directory, padding)
-#: is under 2 KiB; a bytes item of unknown size is guessed at this.
-_ITEM_OVERHEAD = 4096
-
-
-def _estimate_bytes(items: list[Any]) -> int:
-    """A data file's size as its items' plan says: each tensor's bytes, each bytes item's
-    size where the planner knows it, plus ``_ITEM_OVERHEAD`` an item."""
-    estimate = 0
-    for item in items:
-        if item.tensor_data is not None:
-            estimate += _nbytes(item)
-        elif item.bytes_io_data is not None:
-            estimate += int(item.bytes_io_data.nbytes)
-        estimate += _ITEM_OVERHEAD
-    return estimate
-
-
-def _staging_for(items: list[Any]) -> tuple[int, int]:
-    """The Writer's staging (buffer size, count) for a file of these items: the default for a
-    large file, one buffer's worth of the file's estimated size for a small one (staging is
-    page-locked memory, made and freed per file: 16 MiB x 4 of it cost 12 ms a file on the
-    development VM, which one file per item, of thousands, would pay each time)."""
-    estimate = _estimate_bytes(items)
-    if estimate >= DEFAULT_WRITE_BUFFER:
-        return DEFAULT_WRITE_BUFFER, DEFAULT_WRITE_BUFFERS
-    return max(4096, -(-estimate // 4096) * 4096), 2
+from ._cleanup import make_folder, make_save_folder, named_files, remove_stale
+from ._common import overlapping_order, side_by_side
 
 
 def assign_folders(sizes: list[int], folders: int, first: int = 0) -> list[int]:
@@ -212,140 +92,6 @@ def assign_folders(sizes: list[int], folders: int, first: int = 0) -> list[int]:
         where[n] = k
         load[k] += sizes[n]
     return where
-
-
-#: Tensor items of this many bytes or more take deepio.save's filling route (see the module);
-#: smaller ones are serialized by torch.save into the staging buffers (one pickling pass, their
-#: copy and CRC-32 cost less than the route's dry pass and thread pool). Read at each use.
-_FILL_MIN = 4 << 20
-
-
-def _write_filled(
-    t: torch.Tensor, w: _filling.FillingWriter, crc: bool, pool: ThreadPoolExecutor | None = None
-) -> tuple[dict[int, tuple[int, int]] | None, bool]:
-    """Writes the contiguous CPU tensor ``t`` at ``w``'s write position as torch.save writes
-    it, on deepio.save's filling route (torch's record alignment, so the bytes torch's writer
-    writes; the CRC-32s on ``pool``, the file's). Returns ({file offset of a storage record's
-    data: (nbytes, CRC-32)} for _zip._patch_crcs, empty without ``crc``; whether an attempt
-    started again). The dict is
-    None where the route is not taken (a tensor torch refuses under skip_data, a torch
-    without skip_data) or started again (_filling._starts_again: ``w`` is back at the item's
-    start, and bytes of the attempt may lie past it, for later items or the caller's truncate
-    to replace): the caller then writes the item on the plain route. Other errors are
-    raised."""
-    if not hasattr(torch.serialization, "skip_data"):
-        return None, False
-    protocol = torch.serialization.DEFAULT_PROTOCOL  # torch.save's default: what torch's writer uses
-    found = _filling._storages(t, protocol)
-    if found is None:
-        return None, False
-    offset = w.tell()
-    try:
-        return _filling._save_filling(t, w, protocol, found, crc=crc, aligned=False, pool=pool), False
-    except Exception as e:
-        if not _filling._starts_again(e, w):
-            raise
-    w._rewind(offset)
-    return None, True
-
-
-def _write_file(
-    path: str,
-    key: str,
-    items: list[Any],
-    planner: Any,
-    durable: bool,
-    by_size: bool = False,
-    handle: Any = None,
-    mark: bytes = b"",
-) -> list[Any]:
-    """Writes one data file: the bytes items, then the tensors (torch's order: as planned, or
-    smallest first with ``by_size``, as torch's overlapping loader hands them over); returns
-    the WriteResults with each item's place (torch's _StorageInfo). Tensors of ``_FILL_MIN``
-    bytes or more go on the filling route (a ``_STAGED_DEVICES`` tensor as its host
-    stand-in's record, filled from device memory through host staging), the others through
-    torch.save of their host copy; the CRC-32s of the filled records (computed on one thread
-    pool for the file) are put in once every item is written, before the file is closed (and
-    flushed to stable storage when ``durable``). ``handle``: the engine (None: the default).
-    ``mark``: the owner mark written past the last item (``_owner.mark``; empty: none)."""
-    results = []
-    size, count = _staging_for(items)
-    w = _filling.FillingWriter(path, durable=durable, buffer_size=size, buffers=count, handle=handle)
-    crc = _crc_wanted(None)  # torch.save's choice: torch's writer calls it with its defaults
-    crcs: dict[int, tuple[int, int]] = {}
-    archives: list[tuple[int, int]] = []  # (offset, length) of each filled item's zip
-    started_again = False
-    pool = ThreadPoolExecutor(_filling._crc_threads(), thread_name_prefix="deepio-crc") if crc else None
-    try:
-        tensors = [i for i in items if i.type != T.WriteItemType.BYTE_IO]
-        ordered = [i for i in items if i.type == T.WriteItemType.BYTE_IO]
-        ordered += sorted(tensors, key=_nbytes) if by_size else tensors
-        for item in ordered:
-            data = planner.resolve_data(item)
-            offset = w.tell()
-            if item.type == T.WriteItemType.BYTE_IO:
-                if not isinstance(data, io.BytesIO):
-                    raise TypeError(f"deepio.dcp: bytes item {item.index.fqn!r} resolved to {type(data).__name__}")
-                w.write(data.getbuffer())
-            else:
-                twin = _device_twin(data) if data.nbytes >= _FILL_MIN else None
-                t = twin[0] if twin is not None else _contiguous_cpu(data)
-                if twin is not None:
-                    w._twins[t.untyped_storage()._cdata] = _filling._Staged(twin[1])
-                filled, again = (
-                    _write_filled(t, w, crc, pool) if t.untyped_storage().nbytes() >= _FILL_MIN else (None, False)
-                )
-                if twin is not None:
-                    w._twins.clear()
-                    if filled is None:  # the plain route needs the bytes on the host
-                        t = _contiguous_cpu(data)
-                started_again = started_again or again
-                if filled is not None:
-                    crcs.update(filled)
-                    archives.append((offset, w.tell() - offset))
-                else:
-                    # torch.save makes some 30 small writes an item (zip headers, the pickle)
-                    # around the one of the tensor's bytes: a small buffer in front of the Writer
-                    # turns them into one call; the tensor's bytes still go straight to the Writer.
-                    out = io.BufferedWriter(_NoClose(w), _COALESCE)
-                    torch.save(t, cast(IO[bytes], out))
-                    out.flush()
-            length = w.tell() - offset
-            place = T.StorageInfo(key, offset, length)
-            results.append(T.WriteResult(index=item.index, size_in_bytes=length, storage_data=place))
-        if mark:
-            w.write(mark)  # past every item: no reader's range reaches it
-        if started_again:
-            w.truncate()  # what a filling attempt left past the last item
-        if crcs:
-            w.flush()  # every byte in the file: the CRC-32s go into the zips there
-            _zip._patch_crcs(path, crcs, archives)
-        w.close()  # flushes, and fsyncs when durable: raises the first write error
-    except BaseException as e:
-        cause = w._error
-        w.discard()
-        if isinstance(cause, OSError) and cause is not e:
-            # torch's writer goes on after write() or seek() raised and fails on its own
-            # ("unexpected pos"): the Writer's error, naming the file, is the one to report.
-            raise cause from None
-        raise
-    finally:
-        if pool is not None:  # threads start with the first filled item, if any
-            pool.shutdown(wait=True)
-    return results
-
-
-def _side_by_side(tasks: list[Callable[[], None]], name: str) -> None:
-    """Runs ``tasks[0]`` on the calling thread and each other task on a thread of its own
-    (named ``name-N``), and returns once every one has ended."""
-    helpers = [threading.Thread(target=task, name=f"{name}-{n}") for n, task in enumerate(tasks) if n]
-    for t in helpers:
-        t.start()
-    try:
-        tasks[0]()
-    finally:
-        for t in helpers:
-            t.join()
 
 
 def _check_extra_paths(path: Any, extra_paths: Sequence[Any] | None) -> list[str]:
@@ -367,35 +113,6 @@ def _check_extra_paths(path: Any, extra_paths: Sequence[Any] | None) -> list[str
     return out
 
 
-def _data_files_in(folder: str) -> list[str]:
-    """The DCP data files (``*.distcp``) in ``folder``, sorted; none where it does not exist."""
-    try:
-        return sorted(n for n in os.listdir(folder) if n.endswith(T.DATA_SUFFIX))
-    except FileNotFoundError:
-        return []
-
-
-def _make_save_folder(folder: str, mark: bytes, durable: bool) -> None:
-    """Makes a save's folder in an extra folder with its ``_owner.OWNER_FILE`` (the save's
-    owner mark), before any data file goes there: what the next save of the same checkpoint
-    removes, should this one never finish, is known by it."""
-    _make_folder(folder, durable)
-    path = os.path.join(folder, _owner.OWNER_FILE)
-    if not os.path.exists(path):  # each rank of the save makes it alike
-        with replacing(path, durable=durable) as tmp, open(tmp, "wb") as f:
-            f.write(mark)
-
-
-def _make_folder(folder: str, durable: bool) -> None:
-    """Makes ``folder`` (and its parents); where it made it and ``durable``, flushes its
-    parent, so that the folder's name outlives a crash as its files do."""
-    if os.path.isdir(folder):
-        return
-    os.makedirs(folder, exist_ok=True)
-    if durable:
-        fsync_path(os.path.dirname(folder) or ".")
-
-
 @dataclasses.dataclass
 class _Naming(T.StoragePrefix):
     """A rank's plan's names for one save (the coordinator's, in its global plan): torch's
@@ -404,65 +121,6 @@ class _Naming(T.StoragePrefix):
 
     save_id: str = ""
     main_dir: str = ""
-
-
-def _owned_by(folder: str, main: str) -> bool:
-    """Whether the save folder ``folder`` (in an extra folder) is one of the checkpoint at
-    ``main``: its ``_owner.OWNER_FILE`` names it."""
-    try:
-        with open(os.path.join(folder, _owner.OWNER_FILE), "rb") as f:
-            found = _owner.owner(f.read(_owner.MAX_MARK))
-    except OSError:
-        return False
-    return found is not None and found.checkpoint == main
-
-
-def _remove_unused(main: str, extra: list[str], replaced: set[str], keep: set[str], sweep: bool) -> None:
-    """After a save's ``.metadata`` is in place: removes the files of ``replaced`` (the ones the
-    previous ``.metadata`` named) that ``keep`` (the new one's) does not name and, with
-    ``sweep`` (one ``.metadata`` for the whole checkpoint), the data files of saves of this
-    checkpoint that never finished: in ``main`` and its save folders, those it does not name;
-    in the ``extra`` folders, those in folders of this checkpoint's naming whose owner mark
-    names ``main`` (extra folders may be shared: another checkpoint's files stay). Then the
-    folders of this module's naming left empty. Best effort: the new checkpoint is whole
-    already, and a file that cannot be removed is only space."""
-    gone = sorted(replaced - keep)
-    if sweep:
-        try:
-            names = os.listdir(main)
-        except OSError:
-            names = []
-        for name in names:
-            full = os.path.join(main, name)
-            if name.endswith(T.DATA_SUFFIX) and full not in keep:
-                gone.append(full)
-            elif _owner.is_save_dir(name):
-                gone += [os.path.join(full, n) for n in _data_files_in(full) if os.path.join(full, n) not in keep]
-        mine = _owner.extra_dir(main, "")[: -len(_owner.short(""))]  # "<name of main>."
-        for folder in extra:
-            try:
-                names = os.listdir(folder)
-            except OSError:
-                continue
-            for name in names:
-                full = os.path.join(folder, name)
-                if name.startswith(mine) and _owner.is_extra_dir(name) and _owned_by(full, main):
-                    gone += [p for p in (os.path.join(full, n) for n in _data_files_in(full)) if p not in keep]
-    for path in gone:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    for folder in sorted({os.path.dirname(p) for p in gone}):
-        if folder != main and folder not in extra and not _data_files_in(folder):
-            try:
-                os.unlink(os.path.join(folder, _owner.OWNER_FILE))
-            except OSError:
-                pass
-            try:
-                os.rmdir(folder)  # only where empty
-            except OSError:
-                pass
 
 
 class FileSystemWriter(T.FileSystemWriter):
@@ -479,7 +137,13 @@ class FileSystemWriter(T.FileSystemWriter):
     spread with ``path`` (``assign_folders``); ``.metadata`` stays in ``path`` and records
     where each file went, so ``deepio.dcp.FileSystemReader(path)`` finds them (see the
     module). Raises ``ValueError`` for an extra path that is ``path`` or given twice, and with
-    torch's ``_extensions`` or another ``serialization_format``."""
+    torch's ``_extensions`` or another ``serialization_format``.
+
+    Two saves of one ``path`` (threads, processes, an ``async_save`` not awaited) run one after
+    the other, the second waiting for the first's lock (``_savelock``); so do two saves through
+    one writer object."""
+
+    save_id: str  # torch's: the id of the save under way (StorageMeta.save_id)
 
     def __init__(self, path: Any, *args: Any, extra_paths: Sequence[Any] | None = None, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
@@ -488,8 +152,22 @@ class FileSystemWriter(T.FileSystemWriter):
             raise ValueError(
                 "deepio.dcp: extra_paths needs deepio's write path: no _extensions and serialization_format TORCH_SAVE"
             )
+        self._coordinator = True
+        self._ranks = 0  # the ranks of the save under way (the coordinator's global plan)
+        self._save_lock: _savelock.SaveLock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's PROCESS async_save pickles the writer to a background process: what this
+        # process holds (a save's lock and turn) stays here.
+        state = dict(self.__dict__)
+        state["_save_lock"] = None
+        state.pop("_deepio_turn", None)
+        return state
 
     def reset(self, checkpoint_id: Any = None) -> None:
+        # A save under way through this writer keeps its path and id: wait for it to end
+        # (torch's save() calls reset first; a reset outside a save waits without a turn).
+        _savelock.take_turn(self, hold=_savelock.in_dcp_save())
         if (
             checkpoint_id
             and self.extra_paths
@@ -504,6 +182,16 @@ class FileSystemWriter(T.FileSystemWriter):
             )
         super().reset(checkpoint_id)
 
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        _savelock.take_turn(self)  # one save through this writer at a time (_savelock)
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        self._coordinator = bool(is_coordinator)
+        # A save id of this save's own, also for a writer saving again without reset() (torch's
+        # save() resets only when given a checkpoint_id) or a copy of one pickled for each save
+        # (async_save's PROCESS checkpointer): its files never take the names of the checkpoint
+        # in place (_owner.main_dir). torch's finish records it (storage_meta()).
+        self.save_id = str(uuid.uuid4())
+
     def _deepio_path(self) -> bool:
         return not self.transforms.extensions and self.serialization_format == T.TORCH_SAVE
 
@@ -512,39 +200,52 @@ class FileSystemWriter(T.FileSystemWriter):
             return os.fspath(self._get_metadata_path(self.rank))
         return os.fspath(self._get_metadata_path())
 
-    def _old_files(self) -> set[str]:
-        """The data files (absolute paths) the checkpoint in place (its ``.metadata``)
-        points at; empty where there is none or it cannot be read."""
-        try:
-            with open(self._meta_path(), "rb") as f:
-                old = pickle.load(f)
-            infos = old.storage_data.values()
-        except Exception:  # no checkpoint, or not one this writer can read: nothing to remove
-            return set()
+    def _lock_file(self) -> str:
+        """The lock file of this save (``_savelock``): one per checkpoint, one per rank's
+        ``.metadata`` without collectives."""
         main = os.path.abspath(os.fspath(self.path))
-        return {os.path.join(main, info.relative_path) for info in infos}
+        if not self.use_collectives and self.rank is not None:
+            return os.path.join(main, f".deepio-save-{self.rank}.lock")
+        return os.path.join(main, ".deepio-save.lock")
+
+    def _refuse_existing(self) -> None:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"deepio.dcp: {os.fspath(self.path)!r} holds a checkpoint already (its .metadata exists) "
+            "and the writer was made with overwrite=False",
+            os.fspath(self.path),
+        )
+
+    def _give_back(self) -> None:
+        held, self._save_lock = self._save_lock, None
+        if held is not None:
+            held.release()
 
     def prepare_local_plan(self, plan: Any) -> Any:
         self.fs.mkdir(self.path)
         if self._metadata_exists() and not self.overwrite:
-            raise FileExistsError(
-                errno.EEXIST,
-                f"deepio.dcp: {os.fspath(self.path)!r} holds a checkpoint already (its .metadata exists) "
-                "and the writer was made with overwrite=False",
-                os.fspath(self.path),
-            )
+            self._refuse_existing()
         for folder in self.extra_paths:
-            _make_folder(folder, self.sync_files)
+            make_folder(folder, self.sync_files)
         if self.rank is not None and not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=T.StoragePrefix(f"__{self.rank}_"))
         return plan
 
     def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-        # The coordinator, after every rank's local plan and before any rank writes data:
-        # the names of this save (_owner), the same for every rank.
-        self._replaced = self._old_files()
-        over = self._metadata_exists()
-        plans = super().prepare_global_plan(plans)
+        # The coordinator (each rank without collectives), after every rank's local plan and
+        # before any rank writes: this save's lock on the checkpoint, held until finish (a save
+        # of it under way is waited for), then the names of this save (_owner), the same for
+        # every rank, decided under it.
+        self._save_lock = _savelock.lock(self._lock_file())
+        try:
+            over = os.path.exists(self._meta_path())
+            if over and not self.overwrite:
+                self._refuse_existing()  # a save that finished while this one waited
+            plans = super().prepare_global_plan(plans)
+            self._ranks = len(plans)
+        except BaseException:
+            self._give_back()
+            raise
         return [
             dataclasses.replace(
                 p,
@@ -562,12 +263,37 @@ class FileSystemWriter(T.FileSystemWriter):
         if isinstance(storage, _Naming):
             return storage
         # A plan the coordinator did not name (not through prepare_global_plan): this rank's own.
-        over = self._metadata_exists()
+        over = os.path.exists(self._meta_path())
         return _Naming(storage.prefix, self.save_id, _owner.main_dir(self.save_id) if over else "")
 
+    def _remove_before_writing(self, naming: _Naming) -> None:
+        """A rank other than the coordinator, with collectives, while the coordinator holds the
+        save lock: the files of this checkpoint in its extra folders (on its host) that neither
+        the ``.metadata`` in place nor this save names (``_cleanup``)."""
+        main = os.path.abspath(os.fspath(self.path))
+        live = named_files(self._meta_path(), main)
+        if live is not None:  # an unreadable .metadata: nothing is known unused
+            remove_stale(main, self.extra_paths, live, current=naming.save_id, in_main=False)
+
     def write_data(self, plan: Any, planner: Any) -> Any:
-        if not self._deepio_path():
-            return super().write_data(plan, planner)
+        last = self.use_collectives and not self._coordinator  # this rank's last hook of the save
+        try:
+            if last and self.extra_paths and isinstance(plan.storage_data, _Naming):
+                self._remove_before_writing(plan.storage_data)
+            fut = self._write_files(plan, planner) if self._deepio_path() else super().write_data(plan, planner)
+        except BaseException:
+            # This rank's part of the save is over, and finish will not come. Where no other
+            # rank writes for this save, the save is over: its lock goes back now (with
+            # collectives and other ranks, once torch's save has returned: _savelock).
+            if not self.use_collectives or self._ranks == 1:
+                self._give_back()
+            _savelock.end_turn(self)
+            raise
+        if last:
+            _savelock.end_turn(self)
+        return fut
+
+    def _write_files(self, plan: Any, planner: Any) -> Any:
         naming = self._naming(plan)
         prefix = naming.prefix
         main = os.fspath(self.path)
@@ -590,11 +316,11 @@ class FileSystemWriter(T.FileSystemWriter):
         jobs: queue.Queue[tuple[str, str, list[Any], int]] = queue.Queue()  # (path, key, items, folder)
         used: set[str] = set()  # folders this rank made files in, outside the main path's top
         if naming.main_dir:
-            _make_folder(os.path.join(main, naming.main_dir), self.sync_files)
+            make_folder(os.path.join(main, naming.main_dir), self.sync_files)
             used.add(os.path.join(main, naming.main_dir))
         if self.extra_paths:
             files = [(key, bucket) for key, bucket in files if bucket]  # no empty files on the drives
-            sizes = [_estimate_bytes(bucket) for _, bucket in files]
+            sizes = [_datafile.estimate_bytes(bucket) for _, bucket in files]
             where = assign_folders(sizes, folders, (self.rank or 0) % folders)
             threads = max(threads, min(folders, len(files)))
             for n in sorted(range(len(files)), key=lambda i: -sizes[i]):  # the largest start first
@@ -608,7 +334,7 @@ class FileSystemWriter(T.FileSystemWriter):
                     # file is in a folder of this save's own (_owner.extra_dir).
                     folder = os.path.join(self.extra_paths[where[n] - 1], _owner.extra_dir(main, naming.save_id))
                     if folder not in used:
-                        _make_save_folder(folder, mark, self.sync_files)
+                        make_save_folder(folder, mark, self.sync_files)
                         used.add(folder)
                     full = os.path.join(folder, key)
                     jobs.put((full, full, bucket, where[n]))
@@ -618,7 +344,7 @@ class FileSystemWriter(T.FileSystemWriter):
         results: list[Any] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
-        by_size = _overlapping_order(self)
+        by_size = overlapping_order(self)
 
         def work() -> None:
             while not errors:
@@ -628,7 +354,7 @@ class FileSystemWriter(T.FileSystemWriter):
                     return
                 try:
                     own = mark if os.path.isabs(key) or naming.main_dir else b""
-                    done = _write_file(path, key, items, planner, self.sync_files, by_size, None, mark=own)
+                    done = _datafile.write_file(path, key, items, planner, self.sync_files, by_size, None, mark=own)
                 except BaseException as e:
                     with lock:
                         errors.append(e)
@@ -636,7 +362,7 @@ class FileSystemWriter(T.FileSystemWriter):
                 with lock:
                     results.extend(done)
 
-        _side_by_side([work] * threads, "deepio.dcp")
+        side_by_side([work] * threads, "deepio.dcp")
         if errors:
             raise errors[0]
         if self.sync_files:
@@ -647,6 +373,15 @@ class FileSystemWriter(T.FileSystemWriter):
         return fut
 
     def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+        try:
+            self._commit(metadata, results)
+        finally:
+            # Every rank's writes are over (torch calls finish after gathering them): the
+            # next save of this checkpoint, and through this writer, may start.
+            self._give_back()
+            _savelock.end_turn(self)
+
+    def _commit(self, metadata: Any, results: list[list[Any]]) -> None:
         metadata.version = T.CURRENT_DCP_VERSION
         storage_md = {}
         for wr_list in results:
@@ -654,15 +389,16 @@ class FileSystemWriter(T.FileSystemWriter):
         metadata.storage_data = storage_md
         metadata.storage_meta = self.storage_meta()
         final = self._meta_path()
+        main = os.path.abspath(os.fspath(self.path))
+        replaced = named_files(final, main) or set()  # under the save lock: what the switch replaces
         folder = os.path.dirname(os.path.abspath(final))
         if self.sync_files:
             fsync_path(folder)  # the data files' names first: the metadata points at them
         with replacing(final, durable=self.sync_files) as tmp, open(tmp, "wb") as f:
             pickle.dump(metadata, f)
-        # The new checkpoint is in place: the old one's files go (never before: a save that
-        # fails or is killed leaves the old checkpoint whole), and leftovers of saves that
-        # never finished in the main path (extra folders may be shared: only files the old
-        # metadata named are removed there).
-        main = os.path.abspath(os.fspath(self.path))
+        # The new checkpoint is in place: only now do the files no save needs go (a save that
+        # fails or is killed leaves the old checkpoint whole), never one the new metadata
+        # names; without collectives, only this rank's own (_cleanup).
         keep = {os.path.join(main, info.relative_path) for info in storage_md.values()}
-        _remove_unused(main, self.extra_paths, getattr(self, "_replaced", set()), keep, sweep=self.use_collectives)
+        prefix = "" if self.use_collectives or self.rank is None else f"__{self.rank}_"
+        remove_stale(main, self.extra_paths, keep, prefix=prefix, also=replaced)

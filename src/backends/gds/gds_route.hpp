@@ -49,6 +49,10 @@
 // registry's mutex, a file object's registration by its RouteFileSlot's mutex.
 // deregister() runs on whichever thread drops the last holder (a worker finishing the
 // operation that outlived its file object's close, among others), under a ScopedContext.
+//
+// Sources: gds_route.cpp (mode, contexts, bind and file registrations), gds_backend.cpp (the
+// backend and its staged path), gds_pins.cpp (pinned buffers), gds_file.hpp (GdsRegistration
+// and GdsFile, shared by them).
 #pragma once
 
 #include <sys/types.h>
