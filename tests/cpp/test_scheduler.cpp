@@ -46,6 +46,17 @@ class Gate {
     std::lock_guard lock(mutex_);
     held_suffixes_.erase(suffix);
   }
+  // Everything goes: what a failed assertion leaves held must not hang the handle's end.
+  void open_all() {
+    std::lock_guard lock(mutex_);
+    held_suffixes_.clear();
+    blocked_.clear();
+  }
+  // Opens the gate when it goes out of scope (declared after the handle: before it ends).
+  struct OpenAtExit {
+    Gate& gate;
+    ~OpenAtExit() { gate.open_all(); }
+  };
   // Requests of `suffix` being held now.
   std::size_t held(const std::string& suffix) {
     std::lock_guard lock(mutex_);
@@ -166,6 +177,7 @@ void second_op_overtakes_held_one(Scheduler& t, Gate& gate, Handle& h, const std
   gate.watch("/slow");
   gate.watch(fast.substr(fast.rfind('/')));
   gate.hold("/slow");
+  Gate::OpenAtExit open_at_exit{gate};
   std::vector<std::byte> a(kSlowBytes), b(kFastBytes);
   Future first = h.async_pread(a.data(), a.size(), slow);
   ASSERT_TRUE(eventually([&] { return gate.held("/slow") == 7; })) << "the first op takes 7 of 8 slots";
@@ -211,6 +223,7 @@ TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
   for (int i = 0; i < 3; ++i) test::put(files[i], pattern(kBytes, 10 + static_cast<std::uint32_t>(i)));
   for (const char* s : {"/one", "-two", "-three"}) gate_->watch(s);
   for (const char* s : {"/one", "-two", "-three"}) gate_->hold(s);
+  Gate::OpenAtExit open_at_exit{*gate_};
   // The worker is kept inside the submission of the gate's request while the three are
   // submitted, so it takes them in one go.
   gate_->block_submits("/gate");
@@ -257,6 +270,7 @@ TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
   gate_->watch("/slow");
   gate_->watch("-fast");
   gate_->hold("/slow");
+  Gate::OpenAtExit open_at_exit{*gate_};
   {
     const int probe = ::open(slow.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (probe < 0) GTEST_SKIP() << "this folder takes no O_DIRECT: nothing bounces";

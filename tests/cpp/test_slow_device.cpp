@@ -156,6 +156,11 @@ struct Case {
   std::size_t slow_bytes;  // 2 requests: the queue has room; 16 on a depth of 8: it is full
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << to_string(c.backend) << (c.overlap ? " overlap_events" : " batches") << ", slow op of " << c.slow_bytes
+      << " bytes";
+}
+
 class SlowDevice : public testing::TestWithParam<Case> {};
 
 TEST_P(SlowDevice, AnotherDevicesReadCompletesWhileItsRequestsAreInTheKernel) {
