@@ -33,6 +33,9 @@ struct Request {
   std::uint32_t len = 0;
   std::uint64_t offset = 0;
   bool write = false;
+  /// fd is (or may be) the O_DIRECT descriptor: a synchronous call on it waits for the device.
+  /// False: the page cache's descriptor, whose requests may be answered from memory at once.
+  bool direct = false;
   std::uint64_t tag = 0;  ///< returned unchanged in the completion; below 2^61
   /// The locked allocation holding buf (memory/regions.hpp), if any: a backend may register
   /// it with the kernel once and skip pinning the pages on every request. Ignored otherwise.

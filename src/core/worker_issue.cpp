@@ -111,6 +111,7 @@ Worker::Impl::Cut Worker::Impl::cut(Active& a, const Shares& sh) {
       }
     } else {
       s.req.fd = op.direct_fd();
+      s.req.direct = true;
     }
     s.req.buf = s.user;
     if (a.task.direct_device) s.req.driver_file = a.task.driver_file.get();
@@ -273,6 +274,7 @@ Status Worker::Impl::to_buffered(Slot& s) {
   Status st = s.owner->task.op->buffered_fd(&fd);
   if (st.ok()) {
     s.req.fd = fd;
+    s.req.direct = false;
     s.buffered = true;
   }
   return st;

@@ -1,6 +1,14 @@
 // The portable backend: each request is one pread(2) or pwrite(2) call, run by a thread of
 // the backend's own pool, so that the worker thread never waits inside a request (a slow
 // drive holds only the pool threads running its requests, never the worker's other work).
+// Answered at once: a request on the page cache's descriptor (Request::direct false) is first
+// tried on the worker with preadv2/pwritev2(RWF_NOWAIT), which moves the bytes only where no
+// wait is needed (cached pages, room for dirty ones) and fails with EAGAIN otherwise; a whole
+// transfer completes there and then, without a hand-off (a small cached read costs less than
+// waking a pool thread). Files in memory (tmpfs, ramfs: fstatfs, once per descriptor per
+// submit() call), direct or not, are read and written on the worker (the io_uring workers do
+// the same). Anything else -- a direct request, a miss, a partial transfer (redone whole:
+// rereading or rewriting the same bytes is harmless) -- goes to the pool.
 // Lifecycle: no threads at creation; submit() starts one more whenever a request finds every
 // pool thread busy, up to queue_depth (the most requests a worker has in flight), so a worker
 // that keeps one request in flight has one thread. Threads stay until shutdown(), which lets
@@ -14,6 +22,9 @@
 // which wake() also signals (Backend::wake).
 #include "backends/threads/threads_backend.hpp"
 
+#include <linux/magic.h>
+#include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +35,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace deepio::detail {
@@ -36,6 +48,20 @@ std::int64_t run_request(const Request& r) noexcept {
   return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
 }
 
+// The transfer if it needs no wait (RWF_NOWAIT), else -errno (-EAGAIN: it would wait).
+std::int64_t try_now(const Request& r) noexcept {
+  iovec iov{r.buf, r.len};
+  const ssize_t n = r.write ? ::pwritev2(r.fd, &iov, 1, static_cast<off_t>(r.offset), RWF_NOWAIT)
+                            : ::preadv2(r.fd, &iov, 1, static_cast<off_t>(r.offset), RWF_NOWAIT);
+  return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
+}
+
+bool memory_file_system(int fd) noexcept {
+  struct statfs sfs {};
+  if (::fstatfs(fd, &sfs) != 0) return false;
+  return sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC;
+}
+
 class ThreadsBackend final : public Backend {
  public:
   explicit ThreadsBackend(std::size_t queue_depth) : max_threads_(std::max<std::size_t>(1, queue_depth)) {}
@@ -46,9 +72,29 @@ class ThreadsBackend final : public Backend {
   [[nodiscard]] const char* name() const noexcept override { return "threads"; }
 
   int submit(std::span<const Request> reqs) override {
+    // First what needs no wait, on this thread, without the lock (see the file comment).
+    now_.clear();
+    later_.clear();
+    memory_.clear();  // this call's answers of fstatfs (its descriptors stay open meanwhile)
+    for (const Request& r : reqs) {
+      if (in_memory(r.fd)) {
+        now_.push_back({r.tag, run_request(r)});
+        continue;
+      }
+      if (!r.direct) {
+        const std::int64_t res = try_now(r);
+        if (res == static_cast<std::int64_t>(r.len)) {
+          now_.push_back({r.tag, res});
+          continue;
+        }
+      }
+      later_.push_back(&r);
+    }
     std::unique_lock lock(mutex_);
     if (stopping_) return -ESHUTDOWN;
-    for (const Request& r : reqs) todo_.push_back(r);
+    for (const Completion& c : now_) done_.push_back(c);
+    if (later_.empty()) return static_cast<int>(reqs.size());
+    for (const Request* r : later_) todo_.push_back(*r);
     while (todo_.size() > idle_ && threads_.size() < max_threads_) {
       try {
         threads_.emplace_back([this] { serve(); });
@@ -67,7 +113,7 @@ class ThreadsBackend final : public Backend {
       return static_cast<int>(reqs.size());
     }
     lock.unlock();
-    if (reqs.size() == 1) {
+    if (later_.size() == 1) {
       work_.notify_one();
     } else {
       work_.notify_all();
@@ -132,7 +178,20 @@ class ThreadsBackend final : public Backend {
     }
   }
 
+  // Whether fd's file lives in memory (tmpfs, ramfs), asked once per descriptor per submit().
+  bool in_memory(int fd) {
+    for (const auto& [f, m] : memory_) {
+      if (f == fd) return m;
+    }
+    const bool m = memory_file_system(fd);
+    memory_.emplace_back(fd, m);
+    return m;
+  }
+
   const std::size_t max_threads_;
+  std::vector<std::pair<int, bool>> memory_;  // submit()'s scratch: in_memory()'s answers
+  std::vector<Completion> now_;               // submit()'s scratch: answered on the worker
+  std::vector<const Request*> later_;         // submit()'s scratch: for the pool
   std::mutex mutex_;
   std::condition_variable work_;    // the pool: todo_ or stopping_
   std::condition_variable reaper_;  // the worker in reap(): done_ or woken_
