@@ -27,6 +27,7 @@ are confirmed still pending when the fast one returned. Needs root.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -85,9 +86,13 @@ def setup(size_gib: int) -> tuple[dict[str, str], dict[str, Path]]:
 
 
 def teardown(devs: dict[str, str]) -> None:
+    gc.collect()  # handles and files in reference cycles still hold descriptors on the drives
     for name, dev in devs.items():
-        subprocess.run(["umount", str(MOUNTS[name])], check=False)
+        if subprocess.run(["umount", str(MOUNTS[name])], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(MOUNTS[name])], check=False)  # busy: detached when let go
         subprocess.run(["losetup", "-d", dev], check=False)
+        if not os.path.ismount(MOUNTS[name]):
+            MOUNTS[name].rmdir()
     for img in IMAGES.values():
         Path(img).unlink(missing_ok=True)
 
