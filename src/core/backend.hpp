@@ -1,7 +1,8 @@
 // The interface every I/O backend implements: submit requests, reap completions.
 //
 // One Backend instance belongs to one worker thread and is only ever used by it, so
-// implementations need no locking. Results follow the kernel's convention: a completion's
+// implementations need no locking -- except wake(), which any thread may call while the
+// worker waits in reap(). Results follow the kernel's convention: a completion's
 // res is the byte count moved, or a negative errno. Backends do not retry, loop on short
 // transfers or interpret results: the worker does that, identically for all of them.
 // Teardown: shutdown() ends the kernel queue, waiting for (or cancelling) what the kernel
@@ -32,6 +33,9 @@ struct Request {
   std::uint32_t len = 0;
   std::uint64_t offset = 0;
   bool write = false;
+  /// fd is (or may be) the O_DIRECT descriptor: a synchronous call on it waits for the device.
+  /// False: the page cache's descriptor, whose requests may be answered from memory at once.
+  bool direct = false;
   std::uint64_t tag = 0;  ///< returned unchanged in the completion; below 2^61
   /// The locked allocation holding buf (memory/regions.hpp), if any: a backend may register
   /// it with the kernel once and skip pinning the pages on every request. Ignored otherwise.
@@ -67,8 +71,17 @@ class Backend {
   /// than the number in flight), then stores up to out.size() of them. Returns the count
   /// stored or a negative errno (EINTR is handled inside). With `max_wait_us` >= 0 the wait
   /// ends after that long even if fewer than `min` are there: what is there is stored (maybe
-  /// none), and that is no error.
+  /// none), and that is no error. A wake() ends a wait for min <= 1 early too, also one
+  /// that came before the wait started (the wait then returns at once): none may be stored
+  /// then, and that is no error either (a wait for more may count the wake-up as one of
+  /// `min`; the worker relies on it only with min 1).
   virtual int reap(std::span<Completion> out, std::size_t min, std::int64_t max_wait_us = -1) = 0;
+  /// Makes a reap() that is waiting, or the next one, return at once (the worker has new
+  /// work). Thread-safe, cheap (at most one system call), never fails, and may be called at
+  /// any time between the backend's creation and shutdown(). A wake-up that finds nothing to
+  /// end may end the next wait early: harmless. Backends whose reap() never waits (requests
+  /// complete inside submit()) need nothing.
+  virtual void wake() noexcept {}
   /// Makes the kernel start every accepted request now, for a backend that would otherwise
   /// hold them until the next reap() (io_uring batches submission into its wait). The worker
   /// calls it before spending time on other things, so the device is never left idle.

@@ -50,6 +50,8 @@ class Staging {
   DeviceStager* stager(int device, Status* why);
 
   [[nodiscard]] bool has_free() const noexcept { return !free_.empty(); }
+  /// How many slots are free now (none before ensure()).
+  [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
   /// How many slots there are in all (free or not; the arena may not exist yet).
   [[nodiscard]] std::size_t slot_count() const noexcept { return slots_; }
   /// A free slot's index (has_free() must hold).

@@ -6,15 +6,27 @@
 //
 // Scheduling (docs/engine.md draws it): each slice goes into the lane of its file's device
 // (SliceTask::device_key, the file's st_dev); a lane holds that device's slices in arrival
-// order. Free queue slots are handed out by deficit round-robin over the lanes that have
-// requests left to issue, weighted by bytes (a lane's turn lasts for `quantum` bytes), and
-// while more than one lane has work each is capped at its share of the requests
-// (queue_depth / lanes), of the bytes in flight (inflight_bytes / lanes) and of the bounce
-// slots (at least one each): a slow device can hold no more than its share, so no device
-// waits behind another's. Within a lane the oldest slice goes first, each capped at its
-// share of the lane while several have work; within a slice requests are issued in order.
-// A lane that cannot issue now (no bounce slot for it, its producer's fence not yet reached)
-// yields to the next; nothing blocks the thread while another lane could issue.
+// order. Which lane issues into a free queue slot is core/lanes.hpp's policy: deficit
+// round-robin by bytes over the lanes that may issue, each capped at its share of the queue
+// slots, of the bytes in flight and of the bounce slots while several have work, and the last
+// few free slots (queue and bounce) kept for a lane with nothing in flight, so a device that
+// starts work while another holds the queue is issued a request at once. Within a lane the
+// oldest slice goes first, each capped at its share of the lane while several have work;
+// within a slice requests are issued in order. A lane that cannot issue now (no bounce slot
+// for it, its producer's fence not yet reached) yields to the next; nothing blocks the
+// thread while another lane could issue.
+//
+// Waking (no device waits behind another): the worker waits in the kernel (Backend::reap)
+// only for completions. Before a wait with no time limit it sets `blocked_` under mutex_ and
+// publishes the keys of the lanes that could not issue more even with new work
+// (`full_keys_`); enqueue(), under the same lock, calls Backend::wake() once when the worker
+// is blocked and the new slice's device is not among them, which makes the wait return at
+// once (an eventfd the ring or the aio context polls; the thread pool's condition variable).
+// So a new operation is issued without waiting for any completion, and an enqueue costs no
+// system call while the worker is busy or the device has no room anyway. The worker clears
+// `blocked_` after the wait. Its other waits are bounded: a one-device batch (overlap_events
+// off) by kBatchWaitUs, a back-off or a held completion by when it is due; with nothing in
+// flight it waits on cv_, which enqueue() signals.
 //
 // Completions: with overlap_events, or whenever requests of more than one device are in
 // flight, the worker refills as each completion arrives; otherwise it submits a batch and
@@ -98,6 +110,9 @@ class Worker {
  private:
   struct Impl;
   void run() noexcept;
+  // Under mutex_: wakes the worker if it is blocked in the kernel and a slice for `key` could
+  // be issued now (the protocol above).
+  void wake_for(std::uint64_t key);
 
   // Handed to the worker thread's state when it starts, which owns it from then on and shuts
   // it down before freeing any memory the kernel could write into.
@@ -109,6 +124,12 @@ class Worker {
   std::condition_variable cv_;
   std::deque<SliceTask> queue_;  // guarded by mutex_
   bool stopping_ = false;        // guarded by mutex_
+  // The wake protocol (file comment): the worker is in an unbounded Backend::reap; waker_ is
+  // its backend (set while the worker thread's state lives); full_keys_ are the devices whose
+  // new work could not be issued anyway. All guarded by mutex_.
+  bool blocked_ = false;
+  Backend* waker_ = nullptr;
+  std::vector<std::uint64_t> full_keys_;
   std::thread thread_;
 };
 

@@ -46,6 +46,17 @@ class Gate {
     std::lock_guard lock(mutex_);
     held_suffixes_.erase(suffix);
   }
+  // Everything goes: what a failed assertion leaves held must not hang the handle's end.
+  void open_all() {
+    std::lock_guard lock(mutex_);
+    held_suffixes_.clear();
+    blocked_.clear();
+  }
+  // Opens the gate when it goes out of scope (declared after the handle: before it ends).
+  struct OpenAtExit {
+    Gate& gate;
+    ~OpenAtExit() { gate.open_all(); }
+  };
   // Requests of `suffix` being held now.
   std::size_t held(const std::string& suffix) {
     std::lock_guard lock(mutex_);
@@ -154,22 +165,24 @@ class Scheduler : public test::BackendTest {
   std::vector<std::string> shm_files_;
 };
 
-// One op holds the whole queue on a device that does not answer; an op on another device (and
-// one on the same device) submitted after it completes as soon as a single request of the
-// first comes back, while the first is still pending.
-void second_op_overtakes_held_one(Scheduler& t, Gate& gate, Handle& h, const std::string& slow,
-                                  const std::string& fast) {
+// One op takes all it may of the queue on a device that does not answer (all but the slot
+// kept for a newcomer: core/lanes.hpp); an op on another device submitted after it completes
+// without any request of the first coming back, and one on the same device as soon as a single
+// one does (`releases`), while the first is still pending.
+void second_op_overtakes_held_one(Scheduler& t, Gate& gate, Handle& h, const std::string& slow, const std::string& fast,
+                                  int releases) {
   constexpr std::size_t kSlowBytes = 64 * kBlock, kFastBytes = 4 * kBlock;
   test::put(slow, pattern(kSlowBytes, 1));
   test::put(fast, pattern(kFastBytes, 2));
   gate.watch("/slow");
   gate.watch(fast.substr(fast.rfind('/')));
   gate.hold("/slow");
+  Gate::OpenAtExit open_at_exit{gate};
   std::vector<std::byte> a(kSlowBytes), b(kFastBytes);
   Future first = h.async_pread(a.data(), a.size(), slow);
-  ASSERT_TRUE(eventually([&] { return gate.held("/slow") == 8; })) << "the first op fills the queue (8)";
+  ASSERT_TRUE(eventually([&] { return gate.held("/slow") == 7; })) << "the first op takes 7 of 8 slots";
   Future second = h.async_pread(b.data(), b.size(), fast);
-  gate.release(1);  // one request of the first comes back: its slot goes to the second
+  gate.release(releases);  // requests of the first that come back: their slots go to the second
   EXPECT_TRUE(second.wait_for(std::chrono::seconds(5))) << "the second op waited behind the first (FIFO scheduling)";
   EXPECT_FALSE(first.done()) << "the first is still held";
   EXPECT_EQ(b, pattern(kFastBytes, 2));
@@ -183,21 +196,22 @@ void second_op_overtakes_held_one(Scheduler& t, Gate& gate, Handle& h, const std
 
 TEST_P(Scheduler, AnotherDevicesOpCompletesWhileOneDeviceIsHeld) {
   Handle h(opts({.block_size = kBlock, .queue_depth = 8, .direct_io = DirectIo::Off}));
-  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"), 0);
 }
 
 TEST_P(Scheduler, SameDevicesOtherOpCompletesWhileTheFirstIsHeld) {
   Handle h(opts({.block_size = kBlock, .queue_depth = 8, .direct_io = DirectIo::Off}));
-  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), dir_.file("fast"));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), dir_.file("fast"), 1);
 }
 
 TEST_P(Scheduler, WithOverlapEventsToo) {
   Handle h(opts({.block_size = kBlock, .queue_depth = 8, .overlap_events = true, .direct_io = DirectIo::Off}));
-  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"));
+  second_op_overtakes_held_one(*this, *gate_, h, dir_.file("slow"), other_device_file("fast"), 0);
 }
 
 // Three devices' ops arrive together: the queue is shared equally while all three have
-// requests to issue; once two are done, the third gets the whole queue.
+// requests to issue (the last slot kept for a newcomer); once two are done, the third gets
+// the whole queue but that slot.
 TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
   Handle h(opts({.block_size = kBlock, .queue_depth = 12, .direct_io = DirectIo::Off}));
   constexpr std::size_t kBytes = 32 * kBlock;
@@ -209,6 +223,7 @@ TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
   for (int i = 0; i < 3; ++i) test::put(files[i], pattern(kBytes, 10 + static_cast<std::uint32_t>(i)));
   for (const char* s : {"/one", "-two", "-three"}) gate_->watch(s);
   for (const char* s : {"/one", "-two", "-three"}) gate_->hold(s);
+  Gate::OpenAtExit open_at_exit{*gate_};
   // The worker is kept inside the submission of the gate's request while the three are
   // submitted, so it takes them in one go.
   gate_->block_submits("/gate");
@@ -220,19 +235,20 @@ TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
   for (int i = 0; i < 3; ++i) ops.push_back(h.async_pread(out[i].data(), kBytes, files[i]));
   gate_->release_submits();
   ASSERT_TRUE(gate.wait_for(std::chrono::seconds(20)));
-  // 12 slots over two devices (the disk folder, /dev/shm): 6 each; on /dev/shm "two" and
-  // "three" share theirs, 3 each.
-  ASSERT_TRUE(eventually([&] { return gate_->held("/one") + gate_->held("-two") + gate_->held("-three") == 12; }))
+  // 12 slots over two devices (the disk folder, /dev/shm), one kept back: 6 and 5; on
+  // /dev/shm "two" and "three" share theirs, 3 and 2.
+  ASSERT_TRUE(eventually([&] { return gate_->held("/one") + gate_->held("-two") + gate_->held("-three") == 11; }))
       << gate_->held("/one") << " " << gate_->held("-two") << " " << gate_->held("-three");
   EXPECT_EQ(gate_->held("/one"), 6u);
-  EXPECT_EQ(gate_->held("-two"), 3u);
-  EXPECT_EQ(gate_->held("-three"), 3u);
+  EXPECT_EQ(gate_->held("-two") + gate_->held("-three"), 5u);
+  EXPECT_GE(gate_->held("-two"), 2u);
+  EXPECT_GE(gate_->held("-three"), 2u);
   // The other device's ops finish: the disk's op alone takes the whole queue.
   gate_->release_all("-two");
   gate_->release_all("-three");
   ASSERT_TRUE(ops[1].wait_for(std::chrono::seconds(20)));
   ASSERT_TRUE(ops[2].wait_for(std::chrono::seconds(20)));
-  EXPECT_TRUE(eventually([&] { return gate_->held("/one") == 12; })) << gate_->held("/one");
+  EXPECT_TRUE(eventually([&] { return gate_->held("/one") == 11; })) << gate_->held("/one");
   EXPECT_FALSE(ops[0].done());
   gate_->release_all("/one");
   for (auto& op : ops) op.get();
@@ -240,8 +256,9 @@ TEST_P(Scheduler, DevicesShareTheQueueAndTheLastOneTakesItAll) {
 }
 
 // One device's staged requests (a misaligned buffer read with O_DIRECT bounces) take every
-// bounce slot and are held: another device's requests, which need none, still issue and
-// complete.
+// bounce slot they may (one of two: the other is kept for a newcomer) and are held: another
+// device's requests, which need none, still issue and complete, and so do those of one that
+// needs bounce slots too.
 TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
   ::setenv("DEEPIO_STAGING_BYTES", "128K", 1);  // two bounce slots of 64 KiB
   Handle h(opts({.block_size = kBlock, .queue_depth = 16}));
@@ -253,6 +270,7 @@ TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
   gate_->watch("/slow");
   gate_->watch("-fast");
   gate_->hold("/slow");
+  Gate::OpenAtExit open_at_exit{*gate_};
   {
     const int probe = ::open(slow.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (probe < 0) GTEST_SKIP() << "this folder takes no O_DIRECT: nothing bounces";
@@ -261,11 +279,11 @@ TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
   test::OffsetBuffer a(kBytes, 8);  // not aligned for O_DIRECT: bounces
   test::OffsetBuffer b(kBytes, 0);  // aligned: never bounces, whatever /dev/shm does
   Future first = h.async_pread(a.data(), kBytes, slow);
-  ASSERT_TRUE(eventually([&] { return gate_->held("/slow") == 2; })) << "two bounce slots, both held";
+  ASSERT_TRUE(eventually([&] { return gate_->held("/slow") == 1; })) << "one of two bounce slots, held";
   Future second = h.async_pread(b.data(), kBytes, fast);
   EXPECT_TRUE(second.wait_for(std::chrono::seconds(5))) << "the other device waited for a bounce slot";
   EXPECT_FALSE(first.done());
-  EXPECT_EQ(gate_->held("/slow"), 2u);
+  EXPECT_EQ(gate_->held("/slow"), 1u);
   EXPECT_EQ(b.copy(), pattern(kBytes, 4));
   gate_->release_all("/slow");
   ASSERT_TRUE(first.wait_for(std::chrono::seconds(30)));
@@ -277,16 +295,20 @@ TEST_P(Scheduler, BounceSlotsTakenByOneDeviceDoNotStopAnother) {
 
 DEEPIO_INSTANTIATE_FOR_BACKENDS(Scheduler);
 
-// overlap_events off: a worker reaps a one-device batch whole before issuing more. A read of
-// an empty pipe is a request the kernel holds for real (io_uring waits in an io-wq thread
-// until data comes); a read of a file on another device submitted meanwhile must not wait
-// for that batch. io_uring only: libaio and the threads backend run a pipe read inside the
-// submitting call.
-TEST(SchedulerBatch, AnotherDeviceStartsWhileAOneDeviceBatchIsInTheKernel) {
+// A read of an empty pipe is a request the kernel holds for real (io_uring waits in an io-wq
+// thread until data comes); a read of a file on another device submitted meanwhile must not
+// wait for it. overlap_events off: the worker reaps a one-device batch whole before issuing
+// more, in bounded waits; on: it waits for one completion with no time limit, and the new op
+// wakes it (worker.hpp's wake protocol; this failed before it). io_uring only: libaio and the
+// threads backend run a pipe read inside the submitting call (test_slow_device.cpp holds
+// their requests in the kernel with a throttled block device).
+class SchedulerPipe : public testing::TestWithParam<bool> {};
+
+TEST_P(SchedulerPipe, AnotherDeviceStartsWhileAPipeReadIsInTheKernel) {
   std::string why;
   if (!test::backend_available(BackendKind::IoUring, &why)) GTEST_SKIP() << "io_uring: " << why;
   test::TempDir dir;
-  Handle h({.block_size = kBlock, .queue_depth = 8, .backend = BackendKind::IoUring});
+  Handle h({.block_size = kBlock, .queue_depth = 8, .overlap_events = GetParam(), .backend = BackendKind::IoUring});
   int p[2];
   ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
   std::vector<std::byte> a(kBlock), b(4 * kBlock);
@@ -317,6 +339,9 @@ TEST(SchedulerBatch, AnotherDeviceStartsWhileAOneDeviceBatchIsInTheKernel) {
   ::close(p[0]);
   ::close(p[1]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Overlap, SchedulerPipe, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "on" : "off"; });
 
 }  // namespace
 }  // namespace deepio

@@ -35,11 +35,22 @@
 // the plain descriptor, flagged in the completion (Completion::file_fallback). Path operations
 // (one open per op, a few requests each) are not registered: a registration and a removal
 // cost two system calls, more than they save there.
+// Wake-ups (Backend::wake): an eventfd with a one-shot POLL_ADD on it kept armed in the ring
+// (user_data kWakeData, never a request's), prepared at setup and again after each wake-up,
+// reaching the kernel with the next submission. wake() writes the eventfd (one system call,
+// made only while the worker waits: worker.hpp's protocol); the poll completes, which ends a
+// wait for one completion; reap() reads the eventfd back to zero, re-arms the poll and stores
+// no completion for it. The poll counts as a request in the kernel for shutdown(), which
+// writes the eventfd first so that it completes. A kernel that refuses the poll (or no
+// eventfd) makes waits without a time limit last at most kFallbackWaitUs instead.
 #include "backends/uring/uring_backend.hpp"
 
 #include <liburing.h>
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -71,6 +82,11 @@ constexpr std::uint64_t kFixedBit = std::uint64_t{1} << 63;      // a fixed buff
 constexpr std::uint64_t kFixedFileBit = std::uint64_t{1} << 62;  // a registered file's slot
 constexpr std::uint64_t kFallbackBit = std::uint64_t{1} << 61;   // its plain fd: table full or refused
 constexpr std::uint64_t kFlagBits = kFixedBit | kFixedFileBit | kFallbackBit;
+// The wake-up poll's user_data: every flag bit, which no request has (a request's fixed-file
+// and fallback bits exclude each other).
+constexpr std::uint64_t kWakeData = ~std::uint64_t{0};
+// Where wake-ups cannot be armed: the longest wait before the worker looks for new work.
+constexpr std::int64_t kFallbackWaitUs = 1000;
 
 // A ring's registered-file table, as file objects see it (core/fixed_files.hpp). Shared by
 // the backend (which installs, on its worker thread) and the FixedFiles it installed (which
@@ -141,9 +157,12 @@ class UringBackend final : public Backend {
     exited_ = true;
     if (listener_ != 0) remove_release_listener(listener_);  // waits for a running one
     listener_ = 0;
+    if (wake_armed_) wake();  // the poll completes, so drain() need not wait for it
     quiet_ = drain();
     if (files_) files_->close(file_table_size_);
     io_uring_queue_exit(&ring_);  // also drops every registration
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
     return quiet_;
   }
   UringBackend(const UringBackend&) = delete;
@@ -154,6 +173,9 @@ class UringBackend final : public Backend {
     if (r == -EINVAL) r = io_uring_queue_init(entries, &ring_, 0);
     if (r < 0) return r;
     exited_ = false;
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    wake_broken_ = wake_fd_ < 0;
+    arm_wake();
     if (io_uring_register_buffers_sparse(&ring_, kFixedSlots) == 0) {
       fixed_.resize(kFixedSlots);
       listener_ = add_release_listener([this](std::uint64_t id) { forget(id); });
@@ -174,6 +196,7 @@ class UringBackend final : public Backend {
     int prepared = 0;
     for (const Request& r : reqs) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (sqe == nullptr && io_uring_submit(&ring_) >= 0) sqe = io_uring_get_sqe(&ring_);  // full: flush it
       if (sqe == nullptr) break;
       const int slot = fixed_slot(r);
       std::uint64_t flags = slot >= 0 ? kFixedBit : 0;
@@ -209,6 +232,13 @@ class UringBackend final : public Backend {
     return prepared;
   }
 
+  void wake() noexcept override {
+    if (wake_fd_ < 0) return;
+    const std::uint64_t one = 1;
+    // Cannot fail but for a counter at its maximum, which is a wake-up pending anyway.
+    [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  }
+
   void flush() override {
     if (!exited_ && unflushed_ && io_uring_submit(&ring_) >= 0) unflushed_ = false;  // else the next reap retries
   }
@@ -218,6 +248,8 @@ class UringBackend final : public Backend {
     // Only where the kernel takes the timeout as an argument (5.11+): an older one would get
     // a timeout request of liburing's own in the ring, whose completion the batch peek below
     // would take for one of ours. There the wait is unbounded, as before.
+    if (!wake_armed_) arm_wake();
+    if (wake_broken_ && max_wait_us < 0 && min <= 1) max_wait_us = kFallbackWaitUs;
     if ((ring_.features & IORING_FEAT_EXT_ARG) == 0) max_wait_us = -1;
     if (max_wait_us >= 0) {
       ts.tv_sec = max_wait_us / 1000000;
@@ -251,16 +283,47 @@ class UringBackend final : public Backend {
       if (n == 0) break;
       for (unsigned i = 0; i < n; ++i) {
         const std::uint64_t data = io_uring_cqe_get_data64(cqes[i]);
+        if (data == kWakeData) {
+          woken(cqes[i]->res);
+          continue;
+        }
         out[stored++] = {data & ~kFlagBits, cqes[i]->res, (data & kFixedBit) != 0, (data & kFixedFileBit) != 0,
                          (data & kFallbackBit) != 0};
       }
       io_uring_cq_advance(&ring_, n);
       reaped_ += n;
     }
+    if (!wake_armed_) arm_wake();  // reaches the kernel with the next submission
     return static_cast<int>(stored);
   }
 
  private:
+  // Prepares the wake-up poll (see the file comment); it reaches the kernel with the next
+  // submission. Not armed when no SQE is free even after a flush: tried again by reap().
+  void arm_wake() noexcept {
+    if (wake_broken_ || wake_armed_ || exited_) return;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr && io_uring_submit(&ring_) >= 0) sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;
+    io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
+    io_uring_sqe_set_data64(sqe, kWakeData);
+    ++prepared_;
+    unflushed_ = true;
+    wake_armed_ = true;
+  }
+
+  // The wake-up poll completed with `res`: the eventfd is read back to zero (wake-ups made
+  // until now are answered by this return), and the poll is re-armed by the caller.
+  void woken(int res) noexcept {
+    wake_armed_ = false;
+    if (res < 0 && res != -ECANCELED) {
+      wake_broken_ = true;  // the kernel refuses the poll: bounded waits from now on
+      return;
+    }
+    std::uint64_t count = 0;
+    [[maybe_unused]] const ssize_t n = ::read(wake_fd_, &count, sizeof count);
+  }
+
   struct Fixed {
     std::uint64_t region = 0;  // 0: the slot is empty
     std::size_t piece = 0;
@@ -388,6 +451,9 @@ class UringBackend final : public Backend {
   std::uint64_t reaped_ = 0;                           // CQEs consumed, ever
   bool exited_ = true;                                 // no ring: not set up yet, or shut down
   bool quiet_ = true;                                  // what shutdown() found
+  int wake_fd_ = -1;                                   // the wake-ups' eventfd (wake() writes it)
+  bool wake_armed_ = false;                            // its poll is prepared or in the kernel
+  bool wake_broken_ = false;                           // no wake-ups: bounded waits instead
 };
 }  // namespace
 
