@@ -14,7 +14,8 @@ enum class BackendKind {
   Auto,     ///< io_uring, else libaio, else threads; capabilities() says why one was skipped
   IoUring,  ///< liburing, one ring per worker
   Libaio,   ///< Linux native AIO, one context per worker
-  Threads,  ///< each worker runs pread/pwrite itself (queue_depth has no effect)
+  Threads,  ///< pread/pwrite: a request that may wait for a device runs on a pool of up to
+            ///< queue_depth threads per worker; one answered at once (memory, cache) on the worker
 };
 
 /// Whether file data bypasses the page cache.
