@@ -314,9 +314,11 @@ def test_sync_call_leaves_an_earlier_async_failure_to_wait(random_file, fault):
     """A synchronous call raises only its own failure (issue 38): the sync read returns its
     bytes, and the earlier async read's EIO is raised by the next wait(), which counts it."""
     path, data = random_file(4096)
+    bad, _ = random_file(4096)
     h = deepio.aio_handle(backend="threads")
-    fault("read", errno=errno.EIO, count=1)  # the first read: the async one's (one worker, in order)
-    h.async_pread(np.empty(4096, np.uint8), str(path))
+    # The async read's own file: the threads backend may run the two reads at once on its pool.
+    fault("read", errno=errno.EIO, count=1, path_contains=bad.name)
+    h.async_pread(np.empty(4096, np.uint8), str(bad))
     out = np.empty(4096, np.uint8)
     assert h.sync_pread(out, str(path)) == 1
     assert out.tobytes() == data
