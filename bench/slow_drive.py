@@ -200,6 +200,34 @@ def alone(handle: deepio.aio_handle, files: dict[str, Path]) -> float:
         return time.perf_counter() - t0
 
 
+def row(
+    rows: list[dict], backend: str, overlap: bool | None, case: str, runs: list[tuple[float, bool]], base: float
+) -> dict:
+    """Appends (and returns) the row of one case: the fast operation's seconds over `runs`
+    ((seconds, slow work still pending) each), beside `base`, the same operation alone."""
+    secs = [t for t, _ in runs]
+    rows.append(
+        {
+            "backend": backend,
+            "overlap_events": overlap,
+            "case": case,
+            "fast_read_s_median": statistics.median(secs),
+            "fast_read_s_min": min(secs),
+            "fast_read_s_max": max(secs),
+            "fast_alone_s_median": base,
+            "slow_still_pending": all(p for _, p in runs),
+        }
+    )
+    return rows[-1]
+
+
+def summary(r: dict) -> str:
+    return (
+        f"{r['fast_read_s_median']:.4f} s median (min {r['fast_read_s_min']:.4f}, max {r['fast_read_s_max']:.4f}); "
+        f"alone {r['fast_alone_s_median']:.4f} s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
@@ -238,26 +266,11 @@ def main() -> None:
                 base = statistics.median(alone(h, files) for _ in range(args.runs))
                 for case in ("A", "B"):
                     runs = [one_run(case, h, files, throttle) for _ in range(args.runs)]
-                    secs = [s for s, _ in runs]
-                    rows.append(
-                        {
-                            "backend": backend,
-                            "overlap_events": overlap,
-                            "case": case,
-                            "fast_read_s_median": statistics.median(secs),
-                            "fast_read_s_min": min(secs),
-                            "fast_read_s_max": max(secs),
-                            "fast_alone_s_median": base,
-                            "slow_still_pending": all(p for _, p in runs),
-                        }
-                    )
+                    r = row(rows, backend, overlap, case, runs, base)
                     if not args.json:
-                        r = rows[-1]
                         print(
-                            f"{backend:9} overlap={str(overlap):5} case {case}: fast read "
-                            f"{r['fast_read_s_median']:.4f} s median (min {r['fast_read_s_min']:.4f}, "
-                            f"max {r['fast_read_s_max']:.4f}); alone {base:.4f} s; slow reads still pending: "
-                            f"{r['slow_still_pending']}",
+                            f"{backend:9} overlap={str(overlap):5} case {case}: fast read {summary(r)}; "
+                            f"slow reads still pending: {r['slow_still_pending']}",
                             flush=True,
                         )
                 del h
@@ -267,24 +280,10 @@ def main() -> None:
             for case, op in (("C", "get"), ("D", "put")):
                 base = statistics.median(kv_run(store, [], fast_keys, throttle, op)[0] for _ in range(args.runs))
                 runs = [kv_run(store, slow_keys, fast_keys, throttle, op) for _ in range(args.runs)]
-                secs = [t for t, _ in runs]
-                rows.append(
-                    {
-                        "backend": "kv default",
-                        "overlap_events": None,
-                        "case": case,
-                        "fast_read_s_median": statistics.median(secs),
-                        "fast_read_s_min": min(secs),
-                        "fast_read_s_max": max(secs),
-                        "fast_alone_s_median": base,
-                        "slow_still_pending": all(p for _, p in runs),
-                    }
-                )
+                r = row(rows, "kv default", None, case, runs, base)
                 if not args.json:
-                    r = rows[-1]
                     print(
-                        f"kv Store (defaults) case {case}: {op} of 4 pages {r['fast_read_s_median']:.4f} s median "
-                        f"(min {r['fast_read_s_min']:.4f}, max {r['fast_read_s_max']:.4f}); alone {base:.4f} s; "
+                        f"kv Store (defaults) case {case}: {op} of 4 pages {summary(r)}; "
                         f"slow get still pending: {r['slow_still_pending']}",
                         flush=True,
                     )
