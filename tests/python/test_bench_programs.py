@@ -256,6 +256,26 @@ def test_dcp_drive_timeline_reports_every_drives_file(tmp_dir):
     assert all(" -> " in line and "s on " in line for line in lines[1:]), lines
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("losetup") is None or not Path("/sys/fs/cgroup/blkio").is_dir(),
+    reason="bench/slow_drive.py needs root, loop devices and cgroup v1 blkio throttling",
+)
+@pytest.mark.slow
+def test_slow_drive_bench_times_the_fast_drive_while_the_slow_one_holds_its_work():
+    """bench/slow_drive.py (issue 45): every case's fast read, get or put returned while the
+    throttled drive still held all of its work (the program checks the bytes of both)."""
+    out = _bench(
+        "slow_drive.py", "--json", "--runs", "1", "--backends", "io_uring,threads", "--size-gib", "1", timeout=240
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert {(r["backend"], r["case"]) for r in rows} == {(b, c) for b in ("io_uring", "threads") for c in "AB"} | {
+        ("kv default", "C"),
+        ("kv default", "D"),
+    }
+    assert all(r["slow_still_pending"] for r in rows), rows
+
+
 # The ceiling rule's cases, as the C++ table tests state them: Reports.CeilingVerdictTable
 # (tests/tools/test_reports.cpp) and GpuReports.GpuRowsFollowTheOneCeilingRule
 # (tests/tools/test_gpu.cpp). benchutil.judge_against_ceiling mirrors tools/lib's rule, so the
