@@ -117,15 +117,17 @@ def _sglang_config(folders: list[Path] | None, *, v1: bool = True, file_path: Pa
     )
 
 
-def _host_pool(layout: str = "page_first"):
+def _host_pool(layout: str = "page_first", dtype=None, heads: int = 2, head_dim: int = 64, tokens: int = 512, seed=7):
     """SGLang's MHA host pool on the CPU, made the way its scheduler makes it: from the buffer
-    info of a device pool (here a CPU MHATokenToKVPool), 4 layers, 2 heads of 64, fp16."""
+    info of a device pool (here a CPU MHATokenToKVPool), 4 layers, `heads` heads of `head_dim`
+    (2 of 64), `dtype` (fp16), filled with a pattern drawn from `seed`."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
+    dtype = torch.float16 if dtype is None else dtype
     layers = 4
     device = MHATokenToKVPool(
-        512, PAGE_TOKENS, torch.float16, 2, 64, layers, "cpu", False, start_layer=0, end_layer=layers
+        tokens, PAGE_TOKENS, dtype, heads, head_dim, layers, "cpu", False, start_layer=0, end_layer=layers
     )
     info = device.get_device_pool_infos()[0].buffer_info
     pool = MHATokenToKVPoolHost(
@@ -140,8 +142,8 @@ def _host_pool(layout: str = "page_first"):
         start_layer=0,
         end_layer=layers,
     )
-    gen = torch.Generator().manual_seed(7)
-    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=gen, dtype=torch.float32).to(torch.float16))
+    gen = torch.Generator().manual_seed(seed)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=gen, dtype=torch.float32).to(dtype))
     return pool
 
 

@@ -32,6 +32,7 @@ from test_kv_backends import (  # noqa: E402 (after the skips: it imports numpy 
     _sglang_config,
     engines,  # noqa: F401 (the fixture that puts the engines on sys.path)
 )
+from test_kv_backends import _host_pool as _backends_host_pool  # noqa: E402 (as above)
 
 PAGE = 8192
 SLOT = 4096 + PAGE
@@ -68,31 +69,8 @@ def test_store_warning_categories():
 
 
 def _host_pool(dtype=torch.float16, heads: int = 2, head_dim: int = 64, layout: str = "page_first"):
-    """SGLang's MHA host pool on the CPU (as test_kv_backends._host_pool), of any dtype and
-    head shape, filled with a fixed pattern."""
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-
-    layers = 4
-    device = MHATokenToKVPool(
-        256, PAGE_TOKENS, dtype, heads, head_dim, layers, "cpu", False, start_layer=0, end_layer=layers
-    )
-    info = device.get_device_pool_infos()[0].buffer_info
-    pool = MHATokenToKVPoolHost(
-        info,
-        2.0,
-        0,
-        PAGE_TOKENS,
-        layout,
-        pin_memory=False,
-        device="cpu",
-        device_capacity_tokens=device.size,
-        start_layer=0,
-        end_layer=layers,
-    )
-    gen = torch.Generator().manual_seed(11)
-    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=gen, dtype=torch.float32).to(dtype))
-    return pool
+    """test_kv_backends' SGLang host pool, of any dtype and head shape (256 tokens)."""
+    return _backends_host_pool(layout, dtype, heads, head_dim, tokens=256, seed=11)
 
 
 def _sglang(folders: list[Path], pool, model: str = "test/model", tp: tuple[int, int] = (0, 1), **extra):
