@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -292,6 +293,25 @@ def threads_in_fault_delay() -> int:
         if "nanosleep" in wchan or nr in _NANOSLEEP_SYSCALLS:
             n += 1
     return n
+
+
+class InThread:
+    """Runs ``fn(*args)`` on a thread of its own, started at once; ``errors`` collects what it
+    raised (BaseException included: a test's assertion in it), ``join()`` waits for it."""
+
+    def __init__(self, fn, *args) -> None:
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(fn, *args))
+        self.thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:
+            self.errors.append(e)
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
 
 
 def wait_until(predicate, what: str, timeout: float = 60.0) -> None:

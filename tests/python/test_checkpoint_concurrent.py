@@ -14,7 +14,7 @@ import sys
 import threading
 
 import deepio
-from conftest import require_module
+from conftest import InThread, require_module
 
 torch = require_module("torch")
 
@@ -56,16 +56,7 @@ def test_two_processes_save_one_path(tmp_dir):
     path = tmp_dir / "latest.pt"
     deepio.save(_state(0.0), path)
     held = _Held()
-    errors: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            deepio.save({**_state(1.0), "held": held}, path)
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=first)
-    t.start()
+    t = InThread(lambda: deepio.save({**_state(1.0), "held": held}, path))
     try:
         assert held.reached.wait(120)
         assert _is(deepio.load(path), 0.0)  # the file in place, while this save writes
@@ -81,7 +72,7 @@ def test_two_processes_save_one_path(tmp_dir):
     finally:
         held.go.set()
         t.join()
-    assert not errors, errors
+    assert not t.errors, t.errors
     got = deepio.load(path, weights_only=False)  # the held object pickles as int(7)
     assert got.pop("held") == 7 and _is(got, 1.0)
     assert sorted(os.listdir(tmp_dir)) == ["latest.pt"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import require_module, wait_until
+from conftest import InThread, require_module, wait_until
 
 dcp = require_module("torch.distributed.checkpoint", "torch")
 import torch  # noqa: E402
@@ -119,21 +119,15 @@ def test_two_threads_save_one_path_with_extra_folders(tmp_dir):
     dcp.save(_state(0.0), storage_writer=_writer(main, extra))
     for run in range(6):
         start = threading.Barrier(2)
-        errors: list[BaseException] = []
 
-        def save(value: float, start: threading.Barrier = start, errors: list = errors) -> None:
-            try:
-                start.wait()
-                dcp.save(_state(value), storage_writer=_writer(main, extra, thread_count=2))
-            except BaseException as e:
-                errors.append(e)
+        def save(value: float, start: threading.Barrier = start) -> None:
+            start.wait()
+            dcp.save(_state(value), storage_writer=_writer(main, extra, thread_count=2))
 
-        threads = [threading.Thread(target=save, args=(v,)) for v in (1.0 + 2 * run, 2.0 + 2 * run)]
-        for t in threads:
-            t.start()
+        threads = [InThread(save, v) for v in (1.0 + 2 * run, 2.0 + 2 * run)]
         for t in threads:
             t.join()
-        assert not errors, errors
+        assert not threads[0].errors + threads[1].errors, threads[0].errors + threads[1].errors
         _loads_as(main, 1.0 + 2 * run, 2.0 + 2 * run)
         assert _data_files(main, *extra) == _named(main), run
     assert not (main / ".deepio-save.lock").exists()
@@ -171,16 +165,7 @@ def test_two_processes_save_one_path(tmp_dir):
     main, extra = tmp_dir / "ck", [tmp_dir / "x1", tmp_dir / "x2"]
     dcp.save(_state(0.0), storage_writer=_writer(main, extra))
     held = _Held()
-    errors: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            dcp.save(_held_state(1.0, held), storage_writer=_writer(main, extra))
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=first)
-    t.start()
+    t = InThread(lambda: dcp.save(_held_state(1.0, held), storage_writer=_writer(main, extra)))
     try:
         assert held.reached.wait(120)
         other = subprocess.Popen(
@@ -200,7 +185,7 @@ def test_two_processes_save_one_path(tmp_dir):
         t.join()
     out, err = other.communicate(timeout=180)
     assert other.returncode == 0 and "saved" in out, err
-    assert not errors, errors
+    assert not t.errors, t.errors
     assert _loads_as(main, 1.0, 2.0) == 2.0
     assert _data_files(main, *extra) == _named(main)
 
@@ -283,18 +268,9 @@ def test_a_save_that_failed_before_finish_does_not_hold_the_path(tmp_dir, where)
     if where == "same-thread":
         dcp.save(_state(2.0), storage_writer=_writer(main, extra))
     else:
-        errors: list[BaseException] = []
-
-        def save() -> None:
-            try:
-                dcp.save(_state(2.0), storage_writer=_writer(main, extra))
-            except BaseException as e:
-                errors.append(e)
-
-        t = threading.Thread(target=save)
-        t.start()
+        t = InThread(lambda: dcp.save(_state(2.0), storage_writer=_writer(main, extra)))
         t.join(120)
-        assert not t.is_alive() and not errors, errors
+        assert not t.thread.is_alive() and not t.errors, t.errors
     assert _loads_as(main, 0.0, 2.0) == 2.0
     assert not (main / ".deepio-save.lock").exists()
     del kept
@@ -341,17 +317,11 @@ def test_two_huggingface_saves_of_one_folder_never_mix_their_files(tmp_dir):
     def state(v: float) -> dict[str, torch.Tensor]:
         return {"a": torch.full((1000,), v), "b": torch.full((1000,), v + 0.5)}
 
-    errors: list[BaseException] = []
-
     def first() -> None:
-        try:
-            w = deepio.dcp.HuggingFaceStorageWriter(folder, fqn_to_index_mapping=mapping)
-            dcp.save(state(1.0), storage_writer=w, planner=Holding())
-        except BaseException as e:
-            errors.append(e)
+        w = deepio.dcp.HuggingFaceStorageWriter(folder, fqn_to_index_mapping=mapping)
+        dcp.save(state(1.0), storage_writer=w, planner=Holding())
 
-    t = threading.Thread(target=first)
-    t.start()
+    t = InThread(first)
     try:
         assert held.reached.wait(120)
         second = threading.Thread(
@@ -365,7 +335,7 @@ def test_two_huggingface_saves_of_one_folder_never_mix_their_files(tmp_dir):
         held.go.set()
         t.join()
     second.join()
-    assert not errors, errors
+    assert not t.errors, t.errors
     out = {k: torch.zeros(1000) for k in ("a", "b")}
     dcp.load(out, storage_reader=deepio.dcp.HuggingFaceStorageReader(folder))
     assert torch.equal(out["a"], state(2.0)["a"]) and torch.equal(out["b"], state(2.0)["b"])
