@@ -276,6 +276,19 @@ def test_slow_drive_bench_times_the_fast_drive_while_the_slow_one_holds_its_work
     assert all(r["slow_still_pending"] for r in rows), rows
 
 
+def test_threads_backend_bench_reads_and_verifies(tmp_dir):
+    """bench/threads_backend.py makes its file, reads it at random through the threads
+    backend's pool (direct and cached) and checks every byte against the file."""
+    path = tmp_dir / "tb.bin"
+    for direct in ("auto", "off"):
+        out = _bench("threads_backend.py", str(path), "--runs", "1", "--direct-io", direct, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        lines = out.stdout.strip().splitlines()
+        assert lines[0].startswith("# deepio") and "backend threads" in lines[0], lines
+        assert [line.split()[0] for line in lines[1:]] == ["4096", "1048576"], lines
+        assert all("reads/s" in line and "CPU" in line for line in lines[1:]), lines
+
+
 # The ceiling rule's cases, as the C++ table tests state them: Reports.CeilingVerdictTable
 # (tests/tools/test_reports.cpp) and GpuReports.GpuRowsFollowTheOneCeilingRule
 # (tests/tools/test_gpu.cpp). benchutil.judge_against_ceiling mirrors tools/lib's rule, so the
