@@ -23,6 +23,7 @@
 #include "backends/threads/threads_backend.hpp"
 
 #include <linux/magic.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -75,11 +76,19 @@ std::int64_t run_request(const Request& r) noexcept {
   return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
 }
 
-// The transfer if it needs no wait (RWF_NOWAIT), else -errno (-EAGAIN: it would wait).
+// RWF_NOWAIT (linux/fs.h); glibc's headers define it only from 2.26.
+constexpr int kRwfNowait = 0x00000008;
+static_assert(sizeof(long) == 8, "try_now() passes a file offset in one word");
+
+// The transfer if it needs no wait (RWF_NOWAIT), else -errno (-EAGAIN: it would wait; ENOSYS
+// or EOPNOTSUPP on a kernel older than 4.14: the pool runs it). The system calls themselves,
+// not glibc's preadv2/pwritev2: those arrived in glibc 2.26, and the wheel runs on 2.17. The
+// offset goes as (low, high) words, as the kernel's pos_from_hilo() takes it; on a 64-bit
+// build the high word is shifted out whole.
 std::int64_t try_now(const Request& r) noexcept {
   iovec iov{r.buf, r.len};
-  const ssize_t n = r.write ? ::pwritev2(r.fd, &iov, 1, static_cast<off_t>(r.offset), RWF_NOWAIT)
-                            : ::preadv2(r.fd, &iov, 1, static_cast<off_t>(r.offset), RWF_NOWAIT);
+  const auto off = static_cast<unsigned long>(r.offset);
+  const long n = ::syscall(r.write ? SYS_pwritev2 : SYS_preadv2, r.fd, &iov, 1UL, off, 0UL, kRwfNowait);
   return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
 }
 
