@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -188,5 +190,17 @@ inline std::string backend_param_name(const testing::TestParamInfo<BackendKind>&
   INSTANTIATE_TEST_SUITE_P(Backends, suite,                                                                  \
                            testing::Values(BackendKind::IoUring, BackendKind::Libaio, BackendKind::Threads), \
                            ::deepio::test::backend_param_name)
+
+// Waits (bounded, 20 s) until pred() holds, looking every 200 us; the bound only ends a test
+// that would otherwise hang.
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
 
 }  // namespace deepio::test

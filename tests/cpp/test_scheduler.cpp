@@ -19,6 +19,7 @@ namespace {
 
 using detail::FaultPoint;
 using detail::FaultSite;
+using test::eventually;
 using test::fd_path;
 using test::pattern;
 
@@ -126,17 +127,6 @@ class Gate {
   std::string blocked_;
   bool submit_waiting_ = false;
 };
-
-// Waits (bounded) until pred() holds; the bound only ends a test that would otherwise hang.
-template <typename Pred>
-bool eventually(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
 
 class Scheduler : public test::BackendTest {
  protected:

@@ -25,6 +25,7 @@ namespace {
 
 using detail::FaultPoint;
 using detail::FaultSite;
+using test::eventually;
 using test::pattern;
 
 constexpr std::size_t kBlock = 64 << 10;
@@ -139,16 +140,6 @@ class ThrottledLoop {
   int number_ = -1;
   bool throttled_ = false;
 };
-
-template <typename Pred>
-bool eventually(Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
-}
 
 struct Case {
   BackendKind backend;
