@@ -143,6 +143,12 @@ class UringFileTable final : public FileTable {
   std::atomic<std::size_t> free_count_{0};  // free_.size(), read without the lock
 };
 
+// liburing maps and unmaps a ring with its own system calls, which ThreadSanitizer does not
+// see: a new ring mapped where a closed one was looks, to it, like memory the closed ring's
+// thread last wrote. This release (before a ring is unmapped) and acquire (after one is
+// mapped) order every ring's teardown before any later ring's first use, as the kernel does.
+std::atomic<unsigned> ring_epoch{0};
+
 class UringBackend final : public Backend {
  public:
   explicit UringBackend(bool single_submit) : eager_(single_submit) {}
@@ -160,6 +166,7 @@ class UringBackend final : public Backend {
     if (wake_armed_) wake();  // the poll completes, so drain() need not wait for it
     quiet_ = drain();
     if (files_) files_->close(file_table_size_);
+    ring_epoch.fetch_add(1, std::memory_order_release);
     io_uring_queue_exit(&ring_);  // also drops every registration
     if (wake_fd_ >= 0) ::close(wake_fd_);
     wake_fd_ = -1;
@@ -172,6 +179,7 @@ class UringBackend final : public Backend {
     int r = io_uring_queue_init(entries, &ring_, IORING_SETUP_SUBMIT_ALL);
     if (r == -EINVAL) r = io_uring_queue_init(entries, &ring_, 0);
     if (r < 0) return r;
+    (void)ring_epoch.load(std::memory_order_acquire);
     exited_ = false;
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     wake_broken_ = wake_fd_ < 0;
