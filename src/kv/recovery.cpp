@@ -178,6 +178,10 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
       for (const internal::CkptRecord& r : c->records) ck[r.slot] = {r.gen, r.tick};
     }
   }
+  // Every generation up to the bound was handed out, though its header may be gone (a folder
+  // that came back empty, a put that failed after taking one): a new page at or below it would
+  // read as freed before this checkpoint at the next scan.
+  next_gen = std::max(next_gen, bound + 1);
   struct Chunk {
     std::uint32_t first;
     std::size_t count;
