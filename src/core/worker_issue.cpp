@@ -208,6 +208,9 @@ Worker::Impl::Cut Worker::Impl::cut(Active& a, const Shares& sh) {
 }
 
 void Worker::Impl::submit_batch() {
+  for (const Request& r : batch) {
+    (void)consult_fault_hook({FaultPoint::Issue, nullptr, r.fd, r.offset, r.len, 0, 0, r.write});
+  }
   run_in_memory_requests();
   std::size_t i = 0;
   while (i < batch.size()) {

@@ -8,8 +8,11 @@
 // by resubmitting the rest). Reap and Submit are asked before a worker collects completions
 // from (or hands requests to) its backend: a negative errno replaces the backend's answer
 // without calling it, which is how tests make a kernel queue fail. Sync is asked before the
-// fdatasync of a durable write (path and fd set): a negative errno replaces its result. Hooks run on worker
-// threads and must be thread-safe.
+// fdatasync of a durable write (path and fd set): a negative errno replaces its result. Issue
+// is told of every request (fd, offset, nbytes, write) once, when the worker queues it for the
+// backend (a retry or the rest of a short transfer is queued again), before anything of it
+// reaches the kernel; its answer is ignored: how a test sees every write before it happens
+// (platform/crash_sim.hpp). Hooks run on worker threads and must be thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +22,7 @@
 
 namespace deepio::detail {
 
-enum class FaultPoint { Open, Read, Write, Reap, Submit, Sync };
+enum class FaultPoint { Open, Read, Write, Reap, Submit, Sync, Issue };
 
 struct FaultSite {
   FaultPoint point;
@@ -29,6 +32,7 @@ struct FaultSite {
   std::size_t nbytes;   ///< requested
   std::int64_t result;  ///< what the kernel returned (Read/Write); 0 for Open
   int flags = 0;        ///< open(2) flags, for Open
+  bool write = false;   ///< for Issue: the request writes
 };
 
 using FaultHook = std::function<std::optional<std::int64_t>(const FaultSite&)>;
