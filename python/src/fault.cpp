@@ -1,4 +1,5 @@
-// Test-only fault injection: `_deepio._set_fault(...)` / `_deepio._clear_fault()`.
+// Test-only fault injection: `_deepio._set_fault(...)` / `_deepio._clear_fault()`, and the
+// power-loss simulator: `_crash_start()`, `_crash_flush(fd)`, `_crash(seed)`.
 // Compiled only into test builds (CMake option DEEPIO_TEST_HOOKS, python/CMakeLists.txt), so
 // no wheel carries it.
 //
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "platform/crash_sim.hpp"
 #include "platform/fault.hpp"
 
 namespace deepio::py {
@@ -36,7 +38,8 @@ struct FaultRule {
   std::atomic<std::uint64_t> fired{0};
 };
 
-std::shared_ptr<FaultRule> g_rule;  // GIL
+std::shared_ptr<FaultRule> g_rule;                  // GIL
+std::unique_ptr<detail::CrashRecorder> g_recorder;  // GIL
 
 std::optional<std::int64_t> apply(FaultRule& rule, const detail::FaultSite& site) {
   if (site.point != rule.point) return std::nullopt;
@@ -103,6 +106,7 @@ void init_fault(nb::module_& m) {
         rule->count = static_cast<std::uint64_t>(count);
         rule->path_contains = path_contains;
         rule->delay = std::chrono::microseconds(static_cast<std::int64_t>(delay * 1e6));
+        g_recorder.reset();
         g_rule = rule;
         detail::set_fault_hook([rule](const detail::FaultSite& site) { return apply(*rule, site); });
       },
@@ -113,10 +117,46 @@ void init_fault(nb::module_& m) {
   m.def(
       "_clear_fault",
       [] {
+        g_recorder.reset();
         detail::set_fault_hook({});
         g_rule.reset();
       },
       "TESTING ONLY. Removes the fault hook.");
+  m.def(
+      "_crash_start",
+      [](std::size_t tear_bytes) {
+        g_rule.reset();
+        g_recorder.reset();
+        g_recorder = std::make_unique<detail::CrashRecorder>(tear_bytes);
+      },
+      nb::arg("tear_bytes") = 512,
+      "TESTING ONLY. Records every write and flush of the engine for a simulated power loss "
+      "(src/platform/crash_sim.hpp); replaces any fault rule.");
+  m.def(
+      "_crash_flush",
+      [](int fd) {
+        if (g_recorder) g_recorder->note_flush(fd);
+      },
+      nb::arg("fd"), "TESTING ONLY. Tells the recorder of a flush of fd made outside the engine (before it starts).");
+  m.def(
+      "_crash",
+      [](std::uint64_t seed) {
+        if (!g_recorder) throw nb::value_error("_crash_start() first");
+        detail::CrashReport r;
+        {
+          nb::gil_scoped_release unlocked;  // waits for the requests in flight
+          r = g_recorder->crash(seed);
+        }
+        nb::dict d;
+        d["files"] = r.files;
+        d["writes_kept"] = r.writes_kept;
+        d["writes_dropped"] = r.writes_dropped;
+        d["writes_torn"] = r.writes_torn;
+        return d;
+      },
+      nb::arg("seed"),
+      "TESTING ONLY. The simulated power loss: the files as it could leave them. The process must end next "
+      "(os._exit).");
   m.def(
       "_fault_hits", [] { return g_rule ? g_rule->fired.load() : std::uint64_t{0}; },
       "TESTING ONLY. How many calls the current rule changed.");

@@ -136,7 +136,18 @@ std::optional<std::int64_t> CrashRecorder::on_site(const FaultSite& site) {
     }
     return std::nullopt;
   }
-  // Sync: every completed write is durable. A sector a write in flight covers keeps, as its
+  flushed(f);
+  return std::nullopt;
+}
+
+void CrashRecorder::note_flush(int fd) {
+  std::lock_guard lk(mu_);
+  if (frozen_ || fd < 0) return;
+  flushed(file_of(fd));
+}
+
+void CrashRecorder::flushed(File& f) {
+  // Every completed write is durable. A sector a write in flight covers keeps, as its
   // base, the newest completed bytes (what the flush made durable), the others are forgotten.
   std::map<std::uint64_t, std::vector<unsigned char>> keep;
   for (const auto& [off, len] : f.inflight) {
@@ -158,7 +169,6 @@ std::optional<std::int64_t> CrashRecorder::on_site(const FaultSite& site) {
   f.base = std::move(keep);
   f.writes.clear();
   f.synced_size = end;
-  return std::nullopt;
 }
 
 std::size_t CrashRecorder::unflushed_writes() const {

@@ -18,8 +18,9 @@
 // and the order in which the recorder first saw the file, so a seed replays the same outcome. A file's size becomes its
 // size at the last flush or the end of the last kept piece past it, whichever is larger.
 //
-// Not modelled (yet): directory operations (a rename or a new file is kept at once), writes
-// that do not go through the engine, and metadata-only flushes. After crash() the process
+// Not modelled here: directory operations (a rename or a new file is kept at once; the Python
+// tests' PowerLoss, tests/python/crash_support.py, undoes renames no folder flush covered)
+// and writes that do not go through the engine (kept at once). After crash() the process
 // must end (::_exit): the engine's state no longer matches the files.
 //
 // Thread safety: the hook runs on worker threads; every member is guarded by one mutex.
@@ -60,10 +61,15 @@ class CrashRecorder {
   /// Writes completed since their file's last flush, over all files (for tests of the tests).
   [[nodiscard]] std::size_t unflushed_writes() const;
 
+  /// A flush the engine does not make (a caller's own fsync/fdatasync of descriptor fd), told
+  /// before it starts: as a FaultPoint::Sync of that file. Ignored after crash().
+  void note_flush(int fd);
+
  private:
   struct File;
   std::optional<std::int64_t> on_site(const struct FaultSite& site);
   File& file_of(int fd);
+  void flushed(File& f);  // mu_ held
 
   std::size_t tear_;
   mutable std::mutex mu_;
