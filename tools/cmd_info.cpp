@@ -6,6 +6,7 @@
 #include "args.hpp"
 #include "commands.hpp"
 #include "info.hpp"
+#include "kv_info.hpp"
 #include "system.hpp"
 
 namespace deepio::cli {
@@ -20,6 +21,10 @@ ArgParser make_parser() {
                    "usable, the file system and direct-I/O alignment of a folder, the memlock limit, and\n"
                    "whether CUDA, cuFile, MPI and fio were found (ds_report's async_io/gds lines included).");
   parser.value("--folder", "FOLDER", "Folder to inspect (default: where `deepio bench` would write)");
+  parser.list("--kv", "FOLDER",
+              "Instead: a deepio.kv store's folders (layout, capacity, pages, free slots, last checkpoint, "
+              "the process holding it), read-only and without its lock: safe while a server runs the store");
+  parser.flag("--scan", "With --kv: read every slot header to count the pages put since the last checkpoint too");
   parser.flag("--json", "Print one JSON object instead of text");
   return parser;
 }
@@ -38,7 +43,17 @@ int cmd_info(int argc, char** argv) {
       errors.push_back(problem);
     }
   }
+  if (a.has("--scan") && !a.has("--kv")) errors.emplace_back("--scan goes with --kv");
   if (!errors.empty()) return print_errors(kProg, errors);
+  if (a.has("--kv")) {
+    std::vector<kv::FolderReport> folders;
+    for (const std::string& f : a.list("--kv")) folders.push_back(kv::inspect_folder(f, a.has("--scan")));
+    std::fputs((a.has("--json") ? kv_info_json(folders) : kv_info_text(folders)).c_str(), stdout);
+    for (const kv::FolderReport& f : folders) {
+      if (f.meta_format == 0) return 1;  // not a store's folder
+    }
+    return 0;
+  }
   if (folder.empty()) folder = pick_disk_folder(nullptr);
   // Not `folder = "."`: GCC 12 warns there (-Wrestrict, a false positive).
   const InfoReport r = gather_info(folder.empty() ? std::string(".") : folder);

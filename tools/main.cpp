@@ -22,7 +22,8 @@ const char* const kUsage =
     "          with --io_size, DeepSpeed's ds_io (same flags, same output lines)\n"
     "  tune    find the best block_size, queue_depth, single_submit, overlap_events and\n"
     "          intra_op_parallelism for a folder; prints DeepSpeed's \"aio\" config section\n"
-    "  info    what deepio can do here: backends, direct I/O, memlock, CUDA, cuFile, MPI\n"
+    "  info    what deepio can do here: backends, direct I/O, memlock, CUDA, cuFile, MPI;\n"
+    "          --kv FOLDER: a deepio.kv store's folders, read-only\n"
     "\n"
     "Run `deepio <command> --help` for a command's options.\n";
 
