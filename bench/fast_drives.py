@@ -246,7 +246,7 @@ def sglang_reason() -> str | None:
 class KvGroup:
     """deepio.kv.Store and the SGLang backends of one page size, over store folders per drive."""
 
-    def __init__(self, a, folders: list[str], run_id: str, bs: int, pages: int, sglang: bool) -> None:
+    def __init__(self, a, folders: list[str], run_id: str, bs: int, pages: int, skipped: dict) -> None:
         self.a, self.bs, self.pages = a, bs, pages
         self.dirs = [os.path.join(f, f"fast-drives-kv-{run_id}") for f in folders]
         self.store = deepio.kv.Store(self.dirs, capacity_bytes=int(pages * bs * 1.25), page_bytes=bs)
@@ -255,15 +255,22 @@ class KvGroup:
         run_store(self.store, self.pool, min(pages, a.batch), a.batch, "warm")  # untimed: slabs touched
         self.sg: dict = {}
         self.sg_pages = min(pages, a.sglang_pages)
-        if sglang:
-            from kv_bench import SGL_LAYERS, SGL_TOKENS, deepio_sglang_backend, sglang_pool
+        if "sglang" in skipped:
+            return
+        from kv_bench import SGL_LAYERS, SGL_TOKENS, deepio_sglang_backend, sglang_pool
 
+        try:
             for layout in ("page_first", "layer_first"):
                 pool, geometry = sglang_pool(bs, a.batch, layout)
                 sub = [f"{d}-sglang-{layout}" for d in self.dirs]
                 cap = int(self.sg_pages * bs * 1.25)
                 self.sg[layout] = (deepio_sglang_backend(sub, cap, pool, layout == "page_first"), pool, sub)
-            print(f"# {group_name(bs)}: SGLang host pools {SGL_LAYERS} layers x {SGL_TOKENS} tokens x {geometry} fp16")
+        except (ValueError, RuntimeError, MemoryError) as e:  # SGLang's host pool wants 10 GB left free
+            skipped[f"sglang {group_name(bs)}"] = why = f"SGLang's host pools not made: {e}"
+            print(f"# sglang rows of {group_name(bs)} skipped: {why}")
+            self.close_sglang()
+            return
+        print(f"# {group_name(bs)}: SGLang host pools {SGL_LAYERS} layers x {SGL_TOKENS} tokens x {geometry} fp16")
 
     def tools(self) -> list[str]:
         return ["kv", *(f"sglang {layout}" for layout in self.sg)]
@@ -280,17 +287,21 @@ class KvGroup:
         backend.clear()  # untimed: the next round writes new keys into the same space
         return [sample(f"{tool} {s['phase']}", s["bytes"], s["seconds"], s["cpu_seconds"], True) for s in got]
 
-    def close(self) -> None:
+    def close_sglang(self) -> None:
         for backend, _, sub in self.sg.values():
             backend.close()
             for d in sub:
                 shutil.rmtree(d, ignore_errors=True)
+        self.sg = {}
+
+    def close(self) -> None:
+        self.close_sglang()
         self.store.close()
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def measure(a, b: Bench, group, sglang: bool, samples: list[dict]) -> None:
+def measure(a, b: Bench, group, skipped: dict, samples: list[dict]) -> None:
     """--rounds rounds of one group (a page size, or "seq"), the tools' order rotating."""
     kv = None
     if group == "seq":
@@ -316,7 +327,7 @@ def measure(a, b: Bench, group, sglang: bool, samples: list[dict]) -> None:
         }
         if bs != 4096:
             pages = b.nd * b.region(bs) // bs
-            kv = KvGroup(a, a.folder, b.run_id, bs, pages, sglang)
+            kv = KvGroup(a, a.folder, b.run_id, bs, pages, skipped)
             for t in kv.tools():
                 tools[t] = lambda r, t=t: kv.run(t, f"r{r}")
     names = list(tools)
@@ -445,7 +456,7 @@ def main() -> None:
     try:
         for g in groups:
             t0 = time.perf_counter()
-            measure(a, b, g, "sglang" not in skipped, samples)
+            measure(a, b, g, skipped, samples)
             print(f"# {group_name(g)}: {time.perf_counter() - t0:.0f} s", flush=True)
     finally:
         b.close()

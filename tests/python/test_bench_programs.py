@@ -494,11 +494,12 @@ def _fast_drives(tmp_dir: Path, sizes: list[int], *args: str) -> tuple[dict, str
 
     big = [s for s in sizes if s != 4096]
     where = {"page": sizes, "kv": big, "sglang": big, "seq": [] if "--no-seq" in args else ["seq"]}
+    skipped = report["skipped"]  # SGLang's: all of it, or a page size's (its host pool wants 10 GB left free)
     want = {
         (what, g, base)
         for _, what, base, kind in fast_drives.ROWS
-        if kind != "sglang" or "sglang" not in report["skipped"]
         for g in where[kind]
+        if kind != "sglang" or not {"sglang", f"sglang {fast_drives.group_name(g)}"} & set(skipped)
     }
     rows = report["rows"]
     assert {(r["what"], r["group"], r["vs"]) for r in rows} == want, out.stdout
@@ -533,5 +534,7 @@ def test_fast_drives_bench_runs_every_row_over_two_ram_drives(tmp_dir):
 def test_fast_drives_bench_runs_the_sglang_layouts(tmp_dir):
     """The SGLang rows: page_first and layer_first pages through deepio.kv.sglang, checked."""
     report, _ = _fast_drives(tmp_dir, [65536], "--no-seq")
+    if why := report["skipped"].get("sglang 64 KiB"):
+        pytest.skip(why)  # SGLang's host pool refuses to be made with less than 10 GB of memory left
     assert not report["skipped"]
     assert {r["what"] for r in report["rows"]} >= {"sglang page_first get", "sglang layer_first get"}
