@@ -248,7 +248,8 @@ def run_fio(files: list[str], per_file: int, bs: int, qd: int, batch: int, rw: s
         "phase": "put" if rw.endswith("write") else "get",
         "bytes": part["io_bytes"],
         "seconds": secs,
-        "cpu_seconds": (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * secs,
+        # usr_cpu/sys_cpu of a group: percent of job_runtime, the sum of its jobs' runtimes
+        "cpu_seconds": (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job.get("job_runtime", part["runtime"]) / 1000.0,
         "p50_ms": clat.get("50.000000", 0) / 1e6,
         "p99_ms": clat.get("99.000000", 0) / 1e6,
     }
