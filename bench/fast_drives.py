@@ -8,7 +8,9 @@ Each folder (one per drive) holds one preallocated file of --file-size that fio 
 both read and overwrite. Per page size (--sizes), --rounds rounds; in each, every tool runs once,
 the order rotating from round to round, the page cache dropped before every run (root):
   fio randread     fio --rw=randread --ioengine=io_uring --direct=1 --iodepth=QD --bs=PAGE, one
-                   job per drive over its file (bench/kv_bench.py's run_fio)
+                   job per drive over its file (bench/kv_bench.py's run_fio), plus --fio-opts
+                   (default --fixedbufs --registerfiles, as bench/file_vs_fio.py: registered
+                   buffers and files, as deepio's io_uring backend uses them)
   fio randwrite    the same with --rw=randwrite --fdatasync=BATCH (a flush per BATCH writes per drive)
   pread_ranges     deepio.File.pread_ranges of --per-call random pages per drive per call,
                    --inflight calls per drive kept running (one aio_handle: queue depth QD x drives)
@@ -105,11 +107,13 @@ class Bench:
         self.a, self.nd, self.run_id = a, len(folders), run_id
         self.rng = np.random.default_rng(7)
         self.paths = [os.path.join(f, f"fast-drives-{run_id}.bin") for f in folders]
-        chunk = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8).tobytes()
-        for p in self.paths:  # preallocated: every block written
+        chunk = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8)
+        for p in self.paths:  # preallocated: every block written, each 4 KiB stamped with its offset
             with open(p, "wb") as out:
                 for at in range(0, a.file_size, len(chunk)):
-                    out.write(chunk[: min(len(chunk), a.file_size - at)])
+                    piece = chunk[: min(len(chunk), a.file_size - at)].copy()
+                    piece.view(np.uint64)[::512] = np.arange(at, at + len(piece), 4096, dtype=np.uint64)
+                    out.write(piece.tobytes())
                 os.fsync(out.fileno())
         self.h = deepio.aio_handle(
             block_size=max(1 << 20, max(a.sizes)),
@@ -225,7 +229,7 @@ class Bench:
 
     def fio(self, bs: int, rw: str, seq: bool = False) -> dict:
         files, size = ([self.paths[0]], self.a.seq_bytes) if seq else (self.paths, self.region(bs))
-        s = run_fio(files, size, bs, self.a.queue_depth, self.a.batch, rw)
+        s = run_fio(files, size, bs, self.a.queue_depth, self.a.batch, rw, tuple(self.a.fio_opts.split()))
         # fio says its runtime in whole milliseconds: a tiny run's may read 0
         return sample(f"fio {rw}", s["bytes"], max(s["seconds"], 1e-3), s["cpu_seconds"], None)
 
@@ -417,6 +421,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="the engine handle's intra_op_parallelism")
     ap.add_argument("--aio-buffer", type=size_arg, default=256 << 20, help="async_pread pages per wait() (bytes)")
     ap.add_argument("--sglang-pages", type=int, default=256, help="pages per SGLang run (at most the kv pages)")
+    ap.add_argument(
+        "--fio-opts",
+        default="--fixedbufs --registerfiles",
+        help="more fio options (default: registered buffers and files, as deepio's io_uring backend uses; '' for "
+        "plain fio, whose O_DIRECT requests then pin their pages one by one)",
+    )
     ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang rows")
     ap.add_argument("--no-seq", action="store_true", help="skip the sequential rows")
     ap.add_argument("--json", action="store_true")
@@ -427,6 +437,8 @@ def main() -> None:
         raise SystemExit("fio is not installed (apt-get install -y fio)")
     if missing := [f for f in a.folder if not os.path.isdir(f)]:
         raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
+    if a.file_size % 4096 or a.seq_bytes % SEQ_BS or a.bytes_4k % 4096:
+        raise SystemExit("--file-size and --bytes-4k must be whole 4 KiB blocks, --seq-bytes whole MiB")
     if a.seq_bytes > a.file_size:
         raise SystemExit("--seq-bytes must be at most --file-size (the first drive's file is read and written)")
     skipped = {}
@@ -442,7 +454,8 @@ def main() -> None:
         f"deepio {deepio.__version__}; backend {b.h.backend}; {b.nd} drives {a.folder} (devices "
         f"{[block_device(p) for p in b.paths]}); file {a.file_size >> 20} MiB per drive "
         f"({a.bytes_4k >> 20} MiB at 4 KiB); page sizes {[group_name(s) for s in a.sizes]}; rounds {a.rounds}, "
-        f"order rotating; {fio_v} io_uring --direct=1 --iodepth={a.queue_depth} per drive, one job per drive; "
+        f"order rotating; {fio_v} io_uring --direct=1 --iodepth={a.queue_depth} per drive {a.fio_opts}, "
+        "one job per drive; "
         f"engine: one aio_handle, queue depth {a.queue_depth * b.nd}, intra_op_parallelism {a.workers}, "
         f"overlap_events, O_DIRECT; pread_ranges {a.per_call} pages x {a.inflight} in flight per drive; "
         f"batches of {a.batch} (kv calls, fsync'd write ops, fio --fdatasync); kv.Store defaults; "

@@ -230,10 +230,10 @@ def run_sglang(tool: str, backend, pool, pages: int, batch: int, tag: str) -> li
 # ---- fio ------------------------------------------------------------------------------------
 
 
-def run_fio(files: list[str], per_file: int, bs: int, qd: int, batch: int, rw: str) -> dict:
+def run_fio(files: list[str], per_file: int, bs: int, qd: int, batch: int, rw: str, extra: tuple = ()) -> dict:
     cmd = ["fio", f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1",
            f"--size={per_file}", "--norandommap", "--randrepeat=0", "--group_reporting",
-           "--output-format=json"]  # fmt: skip
+           "--output-format=json", *extra]  # fmt: skip
     if rw == "randwrite":
         cmd.append(f"--fdatasync={batch}")
     for i, f in enumerate(files):
