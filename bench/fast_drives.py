@@ -35,7 +35,12 @@ prints every sample too.
 
 Usage: sudo bench/ram_drives.sh up 2 4
        sudo python3 bench/fast_drives.py [--folder DIR ...] [--sizes 4K,64K,256K,2M] [--rounds 3]
-                                         [--file-size 1G] [--bytes-4k 256M] [--seq-bytes 1G] [--json]
+                                         [--file-size 1G] [--bytes-4k 256M] [--seq-bytes 1G]
+                                         [--fio-opts '--fixedbufs --registerfiles'] [--no-sglang] [--json]
+       sudo bench/ram_drives.sh down
+Memory: the drives fill up to ~2.5 GiB each at the defaults, the buffers take ~2 GiB more, and
+SGLang's host pool refuses to be made with less than 10 GB available (those rows are then
+skipped, the reason printed).
 """
 
 from __future__ import annotations
