@@ -314,6 +314,7 @@ def measure(a, b: Bench, group, skipped: dict, samples: list[dict]) -> None:
     """--rounds rounds of one group (a page size, or "seq"), the tools' order rotating."""
     kv = None
     if group == "seq":
+        b.buf = b.views = None  # the page sizes' buffer, freed before the sequential one is made
         seq_h = deepio.aio_handle(block_size=SEQ_BS, queue_depth=a.queue_depth, overlap_events=True,
                                   intra_op_parallelism=a.workers, direct_io="on")  # fmt: skip
         seq_buf = seq_h.new_cpu_locked_tensor(a.seq_bytes, np.empty(0, np.uint8))
