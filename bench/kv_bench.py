@@ -123,7 +123,19 @@ def run_store(store, pool: np.ndarray, pages: int, batch: int, tag: str) -> list
 # ---- SGLang ---------------------------------------------------------------------------------
 
 
-def sglang_pool(page_bytes: int, batch: int):
+def activate_engines() -> None:
+    """The engines of scripts/setup-kv-engines.sh importable (tests/python/kv_engines.py),
+    SGLang's logging quiet."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+    import logging
+
+    import kv_engines  # the engines' folder of scripts/setup-kv-engines.sh
+
+    kv_engines.activate()
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+
+
+def sglang_pool(page_bytes: int, batch: int, layout: str = "page_first"):
     import torch
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
@@ -140,7 +152,7 @@ def sglang_pool(page_bytes: int, batch: int):
     )  # fmt: skip
     info = device.get_device_pool_infos()[0].buffer_info
     pool = MHATokenToKVPoolHost(
-        info, 2.0, 0, SGL_TOKENS, "page_first", pin_memory=False, device="cpu",
+        info, 2.0, 0, SGL_TOKENS, layout, pin_memory=False, device="cpu",
         device_capacity_tokens=tokens, start_layer=0, end_layer=SGL_LAYERS,
     )  # fmt: skip
     del device
@@ -150,13 +162,27 @@ def sglang_pool(page_bytes: int, batch: int):
     return pool, f"{hd // head_dim} heads x {head_dim}"
 
 
-def sglang_config(extra: dict):
+def sglang_config(extra: dict, page_first: bool = True):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=True, model_name="bench", extra_config=extra,
+        enable_storage_metrics=False, is_page_first_layout=page_first, model_name="bench", extra_config=extra,
     )  # fmt: skip
+
+
+def deepio_sglang_backend(folders: list[str], capacity: int, pool, page_first: bool = True):
+    """deepio.kv.sglang's backend over ``folders``, made by SGLang's factory from the "dynamic"
+    config (``interface_v1``) as SGLang makes it, and attached to the host pool."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    extra = {
+        "backend_name": "deepio", "module_path": "deepio.kv.sglang", "class_name": "DeepioHiCacheStorage",
+        "interface_v1": 1, "folders": folders, "capacity_bytes": capacity,
+    }  # fmt: skip
+    backend = StorageBackendFactory.create_backend("dynamic", sglang_config(extra, page_first), pool)
+    backend.register_mem_pool_host(pool)
+    return backend
 
 
 def run_sglang(tool: str, backend, pool, pages: int, batch: int, tag: str) -> list[dict]:
@@ -204,25 +230,26 @@ def run_sglang(tool: str, backend, pool, pages: int, batch: int, tag: str) -> li
 # ---- fio ------------------------------------------------------------------------------------
 
 
-def run_fio(files: list[str], per_file: int, bs: int, qd: int, batch: int, rw: str) -> dict:
+def run_fio(files: list[str], per_file: int, bs: int, qd: int, batch: int, rw: str, extra: tuple = ()) -> dict:
     cmd = ["fio", f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1",
            f"--size={per_file}", "--norandommap", "--randrepeat=0", "--group_reporting",
-           "--output-format=json"]  # fmt: skip
+           "--output-format=json", *extra]  # fmt: skip
     if rw == "randwrite":
         cmd.append(f"--fdatasync={batch}")
     for i, f in enumerate(files):
         cmd += [f"--name=j{i}", f"--filename={f}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     job = json.loads(out[out.index("{") :])["jobs"][0]
-    part = job["write" if rw == "randwrite" else "read"]
+    part = job["write" if rw.endswith("write") else "read"]
     secs = part["runtime"] / 1000.0
     clat = part.get("clat_ns", {}).get("percentile", {})
     return {
         "tool": "fio",
-        "phase": "put" if rw == "randwrite" else "get",
+        "phase": "put" if rw.endswith("write") else "get",
         "bytes": part["io_bytes"],
         "seconds": secs,
-        "cpu_seconds": (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * secs,
+        # usr_cpu/sys_cpu of a group: percent of job_runtime, the sum of its jobs' runtimes
+        "cpu_seconds": (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job.get("job_runtime", part["runtime"]) / 1000.0,
         "p50_ms": clat.get("50.000000", 0) / 1e6,
         "p99_ms": clat.get("99.000000", 0) / 1e6,
     }
@@ -245,13 +272,7 @@ def main() -> None:
     if "fio" in tools and shutil.which("fio") is None:
         raise SystemExit("fio is not installed (apt-get install -y fio)")
     if {"deepio-sglang", "hicache-file"} & set(tools):
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
-        import kv_engines  # the engines' folder of scripts/setup-kv-engines.sh
-
-        kv_engines.activate()
-        import logging
-
-        logging.getLogger("sglang").setLevel(logging.ERROR)
+        activate_engines()
 
     made = not a.folder
     folders = a.folder or [tempfile.mkdtemp(prefix="deepio-kv-bench-", dir="/var/tmp")]
@@ -271,12 +292,7 @@ def main() -> None:
 
         sg_pool, geometry = sglang_pool(page, batch)
         if "deepio-sglang" in tools:
-            extra = {
-                "backend_name": "deepio", "module_path": "deepio.kv.sglang", "class_name": "DeepioHiCacheStorage",
-                "interface_v1": 1, "folders": [d + "-sglang" for d in store_dirs], "capacity_bytes": capacity,
-            }  # fmt: skip
-            backends["deepio-sglang"] = StorageBackendFactory.create_backend("dynamic", sglang_config(extra), sg_pool)
-            backends["deepio-sglang"].register_mem_pool_host(sg_pool)
+            backends["deepio-sglang"] = deepio_sglang_backend([d + "-sglang" for d in store_dirs], capacity, sg_pool)
         if "hicache-file" in tools:
             path = os.path.join(folders[0], f"hicache-file-{run_id}")
             backends["hicache-file"] = StorageBackendFactory.create_backend(

@@ -437,3 +437,104 @@ def test_kv_crc_bench_times_each_implementation_and_size():
         ("zlib.crc32", 300 * 1024),
     ]
     assert all(float(row[-2]) > 0 and float(row[-1]) >= 0 for row in rows)
+
+
+def _fast_drive_folders(tmp_dir: Path, name: str) -> list[Path] | None:
+    """Two RAM-backed drives of bench/ram_drives.sh named ``name`` (None where they cannot be
+    made here: no loop devices in this container, ...)."""
+    env = dict(os.environ, DEEPIO_DRIVES_NAME=name)
+    up = subprocess.run(
+        [str(REPO / "bench" / "ram_drives.sh"), "up", "2", "1"], env=env, capture_output=True, text=True, check=False
+    )
+    if up.returncode == 0:
+        return [Path(f"/mnt/{name}{i}") for i in range(2)]
+    subprocess.run([str(REPO / "bench" / "ram_drives.sh"), "down"], env=env, capture_output=True, check=False)
+    return None
+
+
+_FAST_DRIVES_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("fio") is None,
+    reason="bench/fast_drives.py empties the page cache and bench/ram_drives.sh mounts drives: needs root and fio",
+)
+
+
+def _fast_drives(tmp_dir: Path, sizes: list[int], *args: str) -> tuple[dict, str]:
+    """A tiny run of bench/fast_drives.py over two drives of bench/ram_drives.sh (made and taken
+    down here; two folders of tmp_dir where loop devices cannot be made): the rows of every
+    page size in ``sizes`` (and "seq" unless --no-seq) are all there and no others, every
+    deepio run's bytes were checked, the printed ratios parse, the drives are left empty.
+    Returns the --json report and the output."""
+    name = f"fdtest{os.getpid()}"
+    drives = _fast_drive_folders(tmp_dir, name)
+    folders = drives or [tmp_dir / "a", tmp_dir / "b"]
+    for f in folders:
+        f.mkdir(exist_ok=True)
+    try:
+        out = _bench(
+            "fast_drives.py", *[x for f in folders for x in ("--folder", str(f))], "--file-size", "8M",
+            "--bytes-4k", "1M", "--seq-bytes", "4M", "--rounds", "1", "--aio-buffer", "1M", "--batch", "16",
+            "--per-call", "8", "--sglang-pages", "16", "--json", "--sizes", ",".join(map(str, sizes)), *args,
+            timeout=120,
+        )  # fmt: skip
+        if drives is None and out.returncode != 0 and "O_DIRECT" in out.stderr:
+            pytest.skip(f"no loop devices here, and {tmp_dir} refuses O_DIRECT")
+        assert out.returncode == 0, out.stdout + out.stderr
+        left = [p for f in folders for p in f.iterdir() if p.name != "lost+found"]
+    finally:
+        if drives:
+            subprocess.run(
+                [str(REPO / "bench" / "ram_drives.sh"), "down"],
+                env=dict(os.environ, DEEPIO_DRIVES_NAME=name),
+                check=True,
+                capture_output=True,
+            )
+    assert not left, f"the benchmark left {left} behind"
+    report = json.loads(out.stdout.splitlines()[-1])
+    import fast_drives  # bench/ is on sys.path (above)
+
+    big = [s for s in sizes if s != 4096]
+    where = {"page": sizes, "kv": big, "sglang": big, "seq": [] if "--no-seq" in args else ["seq"]}
+    skipped = report["skipped"]  # SGLang's: all of it, or a page size's (its host pool wants 10 GB left free)
+    want = {
+        (what, g, base)
+        for _, what, base, kind in fast_drives.ROWS
+        for g in where[kind]
+        if kind != "sglang" or not {"sglang", f"sglang {fast_drives.group_name(g)}"} & set(skipped)
+    }
+    rows = report["rows"]
+    assert {(r["what"], r["group"], r["vs"]) for r in rows} == want, out.stdout
+    for r in rows:
+        assert r["gib_s"] > 0 and r["cpu_s_per_gib"] >= 0, r
+        assert r["verified"] is (None if r["what"].startswith("fio") else True), r
+        assert (r["vs"] is None) == ("ratio" not in r), r
+        if r["vs"] is not None:
+            assert r["ratio_min"] <= r["ratio"] * (1 + 1e-9) and r["ratio"] <= r["ratio_max"] * (1 + 1e-9), r
+    # The printed table: each compared row ends with "RATIOx (MIN-MAX)".
+    compared = [line for line in out.stdout.splitlines() if line.rstrip().endswith(")") and "x (" in line]
+    assert len(compared) == sum(r["vs"] is not None for r in rows), out.stdout
+    for line in compared:
+        ratio, spread = line.rsplit(" ", 2)[-2:]
+        assert float(ratio.rstrip("x")) > 0 and all(float(x) > 0 for x in spread.strip("()").split("-")), line
+    return report, out.stdout
+
+
+@_FAST_DRIVES_ROOT
+@pytest.mark.slow
+def test_fast_drives_bench_runs_every_row_over_two_ram_drives(tmp_dir):
+    """bench/fast_drives.py at 4 KiB (engine rows only) and 64 KiB (kv too) and sequentially,
+    without SGLang (its import alone takes longer than this test should)."""
+    report, out = _fast_drives(tmp_dir, [4096, 65536], "--no-sglang")
+    assert report["skipped"] == {"sglang": "--no-sglang"}
+    assert "# sglang rows skipped: --no-sglang" in out
+
+
+@_FAST_DRIVES_ROOT
+@pytest.mark.slow
+@needs("sglang")
+def test_fast_drives_bench_runs_the_sglang_layouts(tmp_dir):
+    """The SGLang rows: page_first and layer_first pages through deepio.kv.sglang, checked."""
+    report, _ = _fast_drives(tmp_dir, [65536], "--no-seq")
+    if why := report["skipped"].get("sglang 64 KiB"):
+        pytest.skip(why)  # SGLang's host pool refuses to be made with less than 10 GB of memory left
+    assert not report["skipped"]
+    assert {r["what"] for r in report["rows"]} >= {"sglang page_first get", "sglang layer_first get"}
