@@ -178,5 +178,8 @@ if [ "$full" -eq 1 ]; then
   }
   stage gpu-check-fake 480 gpu_check
 
+  # aarch64 (Grace) without Arm hardware: cross-compiled tests under qemu-user.
+  stage aarch64 180 bash scripts/cross-aarch64.sh
+
   stage wheel 600 bash scripts/build-wheel.sh --test
 fi

@@ -1,8 +1,11 @@
 // CRC-32C of deepio::kv against a bit-at-a-time reference written from the definition
 // (reflected polynomial 0x82F63B78): every length around the instruction path's block joins
-// (3 × 256 and 3 × 8192 bytes), unaligned starts, continued CRCs, and the table path.
+// (3 × 256 and 3 × 8192 bytes), unaligned starts, continued CRCs, and the table path. Also
+// built for aarch64 and run under emulation by scripts/cross-aarch64.sh.
 #include <cstdint>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,7 +14,8 @@
 
 namespace deepio::kv::detail {
 std::uint32_t crc32c_portable(const void* data, std::size_t nbytes, std::uint32_t crc) noexcept;
-}
+bool crc32c_uses_instruction() noexcept;
+}  // namespace deepio::kv::detail
 
 namespace deepio::test {
 namespace {
@@ -30,6 +34,14 @@ std::vector<unsigned char> random_bytes(std::size_t n, std::uint32_t seed) {
   std::vector<unsigned char> v(n);
   for (auto& b : v) b = static_cast<unsigned char>(rng());
   return v;
+}
+
+// Where the CPU is known to have the instruction (scripts/cross-aarch64.sh under qemu's ARMv8
+// with CRC32; x86-64 machines with SSE4.2), the fast path is the one under test.
+TEST(KvCrc, TheInstructionPathIsTakenWhereExpected) {
+  const char* want = std::getenv("DEEPIO_EXPECT_CRC_INSTRUCTION");
+  if (want == nullptr) GTEST_SKIP() << "DEEPIO_EXPECT_CRC_INSTRUCTION not set";
+  EXPECT_EQ(kv::detail::crc32c_uses_instruction(), std::string(want) == "1");
 }
 
 TEST(KvCrc, EveryLengthAroundTheBlockJoinsMatchesTheDefinition) {
