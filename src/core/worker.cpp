@@ -161,9 +161,15 @@ std::size_t Worker::Impl::busy_lanes() const {
   return n;
 }
 
-// A lane with a read to issue.
-bool Worker::Impl::read_waiting() const {
-  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.load.reads_waiting > 0; });
+// A lane with writes in flight.
+bool Worker::Impl::writes_in_flight() const {
+  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.load.inflight > l.load.reads_inflight; });
+}
+
+// A lane with a read to issue and writes in flight.
+bool Worker::Impl::read_behind_writes() const {
+  return std::any_of(lanes.begin(), lanes.end(),
+                     [](const Lane& l) { return l.load.reads_waiting > 0 && l.load.inflight > l.load.reads_inflight; });
 }
 
 // A lane with reads to issue or in flight and writes in flight: its reads are not to wait
@@ -236,8 +242,8 @@ void Worker::Impl::run() {
     bounce_pending = false;
     // A batch of one device is being reaped (overlap_events off): nothing more is issued
     // until it is all back, unless another device has work and nothing in flight, or a read
-    // is waiting (reads do not wait behind writes, core/lanes.hpp).
-    const bool hold = batch_open && inflight > 0 && !idle_lane_waiting() && !read_waiting();
+    // waits behind a batch of writes (reads do not wait behind writes, core/lanes.hpp).
+    const bool hold = batch_open && inflight > 0 && !idle_lane_waiting() && !read_behind_writes();
     for (; !hold;) {
       if (!resubmit.empty()) {
         const std::uint32_t id = resubmit.back();
@@ -283,7 +289,7 @@ void Worker::Impl::run() {
     // would wait for its slowest device), in a wait that a new slice ends (wake protocol).
     // Either wait ends when a back-off or a held completion is due.
     // Reads among writes are reaped as they come, so that they complete without waiting for
-    // the writes; a read enqueued during a batch ends its wait (reads_only).
+    // the writes; a read enqueued during a batch of writes ends its wait (reads_only).
     const bool one_batch = !w.config_.overlap_events && busy_lanes() <= 1 && !reads_with_writes();
     std::int64_t wait_us = one_batch ? kBatchWaitUs : -1;
     if (due) {
@@ -291,7 +297,7 @@ void Worker::Impl::run() {
       const std::int64_t bound = std::max<std::int64_t>(0, left);
       wait_us = wait_us < 0 ? bound : std::min(wait_us, bound);
     }
-    const bool batch_of_writes = one_batch && !w.config_.overlap_events && !read_waiting();
+    const bool batch_of_writes = one_batch && writes_in_flight();
     const int n = reap(one_batch ? inflight : 1, wait_us, (!one_batch && wait_us < 0) || batch_of_writes,
                        one_batch && batch_of_writes);
     if (n < 0) {

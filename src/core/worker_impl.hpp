@@ -122,7 +122,8 @@ struct Worker::Impl {
   void drain(bool block);
   [[nodiscard]] bool idle_lane_waiting() const;
   [[nodiscard]] std::size_t busy_lanes() const;
-  [[nodiscard]] bool read_waiting() const;
+  [[nodiscard]] bool writes_in_flight() const;
+  [[nodiscard]] bool read_behind_writes() const;
   [[nodiscard]] bool reads_with_writes() const;
   void mark_recent_reads();
   int reap(std::size_t min, std::int64_t max_wait_us, bool wakeable, bool reads_only);
