@@ -35,7 +35,7 @@ def test_gets_under_puts_runs_and_reads_back_what_was_put(tmp_dir):
             "--put-batch",
             "4",
             "--seconds",
-            "0.3",
+            "0.5",
             "--rounds",
             "2",
             "--queue-depth",
@@ -55,9 +55,11 @@ def test_gets_under_puts_runs_and_reads_back_what_was_put(tmp_dir):
         for phase in ("alone", "under"):
             assert rnd[phase]["n"] > 0
             assert 0 < rnd[phase]["p50"] <= rnd[phase]["p95"] <= rnd[phase]["p99"]
-        assert rnd["under"]["put_gibs"] > 0 and rnd["puts_alone_gibs"] > 0  # the puts progressed
-    s = out["summary"]
-    assert s["ratio_p95"] > 0 and s["under"]["put_gibs"] > 0
+        assert rnd["under"]["put_gibs"] >= 0 and rnd["puts_alone_gibs"] >= 0
+    # The puts progressed, under gets too (a round's window is short: counted over both).
+    assert sum(r["under"]["put_gibs"] for r in out["rounds"]) > 0
+    assert sum(r["puts_alone_gibs"] for r in out["rounds"]) > 0
+    assert out["summary"]["ratio_p95"] > 0
     assert "p95 under puts / p95 alone" in r.stdout
     # The store's folders are removed afterwards; the caller's stay.
     assert all(f.is_dir() and not any(f.iterdir()) for f in folders)
