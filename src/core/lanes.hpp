@@ -29,10 +29,11 @@
 // stalled in this pass (no bounce slot for it, a producer's fence not reached), a slot is
 // free, and either it holds nothing in flight (any free slot, whatever the shares) or it is
 // under its share of slots and of bytes and either more than `reserve` slots are free or it
-// holds fewer than newcomer_depth requests; and one of its classes may issue (pick_class()). A lane over its share (it
-// issued while it was alone) issues nothing until completions bring it under. may_bounce(): a staged request of the
-// lane takes a bounce slot if one is free and the lane either holds none or is under its share with more than
-// bounce_reserve free.
+// holds fewer than newcomer_depth requests; and one of its classes may issue (pick_class()).
+// A lane over its share (it issued while it was alone) issues nothing until completions bring
+// it under.
+// may_bounce(): a staged request of the lane takes a bounce slot if one is free and the lane
+// either holds none or is under its share with more than bounce_reserve free.
 //
 // Classes (pick_class()): each lane's slices are reads or writes (the op's direction). Reads
 // are what a caller waits on to load; writes (puts, backups, checkpoints) can wait. Within a
@@ -41,10 +42,10 @@
 // whatever reads want (so writes always progress: at least that many are in flight while they
 // wait, table-tested as "no starvation"). A read may issue while the lane's requests plus the
 // part of that floor writes do not hold yet stay under the share (or the lane holds nothing).
-// While reads are active on the lane (waiting, in flight, or done within the worker's linger,
-// LaneLoad::read_recent) writes hold at most write_floor() of the lane; otherwise the whole
-// share. So a read issued under saturating writes waits in the device behind at most
-// write_floor() writes, not behind the whole queue; the writes above the floor are not
+// While reads are active on the lane (waiting, in flight, or done within the worker's linger
+// of 5 ms, LaneLoad::read_recent) writes hold at most write_floor() of the lane, otherwise
+// the whole share. So a read issued under saturating writes waits in the device behind at
+// most write_floor() writes, not behind the whole queue; the writes above the floor are not
 // refilled until the reads have been quiet for the linger.
 //
 // Order (pick_lane()): deficit round-robin by bytes over the eligible lanes, from `turn`: a lane
