@@ -298,6 +298,9 @@ class KvStore {
     d["open_seconds"] = st.open_seconds;
     d["open_headers_read"] = st.open_headers_read;
     d["open_pages_read"] = st.open_pages_read;
+    d["pending_puts"] = st.pending_puts;
+    d["pending_put_pages"] = st.pending_put_pages;
+    d["pending_put_bytes"] = st.pending_put_bytes;
     d["device_pages"] = st.device_pages;
     d["device_copy_errors"] = st.device_copy_errors;
     nb::list folders;

@@ -29,10 +29,24 @@
 // stalled in this pass (no bounce slot for it, a producer's fence not reached), a slot is
 // free, and either it holds nothing in flight (any free slot, whatever the shares) or it is
 // under its share of slots and of bytes and either more than `reserve` slots are free or it
-// holds fewer than newcomer_depth requests. A lane over its share (it issued while it was
-// alone) issues nothing until completions bring it under.
+// holds fewer than newcomer_depth requests; and one of its classes may issue (pick_class()).
+// A lane over its share (it issued while it was alone) issues nothing until completions bring
+// it under.
 // may_bounce(): a staged request of the lane takes a bounce slot if one is free and the lane
 // either holds none or is under its share with more than bounce_reserve free.
+//
+// Classes (pick_class()): each lane's slices are reads or writes (the op's direction). Reads
+// are what a caller waits on to load; writes (puts, backups, checkpoints) can wait. Within a
+// lane a read goes ahead of every write, with one bound for the writes: while the lane has
+// writes waiting, write_floor() = max(1, share/16) of its slots (and bytes) are theirs,
+// whatever reads want (so writes always progress: at least that many are in flight while they
+// wait, table-tested as "no starvation"). A read may issue while the lane's requests plus the
+// part of that floor writes do not hold yet stay under the share (or the lane holds nothing).
+// While reads are active on the lane (waiting, in flight, or done within the worker's linger
+// of 5 ms, LaneLoad::read_recent) writes hold at most write_floor() of the lane, otherwise
+// the whole share. So a read issued under saturating writes waits in the device behind at
+// most write_floor() writes, not behind the whole queue; the writes above the floor are not
+// refilled until the reads have been quiet for the linger.
 //
 // Order (pick_lane()): deficit round-robin by bytes over the eligible lanes, from `turn`: a lane
 // whose deficit is positive issues (each request's bytes are charged to it, charge()); one
@@ -63,7 +77,16 @@ struct LaneLoad {
   std::size_t bounces = 0;           ///< bounce slots held by its requests
   std::int64_t deficit = 0;          ///< bytes left of its turn
   bool stalled = false;              ///< cannot issue in this pass (bounce slot, fence)
+  // The classes (see the file comment); with these at zero every slice is a write and the
+  // rules above are all there is.
+  std::size_t reads_waiting = 0;   ///< of `waiting`, slices of reads
+  std::size_t reads_inflight = 0;  ///< of `inflight`, requests of reads
+  std::uint64_t read_bytes = 0;    ///< their bytes
+  bool read_recent = false;        ///< a read of the lane finished within the linger
 };
+
+/// A lane's class of work: what a caller waits on to load, or what may wait.
+enum class OpClass : std::uint8_t { Read = 0, Write = 1, None = 2 };
 
 struct Shares {
   std::size_t requests = 0;
@@ -92,12 +115,20 @@ struct Free {
 /// Whether a staged request of lane `l` may take a bounce slot now.
 [[nodiscard]] bool may_bounce(const LaneLoad& l, const Shares& s, const Free& free,
                               std::size_t bounce_reserve) noexcept;
+/// What writes may always hold of a lane's share `s` while reads are active: max(1,
+/// requests/16) requests and max(1, bytes/16) bytes.
+[[nodiscard]] Shares write_floor(const Shares& s) noexcept;
+/// Whether reads are active on lane `l`: waiting, in flight, or recently done.
+[[nodiscard]] bool reads_active(const LaneLoad& l) noexcept;
+/// The class lane `l` issues next within its share `s` (see the file comment), or None. The
+/// lane-wide rules (may_issue()) are checked apart.
+[[nodiscard]] OpClass pick_class(const LaneLoad& l, const Shares& s) noexcept;
 /// The most requests one of `waiting` slices of a lane may hold, of the lane's `lane_share`.
 [[nodiscard]] std::size_t slice_share(std::size_t lane_share, std::size_t waiting) noexcept;
-/// Books a request of `bytes` issued by lane `l` (with a bounce slot or not).
-void charge(LaneLoad& l, std::uint64_t bytes, bool bounced) noexcept;
+/// Books a request of `bytes` issued by lane `l` (with a bounce slot or not; a read or not).
+void charge(LaneLoad& l, std::uint64_t bytes, bool bounced, bool read = false) noexcept;
 /// Books the end of such a request (its slot released).
-void discharge(LaneLoad& l, std::uint64_t bytes, bool bounced) noexcept;
+void discharge(LaneLoad& l, std::uint64_t bytes, bool bounced, bool read = false) noexcept;
 
 /// The lane whose turn it is among [first, last) (deficit round-robin, see the file comment),
 /// or `last` when none may issue. `turn` is where the round stands (kept between calls; moved

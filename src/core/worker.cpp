@@ -16,6 +16,9 @@ namespace deepio::detail {
 namespace {
 // The longest wait for a one-device batch (overlap_events off) before looking for new work.
 constexpr std::int64_t kBatchWaitUs = 1000;
+// How long after a lane's last read request its writes stay held to their floor
+// (core/lanes.hpp): longer than a caller's pause between two loads.
+constexpr std::int64_t kReadLingerUs = 5000;
 }  // namespace
 
 Worker::Impl::Impl(Worker& worker)
@@ -56,11 +59,15 @@ bool Worker::Impl::pull() {
   for (auto& task : taken) {
     if (last == nullptr || last->key != task.device_key) last = &lane_for(task.device_key);
     Lane& l = *last;
-    l.run.emplace_back(Active{std::move(task), &l, {}});
-    auto it = std::prev(l.run.end());
+    const bool read = !task.op->write();
+    const std::size_t k = read ? 0 : 1;
+    l.run[k].emplace_back(Active{std::move(task), &l, {}});
+    auto it = std::prev(l.run[k].end());
     it->self = it;
+    it->read = read;
     ++l.load.waiting;
-    if (l.cursor == l.run.end()) l.cursor = it;
+    if (read) ++l.load.reads_waiting;
+    if (l.cursor[k] == l.run[k].end()) l.cursor[k] = it;
   }
   taken.clear();
   return true;
@@ -72,7 +79,8 @@ Lane& Worker::Impl::lane_for(std::uint64_t key) {
   }
   Lane& l = lanes.emplace_back();
   l.key = key;
-  l.cursor = l.run.end();
+  l.cursor[0] = l.run[0].end();
+  l.cursor[1] = l.run[1].end();
   if (turn == lanes.end()) turn = std::prev(lanes.end());
   return l;
 }
@@ -87,11 +95,13 @@ void Worker::Impl::close(Active& a) {
   a.closed = true;
   a.seg = a.task.segments.size();
   Lane& l = *a.lane;
+  const std::size_t k = a.read ? 0 : 1;
   --l.load.waiting;
-  if (l.cursor == a.self) {
+  if (a.read) --l.load.reads_waiting;
+  if (l.cursor[k] == a.self) {
     auto it = std::next(a.self);
-    while (it != l.run.end() && it->closed) ++it;
-    l.cursor = it;
+    while (it != l.run[k].end() && it->closed) ++it;
+    l.cursor[k] = it;
   }
   if (a.outstanding == 0) retire(&a);
 }
@@ -99,8 +109,8 @@ void Worker::Impl::close(Active& a) {
 void Worker::Impl::retire(Active* a) {
   finished.push_back(std::move(a->task.op));
   Lane* l = a->lane;
-  l->run.erase(a->self);
-  if (!l->run.empty()) return;
+  l->run[a->read ? 0 : 1].erase(a->self);
+  if (!l->empty()) return;
   for (auto it = lanes.begin(); it != lanes.end(); ++it) {
     if (&*it != l) continue;
     if (turn == it) turn = std::next(it);
@@ -122,7 +132,8 @@ void Worker::Impl::finish_retired() {
 void Worker::Impl::release(std::uint32_t id) {
   Slot& s = slots[id];
   Active* a = s.owner;
-  discharge(a->lane->load, s.len, s.bounce >= 0);
+  discharge(a->lane->load, s.len, s.bounce >= 0, a->read);
+  if (a->read) a->lane->last_read = Clock::now();
   if (s.bounce >= 0) staging.give_back(s.bounce);
   s = Slot{};
   free_slots.push_back(id);
@@ -150,9 +161,41 @@ std::size_t Worker::Impl::busy_lanes() const {
   return n;
 }
 
+// A lane with writes in flight.
+bool Worker::Impl::writes_in_flight() const {
+  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.load.inflight > l.load.reads_inflight; });
+}
+
+// A lane with a read to issue and writes in flight.
+bool Worker::Impl::read_behind_writes() const {
+  return std::any_of(lanes.begin(), lanes.end(),
+                     [](const Lane& l) { return l.load.reads_waiting > 0 && l.load.inflight > l.load.reads_inflight; });
+}
+
+// A lane with reads to issue or in flight and writes in flight: its reads are not to wait
+// for a whole batch of writes (overlap_events off reaps such a mix request by request).
+bool Worker::Impl::reads_with_writes() const {
+  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) {
+    return (l.load.reads_waiting > 0 || l.load.reads_inflight > 0) && l.load.inflight > l.load.reads_inflight;
+  });
+}
+
+// Sets each lane's read_recent: a read request of it ended within kReadLingerUs.
+void Worker::Impl::mark_recent_reads() {
+  const Clock::time_point none{};
+  bool any = false;
+  for (const Lane& l : lanes) any = any || l.last_read != none;
+  if (!any) return;
+  const auto now = Clock::now();
+  for (Lane& l : lanes) {
+    l.load.read_recent = l.last_read != none && now - l.last_read < std::chrono::microseconds(kReadLingerUs);
+  }
+}
+
 // Waits for completions (Backend::reap). `wakeable`: enqueue() may end the wait early (the
-// wake protocol of worker.hpp); then a slice queued meanwhile returns 0 at once.
-int Worker::Impl::reap(std::size_t min, std::int64_t max_wait_us, bool wakeable) {
+// wake protocol of worker.hpp); then a slice queued meanwhile returns 0 at once. With
+// `reads_only`, only a read's enqueue ends it (a one-device batch of writes).
+int Worker::Impl::reap(std::size_t min, std::int64_t max_wait_us, bool wakeable, bool reads_only) {
   if (auto injected = consult_fault_hook({FaultPoint::Reap, nullptr, -1, 0, 0, 0})) {
     if (*injected < 0) return static_cast<int>(*injected);
   }
@@ -171,11 +214,13 @@ int Worker::Impl::reap(std::size_t min, std::int64_t max_wait_us, bool wakeable)
     // lanes arrive, since shares only shrink).
     w.full_keys_.clear();
     for (const Lane& l : lanes) {
-      LaneLoad more = l.load;
+      LaneLoad more = l.load;  // with a read waiting: the class that may issue the most
       more.waiting = 1;
+      more.reads_waiting = 1;
       more.stalled = false;
       if (!may_issue(more, sh, free, kept)) w.full_keys_.push_back(l.key);
     }
+    w.wake_reads_only_ = reads_only;
     w.blocked_ = true;
   }
   const int n = backend->reap(completions, min, max_wait_us);
@@ -192,11 +237,13 @@ void Worker::Impl::run() {
     take_due();
     pull();
     for (Lane& l : lanes) l.load.stalled = false;
+    mark_recent_reads();
     fence_pending = false;
     bounce_pending = false;
     // A batch of one device is being reaped (overlap_events off): nothing more is issued
-    // until it is all back, unless another device has work and nothing in flight.
-    const bool hold = batch_open && inflight > 0 && !idle_lane_waiting();
+    // until it is all back, unless another device has work and nothing in flight, or a read
+    // waits behind a batch of writes (reads do not wait behind writes, core/lanes.hpp).
+    const bool hold = batch_open && inflight > 0 && !idle_lane_waiting() && !read_behind_writes();
     for (; !hold;) {
       if (!resubmit.empty()) {
         const std::uint32_t id = resubmit.back();
@@ -241,14 +288,18 @@ void Worker::Impl::run() {
     // meanwhile, starts at once. Otherwise each completion is taken as it comes (a batch
     // would wait for its slowest device), in a wait that a new slice ends (wake protocol).
     // Either wait ends when a back-off or a held completion is due.
-    const bool one_batch = !w.config_.overlap_events && busy_lanes() <= 1;
+    // Reads among writes are reaped as they come, so that they complete without waiting for
+    // the writes; a read enqueued during a batch of writes ends its wait (reads_only).
+    const bool one_batch = !w.config_.overlap_events && busy_lanes() <= 1 && !reads_with_writes();
     std::int64_t wait_us = one_batch ? kBatchWaitUs : -1;
     if (due) {
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(*due - Clock::now()).count();
       const std::int64_t bound = std::max<std::int64_t>(0, left);
       wait_us = wait_us < 0 ? bound : std::min(wait_us, bound);
     }
-    const int n = reap(one_batch ? inflight : 1, wait_us, !one_batch && wait_us < 0);
+    const bool batch_of_writes = one_batch && writes_in_flight();
+    const int n = reap(one_batch ? inflight : 1, wait_us, (!one_batch && wait_us < 0) || batch_of_writes,
+                       one_batch && batch_of_writes);
     if (n < 0) {
       const bool transient = n == -EINTR || n == -EAGAIN || n == -EBUSY;
       if (transient && ++reap_failures < kMaxRetries) {  // reap again, after a back-off
@@ -281,8 +332,9 @@ Worker::Worker(std::unique_ptr<Backend> backend, const WorkerConfig& config, Cou
 
 Worker::~Worker() { stop(); }
 
-void Worker::wake_for(std::uint64_t key) {
+void Worker::wake_for(std::uint64_t key, bool read) {
   if (!blocked_ || waker_ == nullptr) return;
+  if (wake_reads_only_ && !read) return;
   if (std::find(full_keys_.begin(), full_keys_.end(), key) != full_keys_.end()) return;
   blocked_ = false;  // one wake-up per wait
   waker_->wake();
@@ -292,8 +344,9 @@ void Worker::enqueue(SliceTask task) {
   {
     std::lock_guard lock(mutex_);
     const std::uint64_t key = task.device_key;
+    const bool read = task.op != nullptr && !task.op->write();
     queue_.push_back(std::move(task));
-    wake_for(key);
+    wake_for(key, read);
   }
   cv_.notify_one();
 }
@@ -308,8 +361,9 @@ void Worker::enqueue(std::vector<SliceTask>& tasks) {
     std::lock_guard lock(mutex_);
     for (auto& t : tasks) {
       const std::uint64_t key = t.device_key;
+      const bool read = t.op != nullptr && !t.op->write();
       queue_.push_back(std::move(t));
-      wake_for(key);  // one load of blocked_ once the worker is woken (or was not waiting)
+      wake_for(key, read);  // one load of blocked_ once the worker is woken (or was not waiting)
     }
   }
   tasks.clear();

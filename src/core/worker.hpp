@@ -11,7 +11,9 @@
 // slots, of the bytes in flight and of the bounce slots while several have work, and the last
 // few free slots (queue and bounce) kept for a lane with nothing in flight, so a device that
 // starts work while another holds the queue is issued a request at once. Within a lane the
-// oldest slice goes first, each capped at its share of the lane while several have work;
+// oldest slice goes first, reads ahead of writes (a bounded floor of the lane kept for
+// writes, and writes held to it while reads are active), each capped at its share of the
+// lane while several have work;
 // within a slice requests are issued in order. A lane that cannot issue now (no bounce slot
 // for it, its producer's fence not yet reached) yields to the next; nothing blocks the
 // thread while another lane could issue.
@@ -112,7 +114,7 @@ class Worker {
   void run() noexcept;
   // Under mutex_: wakes the worker if it is blocked in the kernel and a slice for `key` could
   // be issued now (the protocol above).
-  void wake_for(std::uint64_t key);
+  void wake_for(std::uint64_t key, bool read);
 
   // Handed to the worker thread's state when it starts, which owns it from then on and shuts
   // it down before freeing any memory the kernel could write into.
@@ -128,6 +130,7 @@ class Worker {
   // its backend (set while the worker thread's state lives); full_keys_ are the devices whose
   // new work could not be issued anyway. All guarded by mutex_.
   bool blocked_ = false;
+  bool wake_reads_only_ = false;  // the wait is a one-device batch of writes: reads end it
   Backend* waker_ = nullptr;
   std::vector<std::uint64_t> full_keys_;
   std::thread thread_;

@@ -35,18 +35,22 @@ struct Active {
   std::size_t seg = 0;    // next segment to issue from
   std::uint64_t pos = 0;  // bytes of segments[seg] already issued
   std::size_t outstanding = 0;
+  bool read = false;     // a read (core/lanes.hpp's read class), from the op's direction
   bool ordered = false;  // the op's fence (if any) was honoured before this slice's first copy
   bool closed = false;
   [[nodiscard]] bool issued_all() const { return seg >= task.segments.size(); }
 };
 
 // One device's slices (see the file comment of worker.hpp); its counters are what the lane
-// policy sees (core/lanes.hpp).
+// policy sees (core/lanes.hpp). Reads and writes are kept apart (index 0: reads, 1: writes,
+// as OpClass), each in arrival order.
 struct Lane {
   std::uint64_t key = 0;
-  std::list<Active> run;               // arrival order
-  std::list<Active>::iterator cursor;  // first slice not closed, or run.end()
-  LaneLoad load;                       // load.waiting: slices not closed
+  std::list<Active> run[2];                           // arrival order
+  std::list<Active>::iterator cursor[2];              // first slice not closed, or run[c].end()
+  LaneLoad load;                                      // load.waiting: slices not closed
+  std::chrono::steady_clock::time_point last_read{};  // when a read request of it last ended
+  [[nodiscard]] bool empty() const { return run[0].empty() && run[1].empty(); }
 };
 
 struct Slot {
@@ -118,7 +122,11 @@ struct Worker::Impl {
   void drain(bool block);
   [[nodiscard]] bool idle_lane_waiting() const;
   [[nodiscard]] std::size_t busy_lanes() const;
-  int reap(std::size_t min, std::int64_t max_wait_us, bool wakeable);
+  [[nodiscard]] bool writes_in_flight() const;
+  [[nodiscard]] bool read_behind_writes() const;
+  [[nodiscard]] bool reads_with_writes() const;
+  void mark_recent_reads();
+  int reap(std::size_t min, std::int64_t max_wait_us, bool wakeable, bool reads_only);
 
   // worker_issue.cpp
   enum class Cut : std::uint8_t { Issued, Skipped, Stalled };

@@ -22,10 +22,14 @@ std::int64_t run_in_memory(const Request& r) noexcept {
   return n < 0 ? -static_cast<std::int64_t>(errno) : static_cast<std::int64_t>(n);
 }
 
-// The oldest slice of lane `l` under its share of the lane (`lane_share` requests), or null.
-Active* pick_slice(Lane& l, std::size_t lane_share) {
-  const std::size_t cap = slice_share(lane_share, l.load.waiting);
-  for (auto it = l.cursor; it != l.run.end(); ++it) {
+// The oldest slice of class `c` in lane `l` under its share of the lane (`lane_share`
+// requests), or null.
+Active* pick_slice(Lane& l, std::size_t lane_share, OpClass c) {
+  if (c == OpClass::None) return nullptr;
+  const auto k = static_cast<std::size_t>(c);
+  const std::size_t n = c == OpClass::Read ? l.load.reads_waiting : l.load.waiting - l.load.reads_waiting;
+  const std::size_t cap = slice_share(lane_share, n);
+  for (auto it = l.cursor[k]; it != l.run[k].end(); ++it) {
     if (it->closed) continue;
     if (it->outstanding < cap || it->task.op->failed()) return &*it;
   }
@@ -49,7 +53,7 @@ bool Worker::Impl::next_request() {
     const auto it = pick_lane(lanes.begin(), lanes.end(), turn, sh, free_now(), kept, limits.quantum,
                               [](Lane& l) -> LaneLoad& { return l.load; });
     Lane* l = it != lanes.end() ? &*it : nullptr;
-    Active* a = l != nullptr ? pick_slice(*l, sh.requests) : nullptr;
+    Active* a = l != nullptr ? pick_slice(*l, sh.requests, pick_class(l->load, sh)) : nullptr;
     if (l != nullptr && a == nullptr) {
       l->load.stalled = true;  // every slice at its share of the lane: the next lane's turn
       continue;
@@ -195,7 +199,7 @@ Worker::Impl::Cut Worker::Impl::cut(Active& a, const Shares& sh) {
       a.pos = 0;
     }
     ++a.outstanding;
-    charge(a.lane->load, len, s.bounce >= 0);
+    charge(a.lane->load, len, s.bounce >= 0, a.read);
     const std::uint32_t id = free_slots.back();
     free_slots.pop_back();
     s.req.tag = id;

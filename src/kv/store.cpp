@@ -34,8 +34,11 @@ void Store::Impl::run_jobs() {
         std::unique_lock lk(qmu);
         qcv.wait(lk, [&] { return stopping || !queue.empty(); });
         if (queue.empty()) break;
-        job = std::move(queue.front());
-        queue.pop_front();
+        // Loads go ahead of stores: the oldest get, else the oldest put (puts keep their order).
+        auto it = std::find_if(queue.begin(), queue.end(), [](const internal::Job& j) { return !j.write; });
+        if (it == queue.end()) it = queue.begin();
+        job = std::move(*it);
+        queue.erase(it);
       }
       std::vector<bool> results;
       try {
@@ -272,8 +275,23 @@ void Store::checkpoint() {
 
 StoreStats Store::stats() const {
   impl_->stamp.check();
+  std::uint64_t pending_puts = 0, pending_put_pages = 0, pending_put_bytes = 0;
+  {
+    std::lock_guard qk(impl_->qmu);  // puts queued, not yet started: the back-pressure signal
+    for (const internal::Job& j : impl_->queue) {
+      if (!j.write) continue;
+      ++pending_puts;
+      pending_put_pages += j.segments.size();
+      for (const auto& page : j.segments) {
+        for (const Segment& seg : page) pending_put_bytes += seg.nbytes;
+      }
+    }
+  }
   std::lock_guard lk(impl_->mu);
   StoreStats s = impl_->st;
+  s.pending_puts = pending_puts;
+  s.pending_put_pages = pending_put_pages;
+  s.pending_put_bytes = pending_put_bytes;
   s.pages = impl_->model.pages();
   s.evictions = impl_->model.evictions();
   s.capacity_bytes = 0;

@@ -3,6 +3,7 @@
 // of given sizes arriving, free slots filled by pick_lane() until nothing may issue, requests
 // completing) checked against the file comment's rules. The worker's use of it against real
 // devices is tests/cpp/test_scheduler.cpp's and test_slow_device.cpp's.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -318,6 +319,159 @@ TEST(Lanes, BounceReserve) {
   m.fill();
   EXPECT_EQ(m.inflight("d"), 3u) << "needs no bounce slot";
   EXPECT_EQ(m.inflight("s"), 3u);
+}
+
+// ---- Classes: reads ahead of writes, writes never starved -----------------------------------
+
+TEST(Lanes, WriteFloor) {
+  struct Row {
+    Shares share;
+    std::size_t requests;
+    std::uint64_t bytes;
+  };
+  const std::vector<Row> rows = {
+      {{112, 112 * kMiB, 14}, 7, 7 * kMiB},  // depth 128 alone
+      {{28, 28 * kMiB, 14}, 1, 28 * kMiB / 16},
+      {{16, 16 * kMiB, 8}, 1, kMiB},
+      {{1, 1, 1}, 1, 1},  // never below one request
+  };
+  for (const Row& r : rows) {
+    const Shares f = write_floor(r.share);
+    EXPECT_EQ(f.requests, r.requests) << r.share.requests;
+    EXPECT_EQ(f.bytes, r.bytes) << r.share.requests;
+  }
+}
+
+TEST(Lanes, PickClass) {
+  const Shares s{112, 112 * kMiB, 14};  // floor: 7 requests, 7 MiB
+  struct Row {
+    const char* what;
+    LaneLoad l;
+    OpClass expected;
+  };
+  auto lane = [](std::size_t waiting, std::size_t reads_waiting, std::size_t inflight, std::size_t reads_inflight,
+                 bool recent = false) {
+    LaneLoad l;
+    l.waiting = waiting;
+    l.reads_waiting = reads_waiting;
+    l.inflight = inflight;
+    l.inflight_bytes = inflight * (256 << 10);
+    l.reads_inflight = reads_inflight;
+    l.read_bytes = reads_inflight * (256 << 10);
+    l.read_recent = recent;
+    return l;
+  };
+  const std::vector<Row> rows = {
+      {"nothing waiting", lane(0, 0, 0, 0), OpClass::None},
+      {"writes alone: the whole share", lane(3, 0, 100, 0), OpClass::Write},
+      {"reads alone", lane(2, 2, 100, 100), OpClass::Read},
+      {"a read first, writes at their floor", lane(4, 1, 7, 0), OpClass::Read},
+      {"a read first, writes above their floor", lane(4, 1, 111, 0), OpClass::Read},
+      {"writes under their floor keep its slots", lane(4, 1, 110, 105), OpClass::Write},
+      {"reads under the share less the writes' floor", lane(4, 1, 104, 100), OpClass::Read},
+      {"writes at the floor, reads in flight: nothing", lane(3, 0, 20, 13), OpClass::None},
+      {"writes under the floor, reads in flight", lane(3, 0, 20, 14), OpClass::Write},
+      {"a read just done: writes held to the floor", lane(3, 0, 7, 0, true), OpClass::None},
+      {"reads quiet for the linger: the whole share", lane(3, 0, 7, 0, false), OpClass::Write},
+      {"a lane with nothing in flight: a read", lane(5, 1, 0, 0), OpClass::Read},
+  };
+  for (const Row& r : rows) EXPECT_EQ(pick_class(r.l, s), r.expected) << r.what;
+}
+
+// A model of one worker with one lane (depth 128): requests of 256 KiB, reads and writes
+// always waiting, the device completing in issue order (FIFO, as a loop device's one thread).
+struct ClassModel {
+  LaneLimits limits{.queue_depth = 128, .quantum = kMiB};
+  LaneLoad l;
+  std::vector<bool> queue;  // in issue order: true for a read
+  std::size_t reads_done = 0, writes_done = 0;
+  std::size_t max_writes_ahead = 0;  // writes in flight when a read was issued, at most
+
+  // Fills free slots as the worker does; returns the classes issued.
+  std::vector<OpClass> fill() {
+    std::vector<OpClass> out;
+    for (;;) {
+      const Shares sh = shares(limits, 1);
+      const Free free{limits.queue_depth - l.inflight, 16};
+      if (!may_issue(l, sh, free, reserve(limits))) return out;
+      const OpClass c = pick_class(l, sh);
+      const bool read = c == OpClass::Read;
+      if (read) max_writes_ahead = std::max(max_writes_ahead, l.inflight - l.reads_inflight);
+      charge(l, 256 << 10, false, read);
+      queue.push_back(read);
+      out.push_back(c);
+    }
+  }
+  void complete_one() {
+    const bool read = queue.front();
+    queue.erase(queue.begin());
+    discharge(l, 256 << 10, false, read);
+    (read ? reads_done : writes_done)++;
+  }
+};
+
+TEST(Lanes, ReadsGoAheadOfQueuedWrites) {
+  ClassModel m;
+  m.l.waiting = 1;  // a stream of writes, alone
+  m.fill();
+  EXPECT_EQ(m.l.inflight, 112u);  // the whole share
+  // Reads arrive: the first is issued at once (the share is full: after one completion),
+  // and no write is issued until the writes are below their floor.
+  m.l.waiting = 2;
+  m.l.reads_waiting = 1;
+  EXPECT_TRUE(m.fill().empty());
+  std::size_t writes_issued = 0;
+  for (int i = 0; i < 105; ++i) {
+    m.complete_one();
+    for (OpClass c : m.fill()) writes_issued += c == OpClass::Write ? 1 : 0;
+  }
+  EXPECT_EQ(writes_issued, 0u);  // 105 writes done, 7 still in flight: none refilled
+  EXPECT_EQ(m.l.inflight - m.l.reads_inflight, 7u);
+  // From here on a read waits in the device behind at most the writes' floor.
+  m.max_writes_ahead = 0;
+  for (int i = 0; i < 10000; ++i) {
+    m.complete_one();
+    m.fill();
+  }
+  EXPECT_LE(m.max_writes_ahead, write_floor(shares(m.limits, 1)).requests);
+}
+
+TEST(Lanes, WritesAreNeverStarvedByReads) {
+  ClassModel m;
+  m.l.waiting = 2;  // reads and writes both waiting, always
+  m.l.reads_waiting = 1;
+  m.fill();
+  const Shares f = write_floor(shares(m.limits, 1));
+  EXPECT_EQ(m.l.inflight, 112u);
+  EXPECT_EQ(m.l.inflight - m.l.reads_inflight, f.requests);  // the floor is theirs at once
+  for (int i = 0; i < 100000; ++i) {
+    m.complete_one();
+    m.fill();
+    ASSERT_GE(m.l.inflight - m.l.reads_inflight + 1, f.requests) << i;  // at most one slot short, refilled
+  }
+  // A bounded share below: writes get floor/share of the completions, reads the rest.
+  const double share = double(m.writes_done) / double(m.writes_done + m.reads_done);
+  EXPECT_NEAR(share, double(f.requests) / 112.0, 0.01);
+  EXPECT_GT(m.reads_done, 10 * m.writes_done);
+}
+
+TEST(Lanes, ClassesKeepTheNewcomerReserve) {
+  // A lane of writes and reads holding its share leaves the reserve to a newcomer lane.
+  const LaneLimits limits{.queue_depth = 32, .quantum = kMiB};
+  const Shares sh = shares(limits, 1);
+  LaneLoad busy;
+  busy.waiting = 2;
+  busy.reads_waiting = 1;
+  busy.inflight = 28;
+  busy.inflight_bytes = 28 * kMiB;
+  busy.reads_inflight = 27;
+  busy.read_bytes = 27 * kMiB;
+  const Free free{4, 16};
+  EXPECT_FALSE(may_issue(busy, sh, free, reserve(limits)));
+  LaneLoad newcomer;
+  newcomer.waiting = 1;
+  newcomer.reads_waiting = 1;
+  EXPECT_TRUE(may_issue(newcomer, shares(limits, 2), free, reserve(limits)));
 }
 
 }  // namespace
