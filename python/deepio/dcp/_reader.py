@@ -57,8 +57,6 @@ import errno
 import functools
 import io
 import os
-import queue
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -67,11 +65,11 @@ import torch
 from .. import _deepio
 from .._errors import CorruptFileError
 from .._file import File, Future
-from ..checkpoint._filling import _crc32
 from ..checkpoint._zip import _MemoryFile
-from . import _owner, _record
+from . import _crc, _owner, _record
 from . import _torchapi as T
 from ._common import side_by_side
+from ._handover import _OnCaller, _OneAtATime
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -85,110 +83,6 @@ TAIL_BYTES = 4096
 def _engine_reads_cuda() -> bool:
     """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
     return bool(_deepio.gpu_info().get("cuda_found"))
-
-
-#: Bytes of a CUDA destination copied back to the host at a time for its CRC-32.
-CRC_CHUNK_BYTES = 64 << 20
-
-
-class _OnCaller:
-    """Runs the submissions of reads into CUDA memory on the thread that called ``read_data``,
-    so that the event each one records (on ``torch.cuda.current_stream()``, the binding's
-    ordering after the destination's producer: docs/gpu.md) is recorded on the caller's current
-    stream, from the caller's thread; torch's current stream is per thread. On that thread
-    ``run(fn)`` calls ``fn`` at once; on another (a folder's reading thread) it hands ``fn`` to
-    ``serve``, which the calling thread runs while the others read, and waits for its result.
-    Once ``serve`` stopped (Ctrl-C), ``run`` raises instead of waiting."""
-
-    def __init__(self) -> None:
-        self._caller = threading.get_ident()
-        self._jobs: queue.Queue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        if threading.get_ident() == self._caller:
-            return fn()
-        slot: list[Any] = [None, None]  # (result, exception)
-        done = threading.Event()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
-            self._jobs.put((fn, slot, done))
-        done.wait()
-        if slot[1] is not None:
-            raise slot[1]
-        return slot[0]
-
-    def ended(self) -> None:
-        """A reading thread is done (called once by each, however it ended)."""
-        self._jobs.put(None)
-
-    def serve(self, threads: int) -> None:
-        """On the calling thread: runs what ``run`` hands over until ``threads`` threads ended."""
-        try:
-            while threads:
-                job = self._jobs.get()
-                if job is None:
-                    threads -= 1
-                    continue
-                fn, slot, done = job
-                try:
-                    slot[0] = fn()
-                except BaseException as e:  # the reading thread raises it
-                    slot[1] = e
-                done.set()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stops taking hand-overs: what is queued, and any later ``run`` from another
-        thread, raises RuntimeError (also where ``serve`` never ran: a reading thread that
-        started while a later one failed to)."""
-        with self._lock:
-            self._closed = True
-        while True:  # refuse what is still queued: nobody will run it
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job[1][1] = RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
-                job[2].set()
-
-
-class _OneAtATime:
-    """A load planner as the folders' reading threads share it: each call it gets
-    (``resolve_tensor``, ``commit_tensor``, ``load_bytes``) runs under one lock, so a planner
-    sees one call at a time, as under torch's own reader."""
-
-    def __init__(self, planner: Any) -> None:
-        self._planner = planner
-        self._lock = threading.Lock()
-
-    def resolve_tensor(self, req: Any) -> Any:
-        with self._lock:
-            return self._planner.resolve_tensor(req)
-
-    def commit_tensor(self, req: Any, tensor: Any) -> None:
-        with self._lock:
-            self._planner.commit_tensor(req, tensor)
-
-    def load_bytes(self, req: Any, value: Any) -> None:
-        with self._lock:
-            self._planner.load_bytes(req, value)
-
-
-def _crc_of(t: torch.Tensor) -> int:
-    """The CRC-32 of a contiguous tensor's bytes: in place for host memory, CUDA memory copied
-    back ``CRC_CHUNK_BYTES`` at a time (the read is complete for every stream: docs/gpu.md)."""
-    flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    if not flat.is_cuda:
-        return int(_crc32(memoryview(cast(Any, flat.numpy())))) & 0xFFFFFFFF
-    crc = 0
-    for at in range(0, flat.numel(), CRC_CHUNK_BYTES):
-        crc = _crc32(memoryview(cast(Any, flat[at : at + CRC_CHUNK_BYTES].cpu().numpy())), crc)
-    return int(crc) & 0xFFFFFFFF
 
 
 def _crc_message(req: Any, what: str, stored: int, got: int) -> str:
@@ -232,6 +126,7 @@ class FileSystemReader(T.FileSystemReader):
         self.verify_crc = bool(verify_crc)
         self._owner: _owner.Owner | None = None
         self._on_caller = _OnCaller()
+        self._sums = _crc.Sums()
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -291,11 +186,15 @@ class FileSystemReader(T.FileSystemReader):
         for relative_path, reqs in per_file.items():
             path = paths[relative_path]
             per_folder.setdefault(os.path.dirname(path), []).append((path, reqs))
-        if len(per_folder) > 1:  # several drives (extra_paths): all at once
-            self._read_folders(list(per_folder.values()), planner)
-        else:
-            for path, reqs in next(iter(per_folder.values()), []):
-                self._read_file(path, reqs, planner)
+        self._sums = _crc.Sums()  # this load's CRC threads
+        try:
+            if len(per_folder) > 1:  # several drives (extra_paths): all at once
+                self._read_folders(list(per_folder.values()), planner)
+            else:
+                for path, reqs in next(iter(per_folder.values()), []):
+                    self._read_file(path, reqs, planner)
+        finally:
+            self._sums.close()
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut
@@ -403,34 +302,29 @@ class FileSystemReader(T.FileSystemReader):
         CUDA memory too, through the same file and engine, submitted on the caller's thread); every
         other item whole into host memory. Every read is waited for before anything is
         raised; with ``verify_crc`` each stored record read is checked against its CRC-32
-        before any of the batch's items is committed."""
+        before any of the batch's items is committed, the CRC-32s computed on the load's
+        threads (``_crc.Sums``) as the reads land, beside the later reads."""
         whole: dict[Any, torch.Tensor] = {}  # storage_index -> the item's bytes
         ends: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # storage_index -> (head, tail)
-        reads: list[tuple[Future, Any, int]] = []
-        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, reads))
+        checks: dict[Any, Any] = {}  # storage_index -> future _record.bad_record of an item read whole
+        reads: list[tuple[Future, Any, int, Callable[[], None] | None]] = []
+        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, checks, reads))
         self._collect(path, reads, first)
-        direct: list[tuple[Any, torch.Tensor, int]] = []  # (request, destination, CRC-32 to match)
+        direct: list[tuple[Any, torch.Tensor, _crc.Record | None]] = []  # (request, destination, its check)
         device = lambda: f  # noqa: E731 - _start_pieces takes the file for CUDA reads lazily
         first = self._submitting(
-            reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads, device)
+            reads, lambda: self._start_pieces(f, reqs, ends, whole, checks, direct, planner, reads, device)
         )
-        checks = {id(req): (target, crc) for req, target, crc in direct if crc} if self.verify_crc else {}
-
-        def check(req: Any) -> BaseException | None:
-            # Each destination's CRC-32 as soon as its read is done, while later reads run.
-            target, crc = checks.get(id(req), (None, 0))
-            got = _crc_of(target) if target is not None else crc
-            return CorruptFileError(path, _crc_message(req, "the tensor's data", crc, got)) if got != crc else None
-
-        self._collect(path, reads, first, check if checks else None)
-        if self.verify_crc:
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if req.storage_index in whole and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
-                    raw = whole[req.storage_index]
-                    bad = _record.bad_record(raw.numpy() if raw.numel() else b"", _crc32)
-                    if bad is not None:
-                        raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
+        self._collect(path, reads, first)
+        for req, _, rec in direct:
+            got = rec.crc() if rec is not None else 0
+            if rec is not None and got != rec.expected:
+                raise CorruptFileError(path, _crc_message(req, "the tensor's data", rec.expected, got))
+        for req in reqs:
+            check = checks.pop(req.storage_index, None)
+            bad = check.result() if check is not None else None
+            if bad is not None:
+                raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
         for req, target, _ in direct:
             planner.commit_tensor(req, target)
         done = {id(req) for req, _, _ in direct}
@@ -446,11 +340,51 @@ class FileSystemReader(T.FileSystemReader):
             return e
         return None
 
-    def _read(self, f: File, reads: list[Any], buf: torch.Tensor, at: int, req: Any) -> None:
+    def _read(
+        self, f: File, reads: list[Any], buf: torch.Tensor, at: int, req: Any, landed: Callable[[], None] | None = None
+    ) -> None:
         if buf.nbytes:
-            reads.append((f.pread(buf, at), req, at))
+            reads.append((f.pread(buf, at), req, at, landed))
 
-    def _start_ends(self, f: File, reqs: list[Any], whole: dict, ends: dict, reads: list[Any]) -> None:
+    def _read_whole(self, f: File, reads: list[Any], req: Any, whole: dict, checks: dict) -> None:
+        """Reads ``req``'s item whole into host memory; with ``verify_crc`` its records'
+        CRC-32s (``_record.bad_record``) start on the load's threads once it landed (tensor
+        items without stream extensions)."""
+        info = self.storage_data[req.storage_index]
+        buf = whole[req.storage_index] = torch.empty(info.length, dtype=torch.uint8)
+        landed = None
+        if self.verify_crc and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
+
+            def landed() -> None:
+                checks[req.storage_index] = self._sums.submit(
+                    functools.partial(_record.bad_record, buf.numpy(), _crc.crc32)
+                )
+
+        self._read(f, reads, buf, info.offset, req, landed)
+
+    def _read_checked(
+        self, f: File, reads: list[Any], req: Any, segments: list[tuple[torch.Tensor, int]], expected: int
+    ) -> _crc.Record:
+        """Reads ``segments`` ([(flat uint8 tensor, file offset)]: one stored record's bytes
+        in its order) in ``_crc.PIECE_BYTES`` requests (a CUDA tensor in one, submitted on the
+        caller's thread), each piece's CRC-32 started as soon as it landed; returns the
+        record's check."""
+        step = max(1, _crc.PIECE_BYTES)
+        pieces = [
+            (buf[lo : lo + (buf.numel() if buf.is_cuda else step)], at + lo)
+            for buf, at in segments
+            for lo in range(0, buf.numel(), buf.numel() if buf.is_cuda else step)
+        ]
+        rec = self._sums.record(len(pieces), expected)
+        for k, (piece, at) in enumerate(pieces):
+            landed = functools.partial(rec.landed, k, piece)
+            if piece.is_cuda:
+                self._on_caller.run(functools.partial(self._read, f, reads, piece, at, req, landed))
+            else:
+                self._read(f, reads, piece, at, req, landed)
+        return rec
+
+    def _start_ends(self, f: File, reqs: list[Any], whole: dict, ends: dict, checks: dict, reads: list[Any]) -> None:
         for req in reqs:
             idx = req.storage_index
             if idx in whole or idx in ends:
@@ -458,8 +392,7 @@ class FileSystemReader(T.FileSystemReader):
             info = self.storage_data[idx]
             large = info.length > HEAD_BYTES + TAIL_BYTES
             if req.type == T.LoadItemType.BYTE_IO or info.transform_descriptors or not large:
-                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
-                self._read(f, reads, whole[idx], info.offset, req)
+                self._read_whole(f, reads, req, whole, checks)
                 continue
             head, tail = torch.empty(HEAD_BYTES, dtype=torch.uint8), torch.empty(TAIL_BYTES, dtype=torch.uint8)
             ends[idx] = (head, tail)
@@ -472,6 +405,7 @@ class FileSystemReader(T.FileSystemReader):
         reqs: list[Any],
         ends: dict,
         whole: dict,
+        checks: dict,
         direct: list[Any],
         planner: Any,
         reads: list[Any],
@@ -488,27 +422,30 @@ class FileSystemReader(T.FileSystemReader):
                 continue
             info = self.storage_data[idx]
             target = self._destination(req, lay, planner)
-            if (
-                target is not None
-                and self.verify_crc
-                and lay is not None
-                and lay.crc
-                and target[0].nbytes != lay.data_nbytes
-            ):
-                # A part of the stored tensor: its CRC-32 covers all of it, which this load
-                # would not read. Read the item whole, checked, and copy the part.
-                target = None
-            if target is not None:
-                dest, at = target[0], info.offset + target[1]
-                direct.append((req, dest, lay.crc if lay is not None else 0))
+            if target is None:
+                self._read_whole(f, reads, req, whole, checks)
+                continue
+            assert lay is not None
+            dest, at = target
+            g = on_device() if dest.is_cuda else f
+            if not (self.verify_crc and lay.crc):
+                direct.append((req, dest, None))
                 if dest.is_cuda:
-                    g = on_device()
-                    self._on_caller.run(functools.partial(self._read, g, reads, dest, at, req))
+                    self._on_caller.run(functools.partial(self._read, g, reads, dest, info.offset + at, req))
                 else:
-                    self._read(f, reads, dest, at, req)
-            else:
-                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
-                self._read(f, reads, whole[idx], info.offset, req)
+                    self._read(f, reads, dest, info.offset + at, req)
+                continue
+            # The record's CRC-32 covers all its bytes: those of the piece land in the
+            # destination, the others (a resharded load's part of a stored tensor) in scratch
+            # memory; the pieces' CRC-32s are combined (_crc.Record).
+            flat = _crc.flat_bytes(dest)
+            start, end = lay.data_start, lay.data_start + lay.data_nbytes
+            before = torch.empty(at - start, dtype=torch.uint8)
+            after = torch.empty(end - at - flat.numel(), dtype=torch.uint8)
+            o = info.offset
+            segments = [(before, o + start), (flat, o + at), (after, o + at + flat.numel())]
+            rec = self._read_checked(g, reads, req, segments, lay.crc)
+            direct.append((req, dest, rec))
 
     @staticmethod
     def _destination(req: Any, lay: _record.Layout | None, planner: Any) -> tuple[torch.Tensor, int] | None:
@@ -533,16 +470,11 @@ class FileSystemReader(T.FileSystemReader):
         return (target, where[0]) if fits else None
 
     @staticmethod
-    def _collect(
-        path: str,
-        reads: list[tuple[Future, Any, int]],
-        first: BaseException | None,
-        check: Callable[[Any], BaseException | None] | None = None,
-    ) -> None:
-        """Waits for every read of ``reads`` (emptied, in order) and raises ``first``, a read's
-        error, ``CorruptFileError`` for a short read or what ``check(request)`` returns, called
-        once each read is complete while nothing failed yet."""
-        for fut, req, at in reads:
+    def _collect(path: str, reads: list[Any], first: BaseException | None) -> None:
+        """Waits for every read of ``reads`` ((future, request, offset[, landed]), emptied, in
+        order) and raises ``first``, a read's error or ``CorruptFileError`` for a short read;
+        ``landed()`` is called once its read is complete while nothing failed yet."""
+        for fut, req, at, *rest in reads:
             try:
                 got = fut.result()
             except BaseException as e:
@@ -553,8 +485,11 @@ class FileSystemReader(T.FileSystemReader):
                     path,
                     f"truncated: item {_item_name(req)}: only {got} of the {fut.nbytes} bytes at {at} could be read",
                 )
-            elif check is not None and first is None:
-                first = check(req)
+            elif rest and rest[0] is not None and first is None:
+                try:
+                    rest[0]()
+                except BaseException as e:
+                    first = e
         reads.clear()
         if first is not None:
             raise first
