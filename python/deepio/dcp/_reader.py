@@ -77,6 +77,9 @@ READ_BATCH_BYTES = 256 << 20
 #: at most both is read whole.
 HEAD_BYTES = 4096
 TAIL_BYTES = 4096
+#: Tensor items of at most this many bytes are read whole at once (one request, no second
+#: round trip for their layout), their piece copied into the destination from there.
+WHOLE_BYTES = 1 << 20
 
 
 @functools.cache
@@ -306,14 +309,17 @@ class FileSystemReader(T.FileSystemReader):
         threads (``_crc.Sums``) as the reads land, beside the later reads."""
         whole: dict[Any, torch.Tensor] = {}  # storage_index -> the item's bytes
         ends: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # storage_index -> (head, tail)
-        checks: dict[Any, Any] = {}  # storage_index -> future _record.bad_record of an item read whole
+        # storage_index -> an item read whole: its layout (None: torch.load rebuilds it), and the
+        # future result of its check (_record.bad_layout, or bad_record where no layout)
+        laid: dict[Any, _record.Layout | None] = {}
+        checks: dict[Any, Any] = {}
         reads: list[tuple[Future, Any, int, Callable[[], None] | None]] = []
-        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, checks, reads))
+        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, laid, checks, reads))
         self._collect(path, reads, first)
         direct: list[tuple[Any, torch.Tensor, _crc.Record | None]] = []  # (request, destination, its check)
         device = lambda: f  # noqa: E731 - _start_pieces takes the file for CUDA reads lazily
         first = self._submitting(
-            reads, lambda: self._start_pieces(f, reqs, ends, whole, checks, direct, planner, reads, device)
+            reads, lambda: self._start_pieces(f, path, reqs, ends, whole, laid, checks, direct, planner, reads, device)
         )
         self._collect(path, reads, first)
         for req, _, rec in direct:
@@ -346,19 +352,28 @@ class FileSystemReader(T.FileSystemReader):
         if buf.nbytes:
             reads.append((f.pread(buf, at), req, at, landed))
 
-    def _read_whole(self, f: File, reads: list[Any], req: Any, whole: dict, checks: dict) -> None:
-        """Reads ``req``'s item whole into host memory; with ``verify_crc`` its records'
-        CRC-32s (``_record.bad_record``) start on the load's threads once it landed (tensor
-        items without stream extensions)."""
+    def _read_whole(self, f: File, reads: list[Any], req: Any, whole: dict, laid: dict, checks: dict) -> None:
+        """Reads ``req``'s item whole into host memory. Once a tensor item (without stream
+        extensions) landed, its layout is read (``_record.layout``: ``laid``) and, with
+        ``verify_crc``, its records' CRC-32s start on the load's threads (``checks``):
+        data.pkl's and the storage's, or every record's where it has no layout."""
         info = self.storage_data[req.storage_index]
         buf = whole[req.storage_index] = torch.empty(info.length, dtype=torch.uint8)
         landed = None
-        if self.verify_crc and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
+        if req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
 
             def landed() -> None:
-                checks[req.storage_index] = self._sums.submit(
-                    functools.partial(_record.bad_record, buf.numpy(), _crc.crc32)
+                raw = buf.numpy()
+                lay = laid[req.storage_index] = _record.layout(
+                    raw[:HEAD_BYTES].tobytes(), raw[-TAIL_BYTES:].tobytes(), info.length
                 )
+                if self.verify_crc:
+                    check = (
+                        functools.partial(_record.bad_layout, lay, raw, _crc.crc32)
+                        if lay is not None
+                        else functools.partial(_record.bad_record, raw, _crc.crc32)
+                    )
+                    checks[req.storage_index] = self._sums.submit(check)
 
         self._read(f, reads, buf, info.offset, req, landed)
 
@@ -384,15 +399,17 @@ class FileSystemReader(T.FileSystemReader):
                 self._read(f, reads, piece, at, req, landed)
         return rec
 
-    def _start_ends(self, f: File, reqs: list[Any], whole: dict, ends: dict, checks: dict, reads: list[Any]) -> None:
+    def _start_ends(
+        self, f: File, reqs: list[Any], whole: dict, ends: dict, laid: dict, checks: dict, reads: list[Any]
+    ) -> None:
         for req in reqs:
             idx = req.storage_index
             if idx in whole or idx in ends:
                 continue
             info = self.storage_data[idx]
-            large = info.length > HEAD_BYTES + TAIL_BYTES
+            large = info.length > max(WHOLE_BYTES, HEAD_BYTES + TAIL_BYTES)
             if req.type == T.LoadItemType.BYTE_IO or info.transform_descriptors or not large:
-                self._read_whole(f, reads, req, whole, checks)
+                self._read_whole(f, reads, req, whole, laid, checks)
                 continue
             head, tail = torch.empty(HEAD_BYTES, dtype=torch.uint8), torch.empty(TAIL_BYTES, dtype=torch.uint8)
             ends[idx] = (head, tail)
@@ -402,9 +419,11 @@ class FileSystemReader(T.FileSystemReader):
     def _start_pieces(
         self,
         f: File,
+        path: str,
         reqs: list[Any],
         ends: dict,
         whole: dict,
+        laid: dict,
         checks: dict,
         direct: list[Any],
         planner: Any,
@@ -415,15 +434,23 @@ class FileSystemReader(T.FileSystemReader):
             idx: _record.layout(h.numpy().tobytes(), t.numpy().tobytes(), self.storage_data[idx].length)
             for idx, (h, t) in ends.items()
         }
+        for idx, lay in layouts.items() if self.verify_crc else ():
+            bad = _record.bad_pkl(lay, ends[idx][0].numpy(), _crc.crc32) if lay is not None else None
+            if bad is not None:
+                req = next(r for r in reqs if r.storage_index == idx)
+                raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
         for req in reqs:
             idx = req.storage_index
+            if idx in whole:
+                self._copy_piece(req, whole[idx], laid.get(idx), direct, planner)
+                continue
             lay = layouts.get(idx)
-            if idx in whole or idx not in layouts:
+            if idx not in layouts:
                 continue
             info = self.storage_data[idx]
             target = self._destination(req, lay, planner)
             if target is None:
-                self._read_whole(f, reads, req, whole, checks)
+                self._read_whole(f, reads, req, whole, laid, checks)
                 continue
             assert lay is not None
             dest, at = target
@@ -446,6 +473,25 @@ class FileSystemReader(T.FileSystemReader):
             segments = [(before, o + start), (flat, o + at), (after, o + at + flat.numel())]
             rec = self._read_checked(g, reads, req, segments, lay.crc)
             direct.append((req, dest, rec))
+
+    def _copy_piece(
+        self, req: Any, buf: torch.Tensor, lay: _record.Layout | None, direct: list[Any], planner: Any
+    ) -> None:
+        """Where the piece ``req`` wants of an item read whole (``buf``) is one run of bytes
+        and its destination fits (``_destination``), copies it there (into CUDA memory on the
+        caller's thread) and lists it in ``direct``; else leaves it to torch.load
+        (``_load_item``). The item's check is its own (``_read_whole``)."""
+        target = self._destination(req, lay, planner) if lay is not None else None
+        if target is None:
+            return
+        dest, at = target
+        flat = _crc.flat_bytes(dest)
+        src = buf[at : at + flat.numel()]
+        if dest.is_cuda:
+            self._on_caller.run(functools.partial(flat.copy_, src))
+        else:
+            flat.copy_(src)
+        direct.append((req, dest, None))
 
     @staticmethod
     def _destination(req: Any, lay: _record.Layout | None, planner: Any) -> tuple[torch.Tensor, int] | None:

@@ -38,6 +38,10 @@ class Layout(NamedTuple):
     data_start: int  # the storage's first byte, from the item's start
     data_nbytes: int
     crc: int = 0  # the CRC-32 the zip records for the storage's bytes (0: none recorded)
+    record: str = ""  # the storage's record's name in the zip
+    pkl_start: int = 0  # data.pkl's bytes, from the item's start (in ``head``)
+    pkl_nbytes: int = 0
+    pkl_crc: int = 0  # the CRC-32 the zip records for data.pkl (0: none recorded)
 
 
 class _Sparse(_Seekable):
@@ -135,7 +139,9 @@ def layout(head: bytes, tail: bytes, length: int) -> Layout | None:
         nbytes = storage.numel * torch.empty((), dtype=storage.dtype).element_size()
         if rec.file_size != nbytes or data + nbytes > length:
             return None
-        return Layout(storage.dtype, size, stride, offset, data, nbytes, rec.CRC)
+        return Layout(
+            storage.dtype, size, stride, offset, data, nbytes, rec.CRC, rec.filename, start, pkl.file_size, pkl.CRC
+        )
     except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, EOFError):
         return None
 
@@ -164,6 +170,27 @@ def bad_record(item: Any, crc32: Any) -> tuple[str, int, int] | None:
         if start + info.file_size > len(view) or got != info.CRC:
             return info.filename, info.CRC, got
     return None
+
+
+def bad_pkl(lay: Layout, head: Any, crc32: Any) -> tuple[str, int, int] | None:
+    """As ``bad_record`` for the data.pkl record of ``lay``'s item, from ``head`` (the item's
+    first bytes, as ``layout`` was given them): the pickle that says which bytes are the
+    tensor's, checked where the tensor's bytes are read straight into a destination."""
+    if not lay.pkl_crc:
+        return None
+    got = crc32(memoryview(head).cast("B")[lay.pkl_start : lay.pkl_start + lay.pkl_nbytes]) & 0xFFFFFFFF
+    return None if got == lay.pkl_crc else ("data.pkl", lay.pkl_crc, got)
+
+
+def bad_layout(lay: Layout, item: Any, crc32: Any) -> tuple[str, int, int] | None:
+    """As ``bad_record`` for a whole item whose layout is ``lay``: its data.pkl and its
+    storage's record (``item``: the item's bytes), without parsing the zip again."""
+    view = memoryview(item).cast("B")
+    bad = bad_pkl(lay, view, crc32)
+    if bad is not None or not lay.crc:
+        return bad
+    got = crc32(view[lay.data_start : lay.data_start + lay.data_nbytes]) & 0xFFFFFFFF
+    return None if got == lay.crc else (lay.record, lay.crc, got)
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
