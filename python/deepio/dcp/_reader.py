@@ -489,8 +489,8 @@ class FileSystemReader(T.FileSystemReader):
         src = buf[at : at + flat.numel()]
         if dest.is_cuda:
             self._on_caller.run(functools.partial(flat.copy_, src))
-        else:
-            flat.copy_(src)
+        elif flat.numel():  # a memcpy: torch's copy_ of as many uint8 elements would start its threads
+            flat.numpy()[:] = src.numpy()
         direct.append((req, dest, None))
 
     @staticmethod
