@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 
 import deepio  # noqa: E402
 import deepio.dcp  # noqa: E402
-from deepio.dcp import _crc, _record  # noqa: E402
+from deepio.dcp import _crc, _reader, _record  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -157,9 +157,16 @@ def _copy(saved, tmp_dir: Path) -> Path:
 ROWS = [(0, 512), (0, 100), (100, 300), (411, 512), (7, 8)]
 
 
-@pytest.mark.parametrize("piece_bytes", [16 << 20, 4096, 12345])
+# The stored item read whole and the piece copied from there (items up to WHOLE_BYTES), or
+# its first and last bytes read, then the piece straight into its destination and the rest
+# of the record into scratch, in pieces of PIECE_BYTES.
+ROUTES = [(1 << 20, 16 << 20), (0, 16 << 20), (0, 4096), (0, 12345)]
+
+
+@pytest.mark.parametrize(("whole_bytes", "piece_bytes"), ROUTES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_full_and_partial_loads_read_the_right_bytes(saved, tmp_dir, monkeypatch, rows, piece_bytes):
+def test_full_and_partial_loads_read_the_right_bytes(saved, tmp_dir, monkeypatch, rows, whole_bytes, piece_bytes):
+    monkeypatch.setattr(_reader, "WHOLE_BYTES", whole_bytes)
     monkeypatch.setattr(_crc, "PIECE_BYTES", piece_bytes)
     main = _copy(saved, tmp_dir)
     for verify in (True, False):
@@ -177,12 +184,14 @@ def _where(data_nbytes: int, rows: tuple[int, int], rng: random.Random) -> list[
     return sorted(x for x in out if 0 <= x < data_nbytes)
 
 
-@pytest.mark.parametrize("piece_bytes", [16 << 20, 8192])
+@pytest.mark.parametrize(("whole_bytes", "piece_bytes"), ROUTES[:3])
 @pytest.mark.parametrize("rows", ROWS)
-def test_a_flipped_byte_anywhere_in_the_record_is_caught(saved, tmp_dir, monkeypatch, rows, piece_bytes):
+def test_a_flipped_byte_anywhere_in_the_record_is_caught(saved, tmp_dir, monkeypatch, rows, whole_bytes, piece_bytes):
     """Full loads and partial ones (where the byte lies in the piece read or in the rest of
     the record, read to check it): CorruptFileError naming the file and the item; with
-    verify_crc=False a byte outside the piece goes unread and the piece loads."""
+    verify_crc=False a byte outside the piece goes unread (where the item is not read whole)
+    and the piece loads."""
+    monkeypatch.setattr(_reader, "WHOLE_BYTES", whole_bytes)
     monkeypatch.setattr(_crc, "PIECE_BYTES", piece_bytes)
     main = _copy(saved, tmp_dir)
     path, start, nbytes = _data_range(main, "t")
@@ -263,6 +272,27 @@ def test_many_records_small_and_large_on_the_loads_threads(tmp_dir, monkeypatch,
     out = _zeros(sd)
     dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(main))
     assert torch.equal(out["l2"], sd["l2"])
+
+
+@pytest.mark.parametrize("whole_bytes", [1 << 20, 0])
+def test_a_flipped_byte_in_data_pkl_is_caught(saved, tmp_dir, monkeypatch, whole_bytes):
+    """data.pkl says which bytes are the tensor's: a flipped byte in it (every seventh byte
+    tried) is refused, where the item is read whole and where only its first and last bytes
+    are read before the piece goes straight into its destination."""
+    monkeypatch.setattr(_reader, "WHOLE_BYTES", whole_bytes)
+    main = _copy(saved, tmp_dir)
+    path, offset, length = _places(main)["t"]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        item = f.read(length)
+    lay = _record.layout(item[:4096], item[-4096:], length)
+    assert lay is not None and lay.pkl_crc and lay.pkl_nbytes > 50
+    for at in range(lay.pkl_start, lay.pkl_start + lay.pkl_nbytes, 7):
+        _flip(path, offset + at)
+        with pytest.raises(deepio.CorruptFileError) as e:
+            _load_rows(main, (0, 100))
+        assert "item 't'" in str(e.value) and "CRC-32" in str(e.value), at
+        _flip(path, offset + at)
 
 
 def test_the_pool_is_stopped_after_each_load(saved, tmp_dir):
