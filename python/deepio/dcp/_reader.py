@@ -12,24 +12,32 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
 - a file shorter than an item's range is refused before anything is read, and a read that
   comes back short after that, with ``deepio.CorruptFileError`` naming the file, the item's
   fully qualified name and the byte range;
-- a tensor item of more than ``HEAD_BYTES + TAIL_BYTES`` has those first and last bytes read
-  (torch.save's local headers, data.pkl and zip directory: ``_record.layout``); where the
-  requested piece is one run of the stored bytes (``_record.piece``: the whole tensor, whole
-  rows) and the destination a contiguous tensor of the stored dtype and the piece's shape, in
-  host memory or in CUDA memory (where the engine found the CUDA driver), the piece is read
-  straight into the destination: no copy, no torch.load. CUDA memory is read through
+- a tensor item of at most ``WHOLE_BYTES`` is read whole in one request and its layout read
+  from its first and last bytes as it lands; a larger one has its first ``HEAD_BYTES`` and
+  last ``TAIL_BYTES`` read (torch.save's local headers, data.pkl and zip directory:
+  ``_record.layout``); where the requested piece is one run of the stored bytes
+  (``_record.piece``: the whole tensor, whole rows) and the destination a contiguous tensor
+  of the stored dtype and the piece's shape, in host memory or in CUDA memory (where the
+  engine found the CUDA driver), the piece is copied from the item read whole, or read
+  straight into the destination: no torch.load. CUDA memory is read through
   the same engine as host memory (the given handle or the default engine; GPUDirect Storage
   where the engine's device route finds it usable, else its staging pipeline), the read submitted
   on the thread that called ``read_data`` (``_OnCaller``), so that its ordering event is
   recorded on that thread's current stream;
 - with ``verify_crc`` (the default) each stored record read is checked against the CRC-32 its
-  zip records, before the batch's items reach the planner: every record of an item read
-  whole; the tensor's record of a piece read straight into its destination (CUDA memory
-  copied back in ``CRC_CHUNK_BYTES`` pieces); a piece that is part of its record is read as
-  an item read whole instead. A mismatch is ``deepio.CorruptFileError`` naming the file and
-  the item. Records without a CRC-32 (0), bytes items and stream extensions are not checked;
-- every other item (small ones, bytes items, column pieces, transposed tensors, other device
-  or other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
+  zip records, before the batch's items reach the planner, on the load's pool of threads
+  (``_crc.Sums``) as the reads land: an item read whole, its data.pkl and storage records
+  (``_record.bad_layout``; every record, ``_record.bad_record``, where it has no layout); a
+  piece read straight into its destination, its data.pkl (from the first bytes read) and its
+  storage's record, read in ``_crc.PIECE_BYTES`` requests whose CRC-32s are combined
+  (``_read_checked``; CUDA memory in one request, copied back for its CRC-32); a piece that
+  is part of its record (a resharded load's rows) goes into its destination and the rest of
+  the record into scratch host memory, all of it checked (the format has one CRC-32 per
+  record: docs/checkpoints.md). A mismatch is ``deepio.CorruptFileError`` naming the file
+  and the item. Records without a CRC-32 (0), bytes items and stream extensions are not
+  checked;
+- every other item (bytes items, column pieces, transposed tensors, other device or
+  other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
   a tensor record is rebuilt by ``torch.load`` (``weights_only=True``,
   ``map_location="cpu"``: torch's zip reader over the bytes read; no file I/O), narrowed to
   the requested piece and copied into the destination as torch does; a bytes item goes to
