@@ -13,8 +13,9 @@ few hundred Python operations, cached per length (a load's pieces share few leng
 ``Record`` per stored record checked: the record's bytes arrive as pieces, in several buffers
 (the destination, scratch for the bytes of a record a partial load does not want), each
 piece's CRC-32 is started on the pool once its read completed (``Record.landed``), and
-``Record.crc()`` combines them in the record's order. ``Sums.submit(fn)`` runs any other check
-(a whole item's ``_record.bad_record``) on the pool. Thread-safe: ``landed`` and ``submit`` may
+``Record.crc()`` combines them in the record's order. ``Sums.run(fn, nbytes)`` runs any other
+check (a whole item's ``_record.bad_layout``) on the pool; checks of at most ``INLINE_BYTES``
+run at once on the calling thread instead. Thread-safe: ``landed`` and ``submit`` may
 be called from any thread; one ``Record`` is filled and read by one thread.
 """
 
@@ -96,6 +97,10 @@ except ImportError:  # depends on what is installed (the "checkpoint" extra)
 PIECE_BYTES = 16 << 20
 #: Bytes of CUDA memory copied back to the host at a time for its CRC-32.
 CUDA_PIECE_BYTES = 64 << 20
+#: Host bytes checked at once on the calling thread rather than on the pool: handing a job
+#: over costs about what the CRC-32 of this many bytes does (and the GIL, twice). Read at
+#: each use.
+INLINE_BYTES = 256 << 10
 
 
 def threads() -> int:
@@ -134,7 +139,8 @@ class Record:
     def landed(self, n: int, piece: torch.Tensor) -> None:
         """Piece ``n`` (a flat uint8 tensor, host or CUDA memory) is read: its CRC-32 starts."""
         fn = _cuda_crc if piece.is_cuda else _host_crc
-        self._parts[n] = (piece.numel(), self._sums.submit(functools.partial(fn, piece)))
+        nbytes = piece.numel() if not piece.is_cuda else INLINE_BYTES + 1
+        self._parts[n] = (piece.numel(), self._sums.run(functools.partial(fn, piece), nbytes))
 
     def crc(self) -> int:
         """The record's CRC-32, once every piece landed (waits for the pool)."""
@@ -156,6 +162,18 @@ class Sums:
 
     def record(self, parts: int, expected: int) -> Record:
         return Record(self, parts, expected)
+
+    def run(self, fn: Callable[[], Any], nbytes: int) -> Future[Any]:
+        """``fn()`` (a check of ``nbytes`` bytes): at once on this thread where they are at
+        most ``INLINE_BYTES``, else on the pool; its future either way."""
+        if nbytes > INLINE_BYTES:
+            return self.submit(fn)
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn())
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         with self._lock:

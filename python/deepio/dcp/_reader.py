@@ -381,7 +381,7 @@ class FileSystemReader(T.FileSystemReader):
                         if lay is not None
                         else functools.partial(_record.bad_record, raw, _crc.crc32)
                     )
-                    checks[req.storage_index] = self._sums.submit(check)
+                    checks[req.storage_index] = self._sums.run(check, info.length)
 
         self._read(f, reads, buf, info.offset, req, landed)
 
