@@ -306,3 +306,42 @@ def test_the_pool_is_stopped_after_each_load(saved, tmp_dir):
     with pytest.raises(deepio.CorruptFileError):
         _load_rows(main, (0, 512))
     assert not [t for t in threading.enumerate() if t.name.startswith("deepio-dcp-crc")]
+
+
+@pytest.mark.parametrize("crc32", [True, False])
+def test_the_fast_directory_reading_gives_zipfiles_layout(monkeypatch, crc32):
+    """layout() reads torch's plain zip directories itself (_record._directory): the same
+    Layout as through zipfile, for tensors of many dtypes and shapes (empty, 0-dim, large
+    enough for a 64-byte-aligned record past 4 KiB of head), with and without torch's CRC-32s;
+    and the item sizes a load meets where the directory is not all in the tail."""
+    import io
+
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(crc32)
+    try:
+        g = torch.Generator().manual_seed(3)
+        tensors = [
+            torch.randn(17, 5, generator=g),
+            torch.tensor(3.0),
+            torch.empty(0, 4),
+            torch.arange(100, dtype=torch.int64),
+            torch.randn(3, 3, dtype=torch.float64, generator=g),
+            (torch.arange(10) % 3 == 0),
+            torch.randn(1 << 16, generator=g).bfloat16(),
+            torch.randn(512, 300, generator=g),
+        ]
+        for t in tensors:
+            b = io.BytesIO()
+            torch.save(t, b)
+            item = b.getvalue()
+            for h, tl in ((4096, 4096), (len(item), len(item)), (4096, 64)):
+                head, tail = item[:h], item[-tl:]
+                fast = _record.layout(head, tail, len(item))
+                monkeypatch.setattr(_record, "_FAST_DIRECTORY", False)
+                slow = _record.layout(head, tail, len(item))
+                monkeypatch.setattr(_record, "_FAST_DIRECTORY", True)
+                assert fast == slow, (t.dtype, tuple(t.shape), h, tl)
+                if tl >= 1024:
+                    assert _record._directory(tail, len(item)) is not None
+    finally:
+        torch.serialization.set_crc32_options(before)

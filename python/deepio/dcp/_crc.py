@@ -127,6 +127,21 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+class _Done:
+    """A check run at once: ``result()`` as a done Future's (a Future's set_result takes its
+    condition's lock and wakes waiters: 0.15 ms each under load, per small item)."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self._value, self._error = value, error
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class Record:
     """The CRC-32 of one stored record whose bytes arrive in ``parts`` pieces (numbered in the
     record's order, each given once to ``landed``)."""
@@ -168,12 +183,10 @@ class Sums:
         most ``INLINE_BYTES``, else on the pool; its future either way."""
         if nbytes > INLINE_BYTES:
             return self.submit(fn)
-        fut: Future[Any] = Future()
         try:
-            fut.set_result(fn())
-        except BaseException as e:
-            fut.set_exception(e)
-        return fut
+            return cast(Future, _Done(fn(), None))
+        except BaseException as e:  # raised by result(), as a pool job's would be
+            return cast(Future, _Done(None, e))
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         with self._lock:

@@ -394,9 +394,9 @@ class FileSystemReader(T.FileSystemReader):
         record's check."""
         step = max(1, _crc.PIECE_BYTES)
         pieces = [
-            (buf[lo : lo + (buf.numel() if buf.is_cuda else step)], at + lo)
+            (buf[lo : lo + (max(1, buf.numel()) if buf.is_cuda else step)], at + lo)
             for buf, at in segments
-            for lo in range(0, buf.numel(), buf.numel() if buf.is_cuda else step)
+            for lo in range(0, buf.numel(), max(1, buf.numel()) if buf.is_cuda else step)
         ]
         rec = self._sums.record(len(pieces), expected)
         for k, (piece, at) in enumerate(pieces):
