@@ -345,3 +345,26 @@ def test_the_fast_directory_reading_gives_zipfiles_layout(monkeypatch, crc32):
                     assert _record._directory(tail, len(item)) is not None
     finally:
         torch.serialization.set_crc32_options(before)
+
+
+def test_checks_run_at_once_or_on_the_pool_and_raise_as_their_job_did():
+    """Sums.run: a check of at most INLINE_BYTES runs on the calling thread, a larger one on
+    the pool; either way result() gives its value or raises its exception; close() waits."""
+    import threading
+
+    sums = _crc.Sums()
+    here = threading.get_ident()
+    try:
+        assert sums.run(threading.get_ident, 10).result() == here
+        assert sums.run(threading.get_ident, _crc.INLINE_BYTES + 1).result() != here
+        for n in (10, _crc.INLINE_BYTES + 1):
+            with pytest.raises(ZeroDivisionError):
+                sums.run(lambda: 1 // 0, n).result()
+        rec = sums.record(3, zlib.crc32(b"abcdefgh"))
+        for k, part in enumerate((b"abc", b"", b"defgh")):
+            rec.landed(
+                k, torch.frombuffer(bytearray(part), dtype=torch.uint8) if part else torch.empty(0, dtype=torch.uint8)
+            )
+        assert rec.crc() == rec.expected
+    finally:
+        sums.close()
