@@ -368,3 +368,34 @@ def test_checks_run_at_once_or_on_the_pool_and_raise_as_their_job_did():
         assert rec.crc() == rec.expected
     finally:
         sums.close()
+
+
+@pytest.mark.slow
+def test_the_bench_loads_with_a_baseline_reader_and_unchecked(tmp_dir):
+    """bench/dcp_bench.py --baseline-dcp DIR --unchecked (2 gloo ranks, tiny): the other
+    package's reader (here this one's own folder, imported a second time beside it) and
+    verify_crc=False each load every round, checked against the saved tensors, with their
+    ratios."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    args = ["--dir", str(tmp_dir), "--gib", "0.02", "--rounds", "1", "--threads", "1", "--no-async"]
+    args += ["--baseline-dcp", os.path.dirname(deepio.dcp.__file__), "--unchecked", "--json"]
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "dcp_bench.py"), *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("deepio load", "deepio baseline load", "deepio unchecked load", "torch load"):
+        assert doc["results"][name]["kind"] == "load" and doc["results"][name]["gib_per_s"] > 0, name
+    for label in ("load deepio / deepio baseline", "load deepio / deepio unchecked", "load deepio baseline / torch"):
+        assert doc["ratios"][label]["median"] > 0, label
