@@ -2,7 +2,7 @@
 
     python3 bench/dcp_bench.py [--gib 1] [--ranks 2] [--rounds 5] [--threads 1,2,4,8]
                                [--dir /var/tmp/deepio-dcp-bench] [--cache auto|drop_caches|fadvise]
-                               [--no-async] [--json]
+                               [--no-async] [--baseline-dcp DIR] [--unchecked] [--json]
 
 --ranks processes (gloo, torch.multiprocessing.spawn) share a state dict of --gib GiB shaped like
 a model with Adam's state: a handful of large matrices and many small vectors per section
@@ -26,6 +26,12 @@ methods rotated by one every round) runs, with dcp.save / dcp.load:
                    shards of 1 MiB or more, one request each, all in flight): the ceiling for
                    what the readers do
     deepio         deepio.dcp.FileSystemReader
+    deepio baseline  (with --baseline-dcp DIR: the deepio/dcp folder of another deepio, e.g.
+                   main's installed in another venv) that folder's FileSystemReader, imported
+                   beside this one as deepio._dcp_baseline (its modules over this deepio's
+                   engine and checkpoint code): before/after of a reader change in one run
+    deepio unchecked  (with --unchecked) deepio.dcp.FileSystemReader(verify_crc=False): what
+                   the CRC-32 check costs
     torch          torch's FileSystemReader
     Both readers read the checkpoint the first "torch t=N" (t=1 by default) wrote this round into the same destination
     state dict (zeroed before the clock); after each load every rank compares its shards with
@@ -149,6 +155,24 @@ def _zero(sd: dict[str, Any]) -> None:
             sd[k] = 0
 
 
+def _baseline_reader(folder: str) -> Any:
+    """FileSystemReader of the deepio.dcp package in ``folder`` (--baseline-dcp), imported as
+    deepio._dcp_baseline: its relative imports of deepio's other modules get this deepio's."""
+    import importlib.util
+
+    import deepio
+
+    name = f"{deepio.__name__}._dcp_baseline"
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod.FileSystemReader
+
+
 def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -232,6 +256,13 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out_path: str) -> Non
         "deepio load": lambda: dcp.load(dest, storage_reader=deepio.dcp.FileSystemReader(base)),
         "torch load": lambda: dcp.load(dest, storage_reader=dcp.FileSystemReader(base)),
     }
+    if args.unchecked:
+        loads["deepio unchecked load"] = lambda: dcp.load(
+            dest, storage_reader=deepio.dcp.FileSystemReader(base, verify_crc=False)
+        )
+    if args.baseline_dcp:
+        baseline = _baseline_reader(args.baseline_dcp)
+        loads["deepio baseline load"] = lambda: dcp.load(dest, storage_reader=baseline(base))
     if extra:  # deepio's own checkpoint, spread over the folders (the single-folder row reads torch's)
         loads[f"deepio load {1 + len(extra)} folders"] = lambda: dcp.load(
             dest, storage_reader=deepio.dcp.FileSystemReader(folder("spread"))
@@ -409,6 +440,13 @@ def main() -> int:
         help="comma-separated folders, one per further drive: adds 'deepio N folders' save and load rows "
         "(deepio.dcp's extra_paths; the main --dir is the first folder)",
     )
+    ap.add_argument(
+        "--baseline-dcp",
+        default="",
+        help="a deepio/dcp package folder of another deepio (e.g. main's, in another venv): adds a "
+        "'deepio baseline load' row with its FileSystemReader, interleaved with the others",
+    )
+    ap.add_argument("--unchecked", action="store_true", help="adds a 'deepio unchecked load' row (verify_crc=False)")
     ap.add_argument("--json", action="store_true", help="print the results as one line of JSON at the end")
     args = ap.parse_args()
 
@@ -496,6 +534,9 @@ def main() -> int:
         "save deepio / engine write": ("deepio", "engine write"),
         f"save {best} / engine write": (best, "engine write"),
         "load deepio / torch": ("deepio load", "torch load"),
+        "load deepio baseline / torch": ("deepio baseline load", "torch load"),
+        "load deepio / deepio baseline": ("deepio load", "deepio baseline load"),
+        "load deepio / deepio unchecked": ("deepio load", "deepio unchecked load"),
         "load deepio / engine read": ("deepio load", "engine read"),
         "load deepio / engine read->dest": ("deepio load", "engine read->dest"),
         "load torch / engine read": ("torch load", "engine read"),

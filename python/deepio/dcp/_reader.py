@@ -12,24 +12,32 @@ place last) is refused with ``FileNotFoundError`` saying so. ``read_data`` is de
 - a file shorter than an item's range is refused before anything is read, and a read that
   comes back short after that, with ``deepio.CorruptFileError`` naming the file, the item's
   fully qualified name and the byte range;
-- a tensor item of more than ``HEAD_BYTES + TAIL_BYTES`` has those first and last bytes read
-  (torch.save's local headers, data.pkl and zip directory: ``_record.layout``); where the
-  requested piece is one run of the stored bytes (``_record.piece``: the whole tensor, whole
-  rows) and the destination a contiguous tensor of the stored dtype and the piece's shape, in
-  host memory or in CUDA memory (where the engine found the CUDA driver), the piece is read
-  straight into the destination: no copy, no torch.load. CUDA memory is read through
+- a tensor item of at most ``WHOLE_BYTES`` is read whole in one request and its layout read
+  from its first and last bytes as it lands; a larger one has its first ``HEAD_BYTES`` and
+  last ``TAIL_BYTES`` read (torch.save's local headers, data.pkl and zip directory:
+  ``_record.layout``); where the requested piece is one run of the stored bytes
+  (``_record.piece``: the whole tensor, whole rows) and the destination a contiguous tensor
+  of the stored dtype and the piece's shape, in host memory or in CUDA memory (where the
+  engine found the CUDA driver), the piece is copied from the item read whole, or read
+  straight into the destination: no torch.load. CUDA memory is read through
   the same engine as host memory (the given handle or the default engine; GPUDirect Storage
   where the engine's device route finds it usable, else its staging pipeline), the read submitted
   on the thread that called ``read_data`` (``_OnCaller``), so that its ordering event is
   recorded on that thread's current stream;
 - with ``verify_crc`` (the default) each stored record read is checked against the CRC-32 its
-  zip records, before the batch's items reach the planner: every record of an item read
-  whole; the tensor's record of a piece read straight into its destination (CUDA memory
-  copied back in ``CRC_CHUNK_BYTES`` pieces); a piece that is part of its record is read as
-  an item read whole instead. A mismatch is ``deepio.CorruptFileError`` naming the file and
-  the item. Records without a CRC-32 (0), bytes items and stream extensions are not checked;
-- every other item (small ones, bytes items, column pieces, transposed tensors, other device
-  or other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
+  zip records, before the batch's items reach the planner, on the load's pool of threads
+  (``_crc.Sums``) as the reads land: an item read whole, its data.pkl and storage records
+  (``_record.bad_layout``; every record, ``_record.bad_record``, where it has no layout); a
+  piece read straight into its destination, its data.pkl (from the first bytes read) and its
+  storage's record, read in ``_crc.PIECE_BYTES`` requests whose CRC-32s are combined
+  (``_read_checked``; CUDA memory in one request, copied back for its CRC-32); a piece that
+  is part of its record (a resharded load's rows) goes into its destination and the rest of
+  the record into scratch host memory, all of it checked (the format has one CRC-32 per
+  record: docs/checkpoints.md). A mismatch is ``deepio.CorruptFileError`` naming the file
+  and the item. Records without a CRC-32 (0), bytes items and stream extensions are not
+  checked;
+- every other item (bytes items, column pieces, transposed tensors, other device or
+  other-dtype destinations, stream extensions) is read whole into fresh host memory; there,
   a tensor record is rebuilt by ``torch.load`` (``weights_only=True``,
   ``map_location="cpu"``: torch's zip reader over the bytes read; no file I/O), narrowed to
   the requested piece and copied into the destination as torch does; a bytes item goes to
@@ -57,8 +65,6 @@ import errno
 import functools
 import io
 import os
-import queue
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -67,11 +73,11 @@ import torch
 from .. import _deepio
 from .._errors import CorruptFileError
 from .._file import File, Future
-from ..checkpoint._filling import _crc32
 from ..checkpoint._zip import _MemoryFile
-from . import _owner, _record
+from . import _crc, _owner, _record
 from . import _torchapi as T
 from ._common import side_by_side
+from ._handover import _OnCaller, _OneAtATime
 
 #: Bytes of items read ahead of being loaded (one item larger than this is read alone).
 READ_BATCH_BYTES = 256 << 20
@@ -79,116 +85,15 @@ READ_BATCH_BYTES = 256 << 20
 #: at most both is read whole.
 HEAD_BYTES = 4096
 TAIL_BYTES = 4096
+#: Tensor items of at most this many bytes are read whole at once (one request, no second
+#: round trip for their layout), their piece copied into the destination from there.
+WHOLE_BYTES = 1 << 20
 
 
 @functools.cache
 def _engine_reads_cuda() -> bool:
     """Whether deepio's engine loaded the CUDA driver, so reads may go into CUDA tensors."""
     return bool(_deepio.gpu_info().get("cuda_found"))
-
-
-#: Bytes of a CUDA destination copied back to the host at a time for its CRC-32.
-CRC_CHUNK_BYTES = 64 << 20
-
-
-class _OnCaller:
-    """Runs the submissions of reads into CUDA memory on the thread that called ``read_data``,
-    so that the event each one records (on ``torch.cuda.current_stream()``, the binding's
-    ordering after the destination's producer: docs/gpu.md) is recorded on the caller's current
-    stream, from the caller's thread; torch's current stream is per thread. On that thread
-    ``run(fn)`` calls ``fn`` at once; on another (a folder's reading thread) it hands ``fn`` to
-    ``serve``, which the calling thread runs while the others read, and waits for its result.
-    Once ``serve`` stopped (Ctrl-C), ``run`` raises instead of waiting."""
-
-    def __init__(self) -> None:
-        self._caller = threading.get_ident()
-        self._jobs: queue.Queue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        if threading.get_ident() == self._caller:
-            return fn()
-        slot: list[Any] = [None, None]  # (result, exception)
-        done = threading.Event()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
-            self._jobs.put((fn, slot, done))
-        done.wait()
-        if slot[1] is not None:
-            raise slot[1]
-        return slot[0]
-
-    def ended(self) -> None:
-        """A reading thread is done (called once by each, however it ended)."""
-        self._jobs.put(None)
-
-    def serve(self, threads: int) -> None:
-        """On the calling thread: runs what ``run`` hands over until ``threads`` threads ended."""
-        try:
-            while threads:
-                job = self._jobs.get()
-                if job is None:
-                    threads -= 1
-                    continue
-                fn, slot, done = job
-                try:
-                    slot[0] = fn()
-                except BaseException as e:  # the reading thread raises it
-                    slot[1] = e
-                done.set()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stops taking hand-overs: what is queued, and any later ``run`` from another
-        thread, raises RuntimeError (also where ``serve`` never ran: a reading thread that
-        started while a later one failed to)."""
-        with self._lock:
-            self._closed = True
-        while True:  # refuse what is still queued: nobody will run it
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job[1][1] = RuntimeError("deepio.dcp: the load stopped before this read could be submitted")
-                job[2].set()
-
-
-class _OneAtATime:
-    """A load planner as the folders' reading threads share it: each call it gets
-    (``resolve_tensor``, ``commit_tensor``, ``load_bytes``) runs under one lock, so a planner
-    sees one call at a time, as under torch's own reader."""
-
-    def __init__(self, planner: Any) -> None:
-        self._planner = planner
-        self._lock = threading.Lock()
-
-    def resolve_tensor(self, req: Any) -> Any:
-        with self._lock:
-            return self._planner.resolve_tensor(req)
-
-    def commit_tensor(self, req: Any, tensor: Any) -> None:
-        with self._lock:
-            self._planner.commit_tensor(req, tensor)
-
-    def load_bytes(self, req: Any, value: Any) -> None:
-        with self._lock:
-            self._planner.load_bytes(req, value)
-
-
-def _crc_of(t: torch.Tensor) -> int:
-    """The CRC-32 of a contiguous tensor's bytes: in place for host memory, CUDA memory copied
-    back ``CRC_CHUNK_BYTES`` at a time (the read is complete for every stream: docs/gpu.md)."""
-    flat = t.detach().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    if not flat.is_cuda:
-        return int(_crc32(memoryview(cast(Any, flat.numpy())))) & 0xFFFFFFFF
-    crc = 0
-    for at in range(0, flat.numel(), CRC_CHUNK_BYTES):
-        crc = _crc32(memoryview(cast(Any, flat[at : at + CRC_CHUNK_BYTES].cpu().numpy())), crc)
-    return int(crc) & 0xFFFFFFFF
 
 
 def _crc_message(req: Any, what: str, stored: int, got: int) -> str:
@@ -232,6 +137,7 @@ class FileSystemReader(T.FileSystemReader):
         self.verify_crc = bool(verify_crc)
         self._owner: _owner.Owner | None = None
         self._on_caller = _OnCaller()
+        self._sums = _crc.Sums()
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -291,11 +197,15 @@ class FileSystemReader(T.FileSystemReader):
         for relative_path, reqs in per_file.items():
             path = paths[relative_path]
             per_folder.setdefault(os.path.dirname(path), []).append((path, reqs))
-        if len(per_folder) > 1:  # several drives (extra_paths): all at once
-            self._read_folders(list(per_folder.values()), planner)
-        else:
-            for path, reqs in next(iter(per_folder.values()), []):
-                self._read_file(path, reqs, planner)
+        self._sums = _crc.Sums()  # this load's CRC threads
+        try:
+            if len(per_folder) > 1:  # several drives (extra_paths): all at once
+                self._read_folders(list(per_folder.values()), planner)
+            else:
+                for path, reqs in next(iter(per_folder.values()), []):
+                    self._read_file(path, reqs, planner)
+        finally:
+            self._sums.close()
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut
@@ -403,34 +313,32 @@ class FileSystemReader(T.FileSystemReader):
         CUDA memory too, through the same file and engine, submitted on the caller's thread); every
         other item whole into host memory. Every read is waited for before anything is
         raised; with ``verify_crc`` each stored record read is checked against its CRC-32
-        before any of the batch's items is committed."""
+        before any of the batch's items is committed, the CRC-32s computed on the load's
+        threads (``_crc.Sums``) as the reads land, beside the later reads."""
         whole: dict[Any, torch.Tensor] = {}  # storage_index -> the item's bytes
         ends: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}  # storage_index -> (head, tail)
-        reads: list[tuple[Future, Any, int]] = []
-        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, reads))
+        # storage_index -> an item read whole: its layout (None: torch.load rebuilds it), and the
+        # future result of its check (_record.bad_layout, or bad_record where no layout)
+        laid: dict[Any, _record.Layout | None] = {}
+        checks: dict[Any, Any] = {}
+        reads: list[tuple[Future, Any, int, Callable[[], None] | None]] = []
+        first = self._submitting(reads, lambda: self._start_ends(f, reqs, whole, ends, laid, checks, reads))
         self._collect(path, reads, first)
-        direct: list[tuple[Any, torch.Tensor, int]] = []  # (request, destination, CRC-32 to match)
+        direct: list[tuple[Any, torch.Tensor, _crc.Record | None]] = []  # (request, destination, its check)
         device = lambda: f  # noqa: E731 - _start_pieces takes the file for CUDA reads lazily
         first = self._submitting(
-            reads, lambda: self._start_pieces(f, reqs, ends, whole, direct, planner, reads, device)
+            reads, lambda: self._start_pieces(f, path, reqs, ends, whole, laid, checks, direct, planner, reads, device)
         )
-        checks = {id(req): (target, crc) for req, target, crc in direct if crc} if self.verify_crc else {}
-
-        def check(req: Any) -> BaseException | None:
-            # Each destination's CRC-32 as soon as its read is done, while later reads run.
-            target, crc = checks.get(id(req), (None, 0))
-            got = _crc_of(target) if target is not None else crc
-            return CorruptFileError(path, _crc_message(req, "the tensor's data", crc, got)) if got != crc else None
-
-        self._collect(path, reads, first, check if checks else None)
-        if self.verify_crc:
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                if req.storage_index in whole and req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
-                    raw = whole[req.storage_index]
-                    bad = _record.bad_record(raw.numpy() if raw.numel() else b"", _crc32)
-                    if bad is not None:
-                        raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
+        self._collect(path, reads, first)
+        for req, _, rec in direct:
+            got = rec.crc() if rec is not None else 0
+            if rec is not None and got != rec.expected:
+                raise CorruptFileError(path, _crc_message(req, "the tensor's data", rec.expected, got))
+        for req in reqs:
+            check = checks.pop(req.storage_index, None)
+            bad = check.result() if check is not None else None
+            if bad is not None:
+                raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
         for req, target, _ in direct:
             planner.commit_tensor(req, target)
         done = {id(req) for req, _, _ in direct}
@@ -446,20 +354,70 @@ class FileSystemReader(T.FileSystemReader):
             return e
         return None
 
-    def _read(self, f: File, reads: list[Any], buf: torch.Tensor, at: int, req: Any) -> None:
+    def _read(
+        self, f: File, reads: list[Any], buf: torch.Tensor, at: int, req: Any, landed: Callable[[], None] | None = None
+    ) -> None:
         if buf.nbytes:
-            reads.append((f.pread(buf, at), req, at))
+            reads.append((f.pread(buf, at), req, at, landed))
 
-    def _start_ends(self, f: File, reqs: list[Any], whole: dict, ends: dict, reads: list[Any]) -> None:
+    def _read_whole(self, f: File, reads: list[Any], req: Any, whole: dict, laid: dict, checks: dict) -> None:
+        """Reads ``req``'s item whole into host memory. Once a tensor item (without stream
+        extensions) landed, its layout is read (``_record.layout``: ``laid``) and, with
+        ``verify_crc``, its records' CRC-32s start on the load's threads (``checks``):
+        data.pkl's and the storage's, or every record's where it has no layout."""
+        info = self.storage_data[req.storage_index]
+        buf = whole[req.storage_index] = torch.empty(info.length, dtype=torch.uint8)
+        landed = None
+        if req.type != T.LoadItemType.BYTE_IO and not info.transform_descriptors:
+
+            def landed() -> None:
+                raw = buf.numpy()
+                lay = laid[req.storage_index] = _record.layout(
+                    raw[:HEAD_BYTES].tobytes(), raw[-TAIL_BYTES:].tobytes(), info.length
+                )
+                if self.verify_crc:
+                    check = (
+                        functools.partial(_record.bad_layout, lay, raw, _crc.crc32)
+                        if lay is not None
+                        else functools.partial(_record.bad_record, raw, _crc.crc32)
+                    )
+                    checks[req.storage_index] = self._sums.run(check, info.length)
+
+        self._read(f, reads, buf, info.offset, req, landed)
+
+    def _read_checked(
+        self, f: File, reads: list[Any], req: Any, segments: list[tuple[torch.Tensor, int]], expected: int
+    ) -> _crc.Record:
+        """Reads ``segments`` ([(flat uint8 tensor, file offset)]: one stored record's bytes
+        in its order) in ``_crc.PIECE_BYTES`` requests (a CUDA tensor in one, submitted on the
+        caller's thread), each piece's CRC-32 started as soon as it landed; returns the
+        record's check."""
+        step = max(1, _crc.PIECE_BYTES)
+        pieces = [
+            (buf[lo : lo + (max(1, buf.numel()) if buf.is_cuda else step)], at + lo)
+            for buf, at in segments
+            for lo in range(0, buf.numel(), max(1, buf.numel()) if buf.is_cuda else step)
+        ]
+        rec = self._sums.record(len(pieces), expected)
+        for k, (piece, at) in enumerate(pieces):
+            landed = functools.partial(rec.landed, k, piece)
+            if piece.is_cuda:
+                self._on_caller.run(functools.partial(self._read, f, reads, piece, at, req, landed))
+            else:
+                self._read(f, reads, piece, at, req, landed)
+        return rec
+
+    def _start_ends(
+        self, f: File, reqs: list[Any], whole: dict, ends: dict, laid: dict, checks: dict, reads: list[Any]
+    ) -> None:
         for req in reqs:
             idx = req.storage_index
             if idx in whole or idx in ends:
                 continue
             info = self.storage_data[idx]
-            large = info.length > HEAD_BYTES + TAIL_BYTES
+            large = info.length > max(WHOLE_BYTES, HEAD_BYTES + TAIL_BYTES)
             if req.type == T.LoadItemType.BYTE_IO or info.transform_descriptors or not large:
-                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
-                self._read(f, reads, whole[idx], info.offset, req)
+                self._read_whole(f, reads, req, whole, laid, checks)
                 continue
             head, tail = torch.empty(HEAD_BYTES, dtype=torch.uint8), torch.empty(TAIL_BYTES, dtype=torch.uint8)
             ends[idx] = (head, tail)
@@ -469,9 +427,12 @@ class FileSystemReader(T.FileSystemReader):
     def _start_pieces(
         self,
         f: File,
+        path: str,
         reqs: list[Any],
         ends: dict,
         whole: dict,
+        laid: dict,
+        checks: dict,
         direct: list[Any],
         planner: Any,
         reads: list[Any],
@@ -481,34 +442,64 @@ class FileSystemReader(T.FileSystemReader):
             idx: _record.layout(h.numpy().tobytes(), t.numpy().tobytes(), self.storage_data[idx].length)
             for idx, (h, t) in ends.items()
         }
+        for idx, lay in layouts.items() if self.verify_crc else ():
+            bad = _record.bad_pkl(lay, ends[idx][0].numpy(), _crc.crc32) if lay is not None else None
+            if bad is not None:
+                req = next(r for r in reqs if r.storage_index == idx)
+                raise CorruptFileError(path, _crc_message(req, f"its record {bad[0]!r}", bad[1], bad[2]))
         for req in reqs:
             idx = req.storage_index
+            if idx in whole:
+                self._copy_piece(req, whole[idx], laid.get(idx), direct, planner)
+                continue
             lay = layouts.get(idx)
-            if idx in whole or idx not in layouts:
+            if idx not in layouts:
                 continue
             info = self.storage_data[idx]
             target = self._destination(req, lay, planner)
-            if (
-                target is not None
-                and self.verify_crc
-                and lay is not None
-                and lay.crc
-                and target[0].nbytes != lay.data_nbytes
-            ):
-                # A part of the stored tensor: its CRC-32 covers all of it, which this load
-                # would not read. Read the item whole, checked, and copy the part.
-                target = None
-            if target is not None:
-                dest, at = target[0], info.offset + target[1]
-                direct.append((req, dest, lay.crc if lay is not None else 0))
+            if target is None:
+                self._read_whole(f, reads, req, whole, laid, checks)
+                continue
+            assert lay is not None
+            dest, at = target
+            g = on_device() if dest.is_cuda else f
+            if not (self.verify_crc and lay.crc):
+                direct.append((req, dest, None))
                 if dest.is_cuda:
-                    g = on_device()
-                    self._on_caller.run(functools.partial(self._read, g, reads, dest, at, req))
+                    self._on_caller.run(functools.partial(self._read, g, reads, dest, info.offset + at, req))
                 else:
-                    self._read(f, reads, dest, at, req)
-            else:
-                whole[idx] = torch.empty(info.length, dtype=torch.uint8)
-                self._read(f, reads, whole[idx], info.offset, req)
+                    self._read(f, reads, dest, info.offset + at, req)
+                continue
+            # The record's CRC-32 covers all its bytes: those of the piece land in the
+            # destination, the others (a resharded load's part of a stored tensor) in scratch
+            # memory; the pieces' CRC-32s are combined (_crc.Record).
+            flat = _crc.flat_bytes(dest)
+            start, end = lay.data_start, lay.data_start + lay.data_nbytes
+            before = torch.empty(at - start, dtype=torch.uint8)
+            after = torch.empty(end - at - flat.numel(), dtype=torch.uint8)
+            o = info.offset
+            segments = [(before, o + start), (flat, o + at), (after, o + at + flat.numel())]
+            rec = self._read_checked(g, reads, req, segments, lay.crc)
+            direct.append((req, dest, rec))
+
+    def _copy_piece(
+        self, req: Any, buf: torch.Tensor, lay: _record.Layout | None, direct: list[Any], planner: Any
+    ) -> None:
+        """Where the piece ``req`` wants of an item read whole (``buf``) is one run of bytes
+        and its destination fits (``_destination``), copies it there (into CUDA memory on the
+        caller's thread) and lists it in ``direct``; else leaves it to torch.load
+        (``_load_item``). The item's check is its own (``_read_whole``)."""
+        target = self._destination(req, lay, planner) if lay is not None else None
+        if target is None:
+            return
+        dest, at = target
+        flat = _crc.flat_bytes(dest)
+        src = buf[at : at + flat.numel()]
+        if dest.is_cuda:
+            self._on_caller.run(functools.partial(flat.copy_, src))
+        elif flat.numel():  # a memcpy: torch's copy_ of as many uint8 elements would start its threads
+            flat.numpy()[:] = src.numpy()
+        direct.append((req, dest, None))
 
     @staticmethod
     def _destination(req: Any, lay: _record.Layout | None, planner: Any) -> tuple[torch.Tensor, int] | None:
@@ -533,16 +524,11 @@ class FileSystemReader(T.FileSystemReader):
         return (target, where[0]) if fits else None
 
     @staticmethod
-    def _collect(
-        path: str,
-        reads: list[tuple[Future, Any, int]],
-        first: BaseException | None,
-        check: Callable[[Any], BaseException | None] | None = None,
-    ) -> None:
-        """Waits for every read of ``reads`` (emptied, in order) and raises ``first``, a read's
-        error, ``CorruptFileError`` for a short read or what ``check(request)`` returns, called
-        once each read is complete while nothing failed yet."""
-        for fut, req, at in reads:
+    def _collect(path: str, reads: list[Any], first: BaseException | None) -> None:
+        """Waits for every read of ``reads`` ((future, request, offset[, landed]), emptied, in
+        order) and raises ``first``, a read's error or ``CorruptFileError`` for a short read;
+        ``landed()`` is called once its read is complete while nothing failed yet."""
+        for fut, req, at, *rest in reads:
             try:
                 got = fut.result()
             except BaseException as e:
@@ -553,8 +539,11 @@ class FileSystemReader(T.FileSystemReader):
                     path,
                     f"truncated: item {_item_name(req)}: only {got} of the {fut.nbytes} bytes at {at} could be read",
                 )
-            elif check is not None and first is None:
-                first = check(req)
+            elif rest and rest[0] is not None and first is None:
+                try:
+                    rest[0]()
+                except BaseException as e:
+                    first = e
         reads.clear()
         if first is not None:
             raise first

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import struct
 import warnings
 import zipfile
 from typing import IO, Any, NamedTuple, cast
@@ -38,6 +39,10 @@ class Layout(NamedTuple):
     data_start: int  # the storage's first byte, from the item's start
     data_nbytes: int
     crc: int = 0  # the CRC-32 the zip records for the storage's bytes (0: none recorded)
+    record: str = ""  # the storage's record's name in the zip
+    pkl_start: int = 0  # data.pkl's bytes, from the item's start (in ``head``)
+    pkl_nbytes: int = 0
+    pkl_crc: int = 0  # the CRC-32 the zip records for data.pkl (0: none recorded)
 
 
 class _Sparse(_Seekable):
@@ -109,11 +114,69 @@ class _LayoutUnpickler(pickle.Unpickler):
         return _Storage(pid[1], str(pid[2]), int(pid[4]))
 
 
+#: Whether ``layout`` reads plain central directories itself (``_directory``); tests turn it
+#: off to compare with zipfile's reading. Read at each use.
+_FAST_DIRECTORY = True
+
+
+class _Info(NamedTuple):
+    """What ``layout`` reads of a central directory entry (zipfile.ZipInfo's names)."""
+
+    filename: str
+    compress_type: int
+    header_offset: int
+    file_size: int
+    CRC: int
+
+
+def _directory(tail: bytes, length: int) -> dict[str, Any] | None:
+    """The central directory of a zip of ``length`` bytes from its last bytes ``tail``, where
+    it is the plain kind torch writes for a tensor (no comment, one disk, entries without
+    zip64 fields, all of it in ``tail``; torch ends every zip with a zip64 end record and its
+    locator before the classic one): {record name after the archive folder: _Info}. None
+    otherwise: zipfile then reads it (a few times slower: a per-item cost of a load)."""
+    end = len(tail) - 22  # the classic end record
+    if end < 0 or tail[end : end + 4] != b"PK\x05\x06":
+        return None
+    disk, cd_disk, n_disk, n, cd_size, cd_off, comment = struct.unpack_from("<HHHHIIH", tail, end + 4)
+    if comment or disk or cd_disk:
+        return None
+    tail_at = length - len(tail)
+    if end >= 20 and tail[end - 20 : end - 16] == b"PK\x06\x07":  # zip64's locator, then its end record
+        z64 = end - 20 - 56
+        if z64 < 0 or tail[z64 : z64 + 4] != b"PK\x06\x06":
+            return None
+        size, disk64, cd_disk64, n_disk, n, cd_size, cd_off = struct.unpack_from("<Q4xIIQQQQ", tail, z64 + 4)
+        (at,) = struct.unpack_from("<Q", tail, end - 20 + 8)
+        if size != 44 or disk64 or cd_disk64 or at != tail_at + z64:
+            return None
+        end = z64
+    if n_disk != n or cd_off < tail_at or cd_off + cd_size != tail_at + end:
+        return None
+    out: dict[str, Any] = {}
+    pos = cd_off - tail_at
+    for _ in range(n):
+        if pos + 46 > end:
+            return None
+        sig, method, crc, _, usize, nlen, xlen, clen, hoff = struct.unpack_from("<4s6xH4xIIIHHH8xI", tail, pos)
+        if sig != b"PK\x01\x02" or 0xFFFFFFFF in (usize, hoff):
+            return None
+        try:
+            name = tail[pos + 46 : pos + 46 + nlen].decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        out[name.split("/", 1)[-1]] = _Info(name, method, hoff, usize, crc)
+        pos += 46 + nlen + xlen + clen
+    return out if pos == end else None
+
+
 def layout(head: bytes, tail: bytes, length: int) -> Layout | None:
     try:
-        with zipfile.ZipFile(cast(IO[bytes], _Sparse(head, tail, length))) as z:
-            # torch names records "<archive folder>/<name>": data.pkl, byteorder, data/<key>
-            infos = {i.filename.split("/", 1)[-1]: i for i in z.infolist()}
+        # torch names records "<archive folder>/<name>": data.pkl, byteorder, data/<key>
+        infos = _directory(tail, length) if _FAST_DIRECTORY else None
+        if infos is None:
+            with zipfile.ZipFile(cast(IO[bytes], _Sparse(head, tail, length))) as z:
+                infos = {i.filename.split("/", 1)[-1]: i for i in z.infolist()}
         pkl, order = infos.get("data.pkl"), infos.get("byteorder")
         if pkl is None or pkl.compress_type != zipfile.ZIP_STORED:
             return None
@@ -135,7 +198,9 @@ def layout(head: bytes, tail: bytes, length: int) -> Layout | None:
         nbytes = storage.numel * torch.empty((), dtype=storage.dtype).element_size()
         if rec.file_size != nbytes or data + nbytes > length:
             return None
-        return Layout(storage.dtype, size, stride, offset, data, nbytes, rec.CRC)
+        return Layout(
+            storage.dtype, size, stride, offset, data, nbytes, rec.CRC, rec.filename, start, pkl.file_size, pkl.CRC
+        )
     except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, EOFError):
         return None
 
@@ -164,6 +229,27 @@ def bad_record(item: Any, crc32: Any) -> tuple[str, int, int] | None:
         if start + info.file_size > len(view) or got != info.CRC:
             return info.filename, info.CRC, got
     return None
+
+
+def bad_pkl(lay: Layout, head: Any, crc32: Any) -> tuple[str, int, int] | None:
+    """As ``bad_record`` for the data.pkl record of ``lay``'s item, from ``head`` (the item's
+    first bytes, as ``layout`` was given them): the pickle that says which bytes are the
+    tensor's, checked where the tensor's bytes are read straight into a destination."""
+    if not lay.pkl_crc:
+        return None
+    got = crc32(memoryview(head).cast("B")[lay.pkl_start : lay.pkl_start + lay.pkl_nbytes]) & 0xFFFFFFFF
+    return None if got == lay.pkl_crc else ("data.pkl", lay.pkl_crc, got)
+
+
+def bad_layout(lay: Layout, item: Any, crc32: Any) -> tuple[str, int, int] | None:
+    """As ``bad_record`` for a whole item whose layout is ``lay``: its data.pkl and its
+    storage's record (``item``: the item's bytes), without parsing the zip again."""
+    view = memoryview(item).cast("B")
+    bad = bad_pkl(lay, view, crc32)
+    if bad is not None or not lay.crc:
+        return bad
+    got = crc32(view[lay.data_start : lay.data_start + lay.data_nbytes]) & 0xFFFFFFFF
+    return None if got == lay.crc else (lay.record, lay.crc, got)
 
 
 def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
