@@ -31,8 +31,13 @@ pinned=("sglang==0.5.23" "lmcache==0.5.6" "vllm==0.33.0"
         "prometheus-client==0.26.0" "cachetools==8.0.2")
 # Also imported; present on the project's machines (base image or setup.sh): installed into
 # the folder only where the interpreter lacks them, at the newest release.
+# Their own imports are listed too (installed without dependencies, a bare environment has
+# none of them): found by importing the interface modules from a bare virtual environment
+# with only torch and numpy.
 common=(orjson requests ipython pyyaml jinja2 pydantic psutil regex tqdm scipy py-cpuinfo
-        sortedcontainers cryptography safetensors packaging filelock sympy networkx)
+        sortedcontainers cryptography safetensors packaging filelock sympy networkx
+        urllib3 idna certifi attrs cffi pycparser pydantic-core annotated-types typing-inspection
+        traitlets pygments)
 
 pyver=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 dest=${DEEPIO_KV_ENGINES:-$HOME/.cache/deepio/kv-engines-$pyver}
