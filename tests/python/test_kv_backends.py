@@ -269,7 +269,11 @@ def test_sglang_v2_pools_hit_policies_like_hicache_file(engines, tmp_dir):
     kv, side = _host_pool(), _host_pool()
     file_backend = StorageBackendFactory.create_backend("file", _sglang_config(None, file_path=tmp_dir / "f"), kv)
     deepio_backend = _deepio_backend([tmp_dir / "d"], kv)
+    fresh = _deepio_backend([tmp_dir / "fresh"], kv)
     try:
+        # Before any pool is registered: nothing stored, no error (HiCacheFile answers 0 too).
+        assert fresh.batch_exists(["a", "b"]) == 0
+        assert fresh.batch_exists_v2(["a", "b"]).kv_hit_pages == 0
         n = 5
         keys = [f"v2-{i}" for i in range(n)]
         kv_idx, side_idx = kv.alloc(n * PAGE_TOKENS), side.alloc(2 * PAGE_TOKENS)
@@ -306,12 +310,19 @@ def test_sglang_v2_pools_hit_policies_like_hicache_file(engines, tmp_dir):
             ]
         )
         assert got == {PoolName.MAMBA: [False, False], PoolName.SWA: [True, True]}
+        # batch_exists_v2 over a pool never registered: 0 pages of it, as HiCacheFile answers.
+        never = [PoolTransfer(name=PoolName.MAMBA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)]
+        f_never, d_never = (b.batch_exists_v2(keys, never) for b in (file_backend, deepio_backend))
+        assert d_never.kv_hit_pages == f_never.kv_hit_pages == 0
+        assert d_never.extra_pool_hit_pages == f_never.extra_pool_hit_pages
+        assert d_never.restorable_prefix_pages == f_never.restorable_prefix_pages == []
         (f_trailing, f_every), (d_trailing, d_every) = answers
         assert f_trailing.kv_hit_pages == d_trailing.kv_hit_pages == n
         assert f_trailing.restorable_prefix_pages == d_trailing.restorable_prefix_pages
         assert f_every.kv_hit_pages == d_every.kv_hit_pages == 0
     finally:
         deepio_backend.close()
+        fresh.close()
 
 
 @needs("sglang")

@@ -171,9 +171,12 @@ class DeepioHiCacheStorage(HiCacheStorage):
             self._pools[name] = pool
             return store
 
-    def _store(self, name: str) -> Store:
+    def _store_if_any(self, name: str) -> Store | None:
         with self._lock:
-            store = self._stores.get(name)
+            return self._stores.get(name)
+
+    def _store(self, name: str) -> Store:
+        store = self._store_if_any(name)
         if store is None:
             raise RuntimeError(f"deepio HiCache backend: no host pool registered for pool {name!r}")
         return store
@@ -199,7 +202,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         if not keys:
             return 0
-        return int(self._store(str(PoolName.KV)).exists(list(keys)))
+        store = self._store_if_any(str(PoolName.KV))  # none registered yet: nothing stored (as HiCacheFile)
+        return int(store.exists(list(keys))) if store is not None else 0
 
     def _move(self, op: Op, name: str, pool: Any, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         """The one body of the zero-copy calls, v1 and v2: ``op`` ("put" or "get") of the pages
@@ -261,7 +265,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
             if not restorable:
                 break
             name = str(transfer.name)
-            present = self._store(name).contains(list(keys[:kv_pages])) if kv_pages else []
+            store = self._store_if_any(name)  # a pool never registered holds no page (as HiCacheFile)
+            present = store.contains(list(keys[:kv_pages])) if kv_pages and store is not None else [False] * kv_pages
             if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
                 boundary = present.index(False) if False in present else kv_pages
                 pool_restorable = set(range(1, boundary + 1))
