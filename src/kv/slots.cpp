@@ -67,7 +67,7 @@ std::optional<Place> SlotModel::allocate(std::string_view key) {
   return std::nullopt;
 }
 
-bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len) {
+bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc) {
   Folder& f = folders_[p.folder];
   auto it = lookup(key);
   if (it != index_.end() && it->second.gen > gen) {
@@ -81,6 +81,7 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
   e.slot = p.slot;
   e.gen = gen;
   e.len = len;
+  e.crc = crc;
   f.info[p.slot].state = SlotState::Live;
   e.lru = f.lru.insert(f.lru.end(), &nit->first);
   f.tick[p.slot] = ++clock_;
@@ -99,7 +100,7 @@ std::optional<Pinned> SlotModel::pin(std::string_view key, std::uint64_t len) {
   ++f.info[e.slot].pins;
   f.lru.splice(f.lru.end(), f.lru, e.lru);
   f.tick[e.slot] = ++clock_;
-  return Pinned{Place{e.folder, e.slot}, e.gen, e.len};
+  return Pinned{Place{e.folder, e.slot}, e.gen, e.len, e.crc};
 }
 
 void SlotModel::unpin(Place p) {
@@ -187,7 +188,7 @@ void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
   std::vector<std::vector<std::pair<std::uint64_t, const std::string*>>> order(folders_.size());
   for (const auto& [key, c] : pages) {
     Folder& f = folders_[c.where.folder];
-    auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}});
+    auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
     f.info[c.where.slot].state = SlotState::Live;
     f.tick[c.where.slot] = c.tick;
     order[c.where.folder].emplace_back(c.tick, &it->first);
@@ -220,7 +221,7 @@ std::vector<std::string> SlotModel::lru_keys(std::uint32_t fi) const {
 std::optional<Pinned> SlotModel::find(std::string_view key) const {
   auto it = lookup(key);
   if (it == index_.end()) return std::nullopt;
-  return Pinned{Place{it->second.folder, it->second.slot}, it->second.gen, it->second.len};
+  return Pinned{Place{it->second.folder, it->second.slot}, it->second.gen, it->second.len, it->second.crc};
 }
 
 std::string SlotModel::check() const {

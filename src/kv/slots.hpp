@@ -50,11 +50,13 @@ struct Place {
   friend bool operator==(const Place&, const Place&) = default;
 };
 
-/// What a get pinned: read the slot and check the header against gen and len.
+/// What a get pinned: read the slot's page and check it against crc (its CRC-32C, as the
+/// put computed it or open read it from the slot's header).
 struct Pinned {
   Place where;
   std::uint64_t gen = 0;
   std::uint64_t len = 0;
+  std::uint32_t crc = 0;
 };
 
 /// A page found by recovery, to install with load().
@@ -63,6 +65,7 @@ struct Found {
   std::uint64_t gen = 0;
   std::uint64_t len = 0;
   std::uint64_t tick = 0;  // orders the LRU list (smaller: less recently used)
+  std::uint32_t crc = 0;   // the page's CRC-32C (its header's)
 };
 
 class SlotModel {
@@ -78,10 +81,10 @@ class SlotModel {
   /// A Writing slot for a new page of `key` (evicting as the policy says), or nullopt when no
   /// folder has one.
   std::optional<Place> allocate(std::string_view key);
-  /// The put of `key` into p (Writing) is durable: the index switches to it and the key's old
-  /// slot is released. false (and p released) when a newer generation of the key committed
-  /// first.
-  bool commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len);
+  /// The put of `key` into p (Writing) is durable: the index switches to it (with the page's
+  /// CRC-32C, what a get checks) and the key's old slot is released. false (and p released)
+  /// when a newer generation of the key committed first.
+  bool commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc = 0);
   /// A put into p (Writing) failed: p is released.
   void abort(Place p);
 
@@ -150,6 +153,7 @@ class SlotModel {
     std::uint64_t gen = 0;
     std::uint64_t len = 0;
     std::list<const std::string*>::iterator lru;
+    std::uint32_t crc = 0;
   };
   struct Folder {
     std::uint64_t slots = 0;
