@@ -58,6 +58,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -229,6 +230,9 @@ struct Store::Impl {
   void write_checkpoint();
   /// Writes folder fi's checkpoint, as of now (ckpt_mu held, mu not).
   void write_folder_checkpoint(std::uint32_t fi);
+  /// Folder fi's checkpoint bytes with generation bound `bound`, its slots read a slice at a
+  /// time under mu; nullopt when the folder is failed (mu not held).
+  std::optional<std::vector<unsigned char>> snapshot_folder(std::uint32_t fi, std::uint64_t bound);
   /// Waits until every put that took its generation before the call has committed or failed
   /// (lk holds mu).
   void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk);

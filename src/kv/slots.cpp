@@ -21,7 +21,7 @@ SlotModel::Index::const_iterator SlotModel::lookup(std::string_view key) const {
 
 void SlotModel::release(Folder& f, std::uint32_t slot) {
   SlotInfo& s = f.info[slot];
-  f.tick.erase(slot);
+  s.tick = 0;
   if (s.pins > 0) {
     s.state = SlotState::Zombie;
   } else {
@@ -84,7 +84,8 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
   e.crc = crc;
   f.info[p.slot].state = SlotState::Live;
   e.lru = f.lru.insert(f.lru.end(), &nit->first);
-  f.tick[p.slot] = ++clock_;
+  f.info[p.slot].tick = ++clock_;
+  f.info[p.slot].gen = gen;
   dirty_ = true;
   return true;
 }
@@ -99,7 +100,7 @@ std::optional<Pinned> SlotModel::pin(std::string_view key, std::uint64_t len) {
   if (e.len != len || f.failed) return std::nullopt;
   ++f.info[e.slot].pins;
   f.lru.splice(f.lru.end(), f.lru, e.lru);
-  f.tick[e.slot] = ++clock_;
+  f.info[e.slot].tick = ++clock_;
   return Pinned{Place{e.folder, e.slot}, e.gen, e.len, e.crc};
 }
 
@@ -136,15 +137,13 @@ bool SlotModel::fail(std::uint32_t fi) {
   Folder& f = folders_[fi];
   if (f.failed) return false;
   f.failed = true;
-  for (auto it = index_.begin(); it != index_.end();) {
-    if (it->second.folder == fi) {
-      f.lru.erase(it->second.lru);
-      release(f, it->second.slot);
-      it = index_.erase(it);
-    } else {
-      ++it;
-    }
+  // The folder's own entries (its LRU list), not the whole index: O(its pages).
+  for (const std::string* key : f.lru) {
+    auto it = index_.find(*key);
+    release(f, it->second.slot);
+    index_.erase(it);  // the key's string goes with it: *key is not read again
   }
+  f.lru.clear();
   dirty_ = true;
   return true;
 }
@@ -172,14 +171,23 @@ void SlotModel::return_probe_slots(std::uint32_t fi, const std::vector<std::opti
   }
 }
 
+void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count,
+                           std::vector<CkptRecord>* out) const {
+  const Folder& f = folders_[fi];
+  const std::uint64_t end = std::min(f.slots, first + count);
+  for (std::uint64_t s = first; s < end; ++s) {
+    const SlotInfo& i = f.info[s];
+    if (i.state == SlotState::Live) out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+  }
+}
+
 std::vector<CkptRecord> SlotModel::records(std::uint32_t fi) const {
   const Folder& f = folders_[fi];
   std::vector<CkptRecord> out;
   out.reserve(f.lru.size());
   for (const std::string* k : f.lru) {
     const Entry& e = index_.find(*k)->second;
-    auto t = f.tick.find(e.slot);
-    out.push_back(CkptRecord{e.slot, e.gen, t == f.tick.end() ? 0 : t->second});
+    out.push_back(CkptRecord{e.slot, e.gen, f.info[e.slot].tick});
   }
   return out;
 }
@@ -190,14 +198,17 @@ void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
     Folder& f = folders_[c.where.folder];
     auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
     f.info[c.where.slot].state = SlotState::Live;
-    f.tick[c.where.slot] = c.tick;
+    f.info[c.where.slot].gen = c.gen;
     order[c.where.folder].emplace_back(c.tick, &it->first);
   }
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
     Folder& f = folders_[fi];
     std::sort(order[fi].begin(), order[fi].end());
-    for (auto& [tick, key] : order[fi]) index_.find(*key)->second.lru = f.lru.insert(f.lru.end(), key);
-    for (auto& [slot, tick] : f.tick) tick = ++clock_;  // renumber (ticks only order)
+    for (auto& [tick, key] : order[fi]) {
+      Entry& e = index_.find(*key)->second;
+      e.lru = f.lru.insert(f.lru.end(), key);
+      f.info[e.slot].tick = ++clock_;  // renumbered in LRU order (ticks only order)
+    }
     f.free.clear();
     if (f.failed) continue;  // possibly failed before its slot table was made
     for (std::uint64_t s = f.slots; s-- > 0;) {
@@ -239,6 +250,7 @@ std::string SlotModel::check() const {
       if (e.folder != fi) continue;
       if (f.failed) return where + "failed but holds " + key;
       if (e.slot >= f.slots) return where + "entry slot out of range";
+      if (f.info[e.slot].gen != e.gen) return where + "slot " + std::to_string(e.slot) + ": generation not its entry's";
       ++owners[e.slot];
       keys.insert(&key);
     }

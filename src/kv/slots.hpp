@@ -119,6 +119,9 @@ class SlotModel {
   // -- checkpoints and recovery --
   /// Folder fi's live pages, least recently used first.
   [[nodiscard]] std::vector<CkptRecord> records(std::uint32_t fi) const;
+  /// Appends the live pages among slots [first, first + count) of folder fi, in slot order
+  /// (a checkpoint taken a slice at a time, the lock released in between: O(count) per call).
+  void records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out) const;
   /// Installs the pages recovery found (one per key; their slots Free until now), then remakes
   /// the LRU lists and free lists (a failed folder gets no free list). Once, before any put.
   void load(const std::vector<std::pair<std::string, Found>>& pages);
@@ -146,6 +149,8 @@ class SlotModel {
   struct SlotInfo {
     SlotState state = SlotState::Free;
     std::uint32_t pins = 0;
+    std::uint64_t tick = 0;  // LRU tick of a Live slot (what a checkpoint records)
+    std::uint64_t gen = 0;   // generation of a Live slot's page
   };
   struct Entry {
     std::uint32_t folder = 0;
@@ -158,9 +163,8 @@ class SlotModel {
   struct Folder {
     std::uint64_t slots = 0;
     std::vector<SlotInfo> info;
-    std::vector<std::uint32_t> free;                        // slots to hand out
-    std::list<const std::string*> lru;                      // live keys, least recently used first
-    std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
+    std::vector<std::uint32_t> free;    // slots to hand out
+    std::list<const std::string*> lru;  // live keys, least recently used first
     bool failed = false;
   };
   struct KeyHash {
