@@ -48,8 +48,9 @@
 // failed at open (its slot table never read whole) is not probed.
 //
 // Locks: mu guards the slot model, folders' error state, stats and warnings; no I/O wait and
-// no callback runs under it. ckpt_mu serializes checkpoints; probe_mu probes; qmu the queue.
-// Order: probe_mu, ckpt_mu, mu.
+// no callback runs under it, and no work over every page: a checkpoint and clear() take the
+// slot table 4096 slots per hold (checkpoint.cpp, Store::clear). ckpt_mu serializes checkpoints; probe_mu probes; qmu
+// the queue. Order: probe_mu, ckpt_mu, mu.
 #pragma once
 
 #include <chrono>

@@ -22,6 +22,7 @@ SlotModel::Index::const_iterator SlotModel::lookup(std::string_view key) const {
 void SlotModel::release(Folder& f, std::uint32_t slot) {
   SlotInfo& s = f.info[slot];
   s.tick = 0;
+  s.key = nullptr;
   if (s.pins > 0) {
     s.state = SlotState::Zombie;
   } else {
@@ -86,6 +87,7 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
   e.lru = f.lru.insert(f.lru.end(), &nit->first);
   f.info[p.slot].tick = ++clock_;
   f.info[p.slot].gen = gen;
+  f.info[p.slot].key = &nit->first;
   dirty_ = true;
   return true;
 }
@@ -130,6 +132,19 @@ bool SlotModel::remove(std::string_view key) {
 std::size_t SlotModel::clear() {
   const std::size_t n = index_.size();
   while (!index_.empty()) drop(index_.begin());
+  return n;
+}
+
+std::size_t SlotModel::clear_slots(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::uint64_t below) {
+  Folder& f = folders_[fi];
+  const std::uint64_t end = std::min(f.slots, first + count);
+  std::size_t n = 0;
+  for (std::uint64_t s = first; s < end; ++s) {
+    const SlotInfo& i = f.info[s];
+    if (i.state != SlotState::Live || i.gen >= below) continue;
+    drop(index_.find(*i.key));
+    ++n;
+  }
   return n;
 }
 
@@ -199,6 +214,7 @@ void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
     auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
     f.info[c.where.slot].state = SlotState::Live;
     f.info[c.where.slot].gen = c.gen;
+    f.info[c.where.slot].key = &it->first;
     order[c.where.folder].emplace_back(c.tick, &it->first);
   }
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
@@ -251,6 +267,7 @@ std::string SlotModel::check() const {
       if (f.failed) return where + "failed but holds " + key;
       if (e.slot >= f.slots) return where + "entry slot out of range";
       if (f.info[e.slot].gen != e.gen) return where + "slot " + std::to_string(e.slot) + ": generation not its entry's";
+      if (f.info[e.slot].key != &key) return where + "slot " + std::to_string(e.slot) + ": key not its entry's";
       ++owners[e.slot];
       keys.insert(&key);
     }

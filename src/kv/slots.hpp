@@ -102,6 +102,10 @@ class SlotModel {
   bool remove(std::string_view key);
   /// Drops every entry; returns how many there were.
   std::size_t clear();
+  /// Drops the entries among slots [first, first + count) of folder fi whose generation is
+  /// below `below`; returns how many. clear() a slice at a time (Store::clear: the lock
+  /// released between slices, pages committed meanwhile with a newer generation kept).
+  std::size_t clear_slots(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::uint64_t below);
 
   // -- folder failure and recovery --
   /// Marks folder fi failed and drops its entries (pinned slots turn Zombie). Returns false
@@ -149,8 +153,9 @@ class SlotModel {
   struct SlotInfo {
     SlotState state = SlotState::Free;
     std::uint32_t pins = 0;
-    std::uint64_t tick = 0;  // LRU tick of a Live slot (what a checkpoint records)
-    std::uint64_t gen = 0;   // generation of a Live slot's page
+    std::uint64_t tick = 0;            // LRU tick of a Live slot (what a checkpoint records)
+    std::uint64_t gen = 0;             // generation of a Live slot's page
+    const std::string* key = nullptr;  // a Live slot's key (its index entry's)
   };
   struct Entry {
     std::uint32_t folder = 0;

@@ -190,6 +190,21 @@ TEST(KvSlots, RecordsInSlicesListTheLivePagesOnce) {
   EXPECT_EQ(sliced, whole);  // slot order, each once
 }
 
+// Store::clear() drops a slice of slots at a time (clear_slots): only pages older than its
+// call's generation go; the invariants hold after each slice.
+TEST(KvSlots, ClearSlotsDropsOnlyOlderPagesOfItsSlice) {
+  SlotModel m(1, 1.0, 1.0);
+  m.init_folder(0, 16);
+  for (int i = 0; i < 10; ++i) put(m, "c" + std::to_string(i), static_cast<std::uint64_t>(i + 1));  // slots 0-9
+  EXPECT_EQ(m.clear_slots(0, 0, 3, 100), 3u);
+  EXPECT_EQ(m.check(), "");
+  EXPECT_EQ(m.clear_slots(0, 3, 100, 8), 4u);  // generations 4-7; 8-10 are as new as the cut
+  EXPECT_EQ(m.check(), "");
+  EXPECT_EQ(m.pages(), 3u);
+  EXPECT_TRUE(m.contains("c7") && m.contains("c8") && m.contains("c9"));
+  EXPECT_EQ(m.used(0), 3u);
+}
+
 TEST(KvSlots, RecordsAndLoadKeepTheLruOrder) {
   SlotModel m(1, 1.0, 1.0);
   m.init_folder(0, 8);
