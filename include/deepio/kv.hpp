@@ -9,14 +9,15 @@
 // failed folder is probed now and then and comes back when it works again.
 //
 // Guarantees:
-//  - A get returns true only when the slot's header names the key and the generation the
-//    index holds, the stored length equals the length asked for, and the CRC-32C of the bytes
-//    read matches: a torn, stale or overwritten slot is a miss, never wrong bytes (on a miss
-//    the destination's contents are unspecified).
-//  - A put completes (its BatchFuture reports done) once data and header are on stable storage
-//    (OpOptions::fsync, whose syncs the engine groups). A put of an existing key writes a new
-//    slot; the index switches to it only once it is durable; the old slot is freed after that,
-//    and not while a get has it pinned.
+//  - A get reads only the page and returns true only when the stored length equals the length
+//    asked for and the CRC-32C of the bytes read matches the one the index holds for the page
+//    (the put's, or its header's at open): a torn, stale or overwritten slot is a miss, never
+//    wrong bytes (on a miss the destination's contents are unspecified).
+//  - A put completes (its BatchFuture reports done) once data and header are on stable storage:
+//    both written without a wait between, then, after every write completed, one fdatasync
+//    per slab file the batch touched (one per folder with slab_bytes 0). A put of an existing
+//    key writes a new slot; the index switches to it only once it is durable; the old slot is
+//    freed after that, and not while a get has it pinned.
 //  - Reopen after a crash: every put whose future completed is present (unless evicted or
 //    removed), and no key returns a torn page. remove() and evictions are durable at the next
 //    checkpoint (periodic, checkpoint(), close): after a crash before it a removed key may
@@ -88,7 +89,9 @@ struct StoreOptions {
   /// One folder per drive; created if missing.
   std::vector<std::string> folders;
   /// Total capacity over all folders, split evenly; the folders' space is allocated at once
-  /// (fallocate). Needed to make a store: a folder that holds none (no kv.meta) with
+  /// (fallocate) and written with zeros once, when a folder's store is made, so that no put's
+  /// sync commits the file system's journal for a slot's first write (docs/kv.md "Cost per
+  /// page"). Needed to make a store: a folder that holds none (no kv.meta) with
   /// capacity_bytes 0 throws deepio::InvalidArgument naming it, before anything is made, so
   /// that a drive that failed to mount never has its store made on the file system below it.
   /// New folders' shares larger than their file system's free space (statvfs f_bavail, plus
@@ -201,7 +204,7 @@ struct StoreStats {
   std::uint64_t pages = 0;
   std::uint64_t puts = 0, puts_failed = 0;
   std::uint64_t gets = 0, hits = 0, misses = 0;
-  std::uint64_t corrupt = 0;  ///< gets that read a slot whose header or CRC did not match
+  std::uint64_t corrupt = 0;  ///< gets whose bytes read did not match the page's CRC-32C
   std::uint64_t evictions = 0, removes = 0;
   std::uint64_t bytes_written = 0, bytes_read = 0;
   std::uint64_t checkpoints = 0;

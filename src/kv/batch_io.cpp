@@ -10,7 +10,6 @@ namespace deepio::kv {
 
 using internal::aligned_buf;
 using internal::AlignedBuf;
-using internal::decode_header;
 using internal::DeviceScratch;
 using internal::encode_header;
 using internal::errno_of;
@@ -43,9 +42,9 @@ struct PageErrors {
   }
 };
 
-/// The slot headers of a batch: page i's header is bytes [i * kHeaderBytes, +kHeaderBytes) of
-/// one aligned buffer, moved with one ranged read, or one ranged write with OpOptions::fsync,
-/// per slab (add() the pages, start(), then finish() before the buffer goes).
+/// The slot headers of a put batch: page i's header is bytes [i * kHeaderBytes, +kHeaderBytes)
+/// of one aligned buffer, written with one ranged write per slab (add() the pages, write(),
+/// then finish() before the buffer goes), and then each slab synced once (sync()).
 class SlabHeaders {
  public:
   explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), buf_(aligned_buf(bytes_)) {}
@@ -56,21 +55,28 @@ class SlabHeaders {
     g.pages.push_back(i);
     g.ranges.push_back(IoRange{f.offset_of(slot, slot_bytes), i * kHeaderBytes, kHeaderBytes});
   }
-  /// Starts the reads (write false) or the synced writes; a call that throws marks its pages.
-  void start(std::vector<Folder>& folders, bool write, PageErrors& errs) {
+  /// Starts the header writes (not synced); a call that throws marks its pages.
+  void write(std::vector<Folder>& folders, PageErrors& errs) {
     for (auto& [where, g] : groups_) {
-      File& slab = folders[where.first].slabs[where.second];
-      try {
-        g.fut = write
-                    ? slab.pwrite_ranges(buf_.get(), bytes_, g.ranges, OpOptions{.fsync = true, .stream = std::nullopt})
-                    : slab.pread_ranges(buf_.get(), bytes_, g.ranges);
-        g.started = true;
-      } catch (const Error& e) {
-        for (std::size_t i : g.pages) errs.set(i, e);
-      }
+      start(g, errs,
+            [&] { return folders[where.first].slabs[where.second].pwrite_ranges(buf_.get(), bytes_, g.ranges); });
     }
   }
-  /// Waits for what start() started; a failed one marks its pages.
+  /// Starts one fdatasync of each slab whose pages have no error yet: a zero-byte write with
+  /// OpOptions::fsync, which the engine's sync threads turn into the file's fdatasync (slabs
+  /// of several folders at once). It covers every write of the slab that completed before.
+  void sync(std::vector<Folder>& folders, PageErrors& errs) {
+    for (auto& [where, g] : groups_) {
+      bool any = false;
+      for (std::size_t i : g.pages) any = any || errs.err[i] == 0;
+      if (!any) continue;
+      start(g, errs, [&] {
+        return folders[where.first].slabs[where.second].pwrite(nullptr, 0, 0,
+                                                               OpOptions{.fsync = true, .stream = std::nullopt});
+      });
+    }
+  }
+  /// Waits for what write() or sync() started; a failed one marks its pages.
   void finish(PageErrors& errs) {
     for (auto& [where, g] : groups_) {
       if (!g.started) continue;
@@ -78,7 +84,9 @@ class SlabHeaders {
       std::string w;
       const int e = settle(g.fut, &w);
       if (e != 0) {
-        for (std::size_t i : g.pages) errs.set(i, e, w);
+        for (std::size_t i : g.pages) {
+          if (errs.err[i] == 0) errs.set(i, e, w);
+        }
       }
     }
   }
@@ -90,6 +98,17 @@ class SlabHeaders {
     Future fut;
     bool started = false;
   };
+  template <typename Fn>
+  static void start(Group& g, PageErrors& errs, Fn&& fn) {
+    try {
+      g.fut = fn();
+      g.started = true;
+    } catch (const Error& e) {
+      for (std::size_t i : g.pages) {
+        if (errs.err[i] == 0) errs.set(i, e);
+      }
+    }
+  }
   std::size_t bytes_;
   AlignedBuf buf_;  // before groups_: their futures go first
   std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
@@ -236,16 +255,20 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
     for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
     pl[i].crc = c;
   }
-  for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
-  for (std::size_t i : writing) scratch.release(buf[i]);
-  // Phase 2: the headers, one ranged write with fsync per slab.
+  // Phase 2: the headers, one ranged write per slab, without waiting for the data: a header
+  // that lands before its page is caught by the page's CRC (at get and at open).
   SlabHeaders hdr(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
     encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
     hdr.add(i, pl[i].folder, folders[pl[i].folder], pl[i].slot, slot_bytes);
   }
-  hdr.start(folders, true, errs);
+  hdr.write(folders, errs);
+  for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
+  for (std::size_t i : writing) scratch.release(buf[i]);
+  hdr.finish(errs);
+  // Phase 3: once every write completed, one fdatasync per slab touched; only then commit.
+  hdr.sync(folders, errs);
   hdr.finish(errs);
   // Commit.
   std::lock_guard lk(mu);
@@ -274,7 +297,7 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
     }
     ok[i] = true;
     st.bytes_written += pl[i].len;
-    model.commit(job.keys[i], where, pl[i].gen, pl[i].len);  // false: a newer put of the key committed first
+    model.commit(job.keys[i], where, pl[i].gen, pl[i].len, pl[i].crc);  // false: a newer put of the key committed first
   }
   return ok;
 }
@@ -286,6 +309,7 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
     bool have = false;
     std::uint32_t folder = 0, slot = 0;
     std::uint64_t gen = 0, len = 0;
+    std::uint32_t crc = 0;
   };
   std::vector<Pin> pins(n);
   {
@@ -295,17 +319,14 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
       std::uint64_t want = 0;
       for (const Segment& s : job.segments[i]) want += s.nbytes;
       auto p = model.pin(job.keys[i], want);
-      if (p) pins[i] = Pin{true, p->where.folder, p->where.slot, p->gen, p->len};
+      if (p) pins[i] = Pin{true, p->where.folder, p->where.slot, p->gen, p->len, p->crc};
     }
   }
-  SlabHeaders hdr(n);
+  // Only the pages are read: the index knows each one's CRC-32C, which the bytes read must
+  // match (a slot that no longer holds the page fails it: a miss, and the entry forgotten).
   PageErrors errs(n);
   std::vector<int>& err = errs.err;
   std::vector<std::string>& what = errs.what;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (pins[i].have) hdr.add(i, pins[i].folder, folders[pins[i].folder], pins[i].slot, slot_bytes);
-  }
-  hdr.start(folders, false, errs);
   std::vector<std::vector<Future>> data(n);
   std::vector<char> on_dev(n, 0), copy_failed(n, 0), verified(n, 0);
   std::deque<std::size_t> dev_pending;
@@ -377,18 +398,11 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
     }
   };
   start_reads();
-  hdr.finish(errs);
   while (!reading.empty()) {
     const std::size_t i = reading.front();
     reading.pop_front();
     errs.settle_all(i, data[i]);
-    if (err[i] == 0) {
-      auto d = decode_header(hdr.at(i), opt.page_bytes);
-      verified[i] = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len &&
-                            crc32c(scratch.data(buf[i]), pins[i].len) == d->crc
-                        ? 1
-                        : 0;
-    }
+    if (err[i] == 0) verified[i] = crc32c(scratch.data(buf[i]), pins[i].len) == pins[i].crc ? 1 : 0;
     if (verified[i] != 0) {
       copying.push_back(i);  // holds its buffer until the copy finished
       if (!scratch.to_device(buf[i], job.segments[i], &what[i])) {
@@ -416,14 +430,9 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
       }
       continue;
     }
-    auto d = decode_header(hdr.at(i), opt.page_bytes);
-    bool good = d && d->key == job.keys[i] && d->gen == pins[i].gen && d->len == pins[i].len;
-    if (good) {
-      std::uint32_t c = 0;
-      for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
-      good = c == d->crc;
-    }
-    if (good) {
+    std::uint32_t c = 0;
+    for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
+    if (c == pins[i].crc) {
       ok[i] = true;
       bytes += pins[i].len;
     } else {

@@ -20,28 +20,44 @@ void Store::Impl::maybe_checkpoint() {
   }
 }
 
+namespace {
+/// Slots read per hold of mu while a checkpoint is taken: the lock is never held for O(pages).
+constexpr std::uint64_t kCkptSlice = 4096;
+}  // namespace
+
+// A checkpoint taken a slice of slots at a time (mu released in between) is as good as one
+// taken at once: a page committed meanwhile has a generation above the bound (every put in
+// flight when the bound was taken is above it), so open takes it whether listed or not; a
+// page removed or replaced meanwhile may be listed, as if removed just after the checkpoint
+// (a replace's newer slot wins at open: its generation is higher and its data whole).
+std::optional<std::vector<unsigned char>> Store::Impl::snapshot_folder(std::uint32_t fi, std::uint64_t bound) {
+  std::vector<internal::CkptRecord> records;
+  for (std::uint64_t first = 0;; first += kCkptSlice) {
+    std::lock_guard lk(mu);
+    if (model.failed(fi)) return std::nullopt;  // its file stays the one from before the failure
+    if (first >= model.slots(fi)) break;
+    model.records_in(fi, first, kCkptSlice, &records);
+  }
+  return internal::encode_checkpoint(bound, records);
+}
+
 void Store::Impl::write_checkpoint() {
-  struct Snap {
-    std::vector<unsigned char> bytes;
-    std::uint32_t folder;
-  };
-  std::vector<Snap> snaps;
+  std::uint64_t bound = 0;
   {
     std::lock_guard lk(mu);
-    const std::uint64_t bound = checkpoint_bound();
-    for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
-      if (!model.failed(fi)) snaps.push_back(Snap{internal::encode_checkpoint(bound, model.records(fi)), fi});
-    }
+    bound = checkpoint_bound();
     model.take_dirty();
     last_ckpt = std::chrono::steady_clock::now();
   }
   std::optional<Error> first;
-  for (Snap& s : snaps) {
+  for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
     try {
-      internal::replace_durably(*handle, folders[s.folder].path, "index.ckpt", s.bytes);
+      auto bytes = snapshot_folder(fi, bound);
+      if (!bytes) continue;
+      internal::replace_durably(*handle, folders[fi].path, "index.ckpt", *bytes);
     } catch (const Error& e) {
       std::lock_guard lk(mu);
-      fail_folder(s.folder, e.errnum(), e.what());
+      fail_folder(fi, e.errnum(), e.what());
       if (!first) first = e;
     }
   }
@@ -51,12 +67,18 @@ void Store::Impl::write_checkpoint() {
 }
 
 void Store::Impl::write_folder_checkpoint(std::uint32_t fi) {
-  std::vector<unsigned char> bytes;
+  std::uint64_t bound = 0;
   {
     std::lock_guard lk(mu);
-    bytes = internal::encode_checkpoint(checkpoint_bound(), model.records(fi));
+    bound = checkpoint_bound();
   }
-  internal::replace_durably(*handle, folders[fi].path, "index.ckpt", bytes);
+  std::vector<internal::CkptRecord> records;
+  for (std::uint64_t first = 0;; first += kCkptSlice) {
+    std::lock_guard lk(mu);
+    if (first >= model.slots(fi)) break;
+    model.records_in(fi, first, kCkptSlice, &records);
+  }
+  internal::replace_durably(*handle, folders[fi].path, "index.ckpt", internal::encode_checkpoint(bound, records));
 }
 
 // A checkpoint written after it lists every page committed before the call and has a

@@ -12,15 +12,18 @@
 //
 // Put protocol (one batch thread per batch): under mu, allocate a slot per page (evicting
 // LRU pages of its folder when needed) and a new generation; then, unlocked, write every
-// page's data (no sync) while computing its CRC, then every header with OpOptions::fsync (one
-// pwrite_ranges per slab: the engine's fdatasync after it covers the data written before);
-// then, under mu, switch the index to the new slots and free the old ones (freed later when
-// pinned). A crash anywhere leaves a slot whose header CRC or data CRC does not match (a
-// miss) or the previous version.
+// page's data (no sync) while computing its CRC, then every header (one pwrite_ranges per
+// slab), without waiting for the data in between; once every write completed, one fdatasync
+// per slab touched (a zero-byte write with OpOptions::fsync: the engine's sync threads, all
+// slabs at once); then, under mu, switch the index to the new slots (with each page's CRC)
+// and free the old ones (freed later when pinned). A crash anywhere leaves a slot whose header
+// CRC or data CRC does not match (a miss, or the older slot of the key at open) or the
+// previous version; nothing is acknowledged before its sync.
 //
-// Get protocol: under mu, look up and pin; unlocked, read the headers (one pread_ranges per
-// slab) and the data straight into the caller's segments; verify key, generation, length and
-// the data CRC; under mu, unpin.
+// Get protocol: under mu, look up and pin (the index gives slot, length and the page's CRC);
+// unlocked, read the data straight into the caller's segments (no header: one request per
+// segment) and verify it against the index's CRC; under mu, unpin (a mismatch forgets the
+// entry: its slot no longer holds the page).
 //
 // Device pages (a segment in CUDA memory, DeviceSupport::classify): the same protocols through
 // the batch thread's DeviceScratch: put copies a page device→host into a free buffer, takes its
@@ -45,8 +48,9 @@
 // failed at open (its slot table never read whole) is not probed.
 //
 // Locks: mu guards the slot model, folders' error state, stats and warnings; no I/O wait and
-// no callback runs under it. ckpt_mu serializes checkpoints; probe_mu probes; qmu the queue.
-// Order: probe_mu, ckpt_mu, mu.
+// no callback runs under it, and no work over every page: a checkpoint and clear() take the
+// slot table 4096 slots per hold (checkpoint.cpp, Store::clear). ckpt_mu serializes checkpoints; probe_mu probes; qmu
+// the queue. Order: probe_mu, ckpt_mu, mu.
 #pragma once
 
 #include <chrono>
@@ -55,6 +59,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -226,6 +231,9 @@ struct Store::Impl {
   void write_checkpoint();
   /// Writes folder fi's checkpoint, as of now (ckpt_mu held, mu not).
   void write_folder_checkpoint(std::uint32_t fi);
+  /// Folder fi's checkpoint bytes with generation bound `bound`, its slots read a slice at a
+  /// time under mu; nullopt when the folder is failed (mu not held).
+  std::optional<std::vector<unsigned char>> snapshot_folder(std::uint32_t fi, std::uint64_t bound);
   /// Waits until every put that took its generation before the call has committed or failed
   /// (lk holds mu).
   void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk);

@@ -21,7 +21,8 @@ SlotModel::Index::const_iterator SlotModel::lookup(std::string_view key) const {
 
 void SlotModel::release(Folder& f, std::uint32_t slot) {
   SlotInfo& s = f.info[slot];
-  f.tick.erase(slot);
+  s.tick = 0;
+  s.key = nullptr;
   if (s.pins > 0) {
     s.state = SlotState::Zombie;
   } else {
@@ -67,7 +68,7 @@ std::optional<Place> SlotModel::allocate(std::string_view key) {
   return std::nullopt;
 }
 
-bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len) {
+bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc) {
   Folder& f = folders_[p.folder];
   auto it = lookup(key);
   if (it != index_.end() && it->second.gen > gen) {
@@ -81,9 +82,12 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
   e.slot = p.slot;
   e.gen = gen;
   e.len = len;
+  e.crc = crc;
   f.info[p.slot].state = SlotState::Live;
   e.lru = f.lru.insert(f.lru.end(), &nit->first);
-  f.tick[p.slot] = ++clock_;
+  f.info[p.slot].tick = ++clock_;
+  f.info[p.slot].gen = gen;
+  f.info[p.slot].key = &nit->first;
   dirty_ = true;
   return true;
 }
@@ -98,8 +102,8 @@ std::optional<Pinned> SlotModel::pin(std::string_view key, std::uint64_t len) {
   if (e.len != len || f.failed) return std::nullopt;
   ++f.info[e.slot].pins;
   f.lru.splice(f.lru.end(), f.lru, e.lru);
-  f.tick[e.slot] = ++clock_;
-  return Pinned{Place{e.folder, e.slot}, e.gen, e.len};
+  f.info[e.slot].tick = ++clock_;
+  return Pinned{Place{e.folder, e.slot}, e.gen, e.len, e.crc};
 }
 
 void SlotModel::unpin(Place p) {
@@ -131,19 +135,30 @@ std::size_t SlotModel::clear() {
   return n;
 }
 
+std::size_t SlotModel::clear_slots(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::uint64_t below) {
+  Folder& f = folders_[fi];
+  const std::uint64_t end = std::min(f.slots, first + count);
+  std::size_t n = 0;
+  for (std::uint64_t s = first; s < end; ++s) {
+    const SlotInfo& i = f.info[s];
+    if (i.state != SlotState::Live || i.gen >= below) continue;
+    drop(index_.find(*i.key));
+    ++n;
+  }
+  return n;
+}
+
 bool SlotModel::fail(std::uint32_t fi) {
   Folder& f = folders_[fi];
   if (f.failed) return false;
   f.failed = true;
-  for (auto it = index_.begin(); it != index_.end();) {
-    if (it->second.folder == fi) {
-      f.lru.erase(it->second.lru);
-      release(f, it->second.slot);
-      it = index_.erase(it);
-    } else {
-      ++it;
-    }
+  // The folder's own entries (its LRU list), not the whole index: O(its pages).
+  for (const std::string* key : f.lru) {
+    auto it = index_.find(*key);
+    release(f, it->second.slot);
+    index_.erase(it);  // the key's string goes with it: *key is not read again
   }
+  f.lru.clear();
   dirty_ = true;
   return true;
 }
@@ -171,14 +186,23 @@ void SlotModel::return_probe_slots(std::uint32_t fi, const std::vector<std::opti
   }
 }
 
+void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count,
+                           std::vector<CkptRecord>* out) const {
+  const Folder& f = folders_[fi];
+  const std::uint64_t end = std::min(f.slots, first + count);
+  for (std::uint64_t s = first; s < end; ++s) {
+    const SlotInfo& i = f.info[s];
+    if (i.state == SlotState::Live) out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+  }
+}
+
 std::vector<CkptRecord> SlotModel::records(std::uint32_t fi) const {
   const Folder& f = folders_[fi];
   std::vector<CkptRecord> out;
   out.reserve(f.lru.size());
   for (const std::string* k : f.lru) {
     const Entry& e = index_.find(*k)->second;
-    auto t = f.tick.find(e.slot);
-    out.push_back(CkptRecord{e.slot, e.gen, t == f.tick.end() ? 0 : t->second});
+    out.push_back(CkptRecord{e.slot, e.gen, f.info[e.slot].tick});
   }
   return out;
 }
@@ -187,16 +211,20 @@ void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
   std::vector<std::vector<std::pair<std::uint64_t, const std::string*>>> order(folders_.size());
   for (const auto& [key, c] : pages) {
     Folder& f = folders_[c.where.folder];
-    auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}});
+    auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
     f.info[c.where.slot].state = SlotState::Live;
-    f.tick[c.where.slot] = c.tick;
+    f.info[c.where.slot].gen = c.gen;
+    f.info[c.where.slot].key = &it->first;
     order[c.where.folder].emplace_back(c.tick, &it->first);
   }
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
     Folder& f = folders_[fi];
     std::sort(order[fi].begin(), order[fi].end());
-    for (auto& [tick, key] : order[fi]) index_.find(*key)->second.lru = f.lru.insert(f.lru.end(), key);
-    for (auto& [slot, tick] : f.tick) tick = ++clock_;  // renumber (ticks only order)
+    for (auto& [tick, key] : order[fi]) {
+      Entry& e = index_.find(*key)->second;
+      e.lru = f.lru.insert(f.lru.end(), key);
+      f.info[e.slot].tick = ++clock_;  // renumbered in LRU order (ticks only order)
+    }
     f.free.clear();
     if (f.failed) continue;  // possibly failed before its slot table was made
     for (std::uint64_t s = f.slots; s-- > 0;) {
@@ -220,7 +248,7 @@ std::vector<std::string> SlotModel::lru_keys(std::uint32_t fi) const {
 std::optional<Pinned> SlotModel::find(std::string_view key) const {
   auto it = lookup(key);
   if (it == index_.end()) return std::nullopt;
-  return Pinned{Place{it->second.folder, it->second.slot}, it->second.gen, it->second.len};
+  return Pinned{Place{it->second.folder, it->second.slot}, it->second.gen, it->second.len, it->second.crc};
 }
 
 std::string SlotModel::check() const {
@@ -238,6 +266,8 @@ std::string SlotModel::check() const {
       if (e.folder != fi) continue;
       if (f.failed) return where + "failed but holds " + key;
       if (e.slot >= f.slots) return where + "entry slot out of range";
+      if (f.info[e.slot].gen != e.gen) return where + "slot " + std::to_string(e.slot) + ": generation not its entry's";
+      if (f.info[e.slot].key != &key) return where + "slot " + std::to_string(e.slot) + ": key not its entry's";
       ++owners[e.slot];
       keys.insert(&key);
     }

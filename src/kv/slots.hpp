@@ -50,11 +50,13 @@ struct Place {
   friend bool operator==(const Place&, const Place&) = default;
 };
 
-/// What a get pinned: read the slot and check the header against gen and len.
+/// What a get pinned: read the slot's page and check it against crc (its CRC-32C, as the
+/// put computed it or open read it from the slot's header).
 struct Pinned {
   Place where;
   std::uint64_t gen = 0;
   std::uint64_t len = 0;
+  std::uint32_t crc = 0;
 };
 
 /// A page found by recovery, to install with load().
@@ -63,6 +65,7 @@ struct Found {
   std::uint64_t gen = 0;
   std::uint64_t len = 0;
   std::uint64_t tick = 0;  // orders the LRU list (smaller: less recently used)
+  std::uint32_t crc = 0;   // the page's CRC-32C (its header's)
 };
 
 class SlotModel {
@@ -78,10 +81,10 @@ class SlotModel {
   /// A Writing slot for a new page of `key` (evicting as the policy says), or nullopt when no
   /// folder has one.
   std::optional<Place> allocate(std::string_view key);
-  /// The put of `key` into p (Writing) is durable: the index switches to it and the key's old
-  /// slot is released. false (and p released) when a newer generation of the key committed
-  /// first.
-  bool commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len);
+  /// The put of `key` into p (Writing) is durable: the index switches to it (with the page's
+  /// CRC-32C, what a get checks) and the key's old slot is released. false (and p released)
+  /// when a newer generation of the key committed first.
+  bool commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc = 0);
   /// A put into p (Writing) failed: p is released.
   void abort(Place p);
 
@@ -99,6 +102,10 @@ class SlotModel {
   bool remove(std::string_view key);
   /// Drops every entry; returns how many there were.
   std::size_t clear();
+  /// Drops the entries among slots [first, first + count) of folder fi whose generation is
+  /// below `below`; returns how many. clear() a slice at a time (Store::clear: the lock
+  /// released between slices, pages committed meanwhile with a newer generation kept).
+  std::size_t clear_slots(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::uint64_t below);
 
   // -- folder failure and recovery --
   /// Marks folder fi failed and drops its entries (pinned slots turn Zombie). Returns false
@@ -116,6 +123,9 @@ class SlotModel {
   // -- checkpoints and recovery --
   /// Folder fi's live pages, least recently used first.
   [[nodiscard]] std::vector<CkptRecord> records(std::uint32_t fi) const;
+  /// Appends the live pages among slots [first, first + count) of folder fi, in slot order
+  /// (a checkpoint taken a slice at a time, the lock released in between: O(count) per call).
+  void records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out) const;
   /// Installs the pages recovery found (one per key; their slots Free until now), then remakes
   /// the LRU lists and free lists (a failed folder gets no free list). Once, before any put.
   void load(const std::vector<std::pair<std::string, Found>>& pages);
@@ -143,6 +153,9 @@ class SlotModel {
   struct SlotInfo {
     SlotState state = SlotState::Free;
     std::uint32_t pins = 0;
+    std::uint64_t tick = 0;            // LRU tick of a Live slot (what a checkpoint records)
+    std::uint64_t gen = 0;             // generation of a Live slot's page
+    const std::string* key = nullptr;  // a Live slot's key (its index entry's)
   };
   struct Entry {
     std::uint32_t folder = 0;
@@ -150,13 +163,13 @@ class SlotModel {
     std::uint64_t gen = 0;
     std::uint64_t len = 0;
     std::list<const std::string*>::iterator lru;
+    std::uint32_t crc = 0;
   };
   struct Folder {
     std::uint64_t slots = 0;
     std::vector<SlotInfo> info;
-    std::vector<std::uint32_t> free;                        // slots to hand out
-    std::list<const std::string*> lru;                      // live keys, least recently used first
-    std::unordered_map<std::uint32_t, std::uint64_t> tick;  // slot -> LRU tick (checkpoint)
+    std::vector<std::uint32_t> free;    // slots to hand out
+    std::list<const std::string*> lru;  // live keys, least recently used first
     bool failed = false;
   };
   struct KeyHash {

@@ -252,13 +252,26 @@ std::size_t Store::remove(std::span<const std::string_view> keys) {
 
 std::size_t Store::clear() {
   impl_->check_usable();
-  std::size_t n = 0;
+  // A slice of slots per hold of the lock, never every page at once: the pages committed
+  // before the call (generations below `below`) go; one committed meanwhile may stay.
+  constexpr std::uint64_t kSlice = 4096;
+  Impl& m = *impl_;
+  std::uint64_t below = 0;
   {
-    std::lock_guard lk(impl_->mu);
-    n = impl_->model.clear();
-    impl_->st.removes += n;
+    std::lock_guard lk(m.mu);
+    below = m.next_gen;
   }
-  impl_->durable_checkpoint();
+  std::size_t n = 0;
+  for (std::uint32_t fi = 0; fi < m.folders.size(); ++fi) {
+    for (std::uint64_t first = 0;; first += kSlice) {
+      std::lock_guard lk(m.mu);
+      if (first >= m.model.slots(fi)) break;
+      const std::size_t k = m.model.clear_slots(fi, first, kSlice, below);
+      n += k;
+      m.st.removes += k;
+    }
+  }
+  m.durable_checkpoint();
   return n;
 }
 

@@ -87,8 +87,8 @@ TEST(KvLifetime, DroppingTheLastReferenceInADoneCallbackClosesTheStoreLater) {
     std::condition_variable cv;
     bool ran = false;
     {
+      auto store = std::make_shared<Store>(small_options({folder}));  // before the hold: open writes its slab
       HeldWrites held;
-      auto store = std::make_shared<Store>(small_options({folder}));
       BatchFuture f = store->put(sc.keys, sc.segs);
       f.on_done([keep = store, &m, &cv, &ran]() mutable {
         keep.reset();  // the last reference: ~Store on this batch thread
@@ -118,8 +118,8 @@ TEST(KvLifetime, CloseFromADoneCallbackIsDeferred) {
     CallbackScenario sc;
     std::atomic<int> closed{0};
     {
+      Store store(small_options({folder}));  // before the hold: open writes its slab
       HeldWrites held;
-      Store store(small_options({folder}));
       BatchFuture f = store.put(sc.keys, sc.segs);
       f.on_done([&] {
         store.close();

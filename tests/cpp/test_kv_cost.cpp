@@ -1,0 +1,204 @@
+// The cost per page of deepio::kv and the power-loss contract that makes it safe (issue 46):
+// a get reads only its page (no slot header: the index knows the page's CRC-32C); a put
+// writes header and page without waiting in between and syncs each slab it touched once per
+// batch, acknowledging nothing before that sync; a header whose page did not land whole (a
+// put torn by a crash) is a miss, and the key's older version comes back at open.
+#include <fcntl.h>
+#include <malloc.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/support.hpp"
+#include "deepio/kv.hpp"
+#include "kv/layout.hpp"
+#include "kv/slots.hpp"
+#include "kv_support.hpp"
+#include "platform/fault.hpp"
+
+namespace deepio::test {
+namespace {
+
+using kv::Store;
+constexpr std::uint64_t kSlot = 4096 + kPage;
+
+/// Counts a folder's slab I/O by kind: header and page reads and writes, and syncs.
+struct Counts {
+  std::atomic<int> header_reads{0}, page_reads{0}, header_writes{0}, page_writes{0}, syncs{0};
+  std::atomic<bool> hold_sync{false};
+  std::atomic<int> sync_err{0};
+};
+
+std::shared_ptr<Counts> count_io(const std::string& folder) {
+  auto c = std::make_shared<Counts>();
+  deepio::detail::set_fault_hook(
+      [c, prefix = folder_prefix(folder)](const deepio::detail::FaultSite& site) -> std::optional<std::int64_t> {
+        using deepio::detail::FaultPoint;
+        if (site.point == FaultPoint::Sync) {
+          const std::string p = site.path != nullptr ? site.path : "";
+          if (p.rfind(prefix, 0) != 0 || p.find("/slab-") == std::string::npos) return std::nullopt;
+          while (c->hold_sync.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          ++c->syncs;
+          if (c->sync_err.load() != 0) return -c->sync_err.load();
+          return std::nullopt;
+        }
+        if (site.point != FaultPoint::Read && site.point != FaultPoint::Write) return std::nullopt;
+        if (!fd_in(site.fd, prefix) || !fd_is_slab(site.fd)) return std::nullopt;
+        const bool header = site.offset % kSlot == 0;
+        if (site.point == FaultPoint::Read) {
+          ++(header ? c->header_reads : c->page_reads);
+        } else {
+          ++(header ? c->header_writes : c->page_writes);
+        }
+        return std::nullopt;
+      });
+  return c;
+}
+
+struct NoHook {
+  ~NoHook() { deepio::detail::set_fault_hook({}); }
+};
+
+// One folder of four slabs of 16 slots: a batch of 8 new pages (slots 0-7, one slab) costs
+// 8 header writes, 8 page writes and one sync; a get of them 8 page reads and no header read.
+// A batch over 3 slabs syncs each of them once.
+TEST(KvCost, APutSyncsEachSlabOnceAndAGetReadsOnlyThePage) {
+  TempDir dir;
+  const std::string a = dir.file("a");
+  auto o = small_options({a}, 64);
+  o.slab_bytes = 16 * kSlot;
+  Store s(o);  // made (and its headers scanned) before the hook: open's reads are not counted
+  NoHook unhook;
+  auto c = count_io(a);
+  auto keys = numbered_keys("k", 8);
+  std::vector<std::vector<unsigned char>> pages;
+  for (const auto& k : keys) pages.push_back(page_for(k, kPage));
+  for (bool b : put_pages(s, keys, pages)) EXPECT_TRUE(b);
+  EXPECT_EQ(c->syncs.load(), 1);
+  EXPECT_EQ(c->header_writes.load(), 8);
+  EXPECT_EQ(c->page_writes.load(), 8);
+  std::vector<std::vector<unsigned char>> out(8, std::vector<unsigned char>(kPage));
+  for (bool b : get_pages(s, keys, out)) EXPECT_TRUE(b);
+  EXPECT_EQ(out, pages);
+  EXPECT_EQ(c->header_reads.load(), 0);
+  EXPECT_EQ(c->page_reads.load(), 8);
+
+  c->syncs = 0;
+  auto more = numbered_keys("m", 30);  // slots 8-37: slabs 0, 1 and 2
+  std::vector<std::vector<unsigned char>> more_pages;
+  for (const auto& k : more) more_pages.push_back(page_for(k, kPage));
+  for (bool b : put_pages(s, more, more_pages)) EXPECT_TRUE(b);
+  EXPECT_EQ(c->syncs.load(), 3);
+}
+
+// A put is acknowledged only after its slab's sync: while the sync is held the batch is not
+// done; a failed sync fails the put (the folder with it) and leaves no page behind.
+TEST(KvCost, APutIsAcknowledgedOnlyAfterItsSync) {
+  TempDir dir;
+  const std::string a = dir.file("a");
+  Store s(small_options({a}, 16));
+  NoHook unhook;
+  auto c = count_io(a);
+  struct Release {
+    Counts* c;
+    ~Release() { c->hold_sync = false; }
+  } release{c.get()};
+  c->hold_sync = true;
+  std::vector<unsigned char> page = page_for("p", kPage);
+  std::vector<std::string_view> k{"p"};
+  std::vector<std::vector<kv::Segment>> seg{{kv::Segment{page.data(), page.size()}}};
+  kv::BatchFuture f = s.put(k, seg);
+  EXPECT_FALSE(f.wait_for(std::chrono::milliseconds(200)));
+  std::vector<std::string_view> pk{"p"};
+  EXPECT_FALSE(s.contains(pk)[0]);
+  c->hold_sync = false;
+  EXPECT_TRUE(f.get()[0]);
+  EXPECT_TRUE(s.contains(pk)[0]);
+
+  c->sync_err = EIO;
+  std::vector<std::vector<unsigned char>> q{page_for("q", kPage)};
+  EXPECT_FALSE(put_pages(s, {"q"}, q)[0]);
+  std::vector<std::string_view> qk{"q"};
+  EXPECT_FALSE(s.contains(qk)[0]);
+  EXPECT_TRUE(s.stats().folders[0].failed);
+}
+
+/// Writes into slot `slot` of the one-slab folder `folder` what a put torn by a power loss can
+/// leave: a whole header for (key, gen, the CRC of `page`) and only the first half of `page`.
+void write_torn_put(const std::string& folder, std::uint32_t slot, const std::string& key, std::uint64_t gen,
+                    const std::vector<unsigned char>& page) {
+  std::vector<unsigned char> bytes(kSlot, 0);
+  kv::internal::encode_header(bytes.data(), key, gen, page.size(), kv::crc32c(page.data(), page.size()), kPage);
+  std::memcpy(bytes.data() + 4096, page.data(), page.size() / 2);
+  const int fd = ::open((folder + "/slab-0000.bin").c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(slot * kSlot)),
+            static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+// A crash tore two puts (header whole, page not): a replace of "old" (whose acknowledged
+// version comes back at open) and a new key "new" (a miss at get, then forgotten).
+TEST(KvCost, AHeaderWhosePageDidNotLandIsNotThere) {
+  TempDir dir;
+  const std::string a = dir.file("a");
+  std::vector<std::vector<unsigned char>> v1{page_for("old", kPage, 1)};
+  {
+    Store s(small_options({a}, 16));
+    ASSERT_TRUE(put_pages(s, {"old"}, v1)[0]);  // slot 0; the close checkpoints it
+  }
+  const std::uint64_t gen = std::uint64_t{1} << 40;  // above the checkpoint's bound: after it
+  write_torn_put(a, 5, "old", gen, page_for("old", kPage, 2));
+  write_torn_put(a, 6, "new", gen + 1, page_for("new", kPage, 3));
+  Store s(small_options({a}, 16));
+  EXPECT_EQ(s.stats().recovered_pages, 2u);  // "old" (its whole version) and "new"
+  EXPECT_GE(s.stats().open_pages_read, 1u);  // "old" has two versions: the newest is read
+  std::vector<std::vector<unsigned char>> out(2, std::vector<unsigned char>(kPage));
+  auto got = get_pages(s, {"old", "new"}, out);
+  EXPECT_TRUE(got[0]);
+  EXPECT_EQ(out[0], v1[0]);
+  EXPECT_FALSE(got[1]);
+  EXPECT_EQ(s.stats().corrupt, 1u);
+  std::vector<std::string_view> nk{"new"};
+  EXPECT_FALSE(s.contains(nk)[0]);  // forgotten
+}
+
+// The index's memory per page, besides the key's own bytes (docs/kv.md "Memory"): a model of
+// 200 000 slots, all live, with 64-byte keys (SGLang's hex SHA-256), measured by the heap's
+// own count. Printed, and bounded so that it does not grow unnoticed.
+TEST(KvCost, TheIndexCostsAFixedNumberOfBytesPerPagePlusTheKey) {
+  constexpr std::uint32_t kSlots = 200000;
+  constexpr std::size_t kKey = 64;
+  std::vector<std::pair<std::string, kv::internal::Found>> pages;
+  pages.reserve(kSlots);
+  for (std::uint32_t i = 0; i < kSlots; ++i) {
+    std::string k = std::to_string(i);
+    k.resize(kKey, 'k');
+    pages.emplace_back(std::move(k), kv::internal::Found{{0, i}, i + 1u, kPage, i, i});
+  }
+  const std::size_t before = ::mallinfo2().uordblks;
+  std::size_t per_page = 0;
+  {
+    kv::internal::SlotModel m(1, 1.0, 1.0);
+    m.init_folder(0, kSlots);
+    m.load(pages);
+    ASSERT_EQ(m.pages(), kSlots);
+    per_page = (::mallinfo2().uordblks - before) / kSlots;
+  }
+  const std::size_t key_bytes = kKey + 1;  // its characters and the terminating zero
+  std::cout << "[ index ] " << per_page << " bytes per live page with a " << kKey << "-byte key: " << key_bytes
+            << " for the key, " << per_page - key_bytes << " for the rest\n";
+  EXPECT_LE(per_page - key_bytes, 256u);
+}
+
+}  // namespace
+}  // namespace deepio::test
