@@ -2,8 +2,9 @@
 // (device memory by GPUDirect Storage or staged through host memory: HandleOptions::device_route).
 //
 // A handle owns `intra_op_parallelism` worker threads, each with its own kernel queue
-// (an io_uring ring, a libaio context, or nothing for the threads backend). A request is cut
-// into one slice per worker at alignment boundaries; each worker cuts its slice into
+// (an io_uring ring, a libaio context, or nothing for the threads backend). A request of at
+// most two blocks (2 x block_size) goes whole to one worker (the next in turn); a larger one is
+// cut into one slice per worker at alignment boundaries; each worker cuts its slice into
 // block_size requests and keeps at most queue_depth of them in flight, across all the
 // requests queued to it. Any size, any file offset, any buffer address: the aligned middle
 // goes through O_DIRECT (through an aligned bounce buffer when the caller's buffer is not

@@ -99,8 +99,10 @@ class aio_handle:  # noqa: N801 - DeepNVMe's name
     overlap_events=False, intra_op_parallelism=1, *, backend="auto", direct_io="auto",
     device_route="auto")``
 
-    Every request is split across ``intra_op_parallelism`` worker threads, cut into
-    ``block_size`` requests, with up to ``queue_depth`` in flight per worker.
+    A request larger than two blocks (``2 * block_size``) is split across
+    ``intra_op_parallelism`` worker threads; a smaller one goes whole to one worker (the next
+    in turn). Each worker cuts its part into ``block_size`` requests, with up to
+    ``queue_depth`` in flight per worker.
     ``backend``: "auto" (io_uring, then libaio, then threads), "io_uring", "libaio",
     "threads". ``direct_io``: "auto" (O_DIRECT where the file system accepts it), "on"
     (O_DIRECT or EINVAL), "off" (page cache); True/False mean "on"/"off".

@@ -122,13 +122,7 @@ void OpState::finish() noexcept {
       if (routed_) counters_->device_ops_routed.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (signal_ != nullptr) {
-    {
-      std::lock_guard lock(signal_->mutex);
-      ++signal_->finished;
-    }
-    signal_->cv.notify_all();
-  }
+  if (signal_ != nullptr) signal_->notify();
   Status unreported;
   bool report;
   {

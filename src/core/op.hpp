@@ -75,11 +75,23 @@ struct Counters {
   std::atomic<std::uint64_t> fixed_file_fallbacks{0};  ///< file object requests on the plain fd (table full)
 };
 
-/// Something waiting for "any op finished" (the engine, for fd back-pressure and shutdown).
+/// Something waiting for "any op finished" (the engine, for fd back-pressure). Finishing an
+/// op costs one atomic increment and one load: the lock and notify_all only while someone
+/// waits. A waiter, under mutex: ++waiters, then reads finished, then waits on cv with a
+/// predicate on finished, then --waiters. The finisher increments finished, then reads
+/// waiters (both sequentially consistent): either the waiter sees the new count, or the
+/// finisher sees the waiter and notifies under mutex (so never before the waiter sleeps).
 struct CompletionSignal {
   std::mutex mutex;
   std::condition_variable cv;
-  std::uint64_t finished = 0;  ///< guarded by mutex
+  std::atomic<std::uint64_t> finished{0};
+  std::atomic<std::uint32_t> waiters{0};  ///< changed under mutex
+  void notify() noexcept {
+    finished.fetch_add(1);
+    if (waiters.load() == 0) return;
+    { std::lock_guard lock(mutex); }
+    cv.notify_all();
+  }
 };
 
 class OpState;

@@ -90,9 +90,22 @@ std::vector<Slice> worker_slices(std::size_t workers) {
 }
 }  // namespace
 
+std::uint64_t split_threshold(const PlanInput& in) {
+  return 2 * static_cast<std::uint64_t>(std::max<std::size_t>(1, in.block_size));
+}
+
 std::vector<Slice> plan_request(const PlanInput& in) {
   if (in.nbytes == 0) return {};
   const std::size_t workers = std::max<std::size_t>(1, in.workers);
+  if (workers > 1 && !in.any_alignment && in.nbytes <= split_threshold(in)) {
+    // Whole to one worker: one request per block, not one per worker.
+    std::vector<Slice> one(1);
+    one[0].worker = in.first_worker % workers;
+    plan_into(in, 1, [&](std::size_t, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
+      append(one[0], in, from, to, mode, chunk);
+    });
+    return one;
+  }
   std::vector<Slice> slices = worker_slices(workers);
   plan_into(in, workers, [&](std::size_t w, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
     append(slices[w], in, from, to, mode, chunk);
@@ -109,7 +122,7 @@ std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ran
   if (total == 0) return {};
   // Large ranges are cut across every worker, as a single request is; the others go whole to
   // the worker whose share of the total their place in the order falls in.
-  const std::uint64_t split_above = 2 * static_cast<std::uint64_t>(std::max<std::size_t>(1, in.block_size));
+  const std::uint64_t split_above = split_threshold(in);
   const std::uint64_t share = (total + workers - 1) / workers;  // bytes per worker
   std::uint64_t before = 0;                                     // bytes of the ranges before this one
   for (const IoRange& r : ranges) {
@@ -124,7 +137,7 @@ std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ran
                   append(slices[w], one, from, to, mode, chunk);
                 });
     } else {
-      const std::size_t w = std::min<std::uint64_t>(workers - 1, before / share);
+      const std::size_t w = (in.first_worker + std::min<std::uint64_t>(workers - 1, before / share)) % workers;
       plan_into(one, 1, [&](std::size_t, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
         append(slices[w], one, from, to, mode, chunk);
       });

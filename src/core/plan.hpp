@@ -8,10 +8,13 @@
 // where A0/A1 round inward to the unit G = max(offset alignment, page size). Using whole
 // pages (not just the device's 512-byte sectors) keeps buffered head/tail pages and direct
 // body pages disjoint, so the page cache and direct writes never race over one page.
-// The body is divided among the workers at multiples of G; the head goes to the first
-// worker and the tail to the last. Without direct I/O the whole request is buffered and is
-// divided at page multiples. For memory the kernel cannot address (GPU), every segment is
-// staged through bounce slots, so chunks never exceed a slot. A backend that takes any
+// A request of at most two blocks (2 x block_size) goes whole to one worker (first_worker):
+// cutting a 64 KiB read in two 32 KiB requests on two workers doubles the requests and the
+// per-request cost and gains nothing when many ops are in flight, which is the only case
+// where small requests matter. A larger request's body is divided among the workers at
+// multiples of G; the head goes to the first worker and the tail to the last. Without
+// direct I/O the whole request is buffered and is divided at page multiples. For memory the kernel cannot address
+// (GPU), every segment is staged through bounce slots, so chunks never exceed a slot. A backend that takes any
 // alignment (GPUDirect Storage) gets the whole request as Direct segments: a short first
 // one up to the first page boundary, then page-aligned chunks (block_size rounded down to
 // pages) shared among the workers at chunk multiples, so no page is written by two workers.
@@ -67,10 +70,18 @@ struct PlanInput {
   /// page) counted from that boundary, so every request after the first starts page-aligned
   /// and every one but the last of each segment is exactly one chunk.
   bool any_alignment = false;
+  /// The worker a request too small to split goes to (taken modulo workers): the engine
+  /// turns it round op by op, so small ops spread evenly over the workers.
+  std::size_t first_worker = 0;
 };
 
 /// Slices in worker order; workers with nothing to do get no slice. Empty for nbytes == 0.
+/// Unless in.any_alignment, a request of at most 2 x block_size is one slice, for worker
+/// first_worker % workers (split_threshold()).
 std::vector<Slice> plan_request(const PlanInput& in);
+
+/// Requests (and ranges) of more bytes than this are cut across the workers: two blocks.
+[[nodiscard]] std::uint64_t split_threshold(const PlanInput& in);
 
 /// One operation over many ranges of one file (Handle::async_pread_ranges): each range is
 /// planned as a request of its own (in.buf is the start of the buffer, the ranges' buffer
@@ -78,7 +89,8 @@ std::vector<Slice> plan_request(const PlanInput& in);
 /// into one slice per worker, in the ranges' order. A range larger than two blocks is cut
 /// across every worker as a single request is; a smaller one goes whole to the worker whose
 /// share of the total bytes its place in the order falls in (consecutive ranges to the same
-/// worker; many small ranges end up evenly spread). Empty when no range has bytes.
+/// worker; many small ranges end up evenly spread; the shares are counted from worker
+/// first_worker, so one-range operations spread too). Empty when no range has bytes.
 std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ranges);
 
 }  // namespace deepio::detail

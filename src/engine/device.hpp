@@ -13,6 +13,7 @@ namespace deepio::detail {
 
 struct DeviceSupport {
   /// The device ordinal that owns `p`, or -1 for host memory. Must be cheap and thread-safe.
+  /// Not asked about memory of allocate_locked() (host memory; the engine's registry says so).
   std::function<int(const void* p)> classify;
   StagerFactory make_stager;
   /// For ops with OpOptions::stream on device memory; empty: the stream is not used (no

@@ -159,7 +159,11 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
     if (!write) throw InvalidArgument("fsync applies to writes only", op->path(), file_offset, nbytes);
     op->set_sync(&start_syncers());
   }
-  if (nbytes > 0) op->set_device(device_.classify(buf));
+  // Memory of allocate_locked() is host memory: no GPU driver query for it (in a CUDA process
+  // classify() costs a cuPointerGetAttribute per op). The same lookup finds the locked region
+  // whose pages io_uring registers.
+  const LockedRegion region = nbytes > 0 ? find_locked_region(buf, extent) : LockedRegion{};
+  if (nbytes > 0 && !region.host) op->set_device(device_.classify(buf));
   op->set_on_device(op->device() >= 0);
   if (op->on_device() && op_options.stream && device_.make_fence) {
     // The handshake with the producer (OpOptions::stream): an event recorded here, on the
@@ -169,8 +173,8 @@ std::shared_ptr<OpState> Engine::new_op(bool write, void* buf, std::size_t nbyte
     if (!fence) throw_error(why.errnum, why.message, op->path(), file_offset, nbytes);
     op->set_fence(std::move(fence));
   }
-  // Only io_uring registers buffers; the lookup is skipped for the others.
-  if (nbytes > 0 && kind_ == BackendKind::IoUring && op->device() < 0) op->set_region(find_locked_region(buf, extent));
+  // Only io_uring registers buffers.
+  if (region.id != 0 && kind_ == BackendKind::IoUring) op->set_region(region);
   return op;
 }
 
@@ -271,6 +275,7 @@ PlanInput Engine::plan_input(const OpState& op, void* buf, const Opened& opened,
   in.page = page_size();
   in.block_size = std::min(options_.block_size, kMaxBlock);
   in.workers = route.direct ? route_workers_.size() : workers_.size();
+  if (in.workers > 1) in.first_worker = next_worker_.fetch_add(1, std::memory_order_relaxed);
   in.bounce_bytes = bounce_slot_bytes_;
   in.staged = op.device() >= 0;
   in.any_alignment = route.direct;

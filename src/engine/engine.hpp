@@ -214,6 +214,9 @@ class Engine {
   std::shared_ptr<StagingPool> pool_;
   CompletionSignal signal_;
   std::atomic<std::uint64_t> submitted_{0};
+  // The worker the next op too small to split goes to (PlanInput::first_worker), turned round
+  // op by op.
+  mutable std::atomic<std::size_t> next_worker_{0};
   // The route and its workers are set at construction, or once by device_route() (route_once_)
   // and published by route_ready_; only threads that passed device_route() or saw route_ready_
   // read them (the destructor runs when no call is in flight).

@@ -63,9 +63,12 @@ Status Engine::with_backpressure(const std::function<Status()>& open, UniqueFd* 
     if (s.ok() || (s.errnum != EMFILE && s.errnum != ENFILE)) return s;
     // Out of descriptors: if this handle's own ops hold some, wait for one to finish.
     std::unique_lock lock(signal_.mutex);
-    const std::uint64_t seen = signal_.finished;
-    if (submitted_.load() <= seen) return s;
-    signal_.cv.wait(lock, [&] { return signal_.finished != seen; });
+    signal_.waiters.fetch_add(1);  // before reading finished (CompletionSignal's protocol)
+    const std::uint64_t seen = signal_.finished.load();
+    const bool pending = submitted_.load() > seen;
+    if (pending) signal_.cv.wait(lock, [&] { return signal_.finished.load() != seen; });
+    signal_.waiters.fetch_sub(1);
+    if (!pending) return s;
   }
 }
 

@@ -158,8 +158,9 @@ LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   const auto* h = holder(r, p, nbytes, [](const Entry& e) { return e.mapped; });
-  if (h == nullptr || !h->second.locked) return {};
-  return {h->second.id, reinterpret_cast<std::byte*>(h->first), h->second.mapped};
+  if (h == nullptr) return {};
+  if (!h->second.locked) return {0, nullptr, 0, true};
+  return {h->second.id, reinterpret_cast<std::byte*>(h->first), h->second.mapped, true};
 }
 
 std::uint64_t add_release_listener(ReleaseListener listener) {

@@ -21,10 +21,14 @@ struct LockedRegion {
   std::uint64_t id = 0;  ///< unique for the life of the process; 0: no region
   std::byte* base = nullptr;
   std::size_t size = 0;  ///< the whole mapping, in pages
+  /// [data, data + nbytes) lies in a live allocation of allocate_locked(), locked or not: host
+  /// memory, so the engine asks no GPU driver what it is.
+  bool host = false;
 };
 
 /// The allocation made by allocate_locked() that holds [data, data + nbytes) and whose mlock
-/// succeeded; {} (id 0) when there is none (foreign memory, or the unlocked fallback).
+/// succeeded; id 0 when there is none (foreign memory, or the unlocked fallback, which still
+/// sets `host`). The engine makes one such lookup per op.
 [[nodiscard]] LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept;
 
 using ReleaseListener = std::function<void(std::uint64_t region_id)>;

@@ -193,6 +193,35 @@ TEST(Plan, SmallRequestsUseOneWorker) {
   EXPECT_EQ(slices[0].segments[0].mode, SegmentMode::Buffered);
 }
 
+// Issue 46: an op of at most two blocks is one slice, on the worker the engine turns round;
+// cutting a 64 KiB read into two 32 KiB requests on two workers only doubled the requests.
+TEST(Plan, RequestsUpToTwoBlocksGoWholeToTheGivenWorkerAndLargerOnesAreCut) {
+  alignas(4096) static std::byte arena[1 << 12];
+  PlanInput in{arena, 64 << 10, 1 << 20, true, 512, 512, 4096, 1 << 20, 2, 1 << 20};
+  for (std::size_t first = 0; first < 5; ++first) {
+    in.first_worker = first;
+    for (const std::size_t n : {std::size_t{4096}, std::size_t{64} << 10, std::size_t{2} << 20}) {
+      in.nbytes = n;
+      const auto slices = plan_request(in);
+      ASSERT_EQ(slices.size(), 1u) << n;
+      EXPECT_EQ(slices[0].worker, first % 2);
+      ASSERT_EQ(slices[0].segments.size(), 1u);
+      EXPECT_EQ(slices[0].segments[0].nbytes, n);
+      EXPECT_EQ(slices[0].segments[0].mode, SegmentMode::Direct);
+    }
+    in.nbytes = (2 << 20) + 4096;  // more than two blocks: both workers
+    const auto cut = plan_request(in);
+    ASSERT_EQ(cut.size(), 2u);
+    EXPECT_EQ(cut[0].segments[0].nbytes + cut[1].segments[0].nbytes, in.nbytes);
+  }
+  // One-range operations spread over the workers too.
+  const std::vector<IoRange> one{{0, 0, 64 << 10}};
+  in.first_worker = 3;
+  const auto r = plan_ranges(in, one);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].worker, 1u);
+}
+
 TEST(PlanRanges, SmallRangesGoWholeToWorkersInEqualSharesAndLargeOnesAreCut) {
   alignas(4096) static std::byte arena[16 << 20];
   // 2 workers, 1 MiB blocks: 64 ranges of 4 KiB (two halves of 128 KiB), one empty range, then

@@ -229,5 +229,32 @@ TEST_P(Staging, StagingBytesSetsTheSlotsPerWorker) {
 
 DEEPIO_INSTANTIATE_FOR_BACKENDS(Staging);
 
+// Issue 46: deepio's own locked memory is host memory, so no op on it asks the GPU driver
+// (classify is a cuPointerGetAttribute in a CUDA process); other memory still is asked about.
+TEST(DeviceClassify, LockedMemoryIsNeverAskedAboutOtherMemoryIs) {
+  std::atomic<int> asked{0};
+  detail::set_device_support({[&](const void*) {
+                                asked.fetch_add(1);
+                                return -1;
+                              },
+                              {},
+                              {}});
+  test::TempDir dir;
+  const std::string path = dir.file("f");
+  const auto data = pattern(1 << 16, 3);
+  test::put(path, data);
+  {
+    Handle h(HandleOptions{});
+    UniqueLockedBuffer locked(1 << 16);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(h.sync_pread(locked.data(), 1 << 16, path), 1u);
+    EXPECT_EQ(std::memcmp(locked.data(), data.data(), data.size()), 0);
+    EXPECT_EQ(asked.load(), 0);
+    std::vector<std::byte> plain(1 << 16);
+    EXPECT_EQ(h.sync_pread(plain.data(), plain.size(), path), 1u);
+    EXPECT_EQ(asked.load(), 1);
+  }
+  detail::set_device_support({});
+}
+
 }  // namespace
 }  // namespace deepio

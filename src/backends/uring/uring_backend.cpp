@@ -13,12 +13,11 @@
 // Registered ("fixed") buffers: a request whose buffer lies in a locked allocation
 // (Request::region) uses READ_FIXED/WRITE_FIXED on a registration of the 64 MiB piece of that
 // allocation it falls in, made on first use in a sparse table of kFixedSlots entries (least
-// recently used replaced). Registering pins the pages once; without
-// it the kernel pins and unpins every request's pages, which was the largest cost of the
-// worker thread for 64 KiB reads here. A registration ends before the allocation is freed
-// (a release listener clears the slot; in-flight requests keep their pages until they
-// complete), so a freed allocation's pages are never kept or reused. A registration the
-// kernel refuses (ENOMEM under RLIMIT_MEMLOCK, kernels before 5.19 without sparse tables) is
+// recently used replaced; a hash index finds a piece's slot in one lookup per request). Registering pins the pages
+// once; without it the kernel pins and unpins every request's pages, which was the largest cost of the worker thread
+// for 64 KiB reads here. A registration ends before the allocation is freed (a release listener clears the slot;
+// in-flight requests keep their pages until they complete), so a freed allocation's pages are never kept or reused. A
+// registration the kernel refuses (ENOMEM under RLIMIT_MEMLOCK, kernels before 5.19 without sparse tables) is
 // remembered and those requests take the ordinary path. The table is guarded by fixed_mutex_
 // because the listener runs on the thread that frees memory; the ring is therefore not set
 // up with IORING_SETUP_SINGLE_ISSUER.
@@ -332,6 +331,16 @@ class UringBackend final : public Backend {
     [[maybe_unused]] const ssize_t n = ::read(wake_fd_, &count, sizeof count);
   }
 
+  struct PieceKey {
+    std::uint64_t region;
+    std::size_t piece;
+    bool operator==(const PieceKey&) const = default;
+  };
+  struct PieceHash {
+    std::size_t operator()(const PieceKey& k) const noexcept {
+      return std::hash<std::uint64_t>{}(k.region * 0x9E3779B97F4A7C15ull ^ k.piece);
+    }
+  };
   struct Fixed {
     std::uint64_t region = 0;  // 0: the slot is empty
     std::size_t piece = 0;
@@ -373,22 +382,25 @@ class UringBackend final : public Backend {
     const std::size_t len = std::min(kFixedPiece, r.region.size - piece * kFixedPiece);
     if (p + r.len > start + len) return -1;  // crosses into the next piece
     std::lock_guard lock(fixed_mutex_);
-    std::size_t victim = 0;
-    for (std::size_t i = 0; i < fixed_.size(); ++i) {
-      if (fixed_[i].region == r.region.id && fixed_[i].piece == piece) {
-        fixed_[i].used = ++clock_;
-        return static_cast<int>(i);
-      }
-      if (fixed_[i].used < fixed_[victim].used) victim = i;
+    const PieceKey key{r.region.id, piece};
+    if (auto it = fixed_index_.find(key); it != fixed_index_.end()) {  // the usual case: one lookup
+      fixed_[it->second].used = ++clock_;
+      return static_cast<int>(it->second);
     }
     if (refused_.contains({r.region.id, piece})) return -1;
+    std::size_t victim = 0;  // a new piece: the least recently used slot (empty ones have used 0)
+    for (std::size_t i = 1; i < fixed_.size(); ++i) {
+      if (fixed_[i].used < fixed_[victim].used) victim = i;
+    }
     iovec iov{start, len};
     __u64 tag = 0;
     if (io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(victim), &iov, &tag, 1) != 1) {
       refused_.insert({r.region.id, piece});
       return -1;
     }
+    if (fixed_[victim].region != 0) fixed_index_.erase({fixed_[victim].region, fixed_[victim].piece});
     fixed_[victim] = {r.region.id, piece, ++clock_};
+    fixed_index_[key] = victim;
     return static_cast<int>(victim);
   }
 
@@ -438,6 +450,7 @@ class UringBackend final : public Backend {
       // Cannot fail for an in-range slot and an empty buffer; if it did, the pages would stay
       // pinned until the slot is reused or the ring closes, and the slot is never used for them.
       (void)io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(i), &none, &tag, 1);
+      fixed_index_.erase({fixed_[i].region, fixed_[i].piece});
       fixed_[i] = {};
     }
   }
@@ -446,7 +459,9 @@ class UringBackend final : public Backend {
   bool eager_;
   bool unflushed_ = false;
   std::mutex fixed_mutex_;
-  std::vector<Fixed> fixed_;                                 // guarded by fixed_mutex_; empty: no fixed buffers
+  std::vector<Fixed> fixed_;  // guarded by fixed_mutex_; empty: no fixed buffers
+  std::unordered_map<PieceKey, std::size_t, PieceHash>
+      fixed_index_;                                          // (region, piece) -> its slot in fixed_; same guard
   std::set<std::pair<std::uint64_t, std::size_t>> refused_;  // guarded by fixed_mutex_
   std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
