@@ -14,7 +14,7 @@ void Store::Impl::maybe_checkpoint() {
   std::unique_lock ck(ckpt_mu, std::try_to_lock);
   if (!ck.owns_lock()) return;
   try {
-    write_checkpoint();
+    write_checkpoint(true);
   } catch (const Error&) {
     // Counted in the folder's errors by write_checkpoint; the next interval tries again.
   }
@@ -41,10 +41,11 @@ std::optional<std::vector<unsigned char>> Store::Impl::snapshot_folder(std::uint
   return internal::encode_checkpoint(bound, records);
 }
 
-void Store::Impl::write_checkpoint() {
+void Store::Impl::write_checkpoint(bool periodic) {
   std::uint64_t bound = 0;
   {
     std::lock_guard lk(mu);
+    if (periodic && !covers_drops()) return;  // after a later batch
     bound = checkpoint_bound();
     model.take_dirty();
     last_ckpt = std::chrono::steady_clock::now();
@@ -66,10 +67,11 @@ void Store::Impl::write_checkpoint() {
   if (first) throw *first;
 }
 
-void Store::Impl::write_folder_checkpoint(std::uint32_t fi) {
+bool Store::Impl::write_folder_checkpoint(std::uint32_t fi) {
   std::uint64_t bound = 0;
   {
     std::lock_guard lk(mu);
+    if (!covers_drops()) return false;
     bound = checkpoint_bound();
   }
   std::vector<internal::CkptRecord> records;
@@ -79,6 +81,7 @@ void Store::Impl::write_folder_checkpoint(std::uint32_t fi) {
     model.records_in(fi, first, kCkptSlice, &records);
   }
   internal::replace_durably(*handle, folders[fi].path, "index.ckpt", internal::encode_checkpoint(bound, records));
+  return true;
 }
 
 // A checkpoint written after it lists every page committed before the call and has a

@@ -227,10 +227,18 @@ struct Store::Impl {
   [[nodiscard]] std::uint64_t checkpoint_bound() const {
     return inflight_gens.empty() ? next_gen - 1 : *inflight_gens.begin() - 1;
   }
-  /// Writes every folder's checkpoint but the failed ones' (ckpt_mu held, mu not).
-  void write_checkpoint();
-  /// Writes folder fi's checkpoint, as of now (ckpt_mu held, mu not).
-  void write_folder_checkpoint(std::uint32_t fi);
+  /// Whether a checkpoint taken now covers every page dropped so far: its bound is at or
+  /// above SlotModel::dropped_max_gen() (mu held). Not while a put that took its generation
+  /// before a dropped page's is still in flight.
+  [[nodiscard]] bool covers_drops() const { return checkpoint_bound() >= model.dropped_max_gen(); }
+  /// Writes every folder's checkpoint but the failed ones' (ckpt_mu held, mu not). `periodic`:
+  /// only if it covers every drop (covers_drops); otherwise nothing is written and the index
+  /// stays dirty, for the next try (a periodic checkpoint that did not make a removal durable
+  /// would break "removals are durable at the next checkpoint").
+  void write_checkpoint(bool periodic = false);
+  /// Writes folder fi's checkpoint, as of now (ckpt_mu held, mu not); false, writing nothing,
+  /// when it would not cover every drop (covers_drops): the probe tries again later.
+  bool write_folder_checkpoint(std::uint32_t fi);
   /// Folder fi's checkpoint bytes with generation bound `bound`, its slots read a slice at a
   /// time under mu; nullopt when the folder is failed (mu not held).
   std::optional<std::vector<unsigned char>> snapshot_folder(std::uint32_t fi, std::uint64_t bound);

@@ -66,7 +66,9 @@ std::size_t Store::Impl::retry_failed(bool all) {
 ///     out of the free list meanwhile. A Free slot's header is never needed: its page was
 ///     dropped, so a header that no longer parses can only keep it from coming back.
 ///  2. the folder's checkpoint, written as write_checkpoint writes it (under ckpt_mu): the
-///     folder has no live page now, so it lists none, with the current generation bound.
+///     folder has no live page now, so it lists none, with the current generation bound --
+///     once that bound covers every dropped page (covers_drops; until then the folder stays
+///     failed, for the next probe, with no error counted).
 ///     The checkpoint on disk was the one from before the failure (a failed folder is left out
 ///     of checkpoints) and listed the pages the failure dropped: after a crash, a reopen would
 ///     bring them back, whatever was removed or evicted since.
@@ -132,16 +134,20 @@ bool Store::Impl::probe(std::uint32_t fi) {
       note(EIO, "kv: a probe of " + f.slabs[s].path() + " read back other bytes than it wrote");
     }
   }
+  bool written = false;
   if (err == 0) {
     try {
       std::lock_guard ck(ckpt_mu);
-      write_folder_checkpoint(fi);
+      written = write_folder_checkpoint(fi);
     } catch (const Error& e) {
       note(errno_of(e), e.what());
     }
   }
   std::lock_guard lk(mu);
   model.return_probe_slots(fi, slot_of);
+  // The folder works, but a put older than a dropped page is still in flight: its checkpoint
+  // would not keep that page from coming back after a crash. Not a failure: the next probe.
+  if (err == 0 && !written) return false;
   if (err != 0) {
     fail_folder(fi, err, what);
     return false;

@@ -32,6 +32,7 @@ void SlotModel::release(Folder& f, std::uint32_t slot) {
 }
 
 void SlotModel::drop(Index::iterator it) {
+  dropped_max_gen_ = std::max(dropped_max_gen_, it->second.gen);
   Folder& f = folders_[it->second.folder];
   f.lru.erase(it->second.lru);
   release(f, it->second.slot);
@@ -155,6 +156,7 @@ bool SlotModel::fail(std::uint32_t fi) {
   // The folder's own entries (its LRU list), not the whole index: O(its pages).
   for (const std::string* key : f.lru) {
     auto it = index_.find(*key);
+    dropped_max_gen_ = std::max(dropped_max_gen_, it->second.gen);
     release(f, it->second.slot);
     index_.erase(it);  // the key's string goes with it: *key is not read again
   }

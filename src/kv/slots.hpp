@@ -137,6 +137,11 @@ class SlotModel {
   /// Slots not Free (0 for a failed folder, as stats report it).
   [[nodiscard]] std::uint64_t used(std::uint32_t fi) const;
   [[nodiscard]] std::uint64_t evictions() const { return evictions_; }
+  /// The highest generation of a page dropped from the index so far (removed, evicted,
+  /// replaced, forgotten, cleared, or lost with its folder's failure). A checkpoint whose
+  /// bound is below it would let the next open's scan take that page back (its header is
+  /// newer than the bound and no checkpoint lists it).
+  [[nodiscard]] std::uint64_t dropped_max_gen() const { return dropped_max_gen_; }
   /// Whether the index changed since the last take_dirty(); clears the flag.
   bool take_dirty() { return std::exchange(dirty_, false); }
   [[nodiscard]] bool dirty() const { return dirty_; }
@@ -190,6 +195,7 @@ class SlotModel {
   Index index_;
   std::uint64_t clock_ = 0;
   std::uint64_t evictions_ = 0;
+  std::uint64_t dropped_max_gen_ = 0;
   bool dirty_ = false;
 };
 
