@@ -65,7 +65,12 @@ void Syncers::drain(Key key) noexcept {
 // descriptor opened after an error someone has already seen syncs "successfully" while an
 // older descriptor's pages were lost. So each other descriptor of the round is asked for the
 // errors it has not seen (OpState::unseen_error: no writeback, no cache flush), once, and
-// every op of that descriptor gets the answer.
+// every op of that descriptor gets the answer. When the round's own sync failed, that error
+// may be the first descriptor's alone (an older writeback error) or the device's (a failed
+// cache flush, which no descriptor records): each other descriptor then syncs itself
+// (OpState::sync_file: nothing left to write back, the cache flushed again), so an op whose
+// descriptor saw no error and whose flush succeeds completes, and a failing flush still fails
+// it. Which op of the round comes first (whose descriptor the round syncs) changes nothing.
 void Syncers::finish_round(const std::vector<std::shared_ptr<OpState>>& round, int err) noexcept {
   const int first_fd = round.front()->sync_fd();
   std::vector<std::pair<int, int>> asked;  // (descriptor, its unseen error)
@@ -78,9 +83,9 @@ void Syncers::finish_round(const std::vector<std::shared_ptr<OpState>>& round, i
   for (const auto& op : round) {
     int e = err;
     const int fd = op->sync_fd();
-    if (e == 0 && fd >= 0 && fd != first_fd) {
+    if (fd >= 0 && fd != first_fd) {
       auto it = std::find_if(asked.begin(), asked.end(), [fd](const auto& a) { return a.first == fd; });
-      if (it == asked.end()) it = asked.insert(asked.end(), {fd, op->unseen_error()});
+      if (it == asked.end()) it = asked.insert(asked.end(), {fd, err == 0 ? op->unseen_error() : op->sync_file()});
       e = it->second;
     }
     op->finish_sync(e);
