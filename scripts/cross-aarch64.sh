@@ -7,16 +7,7 @@
 # scripts/test.sh --full runs it (stage aarch64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(g++-aarch64-linux-gnu qemu-user libgtest-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash scripts/apt-missing.sh g++-aarch64-linux-gnu qemu-user libgtest-dev
 out=build/aarch64
 mkdir -p "$out"
 gtest=/usr/src/googletest/googletest

@@ -7,15 +7,7 @@ set -euo pipefail
 apt_pkgs=(build-essential cmake ninja-build pkg-config
           liburing-dev libaio-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin fio iproute2 clang-format ccache)
-missing=()
-for p in "${apt_pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/apt-missing.sh" "${apt_pkgs[@]}"
 
 py=${PYTHON:-python3}
 # Pinned: nanobind (its stub generator's output is compared with python/deepio/*.pyi by
