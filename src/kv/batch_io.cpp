@@ -161,8 +161,7 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
     std::lock_guard lk(mu);
     st.puts += n;
     for (std::size_t i = 0; i < n; ++i) {
-      std::uint64_t len = 0;
-      for (const Segment& s : job.segments[i]) len += s.nbytes;
+      const std::uint64_t len = internal::page_bytes_of(job.segments[i]);
       if (len > opt.page_bytes) continue;
       auto where = model.allocate(job.keys[i]);
       if (!where) continue;
@@ -316,9 +315,7 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
     std::lock_guard lk(mu);
     st.gets += n;
     for (std::size_t i = 0; i < n; ++i) {
-      std::uint64_t want = 0;
-      for (const Segment& s : job.segments[i]) want += s.nbytes;
-      auto p = model.pin(job.keys[i], want);
+      auto p = model.pin(job.keys[i], internal::page_bytes_of(job.segments[i]));
       if (p) pins[i] = Pin{true, p->where.folder, p->where.slot, p->gen, p->len, p->crc};
     }
   }

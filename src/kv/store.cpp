@@ -295,9 +295,7 @@ StoreStats Store::stats() const {
       if (!j.write) continue;
       ++pending_puts;
       pending_put_pages += j.segments.size();
-      for (const auto& page : j.segments) {
-        for (const Segment& seg : page) pending_put_bytes += seg.nbytes;
-      }
+      for (const auto& page : j.segments) pending_put_bytes += internal::page_bytes_of(page);
     }
   }
   std::lock_guard lk(impl_->mu);
