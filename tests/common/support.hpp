@@ -14,6 +14,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -179,6 +180,20 @@ class BackendTest : public testing::TestWithParam<BackendKind> {
     return o;
   }
   TempDir dir_;
+};
+
+/// A BackendTest whose engine fault hook is a fresh G for each test (a suite's gate: a
+/// callable taking the FaultSite), installed after SetUp and removed at TearDown.
+template <typename G>
+class GatedBackendTest : public BackendTest {
+ protected:
+  void SetUp() override {
+    BackendTest::SetUp();
+    if (IsSkipped()) return;
+    gate_ = std::make_shared<G>();
+    detail::set_fault_hook([g = gate_](const detail::FaultSite& s) { return (*g)(s); });
+  }
+  std::shared_ptr<G> gate_;
 };
 
 /// Test names "io_uring", "libaio", "threads" for INSTANTIATE_TEST_SUITE_P.

@@ -79,20 +79,7 @@ class WriteGate {
   bool open_ = false;
 };
 
-class ReadPriority : public test::BackendTest {
- protected:
-  void SetUp() override {
-    BackendTest::SetUp();
-    if (IsSkipped()) return;
-    gate_ = std::make_shared<WriteGate>();
-    detail::set_fault_hook([g = gate_](const FaultSite& s) { return (*g)(s); });
-  }
-  void TearDown() override {
-    detail::set_fault_hook({});
-    BackendTest::TearDown();
-  }
-  std::shared_ptr<WriteGate> gate_;
-};
+class ReadPriority : public test::GatedBackendTest<WriteGate> {};
 
 // 16 write ops of 4 requests each fill the queue (7 of 8 slots: one kept for a newcomer) and
 // are held; a read of 2 requests on the same device comes after them. One write given back:

@@ -128,14 +128,8 @@ class Gate {
   bool submit_waiting_ = false;
 };
 
-class Scheduler : public test::BackendTest {
+class Scheduler : public test::GatedBackendTest<Gate> {
  protected:
-  void SetUp() override {
-    BackendTest::SetUp();
-    if (IsSkipped()) return;
-    gate_ = std::make_shared<Gate>();
-    detail::set_fault_hook([g = gate_](const FaultSite& s) { return (*g)(s); });
-  }
   void TearDown() override {
     detail::set_fault_hook({});
     for (const auto& p : shm_files_) ::unlink(p.c_str());
@@ -151,7 +145,6 @@ class Scheduler : public test::BackendTest {
     }
     return p;
   }
-  std::shared_ptr<Gate> gate_;
   std::vector<std::string> shm_files_;
 };
 
