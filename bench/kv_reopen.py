@@ -112,6 +112,8 @@ def main() -> None:
         "open_seconds": round(s["open_seconds"], 3),
         "open_wall_seconds": round(wall_open, 3),
         "recovered_pages": s["recovered_pages"],
+        "open_headers_read": s["open_headers_read"],
+        "open_pages_read": s["open_pages_read"],
         "verified": verified,
         "crc32c_gb_per_s_one_core": round(crc_gbs, 2),
     }

@@ -37,8 +37,9 @@
 // Checkpoint: the live (slot, generation, LRU tick) of each folder and a generation bound B
 // below every put still in flight. At open a slot whose header is valid is live if its
 // generation is above B (written after the checkpoint) or the checkpoint lists it with that
-// generation; slots freed before the checkpoint are dead. For a key found in several slots
-// the newest whose data CRC matches wins (a replace torn by a crash leaves the older one).
+// generation; slots freed before the checkpoint are dead. Per key the newest whole page wins:
+// a listed page is taken unread when the key has no other, any other only if its data CRC
+// matches (a put writes header and data at once: a crash can leave a header over torn data).
 // Generations come from one counter per store, restarted above the highest found at open.
 //
 // Errors: any failed operation of a folder marks it failed (errno, message, count, time, a
@@ -210,11 +211,13 @@ struct Store::Impl {
     std::uint32_t folder, slot;
     std::uint64_t gen, len, tick;
     std::uint32_t crc;
+    bool listed;  ///< the folder's checkpoint lists it (its put completed before that checkpoint)
   };
   /// Reads every slot header of folder fi; appends its live candidates by key.
   void scan_folder(std::uint32_t fi, std::unordered_map<std::string, std::vector<Candidate>>* found);
-  /// Whether the slot's data matches crc (read through the handle).
-  bool data_matches(const Candidate& c);
+  /// Per candidate, whether its slot's data matches its CRC (read through the handle, several
+  /// at once).
+  std::vector<char> data_matches(const std::vector<const Candidate*>& cands);
 
   // -- probe.cpp --
   /// Marks folder fi failed (mu held): counts the error, queues a warning the first time and

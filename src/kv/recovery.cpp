@@ -28,6 +28,8 @@ using internal::read_whole;
 namespace {
 constexpr std::size_t kScanChunkSlots = 2048;
 constexpr std::size_t kScanInFlight = 8;
+/// Pages read at once at open to check their data against their CRC.
+constexpr std::size_t kVerifyInFlight = 32;
 /// The most slab files a folder made now has (one with StoreOptions::slab_bytes 0).
 constexpr std::uint64_t kMaxSlabs = 4;
 /// A new slab is written with zeros once, in writes of this size, this many at once.
@@ -233,14 +235,15 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
       highest = std::max(highest, d->gen);
       if (f.clear_pages || d->gen <= floor) continue;
       std::uint64_t tick = 0;
-      if (d->gen <= bound) {
+      const bool listed = d->gen <= bound;
+      if (listed) {
         auto it = ck.find(slot);
         if (it == ck.end() || it->second.first != d->gen) continue;  // freed before the checkpoint
         tick = it->second.second;
       } else {
         tick = (std::uint64_t{1} << 62) + d->gen;  // after the checkpoint: newest
       }
-      (*found)[std::string(d->key)].push_back(Candidate{fi, slot, d->gen, d->len, tick, d->crc});
+      (*found)[std::string(d->key)].push_back(Candidate{fi, slot, d->gen, d->len, tick, d->crc, listed});
     }
   };
   for (std::uint64_t s = 0; s < f.slabs.size(); ++s) {
@@ -273,12 +276,36 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
   }
 }
 
-bool Store::Impl::data_matches(const Candidate& c) {
-  ++st.open_pages_read;
-  AlignedBuf buf = aligned_buf(c.len);
-  Folder& f = folders[c.folder];
-  if (c.len > 0) f.slab_of(c.slot).pread(buf.get(), c.len, f.offset_of(c.slot, slot_bytes) + kHeaderBytes).get();
-  return crc32c(buf.get(), c.len) == c.crc;
+std::vector<char> Store::Impl::data_matches(const std::vector<const Candidate*>& cands) {
+  struct Read {
+    std::size_t i;
+    AlignedBuf buf;
+    Future fut;
+  };
+  std::vector<char> ok(cands.size(), 0);
+  std::deque<Read> inflight;
+  auto drain_one = [&] {
+    Read r = std::move(inflight.front());
+    inflight.pop_front();
+    const Candidate& c = *cands[r.i];
+    try {
+      if (c.len > 0) r.fut.get();
+      ok[r.i] = crc32c(r.buf.get(), c.len) == c.crc ? 1 : 0;
+    } catch (const Error&) {
+      ok[r.i] = 0;  // unreadable: not whole (a folder that fails for good fails at its first batch)
+    }
+  };
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    const Candidate& c = *cands[i];
+    ++st.open_pages_read;
+    Folder& f = folders[c.folder];
+    Read r{i, aligned_buf(std::max<std::uint64_t>(c.len, 1)), {}};
+    if (c.len > 0) r.fut = f.slab_of(c.slot).pread(r.buf.get(), c.len, f.offset_of(c.slot, slot_bytes) + kHeaderBytes);
+    inflight.push_back(std::move(r));
+    if (inflight.size() >= kVerifyInFlight) drain_one();
+  }
+  while (!inflight.empty()) drain_one();
+  return ok;
 }
 
 void Store::Impl::open() {
@@ -325,16 +352,49 @@ void Store::Impl::open() {
     }
   }
   if (usable == 0) throw *first;
-  // Resolve: per key the newest candidate (whose data matches, when there are several).
-  std::vector<std::pair<std::string, internal::Found>> pages;
-  pages.reserve(found.size());
+  // Resolve: per key the newest candidate that is whole. The checkpoint vouches for a page it
+  // lists when the key has no other; any other is taken only if its data matches its CRC: a
+  // put writes its header and its data at once, so a crash in a put can leave a header over
+  // data that is not whole (and a replace torn by a crash leaves the older version).
+  struct Pending {
+    const std::string* key;
+    std::vector<Candidate>* cands;
+    std::size_t next = 0;
+  };
+  std::vector<Pending> todo;
+  todo.reserve(found.size());
   for (auto& [key, cands] : found) {
     std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.gen > b.gen; });
-    for (const Candidate& c : cands) {
-      if (model.failed(c.folder)) continue;
-      if (cands.size() == 1 || data_matches(c)) {
-        pages.emplace_back(key, internal::Found{internal::Place{c.folder, c.slot}, c.gen, c.len, c.tick, c.crc});
-        break;
+    todo.push_back(Pending{&key, &cands});
+  }
+  std::vector<std::pair<std::string, internal::Found>> pages;
+  pages.reserve(found.size());
+  auto take = [&](const std::string& key, const Candidate& c) {
+    pages.emplace_back(key, internal::Found{internal::Place{c.folder, c.slot}, c.gen, c.len, c.tick, c.crc});
+  };
+  while (!todo.empty()) {
+    std::vector<Pending> check;  // each one's candidate `next` is read
+    std::vector<const Candidate*> reads;
+    for (Pending& p : todo) {
+      while (p.next < p.cands->size() && model.failed((*p.cands)[p.next].folder)) ++p.next;
+      if (p.next == p.cands->size()) continue;  // nothing whole: the key is not there
+      const Candidate& c = (*p.cands)[p.next];
+      if (c.listed && p.cands->size() == 1) {
+        take(*p.key, c);
+        continue;
+      }
+      check.push_back(p);
+      reads.push_back(&c);
+    }
+    const std::vector<char> ok = data_matches(reads);
+    todo.clear();
+    for (std::size_t i = 0; i < check.size(); ++i) {
+      Pending& p = check[i];
+      if (ok[i] != 0) {
+        take(*p.key, (*p.cands)[p.next]);
+      } else {
+        ++p.next;
+        todo.push_back(p);
       }
     }
   }
