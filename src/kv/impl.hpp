@@ -102,6 +102,14 @@ struct Folder {
   std::uint64_t recoveries = 0;
   int last_errno = 0;
   std::string last_error;
+  /// Its absolute path, links resolved: how failed.list names it (failed_list.cpp).
+  std::string id;
+  /// The highest generation handed out when it last failed: its pages then are at or below.
+  std::uint64_t failed_gen = 0;
+  /// From the failed.list files read at open: its pages at or below this are dead.
+  std::uint64_t stale_floor = 0;
+  /// Its failed.list as last read or written (ckpt_mu): rewritten only when it changes.
+  std::vector<unsigned char> failed_list;
 
   [[nodiscard]] std::uint64_t offset_of(std::uint32_t slot, std::uint64_t slot_bytes) const {
     return (slot % per_slab) * slot_bytes;
@@ -255,8 +263,15 @@ struct Store::Impl {
   /// Waits until every put that took its generation before the call has committed or failed
   /// (lk holds mu).
   void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk);
-  /// checkpoint() and clear(): the barrier above, then the checkpoint.
+  /// checkpoint() and clear(): the barrier above, then the checkpoint; throws when every
+  /// folder has failed (nothing was written, nothing is durable).
   void durable_checkpoint();
+
+  // -- failed_list.cpp --
+  /// At open, before any scan: every folder's failed.list, into the folders' stale_floor.
+  void read_failed_lists();
+  /// After a checkpoint (ckpt_mu held, mu not): the folders failed now, to each healthy one.
+  void write_failed_lists();
 };
 
 }  // namespace deepio::kv
