@@ -27,7 +27,18 @@ namespace {
 /// then finish() before the buffer goes), and then each slab synced once (sync()).
 class SlabHeaders {
  public:
-  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), buf_(aligned_buf(bytes_)) {}
+  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), cap_(bytes_), buf_(borrow(&cap_)) {}
+  ~SlabHeaders() {
+    // Nothing may still write from the buffer when the next batch takes it (a batch that
+    // threw between write() and finish()).
+    for (auto& [where, g] : groups_) {
+      std::string w;
+      if (g.started) (void)settle(g.fut, &w);
+    }
+    give_back(std::move(buf_), cap_);
+  }
+  SlabHeaders(const SlabHeaders&) = delete;
+  SlabHeaders& operator=(const SlabHeaders&) = delete;
   [[nodiscard]] unsigned char* at(std::size_t i) const { return buf_.get() + i * kHeaderBytes; }
   /// Page i's header is that of slot `slot` of folder `fi` (f).
   void add(std::size_t i, std::uint32_t fi, const Folder& f, std::uint32_t slot, std::uint64_t slot_bytes) {
@@ -92,7 +103,35 @@ class SlabHeaders {
       }
     }
   }
+  // The batch thread keeps its last buffer (up to kKeep bytes) for the next batch: a new one
+  // of 512 KiB (128 pages) is an mmap and 128 zeroed page faults per batch.
+  static constexpr std::size_t kKeep = std::size_t{4} << 20;
+  struct Kept {
+    AlignedBuf buf;
+    std::size_t bytes = 0;
+  };
+  static Kept& kept() {
+    thread_local Kept k;
+    return k;
+  }
+  /// A buffer of at least *bytes; *bytes becomes its size.
+  static AlignedBuf borrow(std::size_t* bytes) {
+    Kept& k = kept();
+    if (k.buf && k.bytes >= *bytes) {
+      *bytes = k.bytes;
+      return std::move(k.buf);
+    }
+    return aligned_buf(*bytes);
+  }
+  static void give_back(AlignedBuf buf, std::size_t bytes) {
+    Kept& k = kept();
+    if (buf && bytes <= kKeep && (!k.buf || k.bytes < bytes)) {
+      k.buf = std::move(buf);
+      k.bytes = bytes;
+    }
+  }
   std::size_t bytes_;
+  std::size_t cap_;  // buf_'s size (a kept buffer may be larger than bytes_)
   std::uint64_t ops_ = 0;
   AlignedBuf buf_;  // before groups_: their futures go first
   std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
