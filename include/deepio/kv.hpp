@@ -299,8 +299,8 @@ class DEEPIO_API Store {
   std::shared_ptr<Impl> impl_;  // shared with the batch threads (a close from one is deferred)
 };
 
-/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has
-/// it, a table otherwise. crc32c("123456789") == 0xE3069283.
+/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): AVX-512 VPCLMULQDQ
+/// folding (1 KiB and more) and SSE4.2 where the CPU has them, a table otherwise. crc32c("123456789") == 0xE3069283.
 [[nodiscard]] DEEPIO_API std::uint32_t crc32c(const void* data, std::size_t nbytes, std::uint32_t crc = 0) noexcept;
 
 }  // namespace deepio::kv
