@@ -211,9 +211,12 @@ struct StoreStats {
   std::uint64_t recovered_pages = 0;     ///< pages found by the last open
   std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
-  double open_seconds = 0;               ///< how long the last open took (checkpoint + scan)
-  std::uint64_t open_headers_read = 0;   ///< slot headers the last open read (each slot's once)
-  std::uint64_t open_pages_read = 0;     ///< pages the last open read to check (not vouched for)
+  /// Engine operations that puts and gets started (reads, writes and syncs): a batch's host
+  /// pages go as one ranged operation per slab and handle block (docs/kv.md "Cost per page").
+  std::uint64_t io_ops = 0;
+  double open_seconds = 0;              ///< how long the last open took (checkpoint + scan)
+  std::uint64_t open_headers_read = 0;  ///< slot headers the last open read (each slot's once)
+  std::uint64_t open_pages_read = 0;    ///< pages the last open read to check (not vouched for)
   /// Put batches queued and not yet started (gets are started first), their pages and bytes:
   /// puts coming faster than the drives take them show here (back-pressure for the caller).
   std::uint64_t pending_puts = 0, pending_put_pages = 0, pending_put_bytes = 0;
@@ -296,8 +299,8 @@ class DEEPIO_API Store {
   std::shared_ptr<Impl> impl_;  // shared with the batch threads (a close from one is deferred)
 };
 
-/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has
-/// it, a table otherwise. crc32c("123456789") == 0xE3069283.
+/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): AVX-512 VPCLMULQDQ
+/// folding (1 KiB and more) and SSE4.2 where the CPU has them, a table otherwise. crc32c("123456789") == 0xE3069283.
 [[nodiscard]] DEEPIO_API std::uint32_t crc32c(const void* data, std::size_t nbytes, std::uint32_t crc = 0) noexcept;
 
 }  // namespace deepio::kv

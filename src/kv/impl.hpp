@@ -4,6 +4,7 @@
 //   layout.cpp      header, kv.meta and checkpoint bytes (pure)
 //   slots.cpp       slots, index, LRU and eviction (pure model)
 //   files.cpp       durable replace, whole-file reads, the folder lock
+//   page_io.cpp     a batch's host pages as ranged operations, a block of a slab's pages each
 //   batch_io.cpp    put and get batches (the I/O of the protocols below)
 //   recovery.cpp    open: layout, checkpoint and header scan
 //   probe.cpp       folder failures and the probes that bring them back
@@ -12,7 +13,8 @@
 //
 // Put protocol (one batch thread per batch): under mu, allocate a slot per page (evicting
 // LRU pages of its folder when needed) and a new generation; then, unlocked, write every
-// page's data (no sync) while computing its CRC, then every header (one pwrite_ranges per
+// page's data (no sync; host pages a ranged write per block of a slab's pages, page_io.hpp)
+// while computing its CRC, then every header (one pwrite_ranges per
 // slab), without waiting for the data in between; once every write completed, one fdatasync
 // per slab touched (a zero-byte write with OpOptions::fsync: the engine's sync threads, all
 // slabs at once); then, under mu, switch the index to the new slots (with each page's CRC)
@@ -22,7 +24,8 @@
 //
 // Get protocol: under mu, look up and pin (the index gives slot, length and the page's CRC);
 // unlocked, read the data straight into the caller's segments (no header: one request per
-// segment) and verify it against the index's CRC; under mu, unpin (a mismatch forgets the
+// segment, host pages a ranged read per block of a slab's pages) and verify each block's
+// pages against the index's CRCs as it lands; under mu, unpin (a mismatch forgets the
 // entry: its slot no longer holds the page).
 //
 // Device pages (a segment in CUDA memory, DeviceSupport::classify): the same protocols through

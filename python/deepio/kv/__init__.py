@@ -49,7 +49,8 @@ Key = Union[str, bytes]
 
 def crc32c(buffer: Any, crc: int = 0) -> int:
     """CRC-32C (Castagnoli) of a host buffer's bytes, continuing from ``crc``: the checksum the
-    store keeps for each page (SSE4.2 where the CPU has it). ``crc32c(b"123456789") == 0xE3069283``."""
+    store keeps for each page (AVX-512 VPCLMULQDQ and SSE4.2 where the CPU has them).
+    ``crc32c(b"123456789") == 0xE3069283``."""
     return _deepio.kv_crc32c(buffer, crc)
 
 
