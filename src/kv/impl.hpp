@@ -9,6 +9,7 @@
 //   recovery.cpp    open: layout, checkpoint and header scan
 //   probe.cpp       folder failures and the probes that bring them back
 //   checkpoint.cpp  writing checkpoints
+//   failed_list.cpp the failed folders named in the healthy ones (a stale checkpoint's floor)
 //   store.cpp       the public API, the batch threads and close
 //
 // Put protocol (one batch thread per batch): under mu, allocate a slot per page (evicting
