@@ -39,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/binding.hpp"
@@ -282,6 +283,15 @@ nb::dict PyHandle::stats() const {
 void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   if (!h) return;
   if (h.use_count() > 1) return;  // not the last holder: see above
+  if (t_in_op_callback && !interpreter_finalizing()) {
+    // A done callback on one of the engine's threads dropped the handle: that thread cannot
+    // wait for itself to finish or join itself. The shutdown runs on a thread of its own.
+    std::thread([h = std::move(h)]() mutable {
+      nb::gil_scoped_acquire gil;
+      shutdown(std::move(h));
+    }).detach();
+    return;
+  }
   BindingCollect everything;
   everything.detached = true;
   Collected r;
