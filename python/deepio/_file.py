@@ -8,9 +8,9 @@ import warnings
 from typing import Any, Union
 
 from . import _deepio, _engine
-from ._futures import NativeFuture
 from ._aio import _direct_io_arg, _range_args
 from ._errors import describe, with_name
+from ._futures import NativeFuture
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -70,7 +70,7 @@ class Future(NativeFuture[int]):
 
     def _native_result(self, timeout: float | None) -> int:
         try:
-            return self._native.result(timeout)  # type: ignore[no-any-return]
+            return self._native.result(timeout)
         except OSError as e:
             raise with_name(e, self._name) from None
 
@@ -81,11 +81,11 @@ class Future(NativeFuture[int]):
     @property
     def nbytes(self) -> int:
         """Size of the request in bytes."""
-        return self._native.nbytes  # type: ignore[no-any-return]
+        return self._native.nbytes
 
     @property
     def offset(self) -> int:
-        return self._native.offset  # type: ignore[no-any-return]
+        return self._native.offset
 
     def __repr__(self) -> str:
         kind = "write" if self._native.write else "read"

@@ -30,7 +30,8 @@ from typing import Any, Callable, NoReturn, TypeVar
 
 T = TypeVar("T")
 
-class NativeFuture(concurrent.futures.Future[T]):  # type: ignore[misc]
+
+class NativeFuture(concurrent.futures.Future[T]):
     """A ``concurrent.futures.Future`` settled by a native future (see the module docstring).
     Subclasses define ``_native_result(timeout)`` and ``_native_exception(timeout)``."""
 
@@ -51,7 +52,7 @@ class NativeFuture(concurrent.futures.Future[T]):  # type: ignore[misc]
         raise NotImplementedError
 
     # -- the concurrent.futures state, made on first use -----------------------------------------
-    @property  # type: ignore[override]
+    @property
     def _condition(self) -> threading.Condition:
         d = self.__dict__
         cond: threading.Condition | None = d.get("_cond")

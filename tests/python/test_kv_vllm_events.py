@@ -119,7 +119,9 @@ def test_stored_events_as_vllm_tiers_emit_them(engines, tmp_dir, locality):
             # A load and a failed load emit nothing; a store of chunks held already names them all.
             absent = make_offload_key(b"\xff" * 16, 0)
             tier.submit_load(
-                TransferJob(job_id=2, keys=[keys[0], absent], chunk_ids=np.arange(4, 6), is_promotion=True, req_context=ctx)
+                TransferJob(
+                    job_id=2, keys=[keys[0], absent], chunk_ids=np.arange(4, 6), is_promotion=True, req_context=ctx
+                )
             )
             tier.submit_store(
                 TransferJob(job_id=3, keys=keys[:2], chunk_ids=np.arange(2), is_promotion=False, req_context=ctx)

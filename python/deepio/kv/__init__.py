@@ -42,7 +42,6 @@ MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
 MAX_FINGERPRINT_BYTES: int = 4096
 
 
-
 class Future(NativeFuture[list[bool]]):
     """The completion of a put or get batch, a ``concurrent.futures.Future``:
     ``result(timeout=None) -> list[bool]`` (one bool per key), ``done()``,
@@ -54,7 +53,7 @@ class Future(NativeFuture[list[bool]]):
     reference to the store (its close is then deferred, see ``Store.close``)."""
 
     def _native_result(self, timeout: float | None) -> list[bool]:
-        return self._native.result(timeout)  # type: ignore[no-any-return]
+        return self._native.result(timeout)
 
     def _native_exception(self, timeout: float | None) -> BaseException | None:
         self._native.result(timeout)

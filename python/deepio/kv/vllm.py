@@ -43,12 +43,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
-
-import logging
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
