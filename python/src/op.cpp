@@ -83,7 +83,8 @@ void init_op(nb::module_& m) {
   nb::class_<Op>(m, "Op", "One operation submitted through deepio.File; wrapped by deepio.Future.")
       .def("done", &Op::done, "True once the operation finished (successfully or not). Never blocks.")
       .def(
-          "add_done_callback", [](nb::handle self, nb::object fn) { nb::cast<Op&>(self).add_done_callback(self, std::move(fn)); },
+          "add_done_callback",
+          [](nb::handle self, nb::object fn) { nb::cast<Op&>(self).add_done_callback(self, std::move(fn)); },
           nb::arg("fn"),
           "Calls fn(op) once when done: at once if done, else from the engine thread that completes it (GIL held).")
       .def("wait", &Op::wait, nb::arg("timeout").none() = nb::none(),

@@ -303,7 +303,8 @@ class OpState : public std::enable_shared_from_this<OpState> {
   bool orphaned_ = false;             // guarded by mutex_: its last Future is gone
   bool abandoned_ = false;            // guarded by mutex_: its engine is gone
   bool observed_ = false;             // guarded by mutex_: the failure reached someone
-  std::vector<std::function<void()>> on_done_;  // guarded by mutex_; run once by finish()
+  // Guarded by mutex_: the on_done() callbacks, run once (and emptied) by finish().
+  std::vector<std::function<void()>> on_done_;
 };
 
 }  // namespace deepio::detail

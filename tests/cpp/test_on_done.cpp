@@ -28,6 +28,8 @@ class Gate {
     detail::set_fault_hook([this, fail](const FaultSite& s) -> std::optional<std::int64_t> {
       if (s.point != FaultPoint::Read) return std::nullopt;
       std::unique_lock lock(mutex_);
+      ++held_;
+      held_cv_.notify_all();
       cv_.wait(lock, [&] { return open_; });
       if (fail) return -EIO;
       return std::nullopt;
@@ -46,10 +48,18 @@ class Gate {
     }
     cv_.notify_all();
   }
+  // Blocks until a read reached the gate (the 30 s bound only keeps a broken engine from
+  // hanging the suite).
+  [[nodiscard]] bool wait_held() {
+    std::unique_lock lock(mutex_);
+    return held_cv_.wait_for(lock, 30s, [&] { return held_ > 0; });
+  }
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable held_cv_;
+  int held_ = 0;  // guarded by mutex_
   bool open_ = false;
 };
 
@@ -93,7 +103,8 @@ class OnDone : public ::testing::Test {
     h.sync_pwrite(data.data(), data.size(), path_);
   }
   Future read(Handle& h, std::vector<std::byte>& buf) {
-    return detail::submit(h, false, buf.data(), buf.size(), &path_, -1, 0, {}, {.detached = true});
+    return detail::submit(h, false, buf.data(), buf.size(), &path_, -1, 0, {},
+                          {.keep_alive = nullptr, .detached = true});
   }
   static constexpr std::size_t kFile = 4 * 4096;
   test::TempDir dir_;
@@ -101,21 +112,19 @@ class OnDone : public ::testing::Test {
 };
 
 TEST_F(OnDone, RunsOnceOnTheWorkerAfterDoneEachCallback) {
+  Gate gate;  // outlives the handle: its workers never wait on a gone gate
   Handle h(threads_backend());
   std::vector<std::byte> buf(kFile);
   Calls calls;
-  Future f;
+  Future f = read(h, buf);
+  detail::on_done(f, calls.make(f));
+  detail::on_done(f, calls.make(f));
+  EXPECT_TRUE(gate.wait_held());
   {
-    Gate gate;
-    f = read(h, buf);
-    detail::on_done(f, calls.make(f));
-    detail::on_done(f, calls.make(f));
-    std::this_thread::sleep_for(20ms);
-    {
-      std::lock_guard lock(calls.mutex);
-      EXPECT_TRUE(calls.threads.empty()) << "a callback ran before the operation finished";
-    }
-  }  // opens the gate
+    std::lock_guard lock(calls.mutex);
+    EXPECT_TRUE(calls.threads.empty()) << "a callback ran before the operation finished";
+  }
+  gate.open();
   ASSERT_TRUE(calls.wait_for(2));
   EXPECT_EQ(f.get(), kFile);
   std::this_thread::sleep_for(20ms);
@@ -141,15 +150,14 @@ TEST_F(OnDone, RunsAtOnceOnTheCallersThreadWhenDone) {
 }
 
 TEST_F(OnDone, RunsForAFailedOperation) {
+  Gate gate(/*fail=*/true);
   Handle h(threads_backend());
   std::vector<std::byte> buf(kFile);
   Calls calls;
-  Future f;
-  {
-    Gate gate(/*fail=*/true);
-    f = read(h, buf);
-    detail::on_done(f, calls.make(f));
-  }
+  Future f = read(h, buf);
+  detail::on_done(f, calls.make(f));
+  EXPECT_TRUE(gate.wait_held());
+  gate.open();
   ASSERT_TRUE(calls.wait_for(1));
   EXPECT_THROW(f.get(), Error);
 }
