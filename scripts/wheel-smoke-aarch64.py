@@ -73,24 +73,28 @@ def main() -> None:
             check(f"file round trip through the engine, backend {name}", (n, m, back) == (len(data), len(data), data))
 
         page, slots = 4096, 8
-        pool = memoryview(bytearray(page * slots)).cast("B", (slots, page))
+        # The pool: a 2-D [slots, page] view of a bytearray (a memoryview has no row views: the
+        # rows are sliced from the bytearray).
+        mem = bytearray(page * slots)
+        pool = memoryview(mem).cast("B", (slots, page))
+        row = lambda m, i: m[i * page : (i + 1) * page]  # noqa: E731
         pages = {f"key{i}": os.urandom(page) for i in range(4)}
         folder = os.path.join(tmp, "kv")
         with deepio.kv.Store(folder, capacity_bytes=64 * page, page_bytes=page, checkpoint_interval=0) as store:
             store.register(pool)
             for slot, value in enumerate(pages.values()):
-                pool[slot] = value
+                mem[slot * page : (slot + 1) * page] = value
             stored = store.put(list(pages), range(len(pages))).result(timeout=60)
             check("kv put", stored == [True] * len(pages), stored)
             got = store.get(list(pages), range(4, 4 + len(pages))).result(timeout=60)
-            same = all(pool[4 + i].tobytes() == v for i, v in enumerate(pages.values()))
+            same = all(row(mem, 4 + i) == v for i, v in enumerate(pages.values()))
             check("kv get", got == [True] * len(pages) and same, got)
-        pool2 = memoryview(bytearray(page * slots)).cast("B", (slots, page))
+        mem2 = bytearray(page * slots)
         with deepio.kv.Store(folder, page_bytes=page) as store:
-            store.register(pool2)
+            store.register(memoryview(mem2).cast("B", (slots, page)))
             check("kv reopen: pages listed", store.contains([*pages, "absent"]) == [True] * len(pages) + [False])
             got = store.get(list(pages), range(len(pages))).result(timeout=60)
-            same = all(pool2[i].tobytes() == v for i, v in enumerate(pages.values()))
+            same = all(row(mem2, i) == v for i, v in enumerate(pages.values()))
             check("kv reopen: pages read back whole", got == [True] * len(pages) and same, got)
 
     check("crc32c('123456789') == 0xE3069283", deepio.kv.crc32c(b"123456789") == 0xE3069283)
