@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bash scripts/apt-missing.sh g++-aarch64-linux-gnu qemu-user
+bash scripts/apt-missing.sh g++-aarch64-linux-gnu qemu-user file
 sysroot=$root/build/aarch64/sysroot
 bash scripts/aarch64-sysroot.sh "$sysroot"
 out=$root/build/aarch64/cmake

@@ -25,7 +25,7 @@ target=$root/build/wheel/aarch64-target
 step() { printf '\n==== aarch64 wheel test: %s ====\n' "$*"; }
 
 step "qemu-user, Debian's arm64 CPython 3.11"
-bash scripts/apt-missing.sh qemu-user
+bash scripts/apt-missing.sh qemu-user file
 bash scripts/aarch64-sysroot.sh "$sysroot"
 # The CPU: every ARMv8 extension qemu has (Grace is Armv9: CRC32 and PMULL are there).
 emu=(qemu-aarch64 -cpu max -L "$sysroot")
