@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages named on the command line that are not installed yet (root, or
-# through sudo); nothing when all are. Used by scripts/setup.sh and scripts/cross-aarch64.sh.
+# through sudo); nothing when all are. Used by scripts/setup.sh and the aarch64 scripts.
 set -euo pipefail
 missing=()
 for p in "$@"; do

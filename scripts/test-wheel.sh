@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 py=${PYTHON:-python3}
-wheel=${1:-$(ls dist/deepio-*manylinux*.whl 2>/dev/null | head -1)}
+wheel=${1:-$(ls dist/deepio-*manylinux*_"$(uname -m)".whl 2>/dev/null | head -1)}
 [ -f "$wheel" ] || { echo "test-wheel.sh: no wheel (run scripts/build-wheel.sh first)" >&2; exit 1; }
 wheel=$(realpath "$wheel")
 venv=$root/build/wheel/test-venv

@@ -11,7 +11,9 @@
 #                                 tests marked slow, the engine, GPU-shim and comm suites under
 #                                 ASan+UBSan and under TSan, scripts/gpu-check.sh in fake mode as
 #                                 documented, and the binary wheel with its smoke set
-#                                 (scripts/test-wheel.sh; the whole suite when packaging changed)
+#                                 (scripts/test-wheel.sh; the whole suite when packaging changed);
+#                                 aarch64 without Arm hardware: every C++ target cross-compiled, the
+#                                 CRC tests and the aarch64 wheel's smoke set under qemu-user
 #
 # Each configuration is compiled once: ccache (build/ccache, made afresh in a fresh clone) gives
 # the Python package's build the objects the C++ build made with the same flags, and the sanitizer
@@ -26,7 +28,7 @@ full=0
 case "${1:-}" in
   "") ;;
   --full) full=1 ;;
-  -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
   *) echo "test.sh: unknown argument '$1' (--full, --help)" >&2; exit 2 ;;
 esac
 
@@ -181,8 +183,12 @@ if [ "$full" -eq 1 ]; then
   # The crash-point fuzzers beyond the test runs' few points (issue 47; docs/testing.md).
   stage crash-fuzz 240 bash scripts/crash-fuzz.sh --points 2000 --python-points 16
 
-  # aarch64 (Grace) without Arm hardware: cross-compiled tests under qemu-user.
-  stage aarch64 180 bash scripts/cross-aarch64.sh
+  # aarch64 (Grace) without Arm hardware: every C++ target cross-compiled, the CRC-32C tests
+  # under qemu-user.
+  stage aarch64 480 bash scripts/cross-aarch64.sh
 
   stage wheel 600 bash scripts/build-wheel.sh --test
+
+  # The aarch64 wheel, cross-built by Zig, its smoke set under qemu-user with Debian's arm64 Python.
+  stage wheel-aarch64 420 bash scripts/build-wheel.sh --arch aarch64 --test
 fi
