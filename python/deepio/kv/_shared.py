@@ -361,7 +361,16 @@ class SharedStore(Store):
                 server.drop_clients()
 
     def _warn(self) -> None:
-        pass
+        pass  # the owner's store warns in the owner's process
+
+    def __del__(self) -> None:
+        # Dropped without close(): close now (an owner's server thread would keep its store
+        # open and locked for as long as the process lives). Not in a forked child.
+        if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():
+            try:
+                self.close()
+            except Exception:
+                pass
 
     def __repr__(self) -> str:
         role = "closed" if self._closed else ("owner" if self.is_owner else "client")

@@ -210,15 +210,18 @@ class Connection:
         return bytes(reply)
 
     def close(self) -> None:
-        """Waits for the requests in flight (or the owner's end), then hangs up."""
+        """Waits for the requests in flight (or the owner's end), then hangs up. From a done
+        callback (the receiver thread, which answers them) that wait runs on a thread of its own."""
+        if threading.current_thread() is self.receiver:
+            threading.Thread(target=self.close, name="deepio-kv-shared-close", daemon=True).start()
+            return
         with self._lock:
             self._lock.wait_for(lambda: self.dead or (not self.pending and not self.queue))
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        if threading.current_thread() is not self.receiver:
-            self.receiver.join()
+        self.receiver.join()
         self.sock.close()
 
     # -- internals ------------------------------------------------------------------------------
