@@ -188,6 +188,10 @@ def test_options_that_differ_are_refused_naming_both_and_unshared_opens_still_ge
         with pytest.raises(ValueError) as info:
             open_shared(tmp_dir, fingerprint="model-b")
         assert "model-a" in str(info.value) and "model-b" in str(info.value)
+        with pytest.raises(ValueError, match="model-a"):  # a store others use is never cleared
+            open_shared(tmp_dir, fingerprint="model-b", clear_on_mismatch=True)
+        with pytest.raises(ValueError, match=f"{PAGE}.*{2 * PAGE}"):
+            open_shared(tmp_dir, fingerprint="model-a", page_bytes=2 * PAGE)
         # The owner's own check (the store's is first for an existing store): a client's hello.
         name, ids = _shared_wire.socket_name(folders(tmp_dir))
         hello = {"page_bytes": 2 * PAGE, "fingerprint": "model-b", "folders": ids, "pid": os.getpid()}
