@@ -6,6 +6,7 @@ argv: folders (joined by ","), page_bytes, capacity_bytes, fingerprint. The firs
 
 - put/get/contains/remove/stats with "keys": page bytes are page_of(key); a get answers "ok"
   and "bad" (keys found whose bytes differ: must never happen);
+- fork: forks a child that sleeps a minute (answers {"child": pid});
 - stream_puts with "prefix" and "batch": puts batches of keys prefix0, prefix1, ... for ever,
   printing {"done": [keys]} after each batch's True pages (the test kills the process).
 """
@@ -67,6 +68,14 @@ def main() -> None:
                 ok = store.put(ks, range(batch)).result(timeout=60)
                 say({"done": [k for k, good in zip(ks, ok) if good]})
                 n += batch
+        elif op == "fork":  # a child that keeps whatever descriptors it inherited for a minute
+            pid = os.fork()
+            if pid == 0:
+                import time
+
+                time.sleep(60)
+                os._exit(0)
+            say({"child": pid})
         elif op == "close":
             store.close()
             say({"closed": True})

@@ -210,11 +210,12 @@ def test_options_that_differ_are_refused_naming_both_and_unshared_opens_still_ge
 
 
 def test_the_owner_sigkilled_mid_stream_fails_calls_in_flight_then_a_client_takes_over(tmp_dir):
-    owner, other = Worker(tmp_dir), None
+    owner, other, forked = Worker(tmp_dir), None, 0
     try:
         assert owner.hello["role"] == "owner"
         theirs = [f"o{i}" for i in range(16)]
         assert owner.ask("put", keys=theirs)["ok"] == [True] * 16
+        forked = owner.ask("fork")["child"]  # its copies of the sockets must not hide the death
         other = Worker(tmp_dir)  # a second client: reconnects to whoever owns the store next
         assert other.hello["role"] == "client"
         client = open_shared(tmp_dir)
@@ -258,6 +259,8 @@ def test_the_owner_sigkilled_mid_stream_fails_calls_in_flight_then_a_client_take
         client.close()
     finally:
         owner.kill()
+        if forked:
+            os.kill(forked, signal.SIGKILL)
         if other is not None:
             other.stop()
 

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _shared_fork as _fork
 from . import _shared_wire as w
 
 _CALL_TIMEOUT = 60.0  # seconds a synchronous call (contains, stats, ...) waits for its reply
@@ -149,6 +150,16 @@ class Connection:
         self.receiver = threading.Thread(target=self._receive, name="deepio-kv-shared-client", daemon=True)
         self.receiver.start()
         self.dispatcher: threading.Thread | None = None
+        _fork.track(self)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: closes the child's copy of the socket (no shutdown), so that the
+        owner sees this client's end when this process ends, whatever children it forked."""
+        self.dead = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
     # -- calls ----------------------------------------------------------------------------------
     def pages(self, op: int, keys: list[bytes], addrs: list[list[tuple[int, int]]]) -> SharedFuture:

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from . import _shared_fork as _fork
 from . import _shared_wire as w
 
 _IO_TIMEOUT = 10.0  # seconds a client may take to send the rest of a message or take a reply
@@ -92,6 +93,7 @@ class Server:
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="deepio-kv-shared-server", daemon=True)
         self.thread.start()
+        _fork.track(self)
 
     @property
     def client_count(self) -> int:
@@ -107,6 +109,16 @@ class Server:
         os.write(self.wake_w, b"x")
         if threading.current_thread() is not self.thread:
             self.thread.join()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: closes the child's copies of the sockets (no shutdown: the
+        parent's stay as they are), so that the parent's death still ends its clients' sockets."""
+        self.stopping = True
+        for sock in [self.listener, *(c.sock for c in list(self.clients.values()))]:
+            try:
+                sock.close()
+            except OSError:
+                pass
 
     def drop_clients(self) -> None:
         with self.lock:
@@ -127,12 +139,14 @@ class Server:
                 for key, _ in self.sel.select():
                     if self.stopping:
                         break
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    elif key.fileobj == self.wake_r:
-                        continue
-                    else:
-                        self._serve(key.data)
+                    try:
+                        if key.fileobj is self.listener:
+                            self._accept()
+                        elif key.fileobj != self.wake_r:
+                            self._serve(key.data)
+                    except Exception:  # never lose the thread that every client waits on
+                        if isinstance(key.data, _Client):
+                            self._hang_up(key.data)
         finally:
             self.sel.close()
             self.listener.close()
