@@ -162,8 +162,8 @@ class SharedStore(Store):
                 self._conn = Connection(name, hello, page_bytes, slots)
                 self._owner = None
                 return
-            except OSError as e:
-                if not connect_refused(e):
+            except OSError as e:  # nobody serves yet, or an owner that is dying: again
+                if not (connect_refused(e) or isinstance(e, ConnectionError)):
                     raise
             if time.monotonic() > deadline:
                 raise OSError(
@@ -184,7 +184,8 @@ class SharedStore(Store):
         with self._mode_lock:
             if self._closed:
                 raise ValueError("deepio.kv: operation on a closed store")
-            if self._conn is not None and self._conn.dead:
+            if self._conn is not None and self._conn.peer_gone():
+                self._conn._lost()  # what is in flight fails (the receiver may not know yet)
                 self._conn = None
                 self._attach()
             return self._owner, self._conn

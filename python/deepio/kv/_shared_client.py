@@ -24,6 +24,7 @@ import errno as _errno
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import threading
@@ -160,6 +161,18 @@ class Connection:
             self.sock.close()
         except OSError:
             pass
+
+    def peer_gone(self) -> bool:
+        """True once the owner's end of the socket has closed (POLLRDHUP; the receiver thread
+        may not have read that end yet): a call made now would only fail."""
+        if self.dead:
+            return True
+        p = select.poll()
+        p.register(self.sock, select.POLLRDHUP | select.POLLHUP)
+        try:
+            return any(ev & (select.POLLRDHUP | select.POLLHUP) for _, ev in p.poll(0))
+        except (OSError, ValueError):
+            return True
 
     # -- calls ----------------------------------------------------------------------------------
     def pages(self, op: int, keys: list[bytes], addrs: list[list[tuple[int, int]]]) -> SharedFuture:
