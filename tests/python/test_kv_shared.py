@@ -7,6 +7,7 @@ the point.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import signal
@@ -181,6 +182,29 @@ def test_an_in_process_client_futures_and_a_batch_larger_than_its_staging(tmp_di
         assert third.closed
     with pytest.raises(ValueError, match="closed"):
         client.contains(["k0"])
+
+
+def test_clients_that_come_and_go_leave_no_staging_or_descriptor_behind(tmp_dir):
+    def staging_maps() -> int:
+        with open("/proc/self/maps") as f:
+            return sum("deepio-kv-staging" in line for line in f)
+
+    with open_shared(tmp_dir) as owner:
+        pool = np.zeros((2, PAGE), np.uint8)
+        owner.register(pool)
+        assert owner.put(["x"], [0]).result() == [True]
+        gc.collect()  # earlier tests' connections (cycles through their threads)
+        fds, maps = len(os.listdir("/proc/self/fd")), staging_maps()
+        for _ in range(20):
+            with open_shared(tmp_dir) as client:
+                client.register(pool)
+                assert client.get(["x"], [1]).result() == [True]
+        deadline = time.monotonic() + 10
+        while (staging_maps() > maps or owner.stats()["shared_clients"]) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.02)
+        assert staging_maps() <= maps and owner.stats()["shared_clients"] == 0
+        assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 def test_options_that_differ_are_refused_naming_both_and_unshared_opens_still_get_ebusy(tmp_dir, monkeypatch):

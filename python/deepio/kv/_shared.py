@@ -352,6 +352,7 @@ class SharedStore(Store):
             owner, server, conn = self._owner, self._server, self._conn
         if conn is not None:
             conn.close()
+            self._conn = None  # its staging map goes with it
         if server is not None:
             server.close()
         try:

@@ -136,20 +136,22 @@ class Server:
     def _run(self) -> None:
         try:
             while not self.stopping:
-                for key, _ in self.sel.select():
-                    if self.stopping:
-                        break
-                    try:
-                        if key.fileobj is self.listener:
-                            self._accept()
-                        elif key.fileobj != self.wake_r:
-                            self._serve(key.data)
-                    except Exception:  # never lose the thread that every client waits on
-                        if isinstance(key.data, _Client):
-                            self._hang_up(key.data)
+                events = self.sel.select()
+                while events and not self.stopping:  # no name keeps a dropped client (its staging)
+                    self._event(events.pop()[0])
         finally:
             self.sel.close()
             self.listener.close()
+
+    def _event(self, key: selectors.SelectorKey) -> None:
+        try:
+            if key.fileobj is self.listener:
+                self._accept()
+            elif key.fileobj != self.wake_r:
+                self._serve(key.data)
+        except Exception:  # never lose the thread that every client waits on
+            if isinstance(key.data, _Client):
+                self._hang_up(key.data)
 
     def _accept(self) -> None:
         try:
