@@ -6,6 +6,8 @@ the point.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import gc
 import json
@@ -157,6 +159,14 @@ def test_an_in_process_client_futures_and_a_batch_larger_than_its_staging(tmp_di
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
         assert seen == [[True] * 21]
+        assert isinstance(fut, deepio.kv.Future) and isinstance(fut, concurrent.futures.Future)
+
+        async def awaited() -> list[bool]:
+            return await client.get(["k3"], [3])
+
+        assert asyncio.run(awaited()) == [True]
+        fs = [client.get([k], [i]) for i, k in enumerate(keys[:4])]
+        assert not concurrent.futures.wait(fs, timeout=30).not_done
         pool[:] = 0
         ok = client.get([*keys, "absent"], [*range(21), 31]).result(timeout=30)
         assert ok == [True] * 21 + [False]

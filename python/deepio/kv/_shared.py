@@ -28,9 +28,9 @@ from typing import Any
 
 from deepio import _deepio
 
-from . import MAX_KEY_BYTES, Key, Store
+from . import MAX_KEY_BYTES, Future, Key, Store
 from . import _shared_wire as w
-from ._shared_client import Connection, SharedFuture, connect_refused
+from ._shared_client import Connection, connect_refused
 from ._shared_server import Server
 
 #: Seconds a process keeps trying to open or reach a store whose folders are locked while no
@@ -230,17 +230,19 @@ class SharedStore(Store):
             raise ValueError(f"deepio.kv: {n} keys but {len(out)} slots")
         return out
 
-    def _pages(self, op: int, keys: Sequence[Key], addrs: list[list[tuple[int, int]]], conn: Connection) -> Any:
-        return conn.pages(op, w.key_bytes(keys, MAX_KEY_BYTES), addrs)
+    def _pages(self, op: int, keys: Sequence[Key], addrs: list[list[tuple[int, int]]], conn: Connection) -> Future:
+        # The same deepio.kv.Future as the owner's (a concurrent.futures.Future), over the
+        # client's own completion (SharedFuture) instead of the store's native one.
+        return Future(conn.pages(op, w.key_bytes(keys, MAX_KEY_BYTES), addrs))
 
-    def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Any:
+    def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
         owner, conn = self._live()
         if owner is not None:
             return owner.put(keys, slots)
         assert conn is not None
         return self._pages(w.PUT, keys, self._rows(slots, len(keys)), conn)
 
-    def get(self, keys: Sequence[Key], slots: Iterable[int]) -> Any:
+    def get(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
         owner, conn = self._live()
         if owner is not None:
             return owner.get(keys, slots)
@@ -260,14 +262,14 @@ class SharedStore(Store):
             out.append(pieces)
         return out
 
-    def put_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Any:
+    def put_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
         owner, conn = self._live()
         if owner is not None:
             return owner.put_segments(keys, segments)
         assert conn is not None
         return self._pages(w.PUT, keys, self._segments(keys, segments), conn)
 
-    def get_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Any:
+    def get_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
         owner, conn = self._live()
         if owner is not None:
             return owner.get_segments(keys, segments)
@@ -379,4 +381,4 @@ class SharedStore(Store):
         return f"deepio.kv.Store({self.folders!r}, shared=True, {role})"
 
 
-__all__ = ["SharedStore", "SharedFuture", "file_system_type", "is_network_fs"]
+__all__ = ["SharedStore", "file_system_type", "is_network_fs"]

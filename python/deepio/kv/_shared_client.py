@@ -39,7 +39,8 @@ _CALL_TIMEOUT = 60.0  # seconds a synchronous call (contains, stats, ...) waits 
 
 
 class SharedFuture:
-    """The completion of a put or get through a shared store's owner: ``done()``,
+    """The completion of a put or get through a shared store's owner, with the interface of
+    the store's native future that ``deepio.kv.Future`` wraps: ``done()``,
     ``result(timeout=None) -> list[bool]`` (TimeoutError when the timeout passes),
     ``add_done_callback(fn)`` (``fn(future)`` once, from the client's receiver thread, or at
     once on the calling thread if already done; an exception in ``fn`` is reported as
