@@ -114,6 +114,9 @@ class Store:
     an existing store opened with another one raises deepio.InvalidArgumentError naming the
     folder and both, or, with ``clear_on_mismatch=True``, drops every page durably, keeps the
     new fingerprint and warns (StoreClearedWarning).
+    ``shared=True``: one store per node, for every process that opens these folders so: the
+    first owns and serves it, the others are its clients with the same calls (docs/kv.md,
+    "Sharing a store between processes"); False (default): a second open raises EBUSY.
     Keyword options: watermarks of the LRU eviction, slab file size (0: one file per folder;
     else files of that size, at most 4 per folder; kept by later opens), checkpoint interval in
     seconds (0: only at close), batch threads, the engine's queue depth and workers,
@@ -125,6 +128,15 @@ class Store:
     every call raises deepio.ForkedHandleError at once, and dropping the Store there leaves
     the parent's store alone. The last reference may go anywhere, a done callback included.
     """
+
+    def __new__(cls, *args: Any, shared: bool = False, **kwargs: Any) -> Store:
+        # shared=True: this process owns the store and serves it, or is a client of the process
+        # that does (deepio/kv/_shared.py; docs/kv.md, "Sharing a store between processes").
+        if shared and cls is Store:
+            from ._shared import SharedStore
+
+            return object.__new__(SharedStore)
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -143,6 +155,7 @@ class Store:
         retry_failed_after: float = 30.0,
         fingerprint: str = "",
         clear_on_mismatch: bool = False,
+        shared: bool = False,
     ) -> None:
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
