@@ -211,9 +211,12 @@ struct StoreStats {
   std::uint64_t recovered_pages = 0;     ///< pages found by the last open
   std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
-  double open_seconds = 0;               ///< how long the last open took (checkpoint + scan)
-  std::uint64_t open_headers_read = 0;   ///< slot headers the last open read (each slot's once)
-  std::uint64_t open_pages_read = 0;     ///< pages the last open read to check (not vouched for)
+  double open_seconds = 0;               ///< how long the last open took (checkpoint, journal, reads)
+  /// Slot headers the last open read: with the journal, the slots put since the last
+  /// checkpoint (none after a clean close); without it (a store made before, or a journal
+  /// that could not be trusted), each slot's once.
+  std::uint64_t open_headers_read = 0;
+  std::uint64_t open_pages_read = 0;  ///< pages the last open read to check (not vouched for)
   /// Put batches queued and not yet started (gets are started first), their pages and bytes:
   /// puts coming faster than the drives take them show here (back-pressure for the caller).
   std::uint64_t pending_puts = 0, pending_put_pages = 0, pending_put_bytes = 0;

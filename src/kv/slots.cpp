@@ -188,13 +188,19 @@ void SlotModel::return_probe_slots(std::uint32_t fi, const std::vector<std::opti
   }
 }
 
-void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count,
-                           std::vector<CkptRecord>* out) const {
+void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out,
+                           bool with_keys) const {
   const Folder& f = folders_[fi];
   const std::uint64_t end = std::min(f.slots, first + count);
   for (std::uint64_t s = first; s < end; ++s) {
     const SlotInfo& i = f.info[s];
-    if (i.state == SlotState::Live) out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+    if (i.state != SlotState::Live) continue;
+    out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+    if (!with_keys) continue;
+    const Entry& e = index_.find(*i.key)->second;
+    out->back().len = e.len;
+    out->back().crc = e.crc;
+    out->back().key = *i.key;
   }
 }
 
