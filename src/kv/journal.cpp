@@ -20,8 +20,10 @@ using internal::kJournalBlock;
 using internal::kJournalRecordsPerBlock;
 
 namespace {
-/// Slots read at once by an open from the journal (header and page in one read).
-constexpr std::size_t kSuspectInFlight = 64;
+/// Reads in flight of an open from the journal, each of adjacent slots (header and page) of
+/// at most kRunBytes (one slot if larger).
+constexpr std::size_t kSuspectInFlight = 32;
+constexpr std::uint64_t kRunBytes = std::uint64_t{1} << 20;
 /// How far above the highest generation it knows an open from the journal restarts the
 /// counter (impl.hpp): more than the puts a crash can cut in flight.
 constexpr std::uint64_t kJournalGenGap = std::uint64_t{1} << 32;
@@ -255,14 +257,31 @@ bool Store::Impl::journal_open(std::uint32_t fi, const internal::Ckpt& ck,
     }
     (*found)[r.key].push_back(Candidate{fi, r.slot, r.gen, r.len, r.tick, r.crc, true});
   }
-  // Each slot the journal lists above the bound: its header and page in one read, taken only
-  // when both are whole (a put writes them at once: a crash can leave either torn).
+  // Each slot the journal lists above the bound: its header and page in one read (adjacent
+  // slots of a slab in one read of up to kRunBytes), taken only when both are whole (a put
+  // writes them at once: a crash can leave either torn).
   struct Read {
-    std::uint32_t slot;
+    std::uint32_t first;
+    std::uint32_t count;
     AlignedBuf buf;
     Future fut;
   };
   std::deque<Read> inflight;
+  auto take_slot = [&](std::uint32_t slot, const unsigned char* bytes) {
+    const auto d = decode_header(bytes, opt.page_bytes);
+    if (!d) return;
+    known = std::max(known, d->gen);
+    if (d->gen <= floor) return;
+    std::uint64_t tick = (std::uint64_t{1} << 62) + d->gen;  // after the checkpoint: newest
+    const bool was_listed = d->gen <= bound;
+    if (was_listed) {
+      const auto it = listed.find(slot);
+      if (it == listed.end() || it->second->gen != d->gen) return;  // freed before the checkpoint
+      tick = it->second->tick;
+    }
+    if (crc32c(bytes + kHeaderBytes, d->len) != d->crc) return;
+    (*found)[std::string(d->key)].push_back(Candidate{fi, slot, d->gen, d->len, tick, d->crc, was_listed, true});
+  };
   auto drain_one = [&] {
     Read r = std::move(inflight.front());
     inflight.pop_front();
@@ -271,27 +290,22 @@ bool Store::Impl::journal_open(std::uint32_t fi, const internal::Ckpt& ck,
     } catch (const Error&) {
       return;  // unreadable: not whole (a folder that fails for good fails at its first batch)
     }
-    const auto d = decode_header(r.buf.get(), opt.page_bytes);
-    if (!d) return;
-    known = std::max(known, d->gen);
-    if (d->gen <= floor) return;
-    std::uint64_t tick = (std::uint64_t{1} << 62) + d->gen;  // after the checkpoint: newest
-    const bool was_listed = d->gen <= bound;
-    if (was_listed) {
-      const auto it = listed.find(r.slot);
-      if (it == listed.end() || it->second->gen != d->gen) return;  // freed before the checkpoint
-      tick = it->second->tick;
-    }
-    if (crc32c(r.buf.get() + kHeaderBytes, d->len) != d->crc) return;
-    (*found)[std::string(d->key)].push_back(Candidate{fi, r.slot, d->gen, d->len, tick, d->crc, was_listed, true});
+    for (std::uint32_t k = 0; k < r.count; ++k) take_slot(r.first + k, r.buf.get() + k * slot_bytes);
   };
-  for (std::uint32_t slot : suspects) {
-    ++st.open_headers_read;
-    ++st.open_pages_read;
-    Read r{slot, aligned_buf(slot_bytes), {}};
-    r.fut = f.slab_of(slot).pread(r.buf.get(), slot_bytes, f.offset_of(slot, slot_bytes));
+  const std::uint64_t max_run = std::max<std::uint64_t>(1, kRunBytes / slot_bytes);
+  for (std::size_t i = 0; i < suspects.size();) {
+    std::size_t n = 1;
+    while (i + n < suspects.size() && n < max_run && suspects[i + n] == suspects[i] + n &&
+           suspects[i + n] / f.per_slab == suspects[i] / f.per_slab) {
+      ++n;
+    }
+    st.open_headers_read += n;
+    st.open_pages_read += n;
+    Read r{suspects[i], static_cast<std::uint32_t>(n), aligned_buf(n * slot_bytes), {}};
+    r.fut = f.slab_of(r.first).pread(r.buf.get(), n * slot_bytes, f.offset_of(r.first, slot_bytes));
     inflight.push_back(std::move(r));
     if (inflight.size() >= kSuspectInFlight) drain_one();
+    i += n;
   }
   while (!inflight.empty()) drain_one();
   next_gen = std::max({next_gen, known + 1 + kJournalGenGap, floor + 1});
