@@ -250,9 +250,10 @@ struct Store::Impl {
   /// Folder fi's checkpoint of bound `bound` is durable: frees the ring blocks it covers (mu).
   void journal_checkpointed(std::uint32_t fi, std::uint64_t bound);
   /// Open of folder fi from its format-2 checkpoint and its journal: the checkpoint's pages and
-  /// the whole pages of the slots the journal lists above the bound go into *found. false
-  /// (nothing added) when the journal is incomplete: the caller scans every header.
-  bool journal_open(std::uint32_t fi, const internal::Ckpt& ck,
+  /// the whole pages of the slots the journal lists above the bound go into *found (the
+  /// checkpoint's keys moved there). false (nothing added) when the journal is incomplete: the
+  /// caller scans every header.
+  bool journal_open(std::uint32_t fi, internal::Ckpt& ck,
                     std::unordered_map<std::string, std::vector<Candidate>>* found);
   /// Folder fi's journal state at open: every ring block free; `scan` after a full scan (the
   /// heads say "scan" until a checkpoint covers generation `upto`).

@@ -199,7 +199,7 @@ void Store::Impl::journal_close() noexcept {
   }
 }
 
-bool Store::Impl::journal_open(std::uint32_t fi, const internal::Ckpt& ck,
+bool Store::Impl::journal_open(std::uint32_t fi, internal::Ckpt& ck,
                                std::unordered_map<std::string, std::vector<Candidate>>* found) {
   Folder& f = folders[fi];
   const std::uint64_t jbytes = std::uint64_t{f.meta.journal_blocks} * kJournalBlock;
@@ -247,7 +247,8 @@ bool Store::Impl::journal_open(std::uint32_t fi, const internal::Ckpt& ck,
   // The checkpoint's pages, unread, but those whose slot a put took since (read below).
   const std::uint64_t floor = f.meta.gen_floor;
   std::unordered_map<std::uint32_t, const internal::CkptRecord*> listed;  // suspect slot -> its record
-  for (const internal::CkptRecord& r : ck.records) {
+  found->reserve(found->size() + ck.records.size() + suspects.size());
+  for (internal::CkptRecord& r : ck.records) {
     if (r.slot >= f.slots || r.gen > bound || r.len > opt.page_bytes || r.key.empty()) continue;
     known = std::max(known, r.gen);
     if (r.gen <= floor) continue;
@@ -255,7 +256,7 @@ bool Store::Impl::journal_open(std::uint32_t fi, const internal::Ckpt& ck,
       listed[r.slot] = &r;
       continue;
     }
-    (*found)[r.key].push_back(Candidate{fi, r.slot, r.gen, r.len, r.tick, r.crc, true});
+    (*found)[std::move(r.key)].push_back(Candidate{fi, r.slot, r.gen, r.len, r.tick, r.crc, true});
   }
   // Each slot the journal lists above the bound: its header and page in one read (adjacent
   // slots of a slab in one read of up to kRunBytes), taken only when both are whole (a put

@@ -217,6 +217,7 @@ std::vector<CkptRecord> SlotModel::records(std::uint32_t fi) const {
 
 void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
   std::vector<std::vector<std::pair<std::uint64_t, const std::string*>>> order(folders_.size());
+  index_.reserve(index_.size() + pages.size());
   for (const auto& [key, c] : pages) {
     Folder& f = folders_[c.where.folder];
     auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
