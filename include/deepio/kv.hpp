@@ -128,7 +128,9 @@ struct StoreOptions {
   /// A folder over 16 TiB on ext4 (its largest file) needs slab_bytes.
   std::uint64_t slab_bytes = 0;
   /// A checkpoint of the index is written at close and, when the index changed, after a batch
-  /// that finds this long passed since the last one; zero: only at close and checkpoint().
+  /// that finds this long passed since the last one; zero: only at close, checkpoint(), and
+  /// after a batch that left a slab's slot journal half full (its ring must not overwrite a
+  /// record no durable checkpoint covers; docs/kv.md "Restart").
   std::chrono::milliseconds checkpoint_interval{60000};
   /// A failed folder is probed after a batch that finds its last error (failed operation or
   /// probe) at least this old; zero (or negative): only by Store::retry_failed().
