@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
-bash scripts/setup.sh
+# Not the inference engines of deepio.kv's backends (minutes, and only their tests use them:
+# scripts/test.sh installs them).
+bash scripts/setup.sh --no-kv-engines
 cmake --preset default -DDEEPIO_BUILD_TESTS=OFF >/dev/null
 cmake --build --preset default
 if [ -x build/default/tools/deepio ]; then

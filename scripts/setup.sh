@@ -2,7 +2,18 @@
 # Installs what deepio needs on a fresh Debian 12 machine: the toolchain and optional native
 # libraries from Debian, the Python build and test dependencies from PyPI. Idempotent: packages
 # already present are skipped, so CI and the README commands can call it every time.
+#
+#   bash scripts/setup.sh                   everything, the inference engines of deepio.kv's
+#                                           backends included (scripts/test.sh: their tests need them)
+#   bash scripts/setup.sh --no-kv-engines   all but those engines (scripts/main.sh: building and
+#                                           measuring the disk needs none of them)
 set -euo pipefail
+kv_engines=1
+case "${1:-}" in
+  "") ;;
+  --no-kv-engines) kv_engines=0 ;;
+  *) echo "setup.sh: unknown argument '$1' (--no-kv-engines)" >&2; exit 2 ;;
+esac
 
 apt_pkgs=(build-essential cmake ninja-build pkg-config
           liburing-dev libaio-dev libgtest-dev libgmock-dev libbenchmark-dev
@@ -25,4 +36,6 @@ fi
 
 # The inference engines whose storage interfaces deepio.kv's backends plug into, installed
 # without their CUDA dependencies: tests/python/test_kv_backends.py drives their interface classes.
-PYTHON="$py" bash "$(dirname "$0")/setup-kv-engines.sh"
+if [ "$kv_engines" -eq 1 ]; then
+  PYTHON="$py" bash "$(dirname "$0")/setup-kv-engines.sh"
+fi

@@ -178,6 +178,9 @@ if [ "$full" -eq 1 ]; then
   }
   stage gpu-check-fake 480 gpu_check
 
+  # The crash-point fuzzers beyond the test runs' few points (issue 47; docs/testing.md).
+  stage crash-fuzz 240 bash scripts/crash-fuzz.sh --points 2000 --python-points 16
+
   # aarch64 (Grace) without Arm hardware: cross-compiled tests under qemu-user.
   stage aarch64 180 bash scripts/cross-aarch64.sh
 

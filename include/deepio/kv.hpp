@@ -213,7 +213,10 @@ struct StoreStats {
   std::uint64_t recovered_pages = 0;     ///< pages found by the last open
   std::uint64_t device_pages = 0;        ///< pages of puts and gets that were in device memory
   std::uint64_t device_copy_errors = 0;  ///< of those, pages failed (false) by a device copy
-  double open_seconds = 0;               ///< how long the last open took (checkpoint, journal, reads)
+  /// Engine operations that puts and gets started (reads, writes and syncs): a batch's host
+  /// pages go as one ranged operation per slab and handle block (docs/kv.md "Cost per page").
+  std::uint64_t io_ops = 0;
+  double open_seconds = 0;  ///< how long the last open took (checkpoint, journal, reads)
   /// Slot headers the last open read: with the journal, the slots put since the last
   /// checkpoint (none after a clean close); without it (a store made before, or a journal
   /// that could not be trusted), each slot's once.
@@ -301,8 +304,8 @@ class DEEPIO_API Store {
   std::shared_ptr<Impl> impl_;  // shared with the batch threads (a close from one is deferred)
 };
 
-/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): SSE4.2 where the CPU has
-/// it, a table otherwise. crc32c("123456789") == 0xE3069283.
+/// CRC-32C (Castagnoli) of data, continuing from crc (0 to start): AVX-512 VPCLMULQDQ
+/// folding (1 KiB and more) and SSE4.2 where the CPU has them, a table otherwise. crc32c("123456789") == 0xE3069283.
 [[nodiscard]] DEEPIO_API std::uint32_t crc32c(const void* data, std::size_t nbytes, std::uint32_t crc = 0) noexcept;
 
 }  // namespace deepio::kv

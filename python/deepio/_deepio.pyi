@@ -54,6 +54,11 @@ class Op:
     def done(self) -> bool:
         """True once the operation finished (successfully or not). Never blocks."""
 
+    def add_done_callback(self, fn: object) -> None:
+        """
+        Calls fn(op) once when done: at once if done, else from the engine thread that completes it (GIL held).
+        """
+
     def wait(self, timeout: float | None = None) -> bool:
         """
         Blocks (GIL released) until done or `timeout` seconds passed; returns done().

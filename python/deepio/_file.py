@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Generator
 from typing import Any, Union
 
 from . import _deepio, _engine
 from ._aio import _direct_io_arg, _range_args
 from ._errors import describe, with_name
+from ._futures import NativeFuture
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -47,61 +47,50 @@ def _raise_first(errors: list[BaseException], what: str) -> None:
         del first
 
 
-class Future:
-    """The outcome of one ``File.pread``/``File.pwrite``.
+class Future(NativeFuture[int]):
+    """The outcome of one ``File.pread``/``File.pwrite``, a ``concurrent.futures.Future``.
 
     ``done()`` never blocks; ``wait(timeout)`` blocks (GIL released) and returns done();
     ``result(timeout)`` returns the number of bytes transferred or raises the operation's
-    OSError (TimeoutError if the timeout passes first); ``exception(timeout)`` returns it.
-    ``await future`` works inside asyncio (the wait runs in the loop's default executor).
+    OSError (TimeoutError if the timeout passes first); ``exception(timeout)`` returns it;
+    ``cancel()`` returns False. ``await future`` in asyncio, ``asyncio.wrap_future`` and
+    ``concurrent.futures.wait``/``as_completed`` work, with no thread per wait: the engine
+    thread that finishes the operation settles them (deepio/_futures.py); a failure is then
+    retrieved (not warned about as unobserved). Done callbacks run on that thread (GIL held),
+    or at once if done.
     The buffer stays referenced until the operation is done, even if the Future is dropped.
     """
 
-    __slots__ = ("_op", "_name", "__weakref__")
-
     def __init__(self, op: Any, name: str | bytes | None = None) -> None:
-        self._op = op
+        super().__init__(op)
         self._name = name  # the File's path: errors on its descriptor name it
 
-    def done(self) -> bool:
-        return self._op.done()
-
     def wait(self, timeout: float | None = None) -> bool:
-        return self._op.wait(timeout)
+        return bool(self._native.wait(timeout))
 
-    def result(self, timeout: float | None = None) -> int:
+    def _native_result(self, timeout: float | None) -> int:
         try:
-            return self._op.result(timeout)
+            return self._native.result(timeout)
         except OSError as e:
             raise with_name(e, self._name) from None
 
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        e = self._op.exception(timeout)
+    def _native_exception(self, timeout: float | None) -> BaseException | None:
+        e = self._native.exception(timeout)
         return with_name(e, self._name) if isinstance(e, OSError) else e
 
     @property
     def nbytes(self) -> int:
         """Size of the request in bytes."""
-        return self._op.nbytes
+        return self._native.nbytes
 
     @property
     def offset(self) -> int:
-        return self._op.offset
-
-    def __await__(self) -> Generator[Any, None, int]:
-        return self._await().__await__()
-
-    async def _await(self) -> int:
-        if not self._op.done():
-            import asyncio
-
-            await asyncio.get_running_loop().run_in_executor(None, self._op.wait, None)
-        return self.result(None)
+        return self._native.offset
 
     def __repr__(self) -> str:
-        kind = "write" if self._op.write else "read"
-        state = "done" if self._op.done() else "pending"
-        return f"<deepio.Future {kind} offset={self._op.offset} nbytes={self._op.nbytes} {state}>"
+        kind = "write" if self._native.write else "read"
+        state = "done" if self._native.done() else "pending"
+        return f"<deepio.Future {kind} offset={self._native.offset} nbytes={self._native.nbytes} {state}>"
 
 
 _MODES = {

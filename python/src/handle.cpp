@@ -26,7 +26,9 @@
 //    first is raised, the others are attached as `other_errors` (and a note).
 //  * Destroying the Handle (or close()) waits, with the GIL released, for every operation,
 //    takes back every keep-alive, drops them with the GIL, and only then destroys the engine.
-//    Failures of async operations nobody waited for become a RuntimeWarning.
+//    Failures of async operations nobody waited for become a RuntimeWarning. A handle whose
+//    last reference goes in a done callback of one of its own operations (on its worker:
+//    t_in_op_callback) is shut down so on a thread of its own, never by the worker itself.
 // Thread safety: the engine Handle is used through a shared_ptr copied under the GIL, so
 // close() from one thread never pulls it away from a call running in another; every
 // Collected and Buffer is created and destroyed with the GIL held (see common.hpp).
@@ -39,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/binding.hpp"
@@ -282,6 +285,19 @@ nb::dict PyHandle::stats() const {
 void PyHandle::shutdown(std::shared_ptr<Handle> h) {
   if (!h) return;
   if (h.use_count() > 1) return;  // not the last holder: see above
+  if (t_in_op_callback && !interpreter_finalizing()) {
+    // A done callback on one of the engine's threads dropped the handle: that thread cannot
+    // wait for itself to finish or join itself. The shutdown runs on a thread of its own.
+    std::thread([h = std::move(h)]() mutable {
+      nb::gil_scoped_acquire gil;
+      try {
+        shutdown(std::move(h));
+      } catch (const std::exception& e) {  // nobody is left to raise it to
+        warn_unobserved(std::string("deepio: shutting down a handle dropped in a done callback failed: ") + e.what());
+      }
+    }).detach();
+    return;
+  }
   BindingCollect everything;
   everything.detached = true;
   Collected r;

@@ -303,6 +303,7 @@ class KvStore {
     d["pending_put_bytes"] = st.pending_put_bytes;
     d["device_pages"] = st.device_pages;
     d["device_copy_errors"] = st.device_copy_errors;
+    d["io_ops"] = st.io_ops;
     nb::list folders;
     for (const kv::FolderStats& f : st.folders) {
       nb::dict fd;

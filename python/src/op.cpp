@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
+
+#include "engine/binding.hpp"
 
 namespace deepio::py {
 
@@ -36,6 +39,37 @@ std::optional<Clock::time_point> deadline_after(std::optional<double> timeout) {
 }
 }  // namespace
 
+thread_local bool t_in_op_callback = false;
+
+void Op::add_done_callback(nb::handle self, nb::object fn) {
+  if (fut_.done()) {  // (ForkedHandle in a forked child)
+    fn(self);
+    return;
+  }
+  // The references live in ctx, made and released with the GIL; the callback runs exactly
+  // once (every operation finishes, at the latest when its engine shuts down) and releases
+  // them. While the interpreter finalizes they are leaked instead.
+  auto* ctx = new std::pair<nb::object, nb::object>(nb::borrow(self), std::move(fn));
+  try {
+    detail::on_done(fut_, [ctx] {
+      if (interpreter_finalizing()) return;
+      nb::gil_scoped_acquire gil;
+      const bool outer = t_in_op_callback;
+      t_in_op_callback = true;
+      try {
+        ctx->second(ctx->first);
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("deepio: a done callback of a deepio.Future raised");
+      }
+      delete ctx;  // may drop the last reference to a handle: still marked
+      t_in_op_callback = outer;
+    });
+  } catch (...) {
+    delete ctx;
+    throw;
+  }
+}
+
 bool Op::wait(std::optional<double> timeout) { return wait_future(fut_, deadline_after(timeout)); }
 
 void Op::ensure_done(std::optional<double> timeout) {
@@ -48,6 +82,11 @@ void Op::ensure_done(std::optional<double> timeout) {
 void init_op(nb::module_& m) {
   nb::class_<Op>(m, "Op", "One operation submitted through deepio.File; wrapped by deepio.Future.")
       .def("done", &Op::done, "True once the operation finished (successfully or not). Never blocks.")
+      .def(
+          "add_done_callback",
+          [](nb::handle self, nb::object fn) { nb::cast<Op&>(self).add_done_callback(self, std::move(fn)); },
+          nb::arg("fn"),
+          "Calls fn(op) once when done: at once if done, else from the engine thread that completes it (GIL held).")
       .def("wait", &Op::wait, nb::arg("timeout").none() = nb::none(),
            "Blocks (GIL released) until done or `timeout` seconds passed; returns done().")
       .def("result", &Op::result, nb::arg("timeout").none() = nb::none(),

@@ -11,6 +11,10 @@
 
 namespace deepio::py {
 
+/// True on an engine thread while it runs a done callback of an Op (PyHandle::shutdown
+/// defers an engine's shutdown made there: a worker cannot join itself).
+extern thread_local bool t_in_op_callback;
+
 class Op {
  public:
   Op(Future fut, bool write, std::uint64_t offset, std::size_t nbytes)
@@ -39,6 +43,12 @@ class Op {
   Op& operator=(const Op&) = delete;
 
   bool done() const { return fut_.done(); }
+
+  /// fn(self) once done: at once on this thread if done, else on the engine thread that
+  /// completes the operation, with the GIL taken there (while it runs, that thread is marked
+  /// t_in_op_callback, so that a handle dropped there is shut down on a thread of its own).
+  /// The callback's exceptions are reported as unraisable. Collects nothing.
+  void add_done_callback(nb::handle self, nb::object fn);
 
   bool wait(std::optional<double> timeout);
 

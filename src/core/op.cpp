@@ -125,13 +125,27 @@ void OpState::finish() noexcept {
   if (signal_ != nullptr) signal_->notify();
   Status unreported;
   bool report;
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard lock(mutex_);
     done_ = true;
     report = take_unreported(&unreported);
+    callbacks.swap(on_done_);
   }
   cv_.notify_all();
   if (report) report_unobserved(unreported);
+  for (auto& fn : callbacks) fn();
+}
+
+void OpState::on_done(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      on_done_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
 }
 
 bool OpState::take_unreported(Status* out) noexcept {

@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/fixed_files.hpp"
 #include "core/stager.hpp"
@@ -232,6 +233,11 @@ class OpState : public std::enable_shared_from_this<OpState> {
   void wait() const noexcept;
   [[nodiscard]] bool wait_for(std::chrono::nanoseconds timeout) const noexcept;
   [[nodiscard]] bool wait_until(std::chrono::steady_clock::time_point deadline) const noexcept;
+  /// Calls fn once, when done: at once on this thread if already done, else on the thread
+  /// that completes the op (a worker or sync thread), after waiters were woken and with no
+  /// lock of the op held. fn must not throw and should be short (it delays that thread's
+  /// next request). For a binding's completion callbacks (detail::on_done).
+  void on_done(std::function<void()> fn);
   /// For Future::get(): waits until done, collects the op if nobody did (moving its keep-alive
   /// into *keep_alive) and returns its error or success. Every call returns the same outcome.
   Status take_result(std::shared_ptr<void>* keep_alive);
@@ -297,6 +303,8 @@ class OpState : public std::enable_shared_from_this<OpState> {
   bool orphaned_ = false;             // guarded by mutex_: its last Future is gone
   bool abandoned_ = false;            // guarded by mutex_: its engine is gone
   bool observed_ = false;             // guarded by mutex_: the failure reached someone
+  // Guarded by mutex_: the on_done() callbacks, run once (and emptied) by finish().
+  std::vector<std::function<void()>> on_done_;
 };
 
 }  // namespace deepio::detail

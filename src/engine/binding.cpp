@@ -63,4 +63,11 @@ void give_to_wait(const Future& f) noexcept {
   if (const auto& state = HandleAccess::state(f)) state->set_detached(false);
 }
 
+void on_done(const Future& f, std::function<void()> fn) {
+  const auto& state = HandleAccess::state(f);
+  if (!state) throw InvalidArgument("on_done: an empty Future");
+  state->stamp().check();
+  state->on_done(std::move(fn));
+}
+
 }  // namespace deepio::detail

@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -128,5 +129,12 @@ Collected collect(Handle& h, const BindingCollect& options = {});
 /// interrupted by a signal): from now on it is an ordinary operation that the next
 /// wait()/collect() collects, counts and reports. No effect once collected.
 void give_to_wait(const Future& f) noexcept;
+
+/// Calls fn once, when the operation of `f` is done: at once on this thread if it already
+/// is, else on the engine thread that completes it (a worker or sync thread), after its
+/// waiters were woken, with no lock of the engine held. fn must not throw and should be
+/// short: it delays that thread's next request. Throws ForkedHandle in a forked child (fn is
+/// not kept), InvalidArgument for an empty Future.
+void on_done(const Future& f, std::function<void()> fn);
 
 }  // namespace deepio::detail

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "kv/impl.hpp"
+#include "kv/page_io.hpp"
 
 namespace deepio::kv {
 
@@ -15,39 +16,29 @@ using internal::encode_header;
 using internal::errno_of;
 using internal::Folder;
 using internal::kHeaderBytes;
+using internal::PageErrors;
+using internal::PageOps;
 using internal::settle;
 
 namespace {
-
-/// The I/O errors of a batch's pages: per page an errno (0: none) and its message. A page's
-/// error fails its folder when the batch commits.
-struct PageErrors {
-  std::vector<int> err;
-  std::vector<std::string> what;
-
-  explicit PageErrors(std::size_t n) : err(n, 0), what(n) {}
-  void set(std::size_t i, int e, const std::string& w) {
-    err[i] = e;
-    what[i] = w;
-  }
-  void set(std::size_t i, const Error& e) { set(i, errno_of(e), e.what()); }
-  /// Waits for every future of page i (and drops them), keeping the page's first error.
-  void settle_all(std::size_t i, std::vector<Future>& futs) {
-    for (Future& f : futs) {
-      std::string w;
-      const int e = settle(f, &w);
-      if (e != 0 && err[i] == 0) set(i, e, w);
-    }
-    futs.clear();
-  }
-};
 
 /// The slot headers of a put batch: page i's header is bytes [i * kHeaderBytes, +kHeaderBytes)
 /// of one aligned buffer, written with one ranged write per slab (add() the pages, write(),
 /// then finish() before the buffer goes), and then each slab synced once (sync()).
 class SlabHeaders {
  public:
-  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), buf_(aligned_buf(bytes_)) {}
+  explicit SlabHeaders(std::size_t pages) : bytes_(pages * kHeaderBytes), cap_(bytes_), buf_(borrow(&cap_)) {}
+  ~SlabHeaders() {
+    // Nothing may still write from the buffer when the next batch takes it (a batch that
+    // threw between write() and finish()).
+    for (auto& [where, g] : groups_) {
+      std::string w;
+      if (g.started) (void)settle(g.fut, &w);
+    }
+    give_back(std::move(buf_), cap_);
+  }
+  SlabHeaders(const SlabHeaders&) = delete;
+  SlabHeaders& operator=(const SlabHeaders&) = delete;
   [[nodiscard]] unsigned char* at(std::size_t i) const { return buf_.get() + i * kHeaderBytes; }
   /// Page i's header is that of slot `slot` of folder `fi` (f).
   void add(std::size_t i, std::uint32_t fi, const Folder& f, std::uint32_t slot, std::uint64_t slot_bytes) {
@@ -76,6 +67,8 @@ class SlabHeaders {
       });
     }
   }
+  /// Engine operations started (a ranged write or a sync per slab).
+  [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
   /// Waits for what write() or sync() started; a failed one marks its pages.
   void finish(PageErrors& errs) {
     for (auto& [where, g] : groups_) {
@@ -99,17 +92,47 @@ class SlabHeaders {
     bool started = false;
   };
   template <typename Fn>
-  static void start(Group& g, PageErrors& errs, Fn&& fn) {
+  void start(Group& g, PageErrors& errs, Fn&& fn) {
     try {
       g.fut = fn();
       g.started = true;
+      ++ops_;
     } catch (const Error& e) {
       for (std::size_t i : g.pages) {
         if (errs.err[i] == 0) errs.set(i, e);
       }
     }
   }
+  // The batch thread keeps its last buffer (up to kKeep bytes) for the next batch: a new one
+  // of 512 KiB (128 pages) is an mmap and 128 zeroed page faults per batch.
+  static constexpr std::size_t kKeep = std::size_t{4} << 20;
+  struct Kept {
+    AlignedBuf buf;
+    std::size_t bytes = 0;
+  };
+  static Kept& kept() {
+    thread_local Kept k;
+    return k;
+  }
+  /// A buffer of at least *bytes; *bytes becomes its size.
+  static AlignedBuf borrow(std::size_t* bytes) {
+    Kept& k = kept();
+    if (k.buf && k.bytes >= *bytes) {
+      *bytes = k.bytes;
+      return std::move(k.buf);
+    }
+    return aligned_buf(*bytes);
+  }
+  static void give_back(AlignedBuf buf, std::size_t bytes) {
+    Kept& k = kept();
+    if (buf && bytes <= kKeep && (!k.buf || k.bytes < bytes)) {
+      k.buf = std::move(buf);
+      k.bytes = bytes;
+    }
+  }
   std::size_t bytes_;
+  std::size_t cap_;  // buf_'s size (a kept buffer may be larger than bytes_)
+  std::uint64_t ops_ = 0;
   AlignedBuf buf_;  // before groups_: their futures go first
   std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
 };
@@ -193,7 +216,9 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
   std::vector<std::string>& what = errs.what;
   std::vector<char> on_dev(n, 0), copy_failed(n, 0);
   std::vector<int> buf(n, -1);
-  std::deque<std::size_t> writing;  // device pages whose write holds a buffer, oldest first
+  std::deque<std::size_t> writing;                      // device pages whose write holds a buffer, oldest first
+  PageOps host(/*write=*/true, opt.handle.block_size);  // host pages: a ranged write per chunk of a slab
+  std::uint64_t ops = 0;
   std::string fence_why;
   bool fenced = true;
   for (auto& [dev, fence] : job.fences) fenced = fenced && scratch.order_after(dev, *fence, &fence_why);
@@ -233,21 +258,15 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
       writing.push_back(i);
       try {
         if (pl[i].len > 0) data[i].push_back(slab.pwrite(scratch.data(b), pl[i].len, off));
+        ops += pl[i].len > 0 ? 1 : 0;
       } catch (const Error& e) {
         errs.set(i, e);
       }
       continue;
     }
-    try {
-      for (const Segment& s : job.segments[i]) {
-        if (s.nbytes == 0) continue;
-        data[i].push_back(slab.pwrite(s.data, s.nbytes, off));
-        off += s.nbytes;
-      }
-    } catch (const Error& e) {
-      errs.set(i, e);
-    }
+    host.add(i, slab, job.segments[i], off, errs);
   }
+  host.flush(errs);
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have || on_dev[i] != 0) continue;
     std::uint32_t c = 0;
@@ -266,6 +285,7 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
   }
   hdr.write(folders, errs);
   journal_write(journal);
+  host.settle(errs, [](std::size_t) {});
   for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
   for (std::size_t i : writing) scratch.release(buf[i]);
   hdr.finish(errs);
@@ -276,6 +296,7 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
   // Commit.
   std::lock_guard lk(mu);
   committed = true;
+  st.io_ops += ops + host.ops() + hdr.ops() + journal.ops();
   gens_cv.notify_all();
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have) {
@@ -331,6 +352,8 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
   std::vector<std::vector<Future>> data(n);
   std::vector<char> on_dev(n, 0), copy_failed(n, 0), verified(n, 0);
   std::deque<std::size_t> dev_pending;
+  PageOps host(/*write=*/false, opt.handle.block_size);  // host pages: a ranged read per chunk of a slab
+  std::uint64_t ops = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (!pins[i].have || err[i] != 0) continue;
     Folder& f = folders[pins[i].folder];
@@ -341,16 +364,9 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
       dev_pending.push_back(i);
       continue;
     }
-    try {
-      for (const Segment& s : job.segments[i]) {
-        if (s.nbytes == 0) continue;
-        data[i].push_back(slab.pread(s.data, s.nbytes, off));
-        off += s.nbytes;
-      }
-    } catch (const Error& e) {
-      errs.set(i, e);
-    }
+    host.add(i, slab, job.segments[i], off, errs);
   }
+  host.flush(errs);
   // Device pages: read into host buffers (as many at once as there are buffers), verified
   // there, and only a verified page is copied to the device (its copy overlapping the reads
   // after it); a miss leaves the device memory as it was.
@@ -389,6 +405,7 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
           data[i].push_back(
               f.slab_of(pins[i].slot)
                   .pread(scratch.data(b), pins[i].len, f.offset_of(pins[i].slot, slot_bytes) + kHeaderBytes));
+          ++ops;
         }
         buf[i] = b;
         reading.push_back(i);
@@ -418,22 +435,18 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
   }
   while (!copying.empty()) finish_copy();
   for (std::size_t i : dev_pending) copy_failed[i] = 1;  // no buffer at all (see do_put)
+  // Host pages: each chunk verified as soon as it landed, while later ones still move.
+  host.settle(errs, [&](std::size_t i) {
+    if (err[i] != 0) return;
+    std::uint32_t c = 0;
+    for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
+    verified[i] = c == pins[i].crc ? 1 : 0;
+  });
   std::uint64_t corrupt = 0, bytes = 0;
   for (std::size_t i = 0; i < n; ++i) {
     errs.settle_all(i, data[i]);
     if (!pins[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
-    if (on_dev[i] != 0) {
-      if (verified[i] != 0) {
-        ok[i] = true;
-        bytes += pins[i].len;
-      } else {
-        ++corrupt;
-      }
-      continue;
-    }
-    std::uint32_t c = 0;
-    for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
-    if (c == pins[i].crc) {
+    if (verified[i] != 0) {
       ok[i] = true;
       bytes += pins[i].len;
     } else {
@@ -441,6 +454,7 @@ std::vector<bool> Store::Impl::do_get(Job& job, DeviceScratch& scratch) {
     }
   }
   std::lock_guard lk(mu);
+  st.io_ops += ops + host.ops();
   st.corrupt += corrupt;
   st.bytes_read += bytes;
   for (std::size_t i = 0; i < n; ++i) {

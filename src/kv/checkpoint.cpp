@@ -70,6 +70,13 @@ void Store::Impl::write_checkpoint(bool periodic) {
       if (!first) first = e;
     }
   }
+  if (!first) {
+    try {
+      write_failed_lists();  // after the folders' index.ckpt (failed_list.cpp)
+    } catch (const Error& e) {
+      first = e;
+    }
+  }
   std::lock_guard lk(mu);
   ++st.checkpoints;
   if (first) throw *first;
@@ -110,6 +117,11 @@ void Store::Impl::durable_checkpoint() {
   }
   std::lock_guard ck(ckpt_mu);
   write_checkpoint();
+  std::lock_guard lk(mu);
+  for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
+    if (!model.failed(fi)) return;
+  }
+  throw Error(EIO, "kv: every folder of the store has failed; nothing was checkpointed", folders[0].path);
 }
 
 }  // namespace deepio::kv

@@ -19,6 +19,9 @@ namespace deepio::kv::internal {
 void replace_durably(Handle& handle, const std::string& dir, const std::string& name,
                      const std::vector<unsigned char>& bytes);
 
+/// A folder's name in failed.list: its absolute path, symbolic links resolved.
+std::string folder_id(const std::string& path);
+
 /// The whole file through the handle, or nullopt when it does not exist.
 std::optional<std::vector<unsigned char>> read_whole(Handle& handle, const std::string& path);
 

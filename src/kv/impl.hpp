@@ -4,16 +4,19 @@
 //   layout.cpp      header, kv.meta and checkpoint bytes (pure)
 //   slots.cpp       slots, index, LRU and eviction (pure model)
 //   files.cpp       durable replace, whole-file reads, the folder lock
+//   page_io.cpp     a batch's host pages as ranged operations, a block of a slab's pages each
 //   batch_io.cpp    put and get batches (the I/O of the protocols below)
 //   recovery.cpp    open: layout, checkpoint and header scan
 //   journal.cpp     the slot journal: a put batch's records, open from checkpoint + journal
 //   probe.cpp       folder failures and the probes that bring them back
 //   checkpoint.cpp  writing checkpoints
+//   failed_list.cpp the failed folders named in the healthy ones (a stale checkpoint's floor)
 //   store.cpp       the public API, the batch threads and close
 //
 // Put protocol (one batch thread per batch): under mu, allocate a slot per page (evicting
 // LRU pages of its folder when needed) and a new generation; then, unlocked, write every
-// page's data (no sync) while computing its CRC, then every header (one pwrite_ranges per
+// page's data (no sync; host pages a ranged write per block of a slab's pages, page_io.hpp)
+// while computing its CRC, then every header (one pwrite_ranges per
 // slab), without waiting for the data in between; once every write completed, one fdatasync
 // per slab touched (a zero-byte write with OpOptions::fsync: the engine's sync threads, all
 // slabs at once); then, under mu, switch the index to the new slots (with each page's CRC)
@@ -23,7 +26,8 @@
 //
 // Get protocol: under mu, look up and pin (the index gives slot, length and the page's CRC);
 // unlocked, read the data straight into the caller's segments (no header: one request per
-// segment) and verify it against the index's CRC; under mu, unpin (a mismatch forgets the
+// segment, host pages a ranged read per block of a slab's pages) and verify each block's
+// pages against the index's CRCs as it lands; under mu, unpin (a mismatch forgets the
 // entry: its slot no longer holds the page).
 //
 // Device pages (a segment in CUDA memory, DeviceSupport::classify): the same protocols through
@@ -113,6 +117,14 @@ struct Folder {
   std::uint64_t recoveries = 0;
   int last_errno = 0;
   std::string last_error;
+  /// Its absolute path, links resolved: how failed.list names it (failed_list.cpp).
+  std::string id;
+  /// The highest generation handed out when it last failed: its pages then are at or below.
+  std::uint64_t failed_gen = 0;
+  /// From the failed.list files read at open: its pages at or below this are dead.
+  std::uint64_t stale_floor = 0;
+  /// Its failed.list as last read or written (ckpt_mu): rewritten only when it changes.
+  std::vector<unsigned char> failed_list;
   /// Per slab, with a journal (meta.journal_blocks > 0; mu); empty otherwise.
   std::vector<SlabJournal> journal;
   /// The bound of the folder's last durable checkpoint (mu): ring blocks at or below it are free.
@@ -301,8 +313,15 @@ struct Store::Impl {
   /// Waits until every put that took its generation before the call has committed or failed
   /// (lk holds mu).
   void wait_for_earlier_puts(std::unique_lock<std::mutex>& lk);
-  /// checkpoint() and clear(): the barrier above, then the checkpoint.
+  /// checkpoint() and clear(): the barrier above, then the checkpoint; throws when every
+  /// folder has failed (nothing was written, nothing is durable).
   void durable_checkpoint();
+
+  // -- failed_list.cpp --
+  /// At open, before any scan: every folder's failed.list, into the folders' stale_floor.
+  void read_failed_lists();
+  /// After a checkpoint (ckpt_mu held, mu not): the folders failed now, to each healthy one.
+  void write_failed_lists();
 };
 
 }  // namespace deepio::kv

@@ -118,6 +118,7 @@ void Store::Impl::journal_write(internal::JournalWrites& jw) {
       internal::encode_journal_block(w.buf.get(), blk);
       try {
         w.fut = slab.pwrite(w.buf.get(), kJournalBlock, off);
+        ++jw.ops_;
       } catch (const Error& e) {
         w.err = internal::errno_of(e);
         w.what = e.what();
@@ -245,7 +246,7 @@ bool Store::Impl::journal_open(std::uint32_t fi, internal::Ckpt& ck,
   suspects.erase(std::unique(suspects.begin(), suspects.end()), suspects.end());
   const std::unordered_set<std::uint32_t> suspect(suspects.begin(), suspects.end());
   // The checkpoint's pages, unread, but those whose slot a put took since (read below).
-  const std::uint64_t floor = f.meta.gen_floor;
+  const std::uint64_t floor = std::max(f.meta.gen_floor, f.stale_floor);  // failed_list.cpp
   std::unordered_map<std::uint32_t, const internal::CkptRecord*> listed;  // suspect slot -> its record
   found->reserve(found->size() + ck.records.size() + suspects.size());
   for (internal::CkptRecord& r : ck.records) {

@@ -50,6 +50,8 @@ class JournalWrites {
   }
   /// Waits for the writes started; a failed one fails its slab's pages (err, what).
   void finish(std::vector<int>& err, std::vector<std::string>& what);
+  /// Engine operations started (one write per block), for StoreStats::io_ops.
+  [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
 
   struct Page {
     std::size_t page;
@@ -65,6 +67,7 @@ class JournalWrites {
   };
   std::vector<Page> pages_;
   std::vector<Write> writes_;
+  std::uint64_t ops_ = 0;
 };
 
 }  // namespace deepio::kv::internal

@@ -19,6 +19,7 @@ void Store::Impl::fail_folder(std::uint32_t fi, int err, const std::string& what
   f.last_error = what;
   f.failed_at = std::chrono::steady_clock::now();
   if (!model.fail(fi)) return;
+  f.failed_gen = next_gen - 1;  // at open, raised once every folder was scanned (recovery.cpp)
   warnings.push_back("deepio.kv: folder " + f.path + " failed (" + what +
                      "); its pages are misses and new pages go to the other folders until a probe finds it "
                      "working again");

@@ -229,7 +229,7 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
   std::deque<Chunk> inflight;
   // Dead whatever the checkpoint says: at or below the floor (pages of an older fingerprint),
   // or every page when this open drops them (clear_on_mismatch).
-  const std::uint64_t floor = f.meta.gen_floor;
+  const std::uint64_t floor = std::max(f.meta.gen_floor, f.stale_floor);  // failed_list.cpp
   std::uint64_t highest = 0;
   auto drain_one = [&] {
     Chunk c = std::move(inflight.front());
@@ -344,6 +344,7 @@ void Store::Impl::open() {
     } catch (const std::filesystem::filesystem_error&) {
     }
   }
+  read_failed_lists();
   std::unordered_map<std::string, std::vector<Candidate>> found;
   std::size_t usable = 0;
   std::optional<Error> first;
@@ -364,6 +365,9 @@ void Store::Impl::open() {
     }
   }
   if (usable == 0) throw *first;
+  for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
+    if (model.failed(fi)) folders[fi].failed_gen = std::max(folders[fi].failed_gen, next_gen - 1);
+  }
   // Resolve: per key the newest candidate that is whole. The checkpoint vouches for a page it
   // lists when the key has no other; any other is taken only if its data matches its CRC: a
   // put writes its header and its data at once, so a crash in a put can leave a header over

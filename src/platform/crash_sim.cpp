@@ -98,6 +98,25 @@ CrashRecorder::File& CrashRecorder::file_of(int fd) {
   return *slot;
 }
 
+void CrashRecorder::fail_under(std::string folder) {
+  std::lock_guard lk(mu_);
+  if (!folder.empty() && folder.back() != '/') folder += '/';
+  fail_prefix_ = std::move(folder);
+}
+
+bool CrashRecorder::failing(const FaultSite& site) const {
+  if (fail_prefix_.empty()) return false;
+  std::string name;
+  if (site.fd >= 0) {
+    char buf[4096];
+    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(site.fd)).c_str(), buf, sizeof buf - 1);
+    if (n > 0) name.assign(buf, static_cast<std::size_t>(n));
+  } else if (site.path != nullptr) {
+    name = site.path;
+  }
+  return name.rfind(fail_prefix_, 0) == 0;
+}
+
 std::optional<std::int64_t> CrashRecorder::on_site(const FaultSite& site) {
   std::lock_guard lk(mu_);
   switch (site.point) {
@@ -106,7 +125,9 @@ std::optional<std::int64_t> CrashRecorder::on_site(const FaultSite& site) {
       // After the crash nothing new reaches the kernel and no flush happens.
       if (frozen_) return -EIO;
       if (site.point == FaultPoint::Submit) return std::nullopt;
+      if (failing(site)) return -EIO;  // a failed drive's flush: nothing becomes durable
       break;
+    case FaultPoint::Read: return failing(site) ? std::optional<std::int64_t>(-EIO) : std::nullopt;
     case FaultPoint::Issue:
     case FaultPoint::Write:
       if (!site.write && site.point == FaultPoint::Issue) return std::nullopt;
@@ -134,7 +155,7 @@ std::optional<std::int64_t> CrashRecorder::on_site(const FaultSite& site) {
     if (site.result > 0) {
       f.writes.push_back({site.offset, read_upto(f.fd, static_cast<std::size_t>(site.result), site.offset)});
     }
-    return std::nullopt;
+    return failing(site) ? std::optional<std::int64_t>(-EIO) : std::nullopt;
   }
   flushed(f);
   return std::nullopt;

@@ -64,18 +64,24 @@ class CrashRecorder {
   /// A flush the engine does not make (a caller's own fsync/fdatasync of descriptor fd), told
   /// before it starts: as a FaultPoint::Sync of that file. Ignored after crash().
   void note_flush(int fd);
+  /// A drive that fails, for the fuzzer's failed folders: while set, every read, write and
+  /// flush of a file under `folder` (an absolute path, or empty: none) completes with EIO. A
+  /// write still lands (as after a device error reported late); a flush does not happen.
+  void fail_under(std::string folder);
 
  private:
   struct File;
   std::optional<std::int64_t> on_site(const struct FaultSite& site);
   File& file_of(int fd);
-  void flushed(File& f);  // mu_ held
+  [[nodiscard]] bool failing(const struct FaultSite& site) const;  // mu_ held
+  void flushed(File& f);                                           // mu_ held
 
   std::size_t tear_;
   mutable std::mutex mu_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::unique_ptr<File>> files_;  // (dev, ino)
   std::size_t inflight_ = 0;
   bool frozen_ = false;
+  std::string fail_prefix_;  // with a trailing '/'
 };
 
 }  // namespace deepio::detail

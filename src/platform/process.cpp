@@ -14,6 +14,11 @@ namespace {
 constexpr auto kRanks = static_cast<std::size_t>(ForkLockRank::kCount);
 
 std::atomic<std::uint64_t> g_generation{0};
+// This process's id once asked (0: not yet, or a fork since): a stamp is made per engine
+// operation, and getpid(2) is a system call each time. Only with the handlers installed, whose
+// child handler resets it.
+std::atomic<long> g_pid{0};
+std::atomic<bool> g_installed{false};
 // Constant-initialised: registrations from other translation units' static initialisers may
 // run before this one's.
 std::array<std::atomic<void (*)() noexcept>, kRanks> g_lock{};
@@ -41,6 +46,7 @@ void release_taken() noexcept {
 void on_fork_parent() noexcept { release_taken(); }
 
 void on_fork_child() noexcept {
+  g_pid.store(0, std::memory_order_relaxed);
   g_generation.fetch_add(1, std::memory_order_relaxed);
   release_taken();
 }
@@ -48,8 +54,20 @@ void on_fork_child() noexcept {
 void install_handlers() noexcept {
   // Without the handlers every stamp stays valid and no lock is taken at a fork, as before
   // these checks existed: nothing else to do if the registration fails (ENOMEM).
-  static const bool installed = ::pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child) == 0;
+  static const bool installed = [] {
+    const bool ok = ::pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child) == 0;
+    g_installed.store(ok, std::memory_order_relaxed);
+    return ok;
+  }();
   (void)installed;
+}
+
+long current_pid() noexcept {
+  long pid = g_pid.load(std::memory_order_relaxed);
+  if (pid != 0) return pid;
+  pid = static_cast<long>(::getpid());
+  if (g_installed.load(std::memory_order_relaxed)) g_pid.store(pid, std::memory_order_relaxed);
+  return pid;
 }
 
 std::uint64_t generation() noexcept {
@@ -58,7 +76,7 @@ std::uint64_t generation() noexcept {
 }
 }  // namespace
 
-ProcessStamp::ProcessStamp() noexcept : generation_(generation()), pid_(static_cast<long>(::getpid())) {}
+ProcessStamp::ProcessStamp() noexcept : generation_(generation()), pid_(current_pid()) {}
 
 bool ProcessStamp::here() const noexcept { return g_generation.load(std::memory_order_relaxed) == generation_; }
 

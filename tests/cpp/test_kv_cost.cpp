@@ -197,6 +197,80 @@ TEST(KvCost, AHeaderWhosePageDidNotLandIsNotThere) {
   EXPECT_EQ(s.stats().corrupt, 0u);  // never indexed, so never a corrupt read
 }
 
+// A batch's host pages go to the engine as one ranged operation per slab and handle block, not
+// one per page or segment (docs/kv.md "Cost per page"): with 64 KiB blocks (8 pages of 8 KiB),
+// a put of 64 pages into one slab is 8 data writes, one header write, one journal block and
+// one sync; a get of
+// them 8 reads. Each page is still its own request (the hook sees 64 reads and 64 writes) and
+// verified against its CRC. A page of 8 segments costs no more operations than a page of one.
+TEST(KvCost, ABatchIsOneOperationPerSlabAndBlockNotPerPage) {
+  TempDir dir;
+  const std::string a = dir.file("a");
+  auto o = small_options({a}, 256);
+  o.handle.block_size = 64 << 10;
+  Store s(o);
+  NoHook unhook;
+  auto c = count_io(a);
+  auto keys = numbered_keys("k", 64);
+  std::vector<std::vector<unsigned char>> pages;
+  for (const auto& k : keys) pages.push_back(page_for(k, kPage));
+  const std::uint64_t ops0 = s.stats().io_ops;
+  for (bool b : put_pages(s, keys, pages)) EXPECT_TRUE(b);
+  EXPECT_EQ(s.stats().io_ops - ops0, 8u + 1u + 1u + 1u);
+  EXPECT_EQ(c->page_writes.load(), 64);
+  EXPECT_EQ(c->header_writes.load(), 64);
+  EXPECT_EQ(c->syncs.load(), 1);
+
+  const std::uint64_t ops1 = s.stats().io_ops;
+  std::vector<std::vector<unsigned char>> out(64, std::vector<unsigned char>(kPage));
+  for (bool b : get_pages(s, keys, out)) EXPECT_TRUE(b);
+  EXPECT_EQ(out, pages);
+  EXPECT_EQ(s.stats().io_ops - ops1, 8u);
+  EXPECT_EQ(c->page_reads.load(), 64);
+  EXPECT_EQ(c->header_reads.load(), 0);
+
+  // 16 pages of 8 segments of 1 KiB each, scattered over one buffer (every other KiB): two
+  // operations (16 x 8 KiB in 64 KiB blocks), 128 requests.
+  std::vector<unsigned char> mem(16 * 2 * kPage);
+  std::vector<std::string_view> k16(keys.begin(), keys.begin() + 16);
+  std::vector<std::vector<kv::Segment>> segs(16);
+  for (std::size_t p = 0; p < 16; ++p) {
+    for (std::size_t g = 0; g < 8; ++g) segs[p].push_back(kv::Segment{mem.data() + (p * 16 + g * 2) * 1024, 1024});
+  }
+  const std::uint64_t ops2 = s.stats().io_ops;
+  c->page_reads = 0;
+  kv::BatchFuture f = s.get(k16, segs);
+  for (bool b : f.get()) EXPECT_TRUE(b);
+  EXPECT_EQ(s.stats().io_ops - ops2, 2u);
+  for (std::size_t p = 0; p < 16; ++p) {
+    for (std::size_t g = 0; g < 8; ++g) {
+      ASSERT_EQ(std::memcmp(mem.data() + (p * 16 + g * 2) * 1024, pages[p].data() + g * 1024, 1024), 0) << p << g;
+    }
+  }
+  EXPECT_EQ(s.stats().corrupt, 0u);
+}
+
+// Two pages of a get into the same memory cannot be one ranged read (its ranges may not
+// overlap in the buffer): the chunk goes as one operation per page, as before, and both are
+// hits (the same key twice: the same bytes land twice).
+TEST(KvCost, PagesOverTheSameMemoryFallBackToAnOperationEach) {
+  TempDir dir;
+  const std::string a = dir.file("a");
+  Store s(small_options({a}, 16));
+  std::vector<std::vector<unsigned char>> v{page_for("p", kPage)};
+  ASSERT_TRUE(put_pages(s, {"p"}, v)[0]);
+  std::vector<unsigned char> out(kPage);
+  std::vector<std::string_view> k{"p", "p"};
+  std::vector<std::vector<kv::Segment>> seg(2, {kv::Segment{out.data(), out.size()}});
+  const std::uint64_t ops0 = s.stats().io_ops;
+  auto got = s.get(k, seg).get();
+  EXPECT_TRUE(got[0]);
+  EXPECT_TRUE(got[1]);
+  EXPECT_EQ(s.stats().io_ops - ops0, 2u);
+  EXPECT_EQ(out, v[0]);
+  EXPECT_EQ(s.stats().corrupt, 0u);
+}
+
 // The index's memory per page, besides the key's own bytes (docs/kv.md "Memory"): a model of
 // 200 000 slots, all live, with 64-byte keys (SGLang's hex SHA-256), measured by the heap's
 // own count. Printed, and bounded so that it does not grow unnoticed.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -155,6 +156,49 @@ TEST(KvCrash, ARemovalAPeriodicCheckpointFollowedStaysRemoved) {
   Store s(opts);
   std::vector<std::vector<unsigned char>> out(1, std::vector<unsigned char>(kPage));
   EXPECT_FALSE(get_pages(s, gone, out)[0]) << "a removal a checkpoint followed came back after the crash";
+}
+
+// The review's case 3: a folder failed at the crash keeps its checkpoint from before the
+// failure; a key it lists, re-put on another folder and removed since (a checkpoint covered
+// the removal), must not come back when the drive answers again at the reopen
+// (failed_list.cpp: the healthy folders' failed.list gives the failed folder a floor).
+TEST(KvCrash, AFailedFoldersStaleCheckpointBringsNothingBack) {
+  TempDir dir;
+  const std::string a = dir.file("a"), b = dir.file("b");
+  const auto opts = small_options({a, b}, 256);
+  const auto keys = keys_on(0, "k-", 4);  // placed on folder a while it works
+  const int rc = in_watched_child([&] {
+    Store s(opts);
+    auto p = pages_for(keys);
+    for (bool ok : put_pages(s, keys, p)) {
+      if (!ok) return 2;
+    }
+    s.checkpoint();  // a's index.ckpt lists them
+    const std::string prefix = folder_prefix(a);
+    deepio::detail::set_fault_hook([prefix](const deepio::detail::FaultSite& site) -> std::optional<std::int64_t> {
+      const bool io = site.point == deepio::detail::FaultPoint::Read || site.point == deepio::detail::FaultPoint::Write;
+      return io && fd_in(site.fd, prefix) ? std::optional<std::int64_t>(-EIO) : std::nullopt;
+    });
+    std::vector<std::vector<unsigned char>> out(keys.size(), std::vector<unsigned char>(kPage));
+    get_pages(s, keys, out);  // a fails: its pages drop
+    if (!s.stats().folders[0].failed) return 3;
+    for (bool ok : put_pages(s, keys, p)) {  // now on b
+      if (!ok) return 4;
+    }
+    std::vector<std::string_view> views(keys.begin(), keys.end());
+    s.remove(views);
+    s.checkpoint();  // the removal is durable
+    ::_exit(0);      // a crash while a is still failed
+  });
+  ASSERT_EQ(rc, 0);
+  Store s(opts);  // a answers again
+  EXPECT_FALSE(s.stats().folders[0].failed);
+  std::vector<std::string_view> views(keys.begin(), keys.end());
+  for (bool listed : s.contains(views)) EXPECT_FALSE(listed) << "a removal a checkpoint covered came back";
+  // The folder works: new pages go to it and survive a reopen.
+  const auto fresh = keys_on(0, "fresh-", 2);
+  auto p = pages_for(fresh);
+  for (bool ok : put_pages(s, fresh, p)) EXPECT_TRUE(ok);
 }
 
 }  // namespace

@@ -187,12 +187,15 @@ def test_sglang_zero_copy_round_trip(engines, tmp_dir, layout):
         assert backend.batch_exists(keys) == n
         assert backend.batch_exists(keys[:5] + ["absent"] + keys[5:]) == 5
         assert backend.batch_exists(["absent", *keys]) == 0
-        assert backend.get_stats() is None  # SGLang's collector takes None or its own StorageMetrics
+        stats = backend.get_stats()  # SGLang's StorageMetrics, per call since the last one
+        assert stats.backup_pgs == [n] and stats.backup_bandwidth[0] > 0 and stats.prefetch_pgs == []
+        assert backend.get_stats().backup_pgs == []
         assert backend.store_stats()["kv"]["pages"] == n
 
         dst = pool.alloc(n * PAGE_TOKENS)
         op = types.SimpleNamespace(request_id="r1")
         assert HiCacheController._page_get_zero_copy(ctl, op, keys, dst) == n
+        assert backend.get_stats().prefetch_pgs == [n]
         for want, got in zip(expected, _pages(pool, dst), strict=True):
             assert torch.equal(want, got)
 

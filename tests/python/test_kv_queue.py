@@ -47,6 +47,8 @@ def test_a_get_goes_ahead_of_queued_puts_and_pending_puts_are_counted(tmp_dir):
         s = store.stats()
         got = np.zeros((4, PAGE), dtype=np.uint8)
         g = store.get_segments([f"g{i}" for i in range(4)], [[(got[i].ctypes.data, PAGE)] for i in range(4)])
+        with lock:  # at most the batches done by the time the get was queued (a busy machine)
+            done_before = len(order)
         g.add_done_callback(done("get"))
         # Queued behind `puts` put batches (the first perhaps started), the puts not started
         # are counted with their pages and bytes.
@@ -58,7 +60,7 @@ def test_a_get_goes_ahead_of_queued_puts_and_pending_puts_are_counted(tmp_dir):
             assert all(f.result())
         with lock:
             # The get ran before every put queued after the one running when it came.
-            assert order.index("get") <= 1, order
+            assert order.index("get") <= done_before + 1, (done_before, order)
         assert got[:, :8].copy().view(np.uint64).reshape(-1).tolist() == [0, 1, 2, 3]
         s = store.stats()
         assert s["pending_puts"] == s["pending_put_pages"] == s["pending_put_bytes"] == 0

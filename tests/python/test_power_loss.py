@@ -1,6 +1,7 @@
-"""A save cut by a power loss at a random instant (issue 47 item 2): ``deepio.save`` and
-``deepio.safetensors.save_file`` over an existing file leave the old file or the new one, whole,
-never a torn one. Each crash point is a forked child that saves under ``PowerLoss``
+"""A save cut by a power loss at a random instant (issue 47 item 2): ``deepio.save``,
+``deepio.safetensors.save_file`` over an existing file and ``deepio.dcp``'s writer over an
+existing checkpoint (with an extra folder) leave the old one or the new one, whole, never a torn
+one. Each crash point is a forked child that saves under ``PowerLoss``
 (crash_support.py: the engine's writes and flushes recorded, renames undone unless a folder
 flush covered them) and cuts the power after a random delay; the parent then loads the file.
 ``DEEPIO_CRASH_POINTS`` sets the points per test (default 8); a failure names its seed."""
@@ -69,8 +70,9 @@ def _crash_point(save: Callable[[Any, Path], None], new: Any, path: Path, delay:
 def _run(tmp_path: Path, save: Callable[[Any, Path], None], load: Callable[[Path], Any], suffix: str) -> None:
     old, new = _state(1), _state(2)
     base = random.SystemRandom().randrange(1 << 32)
-    t0 = time.perf_counter()
     save(old, tmp_path / f"timing{suffix}")
+    t0 = time.perf_counter()
+    save(new, tmp_path / f"timing{suffix}")  # a save over an existing one, as the points make
     took = time.perf_counter() - t0
     fates = {"old": 0, "new": 0}
     for i in range(POINTS):
@@ -98,6 +100,31 @@ def test_deepio_save_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
 
 def test_safetensors_save_file_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
     _run(tmp_path, lambda obj, p: deepio.safetensors.save_file(obj, p), deepio.safetensors.load_file, ".safetensors")
+
+
+def _dcp_save(obj: dict[str, torch.Tensor], path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    import deepio.dcp
+
+    extra = [path.parent / f"{path.name}-extra"]  # data files in a second folder too
+    dcp.save(obj, storage_writer=deepio.dcp.FileSystemWriter(path, extra_paths=extra))
+
+
+def _dcp_load(path: Path) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    import deepio.dcp
+
+    out = {k: torch.zeros_like(v) for k, v in _state(0).items()}
+    dcp.load(out, storage_reader=deepio.dcp.FileSystemReader(path))
+    return out
+
+
+def test_dcp_save_over_a_checkpoint_leaves_the_old_or_the_new_one(tmp_path: Path) -> None:
+    """deepio.dcp's writer over an existing checkpoint (overwrite, an extra folder): after a
+    power loss at any instant the old checkpoint or the new one loads whole (its CRCs checked)."""
+    _run(tmp_path, _dcp_save, _dcp_load, ".ckpt")
 
 
 def test_the_power_loss_really_drops_unflushed_writes(tmp_path: Path) -> None:

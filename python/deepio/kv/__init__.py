@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 from deepio import _deepio
+from deepio._futures import NativeFuture
 
 __all__ = [
     "Store",
@@ -40,16 +41,35 @@ MAX_KEY_BYTES: int = _deepio.KV_MAX_KEY_BYTES
 #: The longest fingerprint, in bytes (utf-8).
 MAX_FINGERPRINT_BYTES: int = 4096
 
-#: The completion of a put or get batch: ``done()``, ``result(timeout=None) -> list[bool]``,
-#: ``add_done_callback(fn)``.
-Future = _deepio.KvFuture
+
+class Future(NativeFuture[list[bool]]):
+    """The completion of a put or get batch, a ``concurrent.futures.Future``:
+    ``result(timeout=None) -> list[bool]`` (one bool per key), ``done()``,
+    ``add_done_callback(fn)``, ``exception()`` (always None once done: a page that failed
+    is a False), ``cancel()`` (always False); ``await future`` in asyncio,
+    ``asyncio.wrap_future`` and ``concurrent.futures.wait``/``as_completed`` work, with no
+    thread per wait (deepio/_futures.py). Done callbacks run on the store's batch thread
+    that completed the batch (GIL held), or at once if done; one may drop the last
+    reference to the store (its close is then deferred, see ``Store.close``)."""
+
+    def _native_result(self, timeout: float | None) -> list[bool]:
+        return self._native.result(timeout)
+
+    def _native_exception(self, timeout: float | None) -> BaseException | None:
+        self._native.result(timeout)
+        return None
+
+    def __repr__(self) -> str:
+        return f"<deepio.kv.Future {'done' if self._native.done() else 'running'}>"
+
 
 Key = Union[str, bytes]
 
 
 def crc32c(buffer: Any, crc: int = 0) -> int:
     """CRC-32C (Castagnoli) of a host buffer's bytes, continuing from ``crc``: the checksum the
-    store keeps for each page (SSE4.2 where the CPU has it). ``crc32c(b"123456789") == 0xE3069283``."""
+    store keeps for each page (AVX-512 VPCLMULQDQ and SSE4.2 where the CPU has them).
+    ``crc32c(b"123456789") == 0xE3069283``."""
     return _deepio.kv_crc32c(buffer, crc)
 
 
@@ -176,7 +196,7 @@ class Store:
         """Stores pool row slots[i] under keys[i]; the future's result is one bool per key
         (True once durable). Keep the rows unchanged until the future is done."""
         try:
-            return self._s.put(keys, slots)
+            return Future(self._s.put(keys, slots))
         finally:
             self._warn()
 
@@ -185,7 +205,7 @@ class Store:
         length is page_bytes and its checksum matched (a False row's contents are
         unspecified)."""
         try:
-            return self._s.get(keys, slots)
+            return Future(self._s.get(keys, slots))
         finally:
             self._warn()
 
@@ -196,7 +216,7 @@ class Store:
         through host buffers, as for a CUDA pool; not ordered after any stream: finish the work
         that writes them first)."""
         try:
-            return self._s.put_segments(keys, segments)
+            return Future(self._s.put_segments(keys, segments))
         finally:
             self._warn()
 
@@ -204,7 +224,7 @@ class Store:
         """Zero-copy scatter/gather get: True only where the stored length equals the sum of
         segments[i] and the checksum matched. Memory kept alive until the future is done."""
         try:
-            return self._s.get_segments(keys, segments)
+            return Future(self._s.get_segments(keys, segments))
         finally:
             self._warn()
 

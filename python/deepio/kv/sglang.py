@@ -40,7 +40,12 @@ per-key False for the batch calls, logged once per call with the reason; constru
 (no folder, MLA with tensor parallelism) raise.
 
 Thread safety: SGLang calls a backend from its prefetch and backup threads at once; the Store
-is thread-safe, and the only mutable state here (the stores of v2 pools) is guarded by a lock.
+is thread-safe, and the only mutable state here (the stores of v2 pools, the per-call metrics
+of ``get_stats``) is guarded by a lock.
+
+Metrics: ``get_stats()`` is SGLang's storage-backend hook (``--enable-storage-metrics``): the
+pages and GB/s of each zero-copy call since the last one, as SGLang's ``StorageMetrics``;
+``store_stats()`` gives each pool's ``Store.stats()``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Literal
 
 import torch
@@ -127,6 +133,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
         self._stores: dict[str, Store] = {}
         self._pools: dict[str, Any] = {}
         self._kv_page_bytes = 0
+        # Per zero-copy call since the last get_stats(): (pages moved, GB/s) by op; under _lock.
+        self._metrics: dict[str, tuple[list[int], list[float]]] = {"get": ([], []), "put": ([], [])}
 
     # ---- registration -------------------------------------------------------------------
 
@@ -213,9 +221,13 @@ class DeepioHiCacheStorage(HiCacheStorage):
         try:
             store = self._store(name)
             segments = _page_segments(pool, host_indices, len(keys))
+            start = time.monotonic()
             if op == "put":
-                return _put_absent(store, keys, segments)
-            return [bool(r) for r in store.get_segments(list(keys), segments).result()]
+                done = _put_absent(store, keys, segments)
+            else:
+                done = [bool(r) for r in store.get_segments(list(keys), segments).result()]
+            self._record(op, done, segments, time.monotonic() - start)
+            return done
         except Exception as e:  # the controller expects per-key results, not exceptions
             logger.error("deepio HiCache backend: %s of %d pages of pool %s failed: %s", op, len(keys), name, e)
             return [False] * len(keys)
@@ -324,10 +336,31 @@ class DeepioHiCacheStorage(HiCacheStorage):
         logger.info("deepio HiCache backend: cleared %d pages", removed)
         return True
 
-    def get_stats(self) -> None:
-        """None: SGLang's metrics collector expects its own StorageMetrics (page counts and
-        bandwidths per call) or None; the store's counters are in store_stats()."""
-        return None
+    def _record(self, op: Op, done: list[bool], segments: list[Segments], seconds: float) -> None:
+        """One zero-copy call's pages and GB/s (bytes of the pages moved over the call's wall
+        time), for get_stats(), as SGLang's HF3FS backend keeps them."""
+        pages = sum(done)
+        if not pages:
+            return
+        nbytes = sum(n for ok, seg in zip(done, segments, strict=True) if ok for _, n in seg)
+        gbps = nbytes / (1 << 30) / seconds if seconds > 0 else 0.0
+        with self._lock:
+            counts, rates = self._metrics[op]
+            counts.append(pages)
+            rates.append(gbps)
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` (its ``--enable-storage-metrics`` histograms): per call
+        since the last get_stats(), the pages loaded (prefetch) and stored (backup) and the
+        GB/s of each, then reset. The store's own counters are in store_stats()."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._lock:
+            (get_pages, get_rates), (put_pages, put_rates) = self._metrics["get"], self._metrics["put"]
+            self._metrics = {"get": ([], []), "put": ([], [])}
+        return StorageMetrics(
+            prefetch_pgs=get_pages, backup_pgs=put_pages, prefetch_bandwidth=get_rates, backup_bandwidth=put_rates
+        )
 
     def store_stats(self) -> dict[str, Any]:
         """Each pool's ``Store.stats()``, by pool name."""

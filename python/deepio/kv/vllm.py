@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -53,6 +54,7 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -60,6 +62,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from deepio.kv._backend import clear_setting, digest, fingerprint, open_store
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -71,6 +75,9 @@ class DeepioTier(SecondaryTierManager):
     (required to create a store, not to reopen one), ``clear_on_mismatch`` (default false: a
     store written under another configuration raises; true: it starts empty, with a warning),
     ``fingerprint`` (a string added to the fingerprint, for what vLLM's config does not say),
+    ``locality`` ("LOCAL", the default, or "REMOTE": the events' and vLLM's backpressure
+    defaults'), ``enable_kv_events`` (default false: emit a "stored" ``OffloadingEvent`` per
+    successful store job, as vLLM's fs tier does, when vLLM's KV cache events are enabled),
     and any further ``deepio.kv.Store`` keyword."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -86,6 +93,7 @@ class DeepioTier(SecondaryTierManager):
         locality: str | None = "LOCAL",
         clear_on_mismatch: bool = False,
         fingerprint: str = "",
+        enable_kv_events: bool = False,
         **store_options: Any,
     ) -> None:
         super().__init__(
@@ -125,6 +133,20 @@ class DeepioTier(SecondaryTierManager):
         self._finished: collections.deque[JobResult] = collections.deque()
         self._in_flight: dict[int, Any] = {}  # job id -> store future
         self._storing: collections.Counter[bytes] = collections.Counter()
+        # KV events, as vLLM's fs and obj tiers emit them: one "stored" OffloadingEvent per
+        # successful store job (all its keys, those present already included), with this
+        # tier's locality; only when the tier asks for them and vLLM's KV cache events are on.
+        self._events: list[OffloadingEvent] | None = None
+        if enable_kv_events:
+            events_config = getattr(offloading_spec, "kv_events_config", None)
+            if getattr(events_config, "enable_kv_cache_events", False):
+                self._events = []
+            else:
+                logger.warning(
+                    "enable_kv_events is set on secondary tier '%s' but KV cache events are "
+                    "disabled globally; the tier will not emit events.",
+                    tier_type,
+                )
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         with self._lock:
@@ -156,6 +178,14 @@ class DeepioTier(SecondaryTierManager):
             done = list(self._finished)
             self._finished.clear()
         return done
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """The events of the store jobs finished since the last call (none unless enabled)."""
+        if self._events is None:
+            return []
+        with self._lock:
+            events, self._events = self._events, []
+        return events
 
     def has_pending_work(self) -> bool:
         with self._lock:
@@ -204,6 +234,10 @@ class DeepioTier(SecondaryTierManager):
                     for k in keys:
                         if self._storing[k] <= 0:
                             del self._storing[k]
+                if store and ok and self._events is not None and original:
+                    self._events.append(
+                        OffloadingEvent(keys=original, medium=self.medium, removed=False, locality=self.locality)
+                    )
                 self._finished.append(result)
                 self._idle.notify_all()
 

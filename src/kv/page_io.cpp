@@ -1,0 +1,118 @@
+// PageOps and PageErrors (page_io.hpp): a batch's host pages in ranged operations.
+#include "kv/page_io.hpp"
+
+#include <algorithm>
+
+#include "kv/impl.hpp"
+
+namespace deepio::kv::internal {
+
+void PageErrors::set(std::size_t i, const Error& e) { set(i, errno_of(e), e.what()); }
+
+void PageErrors::settle_all(std::size_t i, std::vector<Future>& futs) {
+  for (Future& f : futs) {
+    std::string w;
+    const int e = settle(f, &w);
+    if (e != 0 && err[i] == 0) set(i, e, w);
+  }
+  futs.clear();
+}
+
+PageOps::~PageOps() {
+  // A batch that threw (bad_alloc) between start and settle: its operations still write into
+  // (or read from) the caller's memory, so they are waited for before the pages go.
+  for (Chunk& c : chunks_) {
+    for (auto& [f, page] : c.futs) {
+      std::string w;
+      (void)internal::settle(f, &w);
+    }
+  }
+}
+
+void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
+                  PageErrors& errs) {
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const Chunk& c) { return c.slab == &slab; });
+  if (it == open_.end()) {
+    open_.emplace_back();
+    it = open_.end() - 1;
+    it->slab = &slab;
+  }
+  Chunk& c = *it;
+  c.pages.push_back(i);
+  for (const Segment& s : segments) {
+    if (s.nbytes == 0) continue;
+    c.pieces.push_back(Chunk::Piece{static_cast<unsigned char*>(s.data), file_offset, s.nbytes, i});
+    file_offset += s.nbytes;
+    c.bytes += s.nbytes;
+  }
+  if (c.bytes >= chunk_bytes_) {
+    start(c, errs);
+    open_.erase(it);
+  }
+}
+
+void PageOps::flush(PageErrors& errs) {
+  for (Chunk& c : open_) start(c, errs);
+  open_.clear();
+}
+
+void PageOps::start(Chunk& c, PageErrors& errs) {
+  Chunk& s = chunks_.emplace_back(std::move(c));
+  if (s.pieces.empty()) return;  // empty pages: nothing to move
+  unsigned char* lo = s.pieces.front().data;
+  unsigned char* hi = lo;
+  for (const Chunk::Piece& p : s.pieces) {
+    lo = std::min(lo, p.data);
+    hi = std::max(hi, p.data + p.nbytes);
+  }
+  std::vector<IoRange> ranges;
+  ranges.reserve(s.pieces.size());
+  for (const Chunk::Piece& p : s.pieces) {
+    ranges.push_back(IoRange{p.file_offset, static_cast<std::size_t>(p.data - lo), p.nbytes});
+  }
+  const auto size = static_cast<std::size_t>(hi - lo);
+  try {
+    s.futs.emplace_back(write_ ? s.slab->pwrite_ranges(lo, size, ranges) : s.slab->pread_ranges(lo, size, ranges),
+                        kAll);
+    ++ops_;
+    return;
+  } catch (const Error& e) {
+    if (!e.invalid_argument()) {
+      for (std::size_t i : s.pages) {
+        if (errs.err[i] == 0) errs.set(i, e);
+      }
+      return;
+    }
+  }
+  // Refused as a whole (pages over the same memory): one operation per segment, as a page's
+  // own would be; a segment refused marks its page.
+  for (const Chunk::Piece& p : s.pieces) {
+    if (errs.err[p.page] != 0) continue;
+    try {
+      s.futs.emplace_back(
+          write_ ? s.slab->pwrite(p.data, p.nbytes, p.file_offset) : s.slab->pread(p.data, p.nbytes, p.file_offset),
+          p.page);
+      ++ops_;
+    } catch (const Error& e) {
+      errs.set(p.page, e);
+    }
+  }
+}
+
+void PageOps::settle_chunk(Chunk& c, PageErrors& errs) {
+  for (auto& [f, page] : c.futs) {
+    std::string w;
+    const int e = internal::settle(f, &w);
+    if (e == 0) continue;
+    if (page != kAll) {
+      if (errs.err[page] == 0) errs.set(page, e, w);
+      continue;
+    }
+    for (std::size_t i : c.pages) {
+      if (errs.err[i] == 0) errs.set(i, e, w);
+    }
+  }
+  c.futs.clear();
+}
+
+}  // namespace deepio::kv::internal

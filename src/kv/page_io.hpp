@@ -1,0 +1,102 @@
+// The I/O of a batch's host pages (batch_io.cpp): many pages per engine operation.
+//
+// A page costs the engine far less as one range of a ranged operation than as an operation of
+// its own (no op, future, queueing, worker wake-up or io_uring_enter of its own: docs/kv.md
+// "Cost per page"). PageOps gathers a batch's pages per slab into chunks of about
+// `chunk_bytes` (at least one page) and starts each chunk, as soon as it is full, as one
+// File::pread_ranges / pwrite_ranges over the span of memory that holds its pages' segments
+// (each segment one range: its bytes at buffer_offset = its address - the span's start; the
+// engine touches only the ranges). Chunks, not one operation per slab, so that the batch
+// thread verifies (or checksums) the first pages while later ones are still moving: settle()
+// hands back each chunk's pages as the chunk completes, in the order they were started.
+//
+// A chunk the engine refuses as a whole with InvalidArgument (two pages of a get into the
+// same memory: the ranges of one read may not overlap) goes as one operation per segment
+// instead, as before, so that such a batch behaves as it always did. Any other error of a
+// chunk's operation is the error of each of its pages (their folder fails at the commit, as
+// it would for a page's own operation). Not thread-safe: one batch thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepio/handle.hpp"
+#include "deepio/kv.hpp"
+
+namespace deepio::kv::internal {
+
+/// The I/O errors of a batch's pages: per page an errno (0: none) and its message. A page's
+/// error fails its folder when the batch commits.
+struct PageErrors {
+  std::vector<int> err;
+  std::vector<std::string> what;
+
+  explicit PageErrors(std::size_t n) : err(n, 0), what(n) {}
+  void set(std::size_t i, int e, const std::string& w) {
+    err[i] = e;
+    what[i] = w;
+  }
+  void set(std::size_t i, const Error& e);
+  /// Waits for every future of page i (and drops them), keeping the page's first error.
+  void settle_all(std::size_t i, std::vector<Future>& futs);
+};
+
+class PageOps {
+ public:
+  /// `write`: pwrite_ranges (puts) rather than pread_ranges (gets).
+  PageOps(bool write, std::size_t chunk_bytes) : write_(write), chunk_bytes_(chunk_bytes) {}
+  PageOps(const PageOps&) = delete;
+  PageOps& operator=(const PageOps&) = delete;
+  ~PageOps();
+
+  /// Page i of the batch: its segments at `file_offset` of `slab` onwards, one after another.
+  /// Starts the slab's chunk once it holds chunk_bytes.
+  void add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
+           PageErrors& errs);
+  /// Starts every chunk not yet started.
+  void flush(PageErrors& errs);
+  /// Waits for the started chunks in start order; after each, calls done(i) for each of its
+  /// pages (errs holds the chunk's error for them, if any). Each page is handed back once.
+  template <typename Fn>
+  void settle(PageErrors& errs, Fn&& done) {
+    for (; settled_ < chunks_.size(); ++settled_) {
+      Chunk& c = chunks_[settled_];
+      settle_chunk(c, errs);
+      for (std::size_t i : c.pages) done(i);
+      c = Chunk{};
+    }
+  }
+  /// Engine operations started so far (a chunk's one, or its fallback's per segment).
+  [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
+
+ private:
+  struct Chunk {
+    File* slab = nullptr;
+    std::vector<std::size_t> pages;
+    /// The segments: memory and file offset of each (nbytes > 0 only).
+    struct Piece {
+      unsigned char* data;
+      std::uint64_t file_offset;
+      std::size_t nbytes;
+      std::size_t page;
+    };
+    std::vector<Piece> pieces;
+    std::size_t bytes = 0;
+    /// The operations started: the chunk's one (page kAll), or one per piece (its page).
+    std::vector<std::pair<Future, std::size_t>> futs;
+  };
+  static constexpr std::size_t kAll = ~std::size_t{0};
+  void start(Chunk& c, PageErrors& errs);
+  void settle_chunk(Chunk& c, PageErrors& errs);
+
+  bool write_;
+  std::size_t chunk_bytes_;
+  std::vector<Chunk> chunks_;  // started, in start order
+  std::size_t settled_ = 0;    // chunks_[0, settled_) handed back
+  std::vector<Chunk> open_;    // one filling chunk per slab
+  std::uint64_t ops_ = 0;
+};
+
+}  // namespace deepio::kv::internal
