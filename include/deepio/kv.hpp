@@ -128,7 +128,9 @@ struct StoreOptions {
   /// A folder over 16 TiB on ext4 (its largest file) needs slab_bytes.
   std::uint64_t slab_bytes = 0;
   /// A checkpoint of the index is written at close and, when the index changed, after a batch
-  /// that finds this long passed since the last one; zero: only at close and checkpoint().
+  /// that finds this long passed since the last one; zero: only at close, checkpoint(), and
+  /// after a batch that left a slab's slot journal half full (its ring must not overwrite a
+  /// record no durable checkpoint covers; docs/kv.md "Restart").
   std::chrono::milliseconds checkpoint_interval{60000};
   /// A failed folder is probed after a batch that finds its last error (failed operation or
   /// probe) at least this old; zero (or negative): only by Store::retry_failed().
@@ -214,9 +216,12 @@ struct StoreStats {
   /// Engine operations that puts and gets started (reads, writes and syncs): a batch's host
   /// pages go as one ranged operation per slab and handle block (docs/kv.md "Cost per page").
   std::uint64_t io_ops = 0;
-  double open_seconds = 0;              ///< how long the last open took (checkpoint + scan)
-  std::uint64_t open_headers_read = 0;  ///< slot headers the last open read (each slot's once)
-  std::uint64_t open_pages_read = 0;    ///< pages the last open read to check (not vouched for)
+  double open_seconds = 0;  ///< how long the last open took (checkpoint, journal, reads)
+  /// Slot headers the last open read: with the journal, the slots put since the last
+  /// checkpoint (none after a clean close); without it (a store made before, or a journal
+  /// that could not be trusted), each slot's once.
+  std::uint64_t open_headers_read = 0;
+  std::uint64_t open_pages_read = 0;  ///< pages the last open read to check (not vouched for)
   /// Put batches queued and not yet started (gets are started first), their pages and bytes:
   /// puts coming faster than the drives take them show here (back-pressure for the caller).
   std::uint64_t pending_puts = 0, pending_put_pages = 0, pending_put_bytes = 0;

@@ -276,23 +276,27 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
   // Phase 2: the headers, one ranged write per slab, without waiting for the data: a header
   // that lands before its page is caught by the page's CRC (at get and at open).
   SlabHeaders hdr(n);
+  internal::JournalWrites journal;  // each slot's journal record (journal.hpp), synced with it
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
     encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
     hdr.add(i, pl[i].folder, folders[pl[i].folder], pl[i].slot, slot_bytes);
+    journal.add(i, pl[i].folder, pl[i].slot, pl[i].gen);
   }
   hdr.write(folders, errs);
+  journal_write(journal);
   host.settle(errs, [](std::size_t) {});
   for (std::size_t i = 0; i < n; ++i) errs.settle_all(i, data[i]);
   for (std::size_t i : writing) scratch.release(buf[i]);
   hdr.finish(errs);
+  journal.finish(err, what);
   // Phase 3: once every write completed, one fdatasync per slab touched; only then commit.
   hdr.sync(folders, errs);
   hdr.finish(errs);
   // Commit.
   std::lock_guard lk(mu);
   committed = true;
-  st.io_ops += ops + host.ops() + hdr.ops();
+  st.io_ops += ops + host.ops() + hdr.ops() + journal.ops();
   gens_cv.notify_all();
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have) {

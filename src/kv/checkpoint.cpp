@@ -1,15 +1,20 @@
 // Writing checkpoints (impl.hpp, "Checkpoint"): per folder, its live (slot, generation, LRU
-// tick) and the generation bound, replaced durably (files.hpp). A failed folder is left out:
-// its file on disk stays the one from before the failure until a probe rewrites it.
+// tick; with a journal also key, length and CRC) and the generation bound, replaced durably
+// (files.hpp); once durable, the folder's journal ring is free up to that bound. A failed
+// folder is left out: its file on disk stays the one from before the failure until a probe
+// rewrites it.
 #include "kv/impl.hpp"
 
 namespace deepio::kv {
 
 void Store::Impl::maybe_checkpoint() {
-  if (opt.checkpoint_interval.count() <= 0) return;
   {
+    // A journal ring half full asks for one whatever the interval (journal.hpp).
     std::lock_guard lk(mu);
-    if (!model.dirty() || std::chrono::steady_clock::now() - last_ckpt < opt.checkpoint_interval) return;
+    if (!journal_wants_ckpt) {
+      if (opt.checkpoint_interval.count() <= 0) return;
+      if (!model.dirty() || std::chrono::steady_clock::now() - last_ckpt < opt.checkpoint_interval) return;
+    }
   }
   std::unique_lock ck(ckpt_mu, std::try_to_lock);
   if (!ck.owns_lock()) return;
@@ -36,9 +41,9 @@ std::optional<std::vector<unsigned char>> Store::Impl::snapshot_folder(std::uint
     std::lock_guard lk(mu);
     if (model.failed(fi)) return std::nullopt;  // its file stays the one from before the failure
     if (first >= model.slots(fi)) break;
-    model.records_in(fi, first, kCkptSlice, &records);
+    model.records_in(fi, first, kCkptSlice, &records, folders[fi].has_journal());
   }
-  return internal::encode_checkpoint(bound, records);
+  return internal::encode_checkpoint(bound, records, folders[fi].has_journal());
 }
 
 void Store::Impl::write_checkpoint(bool periodic) {
@@ -49,6 +54,7 @@ void Store::Impl::write_checkpoint(bool periodic) {
     bound = checkpoint_bound();
     model.take_dirty();
     last_ckpt = std::chrono::steady_clock::now();
+    journal_wants_ckpt = false;
   }
   std::optional<Error> first;
   for (std::uint32_t fi = 0; fi < folders.size(); ++fi) {
@@ -56,6 +62,8 @@ void Store::Impl::write_checkpoint(bool periodic) {
       auto bytes = snapshot_folder(fi, bound);
       if (!bytes) continue;
       internal::replace_durably(*handle, folders[fi].path, "index.ckpt", *bytes);
+      std::lock_guard lk(mu);
+      journal_checkpointed(fi, bound);
     } catch (const Error& e) {
       std::lock_guard lk(mu);
       fail_folder(fi, e.errnum(), e.what());
@@ -81,13 +89,16 @@ bool Store::Impl::write_folder_checkpoint(std::uint32_t fi) {
     if (!covers_drops()) return false;
     bound = checkpoint_bound();
   }
+  const bool keys = folders[fi].has_journal();
   std::vector<internal::CkptRecord> records;
   for (std::uint64_t first = 0;; first += kCkptSlice) {
     std::lock_guard lk(mu);
     if (first >= model.slots(fi)) break;
-    model.records_in(fi, first, kCkptSlice, &records);
+    model.records_in(fi, first, kCkptSlice, &records, keys);
   }
-  internal::replace_durably(*handle, folders[fi].path, "index.ckpt", internal::encode_checkpoint(bound, records));
+  internal::replace_durably(*handle, folders[fi].path, "index.ckpt", internal::encode_checkpoint(bound, records, keys));
+  std::lock_guard lk(mu);
+  journal_checkpointed(fi, bound);
   return true;
 }
 

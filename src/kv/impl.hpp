@@ -7,6 +7,7 @@
 //   page_io.cpp     a batch's host pages as ranged operations, a block of a slab's pages each
 //   batch_io.cpp    put and get batches (the I/O of the protocols below)
 //   recovery.cpp    open: layout, checkpoint and header scan
+//   journal.cpp     the slot journal: a put batch's records, open from checkpoint + journal
 //   probe.cpp       folder failures and the probes that bring them back
 //   checkpoint.cpp  writing checkpoints
 //   failed_list.cpp the failed folders named in the healthy ones (a stale checkpoint's floor)
@@ -45,6 +46,13 @@
 // a listed page is taken unread when the key has no other, any other only if its data CRC
 // matches (a put writes header and data at once: a crash can leave a header over torn data).
 // Generations come from one counter per store, restarted above the highest found at open.
+// A store made with a journal (journal.hpp) writes format-2 checkpoints (key, length, CRC per
+// slot) and lists each slot a put takes in its slab's journal, synced with the batch: open
+// then reads only the slots listed above the bound (none after a clean close), each header
+// and page whole or not taken; an incomplete journal (its head says "scan", or no format-2
+// checkpoint) falls back to the scan of every header, as for a store made without a journal.
+// An open from the journal restarts the counter kJournalGenGap above the highest generation it
+// knows: a put cut by the crash may have left a whole header whose record never landed.
 //
 // Errors: any failed operation of a folder marks it failed (errno, message, count, time, a
 // queued warning); its index entries are dropped (pinned slots turn Zombie, freed when the last
@@ -58,6 +66,7 @@
 // the queue. Order: probe_mu, ckpt_mu, mu.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -68,6 +77,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "deepio/handle.hpp"
@@ -76,6 +86,7 @@
 #include "kv/device_scratch.hpp"
 #include "kv/files.hpp"
 #include "kv/future.hpp"
+#include "kv/journal.hpp"
 #include "kv/layout.hpp"
 #include "kv/slots.hpp"
 #include "platform/process.hpp"
@@ -114,6 +125,16 @@ struct Folder {
   std::uint64_t stale_floor = 0;
   /// Its failed.list as last read or written (ckpt_mu): rewritten only when it changes.
   std::vector<unsigned char> failed_list;
+  /// Per slab, with a journal (meta.journal_blocks > 0; mu); empty otherwise.
+  std::vector<SlabJournal> journal;
+  /// The bound of the folder's last durable checkpoint (mu): ring blocks at or below it are free.
+  std::uint64_t durable_bound = 0;
+
+  [[nodiscard]] bool has_journal() const { return meta.journal_blocks > 0; }
+  /// Where slab s's journal begins (past its last slot).
+  [[nodiscard]] std::uint64_t journal_offset(std::uint64_t s, std::uint64_t slot_bytes) const {
+    return std::min(per_slab, slots - s * per_slab) * slot_bytes;
+  }
 
   [[nodiscard]] std::uint64_t offset_of(std::uint32_t slot, std::uint64_t slot_bytes) const {
     return (slot % per_slab) * slot_bytes;
@@ -176,6 +197,8 @@ struct Store::Impl {
   std::mutex ckpt_mu;
   std::mutex probe_mu;  // one probe of failed folders at a time; taken before ckpt_mu and mu
   std::chrono::steady_clock::time_point last_ckpt = std::chrono::steady_clock::now();  // mu
+  /// A slab's journal ring is half full (or scanning): checkpoint after the batch (mu).
+  bool journal_wants_ckpt = false;
 
   std::mutex qmu;
   std::condition_variable qcv;  // the queue, stopping, and close_finished (qmu)
@@ -223,13 +246,36 @@ struct Store::Impl {
     std::uint32_t folder, slot;
     std::uint64_t gen, len, tick;
     std::uint32_t crc;
-    bool listed;  ///< the folder's checkpoint lists it (its put completed before that checkpoint)
+    bool listed;         ///< the folder's checkpoint lists it (its put completed before that checkpoint)
+    bool whole = false;  ///< its header and page were read and are whole (journal_open)
   };
   /// Reads every slot header of folder fi; appends its live candidates by key.
   void scan_folder(std::uint32_t fi, std::unordered_map<std::string, std::vector<Candidate>>* found);
   /// Per candidate, whether its slot's data matches its CRC (read through the handle, several
   /// at once).
   std::vector<char> data_matches(const std::vector<const Candidate*>& cands);
+
+  // -- journal.cpp --
+  /// Starts the journal writes of a put batch (records, or the head), reserving ring blocks
+  /// under mu; a write that cannot start fails its pages when finish() is called.
+  void journal_write(internal::JournalWrites& jw);
+  /// Folder fi's checkpoint of bound `bound` is durable: frees the ring blocks it covers (mu).
+  void journal_checkpointed(std::uint32_t fi, std::uint64_t bound);
+  /// Open of folder fi from its format-2 checkpoint and its journal: the checkpoint's pages and
+  /// the whole pages of the slots the journal lists above the bound go into *found (the
+  /// checkpoint's keys moved there). false (nothing added) when the journal is incomplete: the
+  /// caller scans every header.
+  bool journal_open(std::uint32_t fi, internal::Ckpt& ck,
+                    std::unordered_map<std::string, std::vector<Candidate>>* found);
+  /// Folder fi's journal state at open: every ring block free; `scan` after a full scan (the
+  /// heads say "scan" until a checkpoint covers generation `upto`).
+  void journal_reset(std::uint32_t fi, bool scan, std::uint64_t upto);
+  /// Writes the heads of a new folder ("normal") and syncs each slab.
+  void journal_create(std::uint32_t fi);
+  /// At close, after the last checkpoint (no batch left): the heads that checkpoint turned
+  /// back to "normal" are written (synced), so that the next open needs no scan. A failure
+  /// leaves "scan" on the drive (a scan at the next open).
+  void journal_close() noexcept;
 
   // -- probe.cpp --
   /// Marks folder fi failed (mu held): counts the error, queues a warning the first time and

@@ -7,13 +7,23 @@
 //   32 u64 page_bytes of the layout | 40 key bytes
 // kv.meta, format 1 (44 bytes; still read): magic "DKVM" | u32 1 | u64 page_bytes | u64 slot
 //   bytes | u64 slots | u64 slots per slab | u32 CRC-32C of bytes [0, 40).
-// kv.meta, format 2 (written since): magic "DKVM" | u32 2 | u64 page_bytes | u64 slot bytes |
-//   u64 slots | u64 slots per slab | u64 generation floor | u32 fingerprint length | the
-//   fingerprint | u32 CRC-32C of everything before it. A format-1 file reads as fingerprint ""
-//   and floor 0. The floor: a slot whose header generation is at or below it is dead (the
-//   pages of another fingerprint, dropped in one atomic replace of kv.meta).
-// index.ckpt: magic "DKVC" | u32 1 | u64 generation bound | u64 count | count x (u64 slot,
-//   u64 generation, u64 LRU tick) | u32 CRC-32C of everything before it.
+// kv.meta, format 2 (a store made without a journal): magic "DKVM" | u32 2 | u64 page_bytes |
+//   u64 slot bytes | u64 slots | u64 slots per slab | u64 generation floor | u32 fingerprint
+//   length | the fingerprint | u32 CRC-32C of everything before it. A format-1 file reads as
+//   fingerprint "" and floor 0. The floor: a slot whose header generation is at or below it is
+//   dead (the pages of another fingerprint, dropped in one atomic replace of kv.meta).
+// kv.meta, format 3 (a store made with a journal, written since): format 2 with a u32 count of
+//   journal blocks per slab after the floor. Formats 1 and 2 read as 0 journal blocks.
+// index.ckpt, format 1 (a store without a journal): magic "DKVC" | u32 1 | u64 generation bound
+//   | u64 count | count x (u64 slot, u64 generation, u64 LRU tick) | u32 CRC-32C of everything
+//   before it.
+// index.ckpt, format 2 (a store with a journal): magic "DKVC" | u32 2 | u64 bound | u64 count |
+//   count x (u32 slot, u64 generation, u64 LRU tick, u64 page length, u32 page CRC-32C, u16 key
+//   length, the key) | u32 CRC-32C of everything before it: what the index needs, no header read.
+// Journal (format 3 only): kJournalBlock-byte blocks past a slab's last slot, block 0 the head,
+//   the others a ring of records: magic "DKVJ" | u16 1 | u16 kind (1 head, 2 records) | u64
+//   sequence | u32 count | u32 flags (head: 1 = the ring is incomplete, scan the slab) | count x
+//   (u32 slot, u64 generation) | zeros | at 4092 u32 CRC-32C of bytes [0, 4092).
 // Pure functions, thread-safe.
 #pragma once
 
@@ -34,9 +44,13 @@ inline constexpr std::uint16_t kVersion = 1;          // slot headers and checkp
 inline constexpr std::size_t kHeaderBytes = 4096;
 inline constexpr std::size_t kAlign = 4096;
 inline constexpr std::size_t kKeyOffset = 40;
-inline constexpr std::uint32_t kMetaMagic = 0x4D564B44u;  // "DKVM"
-inline constexpr std::uint32_t kMetaVersion = 2;          // kv.meta as written now
-inline constexpr std::uint32_t kCkptMagic = 0x43564B44u;  // "DKVC"
+inline constexpr std::uint32_t kMetaMagic = 0x4D564B44u;     // "DKVM"
+inline constexpr std::uint32_t kMetaVersion = 3;             // kv.meta as written now (with a journal)
+inline constexpr std::uint32_t kCkptMagic = 0x43564B44u;     // "DKVC"
+inline constexpr std::uint32_t kJournalMagic = 0x4A564B44u;  // "DKVJ"
+inline constexpr std::size_t kJournalBlock = 4096;
+inline constexpr std::size_t kJournalRecordBytes = 12;
+inline constexpr std::size_t kJournalRecordsPerBlock = (kJournalBlock - 4 - 24) / kJournalRecordBytes;
 /// The longest fingerprint (StoreOptions::fingerprint).
 inline constexpr std::size_t kMaxFingerprintBytes = 4096;
 
@@ -86,11 +100,14 @@ struct Meta {
   std::uint64_t slots = 0;
   std::uint64_t per_slab = 0;
   std::uint64_t gen_floor = 0;
+  /// Journal blocks per slab (head included); 0: a store made without one (format 1 or 2).
+  std::uint32_t journal_blocks = 0;
   std::string fingerprint;
 };
 
+/// Format 3 when m.journal_blocks > 0, else format 2.
 std::vector<unsigned char> encode_meta(const Meta& m);
-/// The meta if the bytes are a whole kv.meta of format 1 or 2; nullopt otherwise.
+/// The meta if the bytes are a whole kv.meta of format 1, 2 or 3; nullopt otherwise.
 std::optional<Meta> decode_meta(const std::vector<unsigned char>& b);
 
 /// One live page of a folder in a checkpoint.
@@ -98,16 +115,41 @@ struct CkptRecord {
   std::uint32_t slot = 0;
   std::uint64_t gen = 0;
   std::uint64_t tick = 0;
+  // Format 2 only (empty key in format 1): what the index needs without reading the header.
+  std::uint64_t len = 0;
+  std::uint32_t crc = 0;
+  std::string key{};
 };
 
 struct Ckpt {
+  std::uint32_t version = 1;
   std::uint64_t bound = 0;
   std::vector<CkptRecord> records;
 };
 
-std::vector<unsigned char> encode_checkpoint(std::uint64_t bound, const std::vector<CkptRecord>& records);
-/// The checkpoint if the bytes are a whole one; nullopt (no checkpoint: every header counts)
-/// otherwise.
+/// Format 2 (keys, lengths and CRCs too) when `with_keys`, else format 1.
+std::vector<unsigned char> encode_checkpoint(std::uint64_t bound, const std::vector<CkptRecord>& records,
+                                             bool with_keys = false);
+/// The checkpoint if the bytes are a whole one of format 1 or 2; nullopt (no checkpoint: every
+/// header counts) otherwise.
 std::optional<Ckpt> decode_checkpoint(const std::vector<unsigned char>& b);
+
+/// One slot handed to a put since the last checkpoint.
+struct JournalRecord {
+  std::uint32_t slot = 0;
+  std::uint64_t gen = 0;
+};
+
+struct JournalBlock {
+  bool head = false;
+  bool scan = false;  // head: the ring may miss records, the slab is scanned at open
+  std::uint64_t seq = 0;
+  std::vector<JournalRecord> records;  // at most kJournalRecordsPerBlock
+};
+
+/// Writes a whole block (kJournalBlock bytes) at b.
+void encode_journal_block(unsigned char* b, const JournalBlock& j);
+/// The block if whole (magic, CRC, count); nullopt otherwise (never written, torn, zeros).
+std::optional<JournalBlock> decode_journal_block(const unsigned char* b);
 
 }  // namespace deepio::kv::internal

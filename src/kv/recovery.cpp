@@ -1,7 +1,7 @@
 // Opening a store: each folder's layout (kv.meta, made at first open), its slab files, its
-// checkpoint and a scan of every slot header, resolved into the slot model (impl.hpp,
-// "Checkpoint", for which headers are live). Runs once, on the constructing thread, before
-// the batch threads start.
+// checkpoint and then either its journal (journal.cpp: the slots put since the checkpoint) or a
+// scan of every slot header, resolved into the slot model (impl.hpp, "Checkpoint", for which
+// headers are live). Runs once, on the constructing thread, before the batch threads start.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -164,6 +164,7 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
     const std::uint64_t fewest = (f.slots + kMaxSlabs - 1) / kMaxSlabs;
     f.per_slab = opt.slab_bytes == 0 ? f.slots : std::max<std::uint64_t>(opt.slab_bytes / slot_bytes, fewest);
     f.per_slab = std::max<std::uint64_t>(f.per_slab, 1);
+    f.meta.journal_blocks = internal::journal_blocks_for(f.per_slab);
     fresh = true;
   }
   const std::uint64_t nslabs = (f.slots + f.per_slab - 1) / f.per_slab;
@@ -171,7 +172,8 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
     char name[32];
     std::snprintf(name, sizeof name, "/slab-%04llu.bin", static_cast<unsigned long long>(s));
     File file = handle->open(f.path + name, O_RDWR | O_CREAT);
-    const std::uint64_t want = std::min(f.per_slab, f.slots - s * f.per_slab) * slot_bytes;
+    const std::uint64_t want = std::min(f.per_slab, f.slots - s * f.per_slab) * slot_bytes +
+                               std::uint64_t{f.meta.journal_blocks} * internal::kJournalBlock;
     if (file.size() < want) {
       if (::fallocate(file.fd(), 0, 0, static_cast<off_t>(want)) != 0) {
         const int e = errno;
@@ -184,14 +186,19 @@ void Store::Impl::open_folder(std::uint32_t fi, std::uint64_t share) {
     f.slabs.push_back(std::move(file));
   }
   if (fresh) {
+    // The journal's heads and an empty checkpoint before kv.meta: a creation cut short has no
+    // kv.meta and starts again; one that completed opens from the journal at once.
     internal::Meta m;
     m.page_bytes = opt.page_bytes;
     m.slot_bytes = slot_bytes;
     m.slots = f.slots;
     m.per_slab = f.per_slab;
+    m.journal_blocks = f.meta.journal_blocks;
     m.fingerprint = opt.fingerprint;
-    internal::replace_durably(*handle, f.path, "kv.meta", internal::encode_meta(m));
     f.meta = m;
+    journal_create(fi);
+    internal::replace_durably(*handle, f.path, "index.ckpt", internal::encode_checkpoint(0, {}, true));
+    internal::replace_durably(*handle, f.path, "kv.meta", internal::encode_meta(m));
   }
   model.init_folder(fi, f.slots);
 }
@@ -203,6 +210,8 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
   std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> ck;  // slot -> gen, tick
   if (auto b = read_whole(*handle, f.path + "/index.ckpt")) {
     if (auto c = internal::decode_checkpoint(*b)) {
+      // With a journal: the checkpoint and the slots put since, unless the journal is incomplete.
+      if (f.has_journal() && c->version == 2 && !f.clear_pages && journal_open(fi, *c, found)) return;
       bound = c->bound;
       for (const internal::CkptRecord& r : c->records) ck[r.slot] = {r.gen, r.tick};
     }
@@ -260,6 +269,9 @@ void Store::Impl::scan_folder(std::uint32_t fi, std::unordered_map<std::string, 
   }
   while (!inflight.empty()) drain_one();
   next_gen = std::max(next_gen, floor + 1);  // new pages above the floor, even if no header is left
+  // A journal that was incomplete (or unread) stays "scan" until a checkpoint covers this scan.
+  journal_reset(fi, true, next_gen - 1);
+  f.durable_bound = bound;
   if (f.clear_pages) {
     // One atomic replace drops every page: the new fingerprint and a floor at the highest
     // generation on the drive. A crash before it leaves the old kv.meta (a mismatch again), a
@@ -383,7 +395,7 @@ void Store::Impl::open() {
       while (p.next < p.cands->size() && model.failed((*p.cands)[p.next].folder)) ++p.next;
       if (p.next == p.cands->size()) continue;  // nothing whole: the key is not there
       const Candidate& c = (*p.cands)[p.next];
-      if (c.listed && p.cands->size() == 1) {
+      if (c.whole || (c.listed && p.cands->size() == 1)) {
         take(*p.key, c);
         continue;
       }

@@ -188,13 +188,19 @@ void SlotModel::return_probe_slots(std::uint32_t fi, const std::vector<std::opti
   }
 }
 
-void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count,
-                           std::vector<CkptRecord>* out) const {
+void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out,
+                           bool with_keys) const {
   const Folder& f = folders_[fi];
   const std::uint64_t end = std::min(f.slots, first + count);
   for (std::uint64_t s = first; s < end; ++s) {
     const SlotInfo& i = f.info[s];
-    if (i.state == SlotState::Live) out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+    if (i.state != SlotState::Live) continue;
+    out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
+    if (!with_keys) continue;
+    const Entry& e = index_.find(*i.key)->second;
+    out->back().len = e.len;
+    out->back().crc = e.crc;
+    out->back().key = *i.key;
   }
 }
 
@@ -211,6 +217,7 @@ std::vector<CkptRecord> SlotModel::records(std::uint32_t fi) const {
 
 void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
   std::vector<std::vector<std::pair<std::uint64_t, const std::string*>>> order(folders_.size());
+  index_.reserve(index_.size() + pages.size());
   for (const auto& [key, c] : pages) {
     Folder& f = folders_[c.where.folder];
     auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});

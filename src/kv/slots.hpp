@@ -124,8 +124,10 @@ class SlotModel {
   /// Folder fi's live pages, least recently used first.
   [[nodiscard]] std::vector<CkptRecord> records(std::uint32_t fi) const;
   /// Appends the live pages among slots [first, first + count) of folder fi, in slot order
-  /// (a checkpoint taken a slice at a time, the lock released in between: O(count) per call).
-  void records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out) const;
+  /// (a checkpoint taken a slice at a time, the lock released in between: O(count) per call);
+  /// `with_keys`: each page's key, length and CRC too (a format-2 checkpoint).
+  void records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t count, std::vector<CkptRecord>* out,
+                  bool with_keys = false) const;
   /// Installs the pages recovery found (one per key; their slots Free until now), then remakes
   /// the LRU lists and free lists (a failed folder gets no free list). Once, before any put.
   void load(const std::vector<std::pair<std::string, Found>>& pages);

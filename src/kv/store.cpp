@@ -72,6 +72,7 @@ void Store::Impl::finish_close() {
   try {
     std::lock_guard ck(ckpt_mu);
     write_checkpoint();
+    journal_close();
   } catch (...) {
     err = std::current_exception();
   }
