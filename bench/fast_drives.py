@@ -18,7 +18,9 @@ the order rotating from round to round, the page cache dropped before every run 
   pwrite_ranges    aio_handle.async_pwrite_ranges of BATCH random pages per drive with fsync=True
                    (the engine's fdatasync after the op), a wave of one op per drive, then wait()
   kv               deepio.kv.Store over a folder per drive (defaults but capacity): durable puts
-                   then gets of all pages in BATCH-page batches (bench/kv_bench.py's run_store)
+                   then gets of all pages in batches of BATCH pages per drive (so each drive
+                   syncs every BATCH pages, as fio's --fdatasync=BATCH per job; bench/kv_bench.py's
+                   run_store)
   sglang           deepio.kv.sglang through SGLang's controller page functions over a
                    page_first and a layer_first host pool (bench/kv_bench.py's run_sglang), where
                    SGLang is importable (scripts/setup-kv-engines.sh); else skipped, the reason said
@@ -74,8 +76,8 @@ ROWS = [
     ("aio_handle: async_pread per page, one wait()", "aio_pread", "fio randread", "page"),
     ("fio randwrite --fdatasync=BATCH", "fio randwrite", None, "page"),
     ("engine: pwrite_ranges BATCH pages, fsync=True", "pwrite_ranges", "fio randwrite", "page"),
-    ("deepio.kv gets, BATCH-page batches", "kv get", "fio randread", "kv"),
-    ("deepio.kv durable puts, BATCH-page batches", "kv put", "fio randwrite", "kv"),
+    ("deepio.kv gets, BATCH pages per drive a batch", "kv get", "fio randread", "kv"),
+    ("deepio.kv durable puts, BATCH pages per drive a batch", "kv put", "fio randwrite", "kv"),
     ("SGLang page_first puts (deepio.kv.sglang)", "sglang page_first put", None, "sglang"),
     ("SGLang layer_first puts (vs page_first)", "sglang layer_first put", "sglang page_first put", "sglang"),
     ("SGLang page_first gets (deepio.kv.sglang)", "sglang page_first get", None, "sglang"),
@@ -259,9 +261,13 @@ class KvGroup:
         self.a, self.bs, self.pages = a, bs, pages
         self.dirs = [os.path.join(f, f"fast-drives-kv-{run_id}") for f in folders]
         self.store = deepio.kv.Store(self.dirs, capacity_bytes=int(pages * bs * 1.25), page_bytes=bs)
-        self.pool = aligned_pool(a.batch, bs)
+        # A kv batch spreads its pages over the drives and syncs each drive once; fio's
+        # --fdatasync=BATCH syncs each job (drive) every BATCH writes: BATCH pages per drive
+        # per call makes the flushes per byte the same.
+        self.kv_batch = a.batch * len(folders)
+        self.pool = aligned_pool(self.kv_batch, bs)
         self.store.register(self.pool)
-        run_store(self.store, self.pool, min(pages, a.batch), a.batch, "warm")  # untimed: slabs touched
+        run_store(self.store, self.pool, min(pages, self.kv_batch), self.kv_batch, "warm")  # untimed: slabs touched
         self.sg: dict = {}
         self.sg_pages = min(pages, a.sglang_pages)
         if "sglang" in skipped:
@@ -286,7 +292,7 @@ class KvGroup:
 
     def run(self, tool: str, tag: str) -> list[dict]:
         if tool == "kv":
-            got = run_store(self.store, self.pool, self.pages, self.a.batch, tag)
+            got = run_store(self.store, self.pool, self.pages, self.kv_batch, tag)
             return [sample(f"kv {s['phase']}", s["bytes"], s["seconds"], s["cpu_seconds"], True) for s in got]
         from kv_bench import run_sglang
 
