@@ -42,7 +42,7 @@ while :; do
     echo "crash-fuzz: FAILED after $ran kv crash points" >&2
     exit 1
   fi
-  echo "$out" | grep "kv crash fuzzer:" || true
+  echo "$out" | grep "crash points from" || true
   ran=$((ran + n))
 done
 echo "crash-fuzz: $ran kv crash points passed in $(( $(date +%s) - start )) s"
