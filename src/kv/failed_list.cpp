@@ -32,16 +32,15 @@ namespace {
 constexpr char kMagic[4] = {'D', 'K', 'V', 'F'};
 constexpr const char* kName = "failed.list";
 
+using internal::get_le;
+
 void put_u32(std::vector<unsigned char>& b, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
+  b.resize(b.size() + 4);
+  internal::put_le<std::uint32_t>(b.data() + b.size() - 4, v);
 }
 void put_u64(std::vector<unsigned char>& b, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
-}
-std::uint64_t get_le(const unsigned char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
+  b.resize(b.size() + 8);
+  internal::put_le<std::uint64_t>(b.data() + b.size() - 8, v);
 }
 
 std::vector<unsigned char> encode(const std::vector<std::pair<std::string, std::uint64_t>>& failed) {
@@ -60,15 +59,16 @@ std::vector<unsigned char> encode(const std::vector<std::pair<std::string, std::
 /// The entries, or nothing for a file that is not a whole list (torn, another format).
 std::vector<std::pair<std::string, std::uint64_t>> decode(const std::vector<unsigned char>& b) {
   std::vector<std::pair<std::string, std::uint64_t>> out;
-  if (b.size() < 16 || !std::equal(kMagic, kMagic + 4, b.begin()) || get_le(b.data() + 4, 4) != 1) return {};
+  if (b.size() < 16 || !std::equal(kMagic, kMagic + 4, b.begin()) || get_le<std::uint32_t>(b.data() + 4) != 1)
+    return {};
   const std::size_t body = b.size() - 4;
-  if (crc32c(b.data(), body) != get_le(b.data() + body, 4)) return {};
-  const std::uint64_t count = get_le(b.data() + 8, 4);
+  if (crc32c(b.data(), body) != get_le<std::uint32_t>(b.data() + body)) return {};
+  const std::uint64_t count = get_le<std::uint32_t>(b.data() + 8);
   std::size_t at = 12;
   for (std::uint64_t i = 0; i < count; ++i) {
     if (at + 12 > body) return {};
-    const std::uint64_t gen = get_le(b.data() + at, 8);
-    const std::uint64_t len = get_le(b.data() + at + 8, 4);
+    const std::uint64_t gen = get_le<std::uint64_t>(b.data() + at);
+    const std::uint64_t len = get_le<std::uint32_t>(b.data() + at + 8);
     at += 12;
     if (len > body - at) return {};
     out.emplace_back(
