@@ -57,6 +57,18 @@ void expect_pages(Store& s, const std::vector<std::string>& keys, std::uint32_t 
   }
 }
 
+/// A one-folder store made with `keys` put (their pages of salt 0) and closed; its slot count
+/// and slot size, for tests that then rewrite its files.
+struct Made {
+  std::uint64_t slots = 0, slot_bytes = 0;
+};
+Made make_and_close(const kv::StoreOptions& o, const std::vector<std::string>& keys) {
+  Store s(o);
+  auto p = pages_of(keys);
+  for (bool ok : put_pages(s, keys, p)) EXPECT_TRUE(ok);
+  return Made{s.stats().folders[0].slots, s.stats().slot_bytes};
+}
+
 TEST(KvJournal, FormatsRoundTrip) {
   ki::Meta m;
   m.page_bytes = 8192;
@@ -245,14 +257,7 @@ TEST(KvJournal, AnIncompleteJournalFallsBackToTheScan) {
   TempDir dir;
   const auto o = small_options({dir.file("a")}, 64);
   const auto keys = numbered_keys("k", 30);
-  std::uint64_t slots = 0, slot_bytes = 0;
-  {
-    Store s(o);
-    auto p = pages_of(keys);
-    for (bool ok : put_pages(s, keys, p)) ASSERT_TRUE(ok);
-    slots = s.stats().folders[0].slots;
-    slot_bytes = s.stats().slot_bytes;
-  }
+  const auto [slots, slot_bytes] = make_and_close(o, keys);
   {
     const std::string slab = dir.file("a") + "/slab-0000.bin";
     const int fd = ::open(slab.c_str(), O_WRONLY);
@@ -282,14 +287,7 @@ TEST(KvJournal, AStoreMadeWithoutAJournalOpensAsBefore) {
   TempDir dir;
   const auto o = small_options({dir.file("a")}, 64);
   const auto keys = numbered_keys("k", 20);
-  std::uint64_t slots = 0, slot_bytes = 0;
-  {
-    Store s(o);
-    auto p = pages_of(keys);
-    for (bool ok : put_pages(s, keys, p)) ASSERT_TRUE(ok);
-    slots = s.stats().folders[0].slots;
-    slot_bytes = s.stats().slot_bytes;
-  }
+  const auto [slots, slot_bytes] = make_and_close(o, keys);
   // Rewrite it as the previous format wrote it.
   const std::string a = dir.file("a");
   auto meta = ki::decode_meta(read_file(a + "/kv.meta"));
