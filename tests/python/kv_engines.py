@@ -9,8 +9,12 @@ the interpreter itself (a user's GPU machine), the folder is absent and nothing 
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 _ops_library = None  # the torchvision op schemas defined below; kept alive for the process
@@ -55,3 +59,24 @@ def _torchvision_without_its_ops() -> None:
     _ops_library = torch.library.Library("torchvision", "DEF")
     _ops_library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _ops_library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+@contextlib.contextmanager
+def vllm_cpu_tier(chunks: int, chunk_bytes: int, name: str) -> Iterator[memoryview]:
+    """vLLM's CPU (primary) tier memory: its SharedOffloadRegion (a /dev/shm mmap) of `chunks`
+    chunks of `chunk_bytes`, viewed as TieringOffloadingSpec hands it to secondary tiers."""
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    region = SharedOffloadRegion(
+        engine_id=f"{name}-{uuid.uuid4().hex[:8]}",
+        num_chunks=chunks,
+        rank=None,
+        kv_bytes_per_chunk=chunk_bytes,
+        cpu_page_size=mmap.PAGESIZE,
+    )
+    view = region.create_kv_memoryview()
+    try:
+        yield view
+    finally:
+        view.release()
+        region.cleanup()

@@ -26,7 +26,6 @@ import atexit
 import contextlib
 import gc
 import json
-import mmap
 import select
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+import kv_engines
 from conftest import needs
 
 np = pytest.importorskip("numpy")
@@ -58,8 +58,6 @@ def engines() -> Iterator[None]:
     (test_nothing_lost.py's three gc.collect() calls took 2.1 s after this file unfrozen, 0.4
     s alone). They are unfrozen at exit, for the interpreter's last collection (which also
     lets the extension modules' leak checks, triton's nanobind one, see them freed)."""
-    import kv_engines
-
     added = str(kv_engines.folder()) not in sys.path
     kv_engines.activate()
     was_enabled = gc.isenabled()
@@ -485,25 +483,8 @@ def _drain_until(conn, fd: int, ids: set[int]) -> dict:
 VLLM_CHUNK = 64 << 10
 
 
-@contextlib.contextmanager
-def _vllm_cpu_tier(chunks: int) -> Iterator[memoryview]:
-    """vLLM's CPU (primary) tier memory: its SharedOffloadRegion (a /dev/shm mmap), viewed as
-    TieringOffloadingSpec hands it to secondary tiers."""
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-    region = SharedOffloadRegion(
-        engine_id=f"deepio-test-{uuid.uuid4().hex[:8]}",
-        num_chunks=chunks,
-        rank=None,
-        kv_bytes_per_chunk=VLLM_CHUNK,
-        cpu_page_size=mmap.PAGESIZE,
-    )
-    view = region.create_kv_memoryview()
-    try:
-        yield view
-    finally:
-        view.release()
-        region.cleanup()
+def _vllm_cpu_tier(chunks: int) -> contextlib.AbstractContextManager[memoryview]:
+    return kv_engines.vllm_cpu_tier(chunks, VLLM_CHUNK, "deepio-test")
 
 
 def _finished(tier, job_ids: set[int]) -> dict:

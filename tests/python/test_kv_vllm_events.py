@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import sys
 import time
 import types
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
+import kv_engines
 from conftest import needs
 
 np = pytest.importorskip("numpy")
@@ -31,8 +30,6 @@ CHUNK = 64 << 10
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[None]:
-    import kv_engines
-
     added = str(kv_engines.folder()) not in sys.path
     kv_engines.activate()
     try:
@@ -42,23 +39,8 @@ def engines() -> Iterator[None]:
             sys.path.remove(str(kv_engines.folder()))
 
 
-@contextlib.contextmanager
-def cpu_tier(chunks: int) -> Iterator[memoryview]:
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-    region = SharedOffloadRegion(
-        engine_id=f"deepio-events-{uuid.uuid4().hex[:8]}",
-        num_chunks=chunks,
-        rank=None,
-        kv_bytes_per_chunk=CHUNK,
-        cpu_page_size=mmap.PAGESIZE,
-    )
-    view = region.create_kv_memoryview()
-    try:
-        yield view
-    finally:
-        view.release()
-        region.cleanup()
+def cpu_tier(chunks: int) -> contextlib.AbstractContextManager[memoryview]:
+    return kv_engines.vllm_cpu_tier(chunks, CHUNK, "deepio-events")
 
 
 def spec(events_on: bool):
