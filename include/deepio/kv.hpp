@@ -216,6 +216,10 @@ struct StoreStats {
   /// Engine operations that puts and gets started (reads, writes and syncs): a batch's host
   /// pages go as one ranged operation per slab and handle block (docs/kv.md "Cost per page").
   std::uint64_t io_ops = 0;
+  /// Bytes the engine moved through io_uring registered ("fixed") buffers: pages of a pool
+  /// the Python binding registered (deepio.kv.Store.register adopts a host pool of up to
+  /// 8 GiB), or of deepio's locked allocations. 0 with another backend.
+  std::uint64_t bytes_fixed = 0;
   double open_seconds = 0;  ///< how long the last open took (checkpoint, journal, reads)
   /// Slot headers the last open read: with the journal, the slots put since the last
   /// checkpoint (none after a clean close); without it (a store made before, or a journal

@@ -44,6 +44,7 @@
 #include "common.hpp"
 #include "deepio/kv.hpp"
 #include "kv_future.hpp"
+#include "memory/regions.hpp"
 #include "platform/process.hpp"
 
 namespace deepio::py {
@@ -159,8 +160,16 @@ class KvStore {
   void register_pool(nb::handle pool) {
     Use s(*this);
     const std::size_t page = s->page_bytes();
-    // CUDA memory too: the store copies device pages through its own host buffers.
-    auto buf = std::make_shared<Buffer>(import_buffer(pool, true, "pool", /*allow_device=*/true));
+    // CUDA memory too: the store copies device pages through its own host buffers. Host
+    // memory is adopted as a region io_uring registers (fixed buffers: its pages are pinned
+    // once, not at every request), released before the pool itself goes (after the store
+    // closed: pools_ outlives every batch).
+    Buffer imported = import_buffer(pool, true, "pool", /*allow_device=*/true);
+    const std::uint64_t region = imported.device < 0 ? detail::adopt_host_region(imported.data, imported.nbytes) : 0;
+    std::shared_ptr<Buffer> buf(new Buffer(std::move(imported)), [region](Buffer* b) {
+      detail::release_host_region(region);
+      delete b;
+    });
     // The shape: obj.shape (NumPy, torch, CuPy...) or its memoryview's.
     nb::object shape_obj;
     if (nb::hasattr(pool, "shape")) {
@@ -304,6 +313,7 @@ class KvStore {
     d["device_pages"] = st.device_pages;
     d["device_copy_errors"] = st.device_copy_errors;
     d["io_ops"] = st.io_ops;
+    d["bytes_fixed"] = st.bytes_fixed;
     nb::list folders;
     for (const kv::FolderStats& f : st.folders) {
       nb::dict fd;

@@ -299,8 +299,10 @@ StoreStats Store::stats() const {
       for (const auto& page : j.segments) pending_put_bytes += internal::page_bytes_of(page);
     }
   }
+  const std::uint64_t bytes_fixed = impl_->handle->stats().bytes_fixed;
   std::lock_guard lk(impl_->mu);
   StoreStats s = impl_->st;
+  s.bytes_fixed = bytes_fixed;
   s.pending_puts = pending_puts;
   s.pending_put_pages = pending_put_pages;
   s.pending_put_bytes = pending_put_bytes;

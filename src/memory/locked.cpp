@@ -12,6 +12,7 @@
 // finalizers that run after static destructors.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <mutex>
@@ -34,6 +35,7 @@ struct Entry {
   bool locked;
   std::uint64_t id;
   bool retired = false;  // retire_locked(): unlocked and unregistered, mapping kept until free_locked()
+  bool adopted = false;  // adopt_host_region(): the caller's memory, never locked, mapped or unmapped here
 };
 struct Registry {
   std::mutex mutex;
@@ -72,6 +74,38 @@ const std::pair<const std::uintptr_t, Entry>* holder(const Registry& r, std::uin
   const std::uintptr_t off = p - it->first;  // p >= base: upper_bound's predecessor
   return off <= size && nbytes <= size - off ? &*it : nullptr;
 }
+
+// Whether an entry overlaps [p, p + n). Caller holds r.mutex.
+bool overlaps(const Registry& r, std::uintptr_t p, std::size_t n) {
+  auto it = r.entries.lower_bound(p + n);  // the first entry starting at or after the end
+  if (it == r.entries.begin()) return false;
+  --it;
+  return it->first + it->second.mapped > p;
+}
+
+// Removes the adopted regions overlapping [p, p + n) (memory their owner unmapped while
+// adopted, now mapped again) and returns their ids for notify_release. Caller holds r.mutex.
+std::vector<std::uint64_t> drop_adopted(Registry& r, std::uintptr_t p, std::size_t n) {
+  std::vector<std::uint64_t> ids;
+  auto it = r.entries.upper_bound(p);
+  if (it != r.entries.begin()) --it;
+  while (it != r.entries.end() && it->first < p + n) {
+    if (it->second.adopted && it->first + it->second.mapped > p) {
+      ids.push_back(it->second.id);
+      it = r.entries.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ids;
+}
+
+// Tells the listeners that region `id` is going: registrations with the kernel end before
+// the pages go back.
+void notify_release(Registry& r, std::uint64_t id) {
+  std::lock_guard lock(r.listener_mutex);
+  for (const auto& [token, listener] : r.listeners) listener(id);
+}
 }  // namespace
 
 LockedBuffer allocate_locked(std::size_t nbytes) {
@@ -89,19 +123,15 @@ LockedBuffer allocate_locked(std::size_t nbytes) {
     buf.lock_errno = errno;
   }
   auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  r.entries.emplace(reinterpret_cast<std::uintptr_t>(p), Entry{nbytes, mapped, buf.locked, r.next_id++});
+  std::vector<std::uint64_t> stale;
+  {
+    std::lock_guard lock(r.mutex);
+    stale = drop_adopted(r, reinterpret_cast<std::uintptr_t>(p), mapped);
+    r.entries.emplace(reinterpret_cast<std::uintptr_t>(p), Entry{nbytes, mapped, buf.locked, r.next_id++});
+  }
+  for (std::uint64_t id : stale) notify_release(r, id);
   return buf;
 }
-
-namespace {
-// Tells the listeners that region `id` is going: registrations with the kernel end before
-// the pages go back.
-void notify_release(Registry& r, std::uint64_t id) {
-  std::lock_guard lock(r.listener_mutex);
-  for (const auto& [token, listener] : r.listeners) listener(id);
-}
-}  // namespace
 
 bool free_locked(void* data) noexcept {
   auto& r = registry();
@@ -109,7 +139,7 @@ bool free_locked(void* data) noexcept {
   {
     std::lock_guard lock(r.mutex);
     auto it = r.entries.find(reinterpret_cast<std::uintptr_t>(data));
-    if (it == r.entries.end()) return false;
+    if (it == r.entries.end() || it->second.adopted) return false;
     e = it->second;
     r.entries.erase(it);
   }
@@ -128,7 +158,7 @@ bool retire_locked(void* data) noexcept {
   {
     std::lock_guard lock(r.mutex);
     auto it = r.entries.find(reinterpret_cast<std::uintptr_t>(data));
-    if (it == r.entries.end() || it->second.retired) return false;
+    if (it == r.entries.end() || it->second.retired || it->second.adopted) return false;
     it->second.retired = true;  // from now on nothing finds it: no new registration can start
     e = it->second;
   }
@@ -146,7 +176,8 @@ bool is_locked(const void* data, std::size_t nbytes) noexcept {
   const auto p = reinterpret_cast<std::uintptr_t>(data);
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  return holder(r, p, nbytes, [](const Entry& e) { return e.nbytes == 0 ? e.mapped : e.nbytes; }) != nullptr;
+  const auto* h = holder(r, p, nbytes, [](const Entry& e) { return e.nbytes == 0 ? e.mapped : e.nbytes; });
+  return h != nullptr && !h->second.adopted;
 }
 
 bool is_pinned(const void* data, std::size_t nbytes) noexcept { return is_locked(data, nbytes); }
@@ -161,6 +192,39 @@ LockedRegion find_locked_region(const void* data, std::size_t nbytes) noexcept {
   if (h == nullptr) return {};
   if (!h->second.locked) return {0, nullptr, 0, true};
   return {h->second.id, reinterpret_cast<std::byte*>(h->first), h->second.mapped, true};
+}
+
+std::uint64_t adopt_host_region(void* data, std::size_t nbytes) noexcept {
+  if (data == nullptr || nbytes == 0) return 0;
+  const std::uintptr_t page = detail::page_size();
+  const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(data) / page * page;
+  const std::uintptr_t end = (reinterpret_cast<std::uintptr_t>(data) + nbytes + page - 1) / page * page;
+  if (end - first > kMaxAdoptedBytes) return 0;
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (overlaps(r, first, end - first)) return 0;
+  const std::uint64_t id = r.next_id++;
+  Entry e{end - first, end - first, /*locked=*/true, id};  // "locked": find_locked_region gives its id
+  e.adopted = true;
+  r.entries.emplace(first, e);
+  return id;
+}
+
+void release_host_region(std::uint64_t id) noexcept {
+  if (id == 0) return;
+  auto& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    auto it = std::find_if(r.entries.begin(), r.entries.end(),
+                           [&](const auto& kv) { return kv.second.adopted && kv.second.id == id; });
+    if (it == r.entries.end()) return;
+    // Kept (but invisible to lookups: retired) until the listeners heard, so that no new
+    // registration of it can start meanwhile.
+    it->second.retired = true;
+  }
+  notify_release(r, id);
+  std::lock_guard lock(r.mutex);
+  std::erase_if(r.entries, [&](const auto& kv) { return kv.second.adopted && kv.second.id == id; });
 }
 
 std::uint64_t add_release_listener(ReleaseListener listener) {
@@ -184,7 +248,7 @@ LockedMemoryStats locked_memory_stats() noexcept {
   std::lock_guard lock(r.mutex);
   LockedMemoryStats s;
   for (const auto& [base, e] : r.entries) {
-    if (e.retired) continue;
+    if (e.retired || e.adopted) continue;
     ++s.allocations;
     s.bytes += e.nbytes;
     if (e.locked) s.locked_bytes += e.mapped;

@@ -37,6 +37,22 @@ using ReleaseListener = std::function<void(std::uint64_t region_id)>;
 std::uint64_t add_release_listener(ReleaseListener listener);
 void remove_release_listener(std::uint64_t token) noexcept;
 
+/// Caller memory the engine may register with the kernel as if it were a locked allocation
+/// (io_uring fixed buffers: no page pinning per request): [data, data + nbytes), widened to
+/// whole pages, becomes a region that find_locked_region() finds (host, with an id) until
+/// release_host_region(). Nothing is locked, mapped or unmapped: the caller keeps the memory
+/// mapped until it has released the region (a registration pins the pages it had; memory
+/// unmapped while adopted would leave them pinned, and a locked allocation made over such a
+/// range drops the stale region first). Returns the region's id, or 0 where it is not adopted:
+/// nbytes 0 or over kMaxAdoptedBytes (the backends' registration tables hold 16 GiB; a larger
+/// region would only evict itself), or a range that overlaps a locked allocation or another
+/// adopted region (that one serves it already). Thread-safe.
+inline constexpr std::size_t kMaxAdoptedBytes = std::size_t{8} << 30;
+[[nodiscard]] std::uint64_t adopt_host_region(void* data, std::size_t nbytes) noexcept;
+/// Ends an adoption: the release listeners run (registrations end), then the region is gone.
+/// A no-op for 0 or an id no longer adopted. Thread-safe.
+void release_host_region(std::uint64_t id) noexcept;
+
 /// Ends an allocation's locking before its mapping can go: its registrations end (the release
 /// listeners run) and it is unlocked, but the address range stays mapped, data intact, until
 /// free_locked(data) unmaps it. A retired allocation is no longer locked, found or counted.

@@ -439,8 +439,11 @@ class UringBackend final : public Backend {
     return slot;
   }
 
-  // Release listener: the region is about to be unmapped, so its registrations end now.
+  // Release listener: the region is about to be unmapped, so its registrations end now. Not
+  // in a forked child: the ring is the parent's (one io_uring instance, shared across fork),
+  // whose registrations the child must not end.
   void forget(std::uint64_t id) noexcept {
+    if (!process_.here()) return;
     std::lock_guard lock(fixed_mutex_);
     refused_.clear();  // freed memory may leave room under RLIMIT_MEMLOCK: try again later
     for (std::size_t i = 0; i < fixed_.size(); ++i) {
@@ -465,6 +468,7 @@ class UringBackend final : public Backend {
   std::set<std::pair<std::uint64_t, std::size_t>> refused_;  // guarded by fixed_mutex_
   std::uint64_t clock_ = 0;                                  // guarded by fixed_mutex_
   std::uint64_t listener_ = 0;
+  const ProcessStamp process_;  // forget() does nothing in a forked child
   // Registered files (see the file comment); worker thread only, except what files_ guards.
   std::shared_ptr<UringFileTable> files_;              // null: the kernel has no sparse file tables
   unsigned file_table_size_ = 0;                       // its slots
