@@ -2,6 +2,7 @@
 #include "kv/page_io.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kv/impl.hpp"
 
@@ -29,6 +30,68 @@ PageOps::~PageOps() {
   }
 }
 
+namespace {
+constexpr std::size_t kPage = 4096;
+/// A staged page's segments average under this many bytes (see page_io.hpp).
+constexpr std::size_t kStageBelow = std::size_t{256} << 10;
+
+struct KeptBlocks {
+  std::vector<UniqueLockedBuffer> blocks;
+};
+KeptBlocks& kept() {
+  thread_local KeptBlocks k;
+  return k;
+}
+}  // namespace
+
+bool staged(const std::vector<Segment>& segments) noexcept {
+  std::size_t count = 0, bytes = 0;
+  bool aligned = true;
+  for (const Segment& s : segments) {
+    if (s.nbytes == 0) continue;
+    ++count;
+    bytes += s.nbytes;
+    aligned = aligned && s.nbytes % kPage == 0 && reinterpret_cast<std::uintptr_t>(s.data) % kPage == 0;
+  }
+  return count >= 2 && (!aligned || bytes / count < kStageBelow);
+}
+
+Staging::~Staging() {
+  KeptBlocks& k = kept();
+  for (UniqueLockedBuffer& b : blocks_) {
+    if (b.size() == kBlock && (k.blocks.size() + 1) * kBlock <= kKeepBytes) k.blocks.push_back(std::move(b));
+  }
+}
+
+unsigned char* Staging::take(std::size_t n) {
+  n = (n + kPage - 1) / kPage * kPage;
+  if (blocks_.empty() || blocks_.back().size() - used_ < n) {
+    KeptBlocks& k = kept();
+    if (n <= kBlock && !k.blocks.empty()) {
+      blocks_.push_back(std::move(k.blocks.back()));
+      k.blocks.pop_back();
+    } else {
+      blocks_.emplace_back(std::max(n, kBlock));
+    }
+    used_ = 0;
+  }
+  unsigned char* p = static_cast<unsigned char*>(blocks_.back().data()) + used_;
+  used_ += n;
+  return p;
+}
+
+void PageOps::scatter(const Chunk& c, const PageErrors& errs) {
+  for (const Chunk::Staged& st : c.staged) {
+    if (errs.err[st.page] != 0) continue;
+    const unsigned char* from = st.at;
+    for (const Segment& s : *st.segments) {
+      if (s.nbytes == 0) continue;
+      std::memcpy(s.data, from, s.nbytes);
+      from += s.nbytes;
+    }
+  }
+}
+
 void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
                   PageErrors& errs) {
   auto it = std::find_if(open_.begin(), open_.end(), [&](const Chunk& c) { return c.slab == &slab; });
@@ -39,11 +102,28 @@ void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segment
   }
   Chunk& c = *it;
   c.pages.push_back(i);
-  for (const Segment& s : segments) {
-    if (s.nbytes == 0) continue;
-    c.pieces.push_back(Chunk::Piece{static_cast<unsigned char*>(s.data), file_offset, s.nbytes, i});
-    file_offset += s.nbytes;
-    c.bytes += s.nbytes;
+  if (staged(segments)) {
+    const std::size_t len = page_bytes_of(segments);
+    unsigned char* at = staging_.take(len);
+    if (write_) {
+      unsigned char* to = at;
+      for (const Segment& s : segments) {
+        if (s.nbytes == 0) continue;
+        std::memcpy(to, s.data, s.nbytes);
+        to += s.nbytes;
+      }
+    }
+    c.pieces.push_back(Chunk::Piece{at, file_offset, len, i});
+    c.staged.push_back(Chunk::Staged{i, &segments, at});
+    c.bytes += len;
+    ++staged_pages_;
+  } else {
+    for (const Segment& s : segments) {
+      if (s.nbytes == 0) continue;
+      c.pieces.push_back(Chunk::Piece{static_cast<unsigned char*>(s.data), file_offset, s.nbytes, i});
+      file_offset += s.nbytes;
+      c.bytes += s.nbytes;
+    }
   }
   if (c.bytes >= chunk_bytes_) {
     start(c, errs);

@@ -10,6 +10,14 @@
 // thread verifies (or checksums) the first pages while later ones are still moving: settle()
 // hands back each chunk's pages as the chunk completes, in the order they were started.
 //
+// A page of many small segments (SGLang's layer_first: two per layer, 1 KiB each for 64 KiB
+// pages of 32 layers) would be a request per segment, each too small or unaligned for direct
+// I/O. Such a page is staged: it moves as one request through a contiguous piece of the batch
+// thread's staging memory (deepio's locked allocations: registered buffers, huge pages),
+// gathered from its segments before a write, scattered to them after a read (before settle()
+// hands it back). The rule (staged()): two or more segments, and either segments of under
+// kStageBelow bytes on average or one not a whole number of 4 KiB pages in size or address.
+//
 // A chunk the engine refuses as a whole with InvalidArgument (two pages of a get into the
 // same memory: the ranges of one read may not overlap) goes as one operation per segment
 // instead, as before, so that such a batch behaves as it always did. Any other error of a
@@ -24,6 +32,7 @@
 
 #include "deepio/handle.hpp"
 #include "deepio/kv.hpp"
+#include "deepio/memory.hpp"
 
 namespace deepio::kv::internal {
 
@@ -42,6 +51,28 @@ struct PageErrors {
   /// Waits for every future of page i (and drops them), keeping the page's first error.
   void settle_all(std::size_t i, std::vector<Future>& futs);
 };
+
+/// Contiguous memory for staged pages, 4 KiB-aligned pieces of blocks of locked memory. The
+/// batch thread keeps up to kKeepBytes of blocks for its next batches (a new block is an mmap
+/// and its page faults). Not thread-safe: one batch thread.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging();
+  /// n bytes (rounded up to 4 KiB), valid until the Staging goes.
+  unsigned char* take(std::size_t n);
+
+ private:
+  static constexpr std::size_t kBlock = std::size_t{4} << 20;
+  static constexpr std::size_t kKeepBytes = std::size_t{64} << 20;
+  std::vector<UniqueLockedBuffer> blocks_;
+  std::size_t used_ = 0;  // of the last block
+};
+
+/// Whether a page with these segments is staged (see above).
+[[nodiscard]] bool staged(const std::vector<Segment>& segments) noexcept;
 
 class PageOps {
  public:
@@ -64,10 +95,13 @@ class PageOps {
     for (; settled_ < chunks_.size(); ++settled_) {
       Chunk& c = chunks_[settled_];
       settle_chunk(c, errs);
+      if (!write_) scatter(c, errs);
       for (std::size_t i : c.pages) done(i);
       c = Chunk{};
     }
   }
+  /// Pages that went through staging so far.
+  [[nodiscard]] std::uint64_t staged_pages() const noexcept { return staged_pages_; }
   /// Engine operations started so far (a chunk's one, or its fallback's per segment).
   [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
 
@@ -83,6 +117,13 @@ class PageOps {
       std::size_t page;
     };
     std::vector<Piece> pieces;
+    /// Staged pages: the page, its segments (the caller's), its bytes in staging.
+    struct Staged {
+      std::size_t page;
+      const std::vector<Segment>* segments;
+      const unsigned char* at;
+    };
+    std::vector<Staged> staged;
     std::size_t bytes = 0;
     /// The operations started: the chunk's one (page kAll), or one per piece (its page).
     std::vector<std::pair<Future, std::size_t>> futs;
@@ -90,6 +131,8 @@ class PageOps {
   static constexpr std::size_t kAll = ~std::size_t{0};
   void start(Chunk& c, PageErrors& errs);
   void settle_chunk(Chunk& c, PageErrors& errs);
+  /// Copies each staged page of a settled read chunk that has no error to its segments.
+  static void scatter(const Chunk& c, const PageErrors& errs);
 
   bool write_;
   std::size_t chunk_bytes_;
@@ -97,6 +140,8 @@ class PageOps {
   std::size_t settled_ = 0;    // chunks_[0, settled_) handed back
   std::vector<Chunk> open_;    // one filling chunk per slab
   std::uint64_t ops_ = 0;
+  std::uint64_t staged_pages_ = 0;
+  Staging staging_;  // declared last: destroyed after ~PageOps waited for every operation
 };
 
 }  // namespace deepio::kv::internal
