@@ -114,7 +114,7 @@ struct StoreOptions {
   /// is ever a hit under another.
   bool clear_on_mismatch = false;
   /// The largest page; a slot holds 4 KiB of header plus this rounded up to 4 KiB.
-  std::size_t page_bytes = std::size_t{2} << 20;
+  std::size_t page_bytes = std::size_t{2} << 20;  ///< at most 4 GiB - 1
   /// Eviction starts when a folder's used slots exceed high_watermark of its slots (or none is
   /// free) and frees least recently used pages down to low_watermark.
   double high_watermark = 0.95;

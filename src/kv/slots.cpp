@@ -1,42 +1,188 @@
 #include "kv/slots.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <set>
 
 namespace deepio::kv::internal {
 
+namespace {
+__extension__ using U128 = unsigned __int128;  // GCC and Clang: a 64 x 64 -> 128-bit product
+constexpr std::uint64_t kTagMask = 0xFFFF;
+
+std::uint64_t pack(Place p, std::uint64_t h) noexcept {
+  return (std::uint64_t{p.folder} << 48) | (std::uint64_t{p.slot} << 16) | (h & kTagMask) | 1u;
+}
+Place unpack(std::uint64_t e) noexcept {
+  return Place{static_cast<std::uint32_t>(e >> 48), static_cast<std::uint32_t>((e >> 16) & 0xFFFFFFFFu)};
+}
+bool tag_matches(std::uint64_t e, std::uint64_t h) noexcept { return (e & kTagMask) == ((h & kTagMask) | 1u); }
+
+std::unique_ptr<char[]> copy_key(std::string_view key) {
+  auto k = std::make_unique_for_overwrite<char[]>(4 + key.size());
+  const auto n = static_cast<std::uint32_t>(key.size());
+  std::memcpy(k.get(), &n, 4);
+  std::memcpy(k.get() + 4, key.data(), key.size());
+  return k;
+}
+}  // namespace
+
 SlotModel::SlotModel(std::size_t folders, double high_watermark, double low_watermark)
-    : high_(high_watermark), low_(low_watermark), folders_(folders) {}
+    : high_(high_watermark), low_(low_watermark), folders_(folders) {
+  rebuild_table();
+}
+
+std::string_view SlotModel::key_of(const SlotInfo& s) noexcept {
+  std::uint32_t n = 0;
+  std::memcpy(&n, s.key.get(), 4);
+  return {s.key.get() + 4, n};
+}
+
+std::uint64_t SlotModel::hash(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
+
+std::size_t SlotModel::home(std::uint64_t h) const noexcept {
+  // The high bits of a multiply-shift mix (libstdc++'s string hash is good in all its bits,
+  // but this spreads any hash), scaled onto the table without a division.
+  const std::uint64_t mixed = h * 0x9E3779B97F4A7C15ull;
+  return static_cast<std::size_t>((static_cast<U128>(mixed) * table_.size()) >> 64);
+}
+
+void SlotModel::rebuild_table() {
+  std::uint64_t slots = 0;
+  for (const Folder& f : folders_) slots += f.slots;
+  table_.assign(std::max<std::uint64_t>(16, slots + slots / 4 + 1), 0);
+  for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
+    Folder& f = folders_[fi];
+    for (std::uint32_t s = 0; s < f.slots; ++s) {
+      if (f.info[s].state == SlotState::Live) index_insert(hash(key_of(f.info[s])), Place{fi, s});
+    }
+  }
+}
+
+std::size_t SlotModel::position(std::string_view key, std::uint64_t h) const noexcept {
+  const std::size_t n = table_.size();
+  for (std::size_t i = home(h);; i = i + 1 == n ? 0 : i + 1) {
+    const std::uint64_t e = table_[i];
+    if (e == 0) return n;
+    if (!tag_matches(e, h)) continue;
+    const Place p = unpack(e);
+    if (key_of(folders_[p.folder].info[p.slot]) == key) return i;
+  }
+}
+
+std::optional<Place> SlotModel::lookup(std::string_view key) const noexcept {
+  const std::size_t i = position(key, hash(key));
+  if (i == table_.size()) return std::nullopt;
+  return unpack(table_[i]);
+}
+
+void SlotModel::index_insert(std::uint64_t h, Place p) {
+  const std::size_t n = table_.size();
+  std::size_t i = home(h);
+  while (table_[i] != 0) i = i + 1 == n ? 0 : i + 1;
+  table_[i] = pack(p, h);
+}
+
+void SlotModel::index_erase(std::size_t pos) {
+  // Backward shift: each later entry of the run moves into the hole unless its home lies
+  // cyclically in (hole, its position], where it already is reachable.
+  const std::size_t n = table_.size();
+  std::size_t hole = pos;
+  for (std::size_t j = pos + 1 == n ? 0 : pos + 1; table_[j] != 0; j = j + 1 == n ? 0 : j + 1) {
+    const Place p = unpack(table_[j]);
+    const std::size_t h = home(hash(key_of(folders_[p.folder].info[p.slot])));
+    const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
+    if (stays) continue;
+    table_[hole] = table_[j];
+    hole = j;
+  }
+  table_[hole] = 0;
+}
 
 void SlotModel::init_folder(std::uint32_t fi, std::uint64_t slots) {
   Folder& f = folders_[fi];
   f.slots = slots;
-  f.info.assign(slots, SlotInfo{});
-  f.free.clear();
-  for (std::uint64_t s = slots; s-- > 0;) f.free.push_back(static_cast<std::uint32_t>(s));  // lowest first out
+  f.info.clear();
+  f.info.resize(slots);
+  f.lru_head = f.lru_tail = kNone;
+  f.live = 0;
+  f.free_head = kNone;
+  f.free_count = 0;
+  for (std::uint64_t s = slots; s-- > 0;) push_free(f, static_cast<std::uint32_t>(s));  // lowest first out
+  rebuild_table();
 }
 
-SlotModel::Index::iterator SlotModel::lookup(std::string_view key) { return index_.find(key); }
-SlotModel::Index::const_iterator SlotModel::lookup(std::string_view key) const { return index_.find(key); }
+void SlotModel::push_free(Folder& f, std::uint32_t slot) {
+  SlotInfo& s = f.info[slot];
+  s.state = SlotState::Free;
+  s.prev = kNone;
+  s.next = f.free_head;
+  f.free_head = slot;
+  ++f.free_count;
+}
+
+std::uint32_t SlotModel::pop_free(Folder& f) {
+  const std::uint32_t slot = f.free_head;
+  f.free_head = f.info[slot].next;
+  f.info[slot].next = kNone;
+  --f.free_count;
+  return slot;
+}
+
+void SlotModel::lru_append(Folder& f, std::uint32_t slot) {
+  SlotInfo& s = f.info[slot];
+  s.prev = f.lru_tail;
+  s.next = kNone;
+  if (f.lru_tail != kNone) {
+    f.info[f.lru_tail].next = slot;
+  } else {
+    f.lru_head = slot;
+  }
+  f.lru_tail = slot;
+}
+
+void SlotModel::lru_unlink(Folder& f, std::uint32_t slot) {
+  SlotInfo& s = f.info[slot];
+  if (s.prev != kNone) {
+    f.info[s.prev].next = s.next;
+  } else {
+    f.lru_head = s.next;
+  }
+  if (s.next != kNone) {
+    f.info[s.next].prev = s.prev;
+  } else {
+    f.lru_tail = s.prev;
+  }
+  s.prev = s.next = kNone;
+}
 
 void SlotModel::release(Folder& f, std::uint32_t slot) {
   SlotInfo& s = f.info[slot];
   s.tick = 0;
-  s.key = nullptr;
+  s.key.reset();
   if (s.pins > 0) {
     s.state = SlotState::Zombie;
   } else {
-    s.state = SlotState::Free;
-    f.free.push_back(slot);
+    push_free(f, slot);
   }
 }
 
-void SlotModel::drop(Index::iterator it) {
-  dropped_max_gen_ = std::max(dropped_max_gen_, it->second.gen);
-  Folder& f = folders_[it->second.folder];
-  f.lru.erase(it->second.lru);
-  release(f, it->second.slot);
-  index_.erase(it);
+void SlotModel::drop(Place p) {
+  Folder& f = folders_[p.folder];
+  SlotInfo& s = f.info[p.slot];
+  dropped_max_gen_ = std::max(dropped_max_gen_, s.gen);
+  const std::string_view key = key_of(s);
+  const std::uint64_t h = hash(key);
+  const std::size_t n = table_.size();
+  const std::uint64_t want = pack(p, h);
+  std::size_t i = home(h);
+  while (table_[i] != want) i = i + 1 == n ? 0 : i + 1;  // the page's own entry: it is there
+  index_erase(i);
+  lru_unlink(f, p.slot);
+  --f.live;
+  --pages_;
+  release(f, p.slot);
   dirty_ = true;
 }
 
@@ -44,9 +190,9 @@ void SlotModel::evict(std::uint32_t fi) {
   Folder& f = folders_[fi];
   const auto high = static_cast<std::uint64_t>(high_ * static_cast<double>(f.slots));
   const auto low = static_cast<std::uint64_t>(low_ * static_cast<double>(f.slots));
-  if (!f.free.empty() && f.slots - f.free.size() + 1 <= high) return;
-  while (f.slots - f.free.size() > low && !f.lru.empty()) {
-    drop(index_.find(*f.lru.front()));
+  if (f.free_count > 0 && f.slots - f.free_count + 1 <= high) return;
+  while (f.slots - f.free_count > low && f.lru_head != kNone) {
+    drop(Place{fi, f.lru_head});
     ++evictions_;
   }
   // Nothing left to evict but slots pinned or being written: take what is free.
@@ -60,9 +206,8 @@ std::optional<Place> SlotModel::allocate(std::string_view key) {
     Folder& f = folders_[fi];
     if (f.failed) continue;
     evict(fi);
-    if (f.free.empty()) continue;
-    const std::uint32_t slot = f.free.back();
-    f.free.pop_back();
+    if (f.free_count == 0) continue;
+    const std::uint32_t slot = pop_free(f);
     f.info[slot].state = SlotState::Writing;
     return Place{fi, slot};
   }
@@ -71,24 +216,24 @@ std::optional<Place> SlotModel::allocate(std::string_view key) {
 
 bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc) {
   Folder& f = folders_[p.folder];
-  auto it = lookup(key);
-  if (it != index_.end() && it->second.gen > gen) {
-    release(f, p.slot);  // a newer put of the key committed first
-    return false;
+  if (auto old = lookup(key)) {
+    if (folders_[old->folder].info[old->slot].gen > gen) {
+      release(f, p.slot);  // a newer put of the key committed first
+      return false;
+    }
+    drop(*old);
   }
-  if (it != index_.end()) drop(it);
-  auto [nit, inserted] = index_.emplace(key, Entry{});
-  Entry& e = nit->second;
-  e.folder = p.folder;
-  e.slot = p.slot;
-  e.gen = gen;
-  e.len = len;
-  e.crc = crc;
-  f.info[p.slot].state = SlotState::Live;
-  e.lru = f.lru.insert(f.lru.end(), &nit->first);
-  f.info[p.slot].tick = ++clock_;
-  f.info[p.slot].gen = gen;
-  f.info[p.slot].key = &nit->first;
+  SlotInfo& s = f.info[p.slot];
+  s.key = copy_key(key);
+  s.gen = gen;
+  s.len = static_cast<std::uint32_t>(len);  // page_bytes < 4 GiB (Store refuses more)
+  s.crc = crc;
+  s.state = SlotState::Live;
+  s.tick = ++clock_;
+  lru_append(f, p.slot);
+  ++f.live;
+  ++pages_;
+  index_insert(hash(key), p);
   dirty_ = true;
   return true;
 }
@@ -96,43 +241,44 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
 void SlotModel::abort(Place p) { release(folders_[p.folder], p.slot); }
 
 std::optional<Pinned> SlotModel::pin(std::string_view key, std::uint64_t len) {
-  auto it = lookup(key);
-  if (it == index_.end()) return std::nullopt;
-  Entry& e = it->second;
-  Folder& f = folders_[e.folder];
-  if (e.len != len || f.failed) return std::nullopt;
-  ++f.info[e.slot].pins;
-  f.lru.splice(f.lru.end(), f.lru, e.lru);
-  f.info[e.slot].tick = ++clock_;
-  return Pinned{Place{e.folder, e.slot}, e.gen, e.len, e.crc};
+  const auto p = lookup(key);
+  if (!p) return std::nullopt;
+  Folder& f = folders_[p->folder];
+  SlotInfo& s = f.info[p->slot];
+  if (s.len != len || f.failed) return std::nullopt;
+  ++s.pins;
+  lru_unlink(f, p->slot);
+  lru_append(f, p->slot);
+  s.tick = ++clock_;
+  return Pinned{*p, s.gen, s.len, s.crc};
 }
 
 void SlotModel::unpin(Place p) {
   Folder& f = folders_[p.folder];
   SlotInfo& s = f.info[p.slot];
-  if (--s.pins == 0 && s.state == SlotState::Zombie) {
-    s.state = SlotState::Free;
-    f.free.push_back(p.slot);
-  }
+  if (--s.pins == 0 && s.state == SlotState::Zombie) push_free(f, p.slot);
 }
 
 void SlotModel::forget(std::string_view key, std::uint64_t gen) {
-  auto it = lookup(key);
-  if (it != index_.end() && it->second.gen == gen) drop(it);
+  const auto p = lookup(key);
+  if (p && folders_[p->folder].info[p->slot].gen == gen) drop(*p);
 }
 
-bool SlotModel::contains(std::string_view key) const { return lookup(key) != index_.end(); }
+bool SlotModel::contains(std::string_view key) const { return lookup(key).has_value(); }
 
 bool SlotModel::remove(std::string_view key) {
-  auto it = lookup(key);
-  if (it == index_.end()) return false;
-  drop(it);
+  const auto p = lookup(key);
+  if (!p) return false;
+  drop(*p);
   return true;
 }
 
 std::size_t SlotModel::clear() {
-  const std::size_t n = index_.size();
-  while (!index_.empty()) drop(index_.begin());
+  const std::size_t n = pages_;
+  for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
+    Folder& f = folders_[fi];
+    while (f.lru_head != kNone) drop(Place{fi, f.lru_head});
+  }
   return n;
 }
 
@@ -143,7 +289,7 @@ std::size_t SlotModel::clear_slots(std::uint32_t fi, std::uint64_t first, std::u
   for (std::uint64_t s = first; s < end; ++s) {
     const SlotInfo& i = f.info[s];
     if (i.state != SlotState::Live || i.gen >= below) continue;
-    drop(index_.find(*i.key));
+    drop(Place{fi, static_cast<std::uint32_t>(s)});
     ++n;
   }
   return n;
@@ -154,13 +300,7 @@ bool SlotModel::fail(std::uint32_t fi) {
   if (f.failed) return false;
   f.failed = true;
   // The folder's own entries (its LRU list), not the whole index: O(its pages).
-  for (const std::string* key : f.lru) {
-    auto it = index_.find(*key);
-    dropped_max_gen_ = std::max(dropped_max_gen_, it->second.gen);
-    release(f, it->second.slot);
-    index_.erase(it);  // the key's string goes with it: *key is not read again
-  }
-  f.lru.clear();
+  while (f.lru_head != kNone) drop(Place{fi, f.lru_head});
   dirty_ = true;
   return true;
 }
@@ -168,13 +308,22 @@ bool SlotModel::fail(std::uint32_t fi) {
 std::vector<std::optional<std::uint32_t>> SlotModel::take_probe_slots(std::uint32_t fi, std::uint64_t per_group) {
   Folder& f = folders_[fi];
   std::vector<std::optional<std::uint32_t>> pick((f.slots + per_group - 1) / per_group);
-  for (std::uint32_t slot : f.free) {
+  for (std::uint32_t slot = f.free_head; slot != kNone; slot = f.info[slot].next) {
     auto& p = pick[slot / per_group];
     if (!p) p = slot;
   }
-  std::erase_if(f.free, [&](std::uint32_t slot) { return pick[slot / per_group] == slot; });
-  for (const auto& p : pick) {
-    if (p) f.info[*p].state = SlotState::Writing;
+  // Unlinked from the free stack (the others keep their order).
+  std::uint32_t* link = &f.free_head;
+  while (*link != kNone) {
+    const std::uint32_t slot = *link;
+    if (pick[slot / per_group] == slot) {
+      *link = f.info[slot].next;
+      f.info[slot].next = kNone;
+      f.info[slot].state = SlotState::Writing;
+      --f.free_count;
+    } else {
+      link = &f.info[slot].next;
+    }
   }
   return pick;
 }
@@ -182,9 +331,7 @@ std::vector<std::optional<std::uint32_t>> SlotModel::take_probe_slots(std::uint3
 void SlotModel::return_probe_slots(std::uint32_t fi, const std::vector<std::optional<std::uint32_t>>& picks) {
   Folder& f = folders_[fi];
   for (const auto& p : picks) {
-    if (!p) continue;
-    f.info[*p].state = SlotState::Free;
-    f.free.push_back(*p);
+    if (p) push_free(f, *p);
   }
 }
 
@@ -197,47 +344,49 @@ void SlotModel::records_in(std::uint32_t fi, std::uint64_t first, std::uint64_t 
     if (i.state != SlotState::Live) continue;
     out->push_back(CkptRecord{static_cast<std::uint32_t>(s), i.gen, i.tick});
     if (!with_keys) continue;
-    const Entry& e = index_.find(*i.key)->second;
-    out->back().len = e.len;
-    out->back().crc = e.crc;
-    out->back().key = *i.key;
+    out->back().len = i.len;
+    out->back().crc = i.crc;
+    out->back().key = key_of(i);
   }
 }
 
 std::vector<CkptRecord> SlotModel::records(std::uint32_t fi) const {
   const Folder& f = folders_[fi];
   std::vector<CkptRecord> out;
-  out.reserve(f.lru.size());
-  for (const std::string* k : f.lru) {
-    const Entry& e = index_.find(*k)->second;
-    out.push_back(CkptRecord{e.slot, e.gen, f.info[e.slot].tick});
+  out.reserve(f.live);
+  for (std::uint32_t s = f.lru_head; s != kNone; s = f.info[s].next) {
+    out.push_back(CkptRecord{s, f.info[s].gen, f.info[s].tick});
   }
   return out;
 }
 
 void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
-  std::vector<std::vector<std::pair<std::uint64_t, const std::string*>>> order(folders_.size());
-  index_.reserve(index_.size() + pages.size());
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> order(folders_.size());
   for (const auto& [key, c] : pages) {
     Folder& f = folders_[c.where.folder];
-    auto [it, ins] = index_.emplace(key, Entry{c.where.folder, c.where.slot, c.gen, c.len, {}, c.crc});
-    f.info[c.where.slot].state = SlotState::Live;
-    f.info[c.where.slot].gen = c.gen;
-    f.info[c.where.slot].key = &it->first;
-    order[c.where.folder].emplace_back(c.tick, &it->first);
+    SlotInfo& s = f.info[c.where.slot];
+    s.state = SlotState::Live;
+    s.gen = c.gen;
+    s.len = static_cast<std::uint32_t>(c.len);
+    s.crc = c.crc;
+    s.key = copy_key(key);
+    ++f.live;
+    ++pages_;
+    index_insert(hash(key), c.where);
+    order[c.where.folder].emplace_back(c.tick, c.where.slot);
   }
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
     Folder& f = folders_[fi];
     std::sort(order[fi].begin(), order[fi].end());
-    for (auto& [tick, key] : order[fi]) {
-      Entry& e = index_.find(*key)->second;
-      e.lru = f.lru.insert(f.lru.end(), key);
-      f.info[e.slot].tick = ++clock_;  // renumbered in LRU order (ticks only order)
+    for (auto& [tick, slot] : order[fi]) {
+      lru_append(f, slot);
+      f.info[slot].tick = ++clock_;  // renumbered in LRU order (ticks only order)
     }
-    f.free.clear();
+    f.free_head = kNone;
+    f.free_count = 0;
     if (f.failed) continue;  // possibly failed before its slot table was made
     for (std::uint64_t s = f.slots; s-- > 0;) {
-      if (f.info[s].state == SlotState::Free) f.free.push_back(static_cast<std::uint32_t>(s));
+      if (f.info[s].state == SlotState::Free) push_free(f, static_cast<std::uint32_t>(s));
     }
   }
 }
@@ -245,54 +394,75 @@ void SlotModel::load(const std::vector<std::pair<std::string, Found>>& pages) {
 std::uint64_t SlotModel::used(std::uint32_t fi) const {
   const Folder& f = folders_[fi];
   if (f.failed) return 0;
-  return f.slots - std::min<std::uint64_t>(f.slots, f.free.size());
+  return f.slots - std::min<std::uint64_t>(f.slots, f.free_count);
 }
 
 std::vector<std::string> SlotModel::lru_keys(std::uint32_t fi) const {
+  const Folder& f = folders_[fi];
   std::vector<std::string> out;
-  for (const std::string* k : folders_[fi].lru) out.push_back(*k);
+  for (std::uint32_t s = f.lru_head; s != kNone; s = f.info[s].next) out.emplace_back(key_of(f.info[s]));
   return out;
 }
 
 std::optional<Pinned> SlotModel::find(std::string_view key) const {
-  auto it = lookup(key);
-  if (it == index_.end()) return std::nullopt;
-  return Pinned{Place{it->second.folder, it->second.slot}, it->second.gen, it->second.len, it->second.crc};
+  const auto p = lookup(key);
+  if (!p) return std::nullopt;
+  const SlotInfo& s = folders_[p->folder].info[p->slot];
+  return Pinned{*p, s.gen, s.len, s.crc};
 }
 
 std::string SlotModel::check() const {
+  std::size_t entries = 0, live_total = 0;
+  for (std::size_t i = 0; i < table_.size(); ++i) {
+    const std::uint64_t e = table_[i];
+    if (e == 0) continue;
+    ++entries;
+    const Place p = unpack(e);
+    if (p.folder >= folders_.size() || p.slot >= folders_[p.folder].slots) return "index entry out of range";
+    const SlotInfo& s = folders_[p.folder].info[p.slot];
+    if (s.state != SlotState::Live) return "index entry of a slot not Live";
+    if (position(key_of(s), hash(key_of(s))) != i) return "index entry not found by its key";
+  }
+  if (entries != pages_) return "index size not the page count";
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {
     const Folder& f = folders_[fi];
     const std::string where = "folder " + std::to_string(fi) + ": ";
     std::vector<int> in_free(f.slots, 0);
-    for (std::uint32_t s : f.free) {
+    std::uint64_t free_seen = 0;
+    for (std::uint32_t s = f.free_head; s != kNone; s = f.info[s].next) {
       if (s >= f.slots) return where + "free slot out of range";
       if (++in_free[s] > 1) return where + "slot " + std::to_string(s) + " twice in the free list";
+      ++free_seen;
     }
-    std::vector<int> owners(f.slots, 0);
-    std::set<const std::string*> keys;
-    for (const auto& [key, e] : index_) {
-      if (e.folder != fi) continue;
-      if (f.failed) return where + "failed but holds " + key;
-      if (e.slot >= f.slots) return where + "entry slot out of range";
-      if (f.info[e.slot].gen != e.gen) return where + "slot " + std::to_string(e.slot) + ": generation not its entry's";
-      if (f.info[e.slot].key != &key) return where + "slot " + std::to_string(e.slot) + ": key not its entry's";
-      ++owners[e.slot];
-      keys.insert(&key);
-    }
+    if (free_seen != f.free_count) return where + "free count wrong";
+    std::size_t live = 0;
     for (std::uint64_t s = 0; s < f.slots; ++s) {
       const SlotInfo& i = f.info[s];
       const std::string slot = where + "slot " + std::to_string(s) + ": ";
       if ((i.state == SlotState::Free) != (in_free[s] == 1)) return slot + "Free iff in the free list";
       if (i.state == SlotState::Free && i.pins > 0) return slot + "Free while pinned";
-      if ((i.state == SlotState::Live) != (owners[s] == 1) || owners[s] > 1) return slot + "Live iff one entry";
       if (i.state == SlotState::Zombie && i.pins == 0) return slot + "Zombie without pins";
+      if ((i.state == SlotState::Live) != (i.key != nullptr)) return slot + "a key iff Live";
+      if (i.state != SlotState::Live) continue;
+      ++live;
+      if (f.failed) return where + "failed but holds " + std::string(key_of(i));
+      const auto p = lookup(key_of(i));
+      if (!p || p->folder != fi || p->slot != s) return slot + "Live but not its key's entry";
     }
-    if (f.lru.size() != keys.size()) return where + "LRU list and entries differ in size";
-    for (const std::string* k : f.lru) {
-      if (keys.count(k) == 0) return where + "LRU list holds a key not of this folder";
+    if (live != f.live) return where + "live count wrong";
+    live_total += live;
+    std::set<std::uint32_t> seen;
+    std::uint32_t prev = kNone;
+    for (std::uint32_t s = f.lru_head; s != kNone; s = f.info[s].next) {
+      if (s >= f.slots || f.info[s].state != SlotState::Live) return where + "LRU list holds a slot not Live";
+      if (!seen.insert(s).second) return where + "LRU list loops";
+      if (f.info[s].prev != prev) return where + "LRU list links disagree";
+      prev = s;
     }
+    if (prev != f.lru_tail) return where + "LRU tail wrong";
+    if (seen.size() != live) return where + "LRU list and live slots differ in size";
   }
+  if (live_total != pages_) return "page count not the live slots'";
   return {};
 }
 

@@ -30,11 +30,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -133,7 +132,7 @@ class SlotModel {
   void load(const std::vector<std::pair<std::string, Found>>& pages);
 
   // -- counts --
-  [[nodiscard]] std::size_t pages() const { return index_.size(); }
+  [[nodiscard]] std::size_t pages() const { return pages_; }
   [[nodiscard]] std::size_t folders() const { return folders_.size(); }
   [[nodiscard]] std::uint64_t slots(std::uint32_t fi) const { return folders_[fi].slots; }
   /// Slots not Free (0 for a failed folder, as stats report it).
@@ -157,44 +156,61 @@ class SlotModel {
   [[nodiscard]] std::string check() const;
 
  private:
+  static constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  // One slot: 48 bytes, whatever its state (the index's whole per-slot cost is this and about
+  // 10 bytes of the hash table; the key is an allocation of its own).
   struct SlotInfo {
-    SlotState state = SlotState::Free;
+    std::uint64_t tick = 0;  // LRU tick of a Live slot (what a checkpoint records)
+    std::uint64_t gen = 0;   // generation of a Live slot's page
+    // A Live slot's key: a 4-byte length, then its bytes (one allocation).
+    std::unique_ptr<char[]> key;
+    std::uint32_t len = 0;  // a Live slot's page length
+    std::uint32_t crc = 0;  // and its CRC-32C
     std::uint32_t pins = 0;
-    std::uint64_t tick = 0;            // LRU tick of a Live slot (what a checkpoint records)
-    std::uint64_t gen = 0;             // generation of a Live slot's page
-    const std::string* key = nullptr;  // a Live slot's key (its index entry's)
-  };
-  struct Entry {
-    std::uint32_t folder = 0;
-    std::uint32_t slot = 0;
-    std::uint64_t gen = 0;
-    std::uint64_t len = 0;
-    std::list<const std::string*>::iterator lru;
-    std::uint32_t crc = 0;
+    // The folder's LRU list (Live slots: both links) or free list (Free slots: next).
+    std::uint32_t prev = kNone, next = kNone;
+    SlotState state = SlotState::Free;
   };
   struct Folder {
     std::uint64_t slots = 0;
     std::vector<SlotInfo> info;
-    std::vector<std::uint32_t> free;    // slots to hand out
-    std::list<const std::string*> lru;  // live keys, least recently used first
+    std::uint32_t free_head = kNone;  // slots to hand out: a stack linked through SlotInfo::next
+    std::uint64_t free_count = 0;
+    std::uint32_t lru_head = kNone;  // least recently used Live slot
+    std::uint32_t lru_tail = kNone;  // most recently used
+    std::size_t live = 0;
     bool failed = false;
   };
-  struct KeyHash {
-    using is_transparent = void;  // find() by string_view without a copy
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-  };
-  using Index = std::unordered_map<std::string, Entry, KeyHash, std::equal_to<>>;
 
+  static std::string_view key_of(const SlotInfo& s) noexcept;
+  static std::uint64_t hash(std::string_view key) noexcept;
+  // The index: open addressing with linear probing over table_, whose size is fixed at about
+  // 1.25 x the slots of every folder (live pages never outnumber slots), backward-shift
+  // deletion (no tombstones). An entry packs folder (16 bits), slot (32) and 16 bits of the
+  // key's hash, the lowest always 1 (0: empty); a probe compares keys only where those match.
+  [[nodiscard]] std::size_t home(std::uint64_t h) const noexcept;
+  /// The table position of key's entry, or table_.size().
+  [[nodiscard]] std::size_t position(std::string_view key, std::uint64_t h) const noexcept;
+  [[nodiscard]] std::optional<Place> lookup(std::string_view key) const noexcept;
+  void index_insert(std::uint64_t h, Place p);
+  void index_erase(std::size_t pos);
+  void rebuild_table();
+
+  static void push_free(Folder& f, std::uint32_t slot);
+  static std::uint32_t pop_free(Folder& f);
+  void lru_append(Folder& f, std::uint32_t slot);
+  void lru_unlink(Folder& f, std::uint32_t slot);
+  /// Ends slot's Live state (the entry already out of the index): Zombie while pinned, else Free.
   void release(Folder& f, std::uint32_t slot);
-  void drop(Index::iterator it);
+  /// Drops the Live page at p from the index.
+  void drop(Place p);
   void evict(std::uint32_t fi);
-  Index::iterator lookup(std::string_view key);
-  [[nodiscard]] Index::const_iterator lookup(std::string_view key) const;
 
   double high_;
   double low_;
   std::vector<Folder> folders_;
-  Index index_;
+  std::vector<std::uint64_t> table_;
+  std::size_t pages_ = 0;
   std::uint64_t clock_ = 0;
   std::uint64_t evictions_ = 0;
   std::uint64_t dropped_max_gen_ = 0;

@@ -128,6 +128,9 @@ Store::Store(const StoreOptions& options) : impl_(std::make_shared<Impl>(options
   Impl& m = *impl_;
   if (options.folders.empty()) throw InvalidArgument("kv: no folders");
   if (options.page_bytes == 0) throw InvalidArgument("kv: page_bytes is 0");
+  if (options.page_bytes > 0xFFFFFFFFu) {  // the index keeps a page's length in 32 bits
+    throw InvalidArgument("kv: page_bytes is " + std::to_string(options.page_bytes) + "; at most 4 GiB - 1");
+  }
   if (options.fingerprint.size() > internal::kMaxFingerprintBytes) {
     throw InvalidArgument("kv: the fingerprint is " + std::to_string(options.fingerprint.size()) + " bytes; at most " +
                           std::to_string(internal::kMaxFingerprintBytes));
