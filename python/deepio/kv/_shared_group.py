@@ -327,9 +327,9 @@ class Hub:
             if puts_too:
                 for g in self._groups.values():
                     for k in keys:
-                        e = g.puts.get(k)
-                        if e is not None:
-                            self._drop(g.puts, k, e)
+                        pe = g.puts.get(k)
+                        if pe is not None:
+                            self._drop(g.puts, k, pe)
 
     def _start_sweeper(self) -> None:  # under _lock
         if self._sweeper is None and not self._closed:
