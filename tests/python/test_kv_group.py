@@ -237,3 +237,21 @@ def test_a_group_needs_shared_and_one_size(tmp_dir):
         assert a.group == ("g", 0, 2)
     finally:
         a.close()
+
+
+def test_a_group_no_member_is_connected_to_may_come_back_with_another_size(tmp_dir):
+    owner = open_shared(tmp_dir)
+    try:
+        a = open_shared(tmp_dir, group=("g", 0, 2))
+        a.close()
+        deadline = time.monotonic() + 10
+        while True:  # the owner hears the hang-up on its server thread
+            try:
+                b = open_shared(tmp_dir, group=("g", 0, 1))
+                break
+            except ValueError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        b.close()
+    finally:
+        owner.close()

@@ -97,6 +97,7 @@ class _Entry:
 class _Group:
     def __init__(self, size: int) -> None:
         self.size = size
+        self.members = 0  # connected now: a group none is connected to may come back with another size
         self.reads: dict[bytes, _Entry] = {}
         self.puts: dict[bytes, _Entry] = {}
 
@@ -123,13 +124,25 @@ class Hub:
         self._closed = False
 
     def join(self, name: str, size: int) -> None:
-        """A member of group ``name`` of ``size`` arrives: ValueError if its size differs."""
+        """A member of group ``name`` of ``size`` arrives: ValueError if its size differs from
+        that of the members connected now."""
         with self._lock:
             g = self._groups.get(name)
-            if g is None:
-                self._groups[name] = _Group(size)
+            if g is None or (g.members == 0 and g.size != size):
+                g = self._groups[name] = _Group(size)
             elif g.size != size:
-                raise ValueError(f"deepio.kv: group {name!r} has size {g.size} in this store; this member says {size}")
+                raise ValueError(
+                    f"deepio.kv: group {name!r} has size {g.size} in this store ({g.members} members "
+                    f"connected); this member says {size}"
+                )
+            g.members += 1
+
+    def leave(self, name: str) -> None:
+        """A member of group ``name`` hung up or closed."""
+        with self._lock:
+            g = self._groups.get(name)
+            if g is not None and g.members > 0:
+                g.members -= 1
 
     def stats(self) -> dict[str, int]:
         with self._lock:

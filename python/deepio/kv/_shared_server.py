@@ -48,6 +48,7 @@ class _Client:
         self.slots = 0
         self.page_bytes = 0
         self.group: tuple[str, int, int] | None = None  # (name, rank, size): docs/kv.md "Groups"
+        self.left = False  # its group was told it left
         self.gone = False
 
     def send(self, data: bytes) -> None:
@@ -204,8 +205,9 @@ class Server:
                     f"(pid {os.getpid()}) has page_bytes={page_bytes}, fingerprint={self.fingerprint!r}"
                 )
             if hello.get("group") is not None:
-                c.group = check_group(tuple(hello["group"]))
-                self.hub.join(c.group[0], c.group[2])
+                group = check_group(tuple(hello["group"]))
+                self.hub.join(group[0], group[2])
+                c.group = group  # after the join: a refused member never leaves
             c.slots = int(hello["staging_slots"])
             c.page_bytes = page_bytes
             c.staging = mmap.mmap(fds[0], c.slots * page_bytes)
@@ -217,6 +219,9 @@ class Server:
     def _hang_up(self, c: _Client) -> None:
         with c.send_lock:
             c.gone = True
+        if c.group is not None and not c.left:
+            c.left = True
+            self.hub.leave(c.group[0])
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError, RuntimeError):
