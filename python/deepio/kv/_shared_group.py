@@ -80,10 +80,11 @@ class _Request:
 class _Entry:
     """One key's read (or put) for a group: who took it, who waits, its bytes once done."""
 
-    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes")
+    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes", "src")
 
     def __init__(self, rank: int, length: int) -> None:
-        self.addr = 0
+        self.addr = 0  # where the page's bytes are: the hub's map, or the first member's memory
+        self.src = 0  # read straight into the first member's memory (one piece) at this address
         self.length = length
         self.buf: Any = None  # keeps the pages' memory
         self.ranks = {rank}
@@ -183,13 +184,17 @@ class Hub:
                     if len(e.ranks) >= g.size and e.done:
                         self._drop(g.reads, k, e)
                     continue
-                if self._held + length > MAX_BYTES:
+                direct = len(dst) == 1
+                if not direct and self._held + length > MAX_BYTES:
                     straight.append(i)
                     continue
                 e = _Entry(rank, length)
                 e.waiters.append((req, i, dst))
-                e.bytes = length
-                self._held += length
+                if direct:  # read into this member's memory; kept in the hub only if needed
+                    e.src = e.addr = dst[0][0]
+                else:
+                    e.bytes = length
+                    self._held += length
                 g.reads[k] = e
                 read_keys.append(k)
                 read_entries.append(e)
@@ -203,18 +208,23 @@ class Hub:
         if read_keys:
             self._read(name, read_keys, read_entries)
 
-    def _read(self, name: str, keys: list[bytes], entries: list[_Entry]) -> None:
-        total = sum(e.length for e in entries)
-        buf = mmap.mmap(-1, max(total, 1))
+    @staticmethod
+    def _map(entries: list[_Entry]) -> tuple[Any, int]:
+        """A map for the entries' pages (released with the last entry that holds it)."""
+        buf = mmap.mmap(-1, max(sum(e.length for e in entries), 1))
         view = ctypes.c_char.from_buffer(buf)
         base = ctypes.addressof(view)
-        del view  # the map is released with the last entry that holds it
-        segs = []
-        at = base
-        for e in entries:
-            e.buf, e.addr = buf, at
-            segs.append([(at, e.length)])
-            at += e.length
+        del view
+        return buf, base
+
+    def _read(self, name: str, keys: list[bytes], entries: list[_Entry]) -> None:
+        mapped = [e for e in entries if not e.src]
+        if mapped:
+            buf, at = self._map(mapped)
+            for e in mapped:
+                e.buf, e.addr = buf, at
+                at += e.length
+        segs = [[(e.addr, e.length)] for e in entries]
         with self._lock:
             self.pages_read += len(keys)
         try:
@@ -225,22 +235,57 @@ class Hub:
         fut.add_done_callback(lambda f: self._read_done(name, keys, entries, _result(f, len(keys))))
 
     def _read_done(self, name: str, keys: list[bytes], entries: list[_Entry], ok: list[bool]) -> None:
+        # Pages read into the first member's memory that members still to come may want go into
+        # a map of the hub's first: that memory is the member's again once it is answered.
+        with self._lock:
+            g = self._groups.get(name)
+            keep = []
+            room = MAX_BYTES - self._held  # past it, members still to come read again
+            for k, e, good in zip(keys, entries, ok):
+                if good and e.src and g is not None and g.reads.get(k) is e and len(e.ranks) < g.size:
+                    if e.length <= room:
+                        keep.append((k, e))
+                        room -= e.length
+        kept: Any = None
+        addrs = []
+        if keep:
+            kept, at = self._map([e for _, e in keep])
+            for _, e in keep:
+                ctypes.memmove(at, e.src, e.length)
+                addrs.append(at)
+                at += e.length
         now = time.monotonic()
         waiting = []
         with self._lock:
             g = self._groups.get(name)
+            for (k, e), at in zip(keep, addrs):
+                if g is not None and g.reads.get(k) is e:  # not dropped meanwhile (a put)
+                    e.buf, e.addr, e.bytes = kept, at, e.length
+                    self._held += e.length
             for k, e, good in zip(keys, entries, ok):
                 e.done, e.ok, e.done_at = True, bool(good), now
-                waiting.append((e, e.buf, e.waiters))  # the map lives while we copy
+                waiting.append((e, e.addr, e.buf, e.waiters))  # the map lives while we copy
                 e.waiters = []
-                if g is not None and (len(e.ranks) >= g.size or not e.ok):
+                if g is not None and (len(e.ranks) >= g.size or not e.ok or (e.src and e.buf is None)):
                     self._drop(g.reads, k, e)  # a miss is not kept: a later get may find a put
             self._start_sweeper()
-        for e, _buf, ws in waiting:
+        # Member by member (not key by key): a member's reply goes out after its own copies, and
+        # its next batch can start a read while the others' copies go on; a member others copy
+        # from (its memory holds the read) is answered last.
+        by_req: dict[int, list[tuple[_Request, int, int, list[tuple[int, int]], bool, bool]]] = {}
+        last: set[int] = set()
+        for e, src, _buf, ws in waiting:
             for req, i, dst in ws:
-                if e.ok:
-                    _copy(e.addr, dst)
-                req.resolve(i, e.ok)
+                own = bool(e.src) and len(dst) == 1 and dst[0][0] == e.src
+                by_req.setdefault(id(req), []).append((req, i, src, dst, e.ok and not own, e.ok))
+                if own:
+                    last.add(id(req))
+        for r in [r for r in by_req if r not in last] + [r for r in by_req if r in last]:
+            for req, i, src, dst, copy, good in by_req[r]:
+                if copy:
+                    _copy(src, dst)
+                req.resolve(i, good)
+        del kept, waiting  # the maps go with the last entry that holds them
 
     @staticmethod
     def _straight_done(req: _Request, idx: list[int], f: Any) -> None:
