@@ -27,6 +27,7 @@ the copies run (ctypes.memmove, without the GIL) outside the lock.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import mmap
 import threading
@@ -36,6 +37,8 @@ from typing import Any
 
 #: Seconds a group's completed read (or put) stays for the members that have not taken it.
 WINDOW = 2.0
+#: Threads that copy a group's pages to its members in parallel (besides the batch thread).
+COPY_THREADS = 3
 #: Bytes of pages the hub holds for groups at most (over that, keys are not shared).
 MAX_BYTES = 1 << 30
 
@@ -123,6 +126,7 @@ class Hub:
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
         self._closed = False
+        self._copiers: concurrent.futures.ThreadPoolExecutor | None = None
 
     def join(self, name: str, size: int) -> None:
         """A member of group ``name`` of ``size`` arrives: ValueError if its size differs from
@@ -280,11 +284,23 @@ class Hub:
                 by_req.setdefault(id(req), []).append((req, i, src, dst, e.ok and not own, e.ok))
                 if own:
                     last.add(id(req))
-        for r in [r for r in by_req if r not in last] + [r for r in by_req if r in last]:
+
+        def serve(r: int) -> None:
             for req, i, src, dst, copy, good in by_req[r]:
                 if copy:
                     _copy(src, dst)
                 req.resolve(i, good)
+
+        first = [r for r in by_req if r not in last]
+        copier = self._copier() if len(first) > 1 else None
+        # The members' copies in parallel (memmove runs without the GIL), the last one here.
+        helped = [copier.submit(serve, r) for r in first[:-1]] if copier is not None else []
+        for r in first[len(helped) :]:
+            serve(r)
+        for f in helped:
+            f.result()
+        for r in last:
+            serve(r)
         del kept, waiting  # the maps go with the last entry that holds them
 
     @staticmethod
@@ -411,10 +427,19 @@ class Hub:
                     return
                 self._wake.wait(WINDOW / 4)
 
+    def _copier(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        with self._lock:
+            if self._copiers is None and not self._closed:
+                self._copiers = concurrent.futures.ThreadPoolExecutor(COPY_THREADS, "deepio-kv-group-copy")
+            return self._copiers
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
+            copiers, self._copiers = self._copiers, None
+        if copiers is not None:
+            copiers.shutdown(wait=False)
 
 
 def _result(f: Any, n: int) -> list[bool]:
