@@ -87,6 +87,19 @@ def delta(after: dict, before: dict, name: str) -> int:
     return after[name] - before.get(name, 0)
 
 
+def arena_all_free(store, timeout: float = 10.0) -> None:
+    """Every slot of the owner's group arena comes back (members release what they copied;
+    a member that died releases at its hang-up; reads kept for late members go after WINDOW)."""
+    arena = store._server.hub.arena
+    assert arena is not None
+    deadline = time.monotonic() + timeout
+    while len(arena.free) != arena.slots:
+        hub = store._server.hub
+        held = {s: (e.refs, e.done_at, e.done, e.ok, sorted(e.ranks)) for s, e in hub._slot_entry.items()}
+        assert time.monotonic() < deadline, f"{arena.slots - len(arena.free)} arena slots still held: {held}"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_member_gets_every_page_and_each_page_is_read_once(tmp_dir, n):
     # N = 4: the owner (this process) is member 0 and calls get directly; N = 2: it is no member.
@@ -113,6 +126,7 @@ def test_every_member_gets_every_page_and_each_page_is_read_once(tmp_dir, n):
         assert delta(after, before, "bytes_read") == len(keys) * PAGE  # once, not n times
         assert delta(after, before, "group_pages_read") == len(keys)
         assert delta(after, before, "group_pages_shared") == (n - 1) * len(keys)
+        arena_all_free(store)
     finally:
         for m in ms:
             m.stop()
@@ -141,13 +155,15 @@ def test_a_late_member_reads_what_it_lacks_itself_and_the_first_waits_for_no_one
         after = store.stats()
         assert delta(after, before, "group_pages_read") == 2 * len(keys)
         assert delta(after, before, "bytes_read") == 2 * len(keys) * PAGE
+        arena_all_free(store)
     finally:
         for m in ms:
             m.stop()
         store.close()
 
 
-def test_a_member_sigkilled_mid_batch_does_not_stop_the_others(tmp_dir):
+def test_a_member_sigkilled_mid_batch_does_not_stop_the_others(tmp_dir, monkeypatch):
+    monkeypatch.setattr(_shared_group, "WINDOW", 0.3)
     keys = [f"kill{i}" for i in range(200)]
     store = open_shared(tmp_dir)
     ms: list[Member] = []
@@ -166,6 +182,7 @@ def test_a_member_sigkilled_mid_batch_does_not_stop_the_others(tmp_dir):
         ms[1].send("get", keys=keys[:8])  # the owner serves on
         assert ms[1].read()["ok"] == 8
         assert store.stats()["shared_clients"] == 2
+        arena_all_free(store)
     finally:
         for m in ms:
             m.stop()

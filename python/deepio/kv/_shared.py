@@ -19,6 +19,7 @@ client to owner.
 
 from __future__ import annotations
 
+import ctypes
 import errno as _errno
 import os
 import threading
@@ -31,7 +32,7 @@ from deepio import _deepio
 from . import MAX_KEY_BYTES, Future, Key, Store
 from . import _shared_wire as w
 from ._shared_client import Connection, SharedFuture, connect_refused
-from ._shared_group import check_group
+from ._shared_group import NONE, check_group
 from ._shared_server import Server
 
 #: Seconds a process keeps trying to open or reach a store whose folders are locked while no
@@ -255,7 +256,21 @@ class SharedStore(Store):
         kb = w.key_bytes(keys, MAX_KEY_BYTES)
         fut = SharedFuture(len(kb))
         fut._left = 1
-        (server.hub.put if put else server.hub.get)(self.group, kb, addrs, lambda ok: fut._piece_done(0, ok))
+        hub = server.hub
+
+        def reply(ok: list[bool], slots: list[int]) -> None:
+            arena = hub.arena
+            if arena is not None:  # the pages in the group's arena: copied here, then released
+                for i, s in enumerate(slots):
+                    if ok[i] and s != NONE:
+                        at = arena.base + s * arena.page_bytes
+                        for dst, n in addrs[i]:
+                            ctypes.memmove(dst, at, n)
+                            at += n
+                hub.release([s for s in slots if s != NONE])
+            fut._piece_done(0, ok)
+
+        (hub.put if put else hub.get)(self.group, kb, addrs, reply)
         return Future(fut)
 
     def _changed(self, keys: Sequence[Key] | None, puts_too: bool = False) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,28 +63,50 @@ def check_group(group: Any) -> tuple[str, int, int]:
     return name, rank, size
 
 
-class _Request:
-    """One member's get or put of n keys: answers ``reply(ok)`` once every key resolved."""
+NONE = 0xFFFFFFFF  # no arena slot: the page is in the member's own memory
 
-    def __init__(self, n: int, reply: Callable[[list[bool]], Any]) -> None:
+
+class Arena:
+    """A memfd of pages every member maps (the owner's clients read-only): a group's read lands
+    in a slot, and each member copies its page from there itself (the owner copies none)."""
+
+    def __init__(self, page_bytes: int, nbytes: int) -> None:
+        self.page_bytes = page_bytes
+        self.slots = max(nbytes // max(page_bytes, 1), 1)
+        self.fd = os.memfd_create("deepio-kv-group-arena", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.slots * page_bytes)
+        self.map = mmap.mmap(self.fd, self.slots * page_bytes)
+        view = ctypes.c_char.from_buffer(self.map)
+        self.base = ctypes.addressof(view)
+        del view
+        self.free = list(range(self.slots - 1, -1, -1))
+
+
+class _Request:
+    """One member's get or put of n keys: answers ``reply(ok, slots)`` once every key resolved
+    (slots[i]: the arena slot key i's page is in, for the member to copy and release; NONE)."""
+
+    def __init__(self, n: int, reply: Callable[[list[bool], list[int]], Any]) -> None:
         self.ok = [False] * n
+        self.slots = [NONE] * n
         self.left = n
         self.reply = reply
         self.lock = threading.Lock()
 
-    def resolve(self, i: int, ok: bool) -> None:
+    def resolve(self, i: int, ok: bool, slot: int = NONE) -> None:
         with self.lock:
             self.ok[i] = ok
+            self.slots[i] = slot if ok else NONE
             self.left -= 1
             last = self.left == 0
         if last:
-            self.reply(self.ok)
+            self.reply(self.ok, self.slots)
 
 
 class _Entry:
     """One key's read (or put) for a group: who took it, who waits, its bytes once done."""
 
-    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes", "src")
+    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes", "src", "slot", "refs")
 
     def __init__(self, rank: int, length: int) -> None:
         self.addr = 0  # where the page's bytes are: the hub's map, or the first member's memory
@@ -96,6 +119,8 @@ class _Entry:
         self.ok = False
         self.done_at = 0.0
         self.bytes = 0
+        self.slot = NONE  # the arena slot the page is read into
+        self.refs = 0  # members answered with that slot that have not released it
 
 
 class _Group:
@@ -127,6 +152,8 @@ class Hub:
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._copiers: concurrent.futures.ThreadPoolExecutor | None = None
+        self.arena: Arena | None = None  # set by the server before its first group member
+        self._slot_entry: dict[int, _Entry] = {}
 
     def join(self, name: str, size: int) -> None:
         """A member of group ``name`` of ``size`` arrives: ValueError if its size differs from
@@ -160,14 +187,19 @@ class Hub:
 
     # -- gets -------------------------------------------------------------------------------------
     def get(
-        self, group: tuple[str, int, int], keys: Sequence[bytes], dests: Segments, reply: Callable[[list[bool]], Any]
+        self,
+        group: tuple[str, int, int],
+        keys: Sequence[bytes],
+        dests: Segments,
+        reply: Callable[[list[bool], list[int]], Any],
     ) -> None:
-        """Fills dests[i] with key i's page (verified), through the group; ``reply(ok)`` once
-        all are answered (on a batch thread, or on this one)."""
+        """Fills dests[i] with key i's page (verified), through the group, or says which arena
+        slot holds it; ``reply(ok, slots)`` once all are answered (on a batch thread, or on this
+        one); the member copies each slot's page, then ``release``s the slots."""
         name, rank, size = group
         req = _Request(len(keys), reply)
         if not keys:
-            reply([])
+            reply([], [])
             return
         now_ready: list[tuple[_Entry, Any, int]] = []  # joined reads already done: copy now
         read_keys: list[bytes] = []
@@ -180,7 +212,10 @@ class Hub:
                 e = g.reads.get(k)
                 if e is not None and rank not in e.ranks and e.length == length:
                     e.ranks.add(rank)
-                    if e.done:
+                    if e.done and e.slot != NONE:
+                        e.refs += 1
+                        now_ready.append((e, None, i))
+                    elif e.done:
                         now_ready.append((e, e.buf, i))  # the map lives while we copy
                     else:
                         e.waiters.append((req, i, dst))
@@ -188,13 +223,20 @@ class Hub:
                     if len(e.ranks) >= g.size and e.done:
                         self._drop(g.reads, k, e)
                     continue
+                if e is not None:  # this rank took it already (a new round), or another length
+                    self._drop(g.reads, k, e)
                 direct = len(dst) == 1
                 if not direct and self._held + length > MAX_BYTES:
                     straight.append(i)
                     continue
                 e = _Entry(rank, length)
                 e.waiters.append((req, i, dst))
-                if direct:  # read into this member's memory; kept in the hub only if needed
+                arena = self.arena
+                if arena is not None and arena.free and length <= arena.page_bytes:
+                    e.slot = arena.free.pop()
+                    e.addr = arena.base + e.slot * arena.page_bytes
+                    self._slot_entry[e.slot] = e
+                elif direct:  # read into this member's memory; kept in the hub only if needed
                     e.src = e.addr = dst[0][0]
                 else:
                     e.bytes = length
@@ -203,6 +245,9 @@ class Hub:
                 read_keys.append(k)
                 read_entries.append(e)
         for e, _buf, i in now_ready:
+            if e.slot != NONE:
+                req.resolve(i, e.ok, e.slot)
+                continue
             if e.ok:
                 _copy(e.addr, dests[i])
             req.resolve(i, e.ok)
@@ -222,7 +267,7 @@ class Hub:
         return buf, base
 
     def _read(self, name: str, keys: list[bytes], entries: list[_Entry]) -> None:
-        mapped = [e for e in entries if not e.src]
+        mapped = [e for e in entries if not e.src and e.slot == NONE]
         if mapped:
             buf, at = self._map(mapped)
             for e in mapped:
@@ -268,10 +313,13 @@ class Hub:
                     self._held += e.length
             for k, e, good in zip(keys, entries, ok):
                 e.done, e.ok, e.done_at = True, bool(good), now
+                if e.slot != NONE and e.ok:
+                    e.refs += len(e.waiters)  # released by each member once it copied
                 waiting.append((e, e.addr, e.buf, e.waiters))  # the map lives while we copy
                 e.waiters = []
-                if g is not None and (len(e.ranks) >= g.size or not e.ok or (e.src and e.buf is None)):
-                    self._drop(g.reads, k, e)  # a miss is not kept: a later get may find a put
+                gone = g is None or g.reads.get(k) is not e  # dropped in flight (a put)
+                if gone or g is None or len(e.ranks) >= g.size or not e.ok or (e.src and e.buf is None):
+                    self._drop(g.reads if g is not None else {}, k, e)  # a miss is not kept
             self._start_sweeper()
         # Member by member (not key by key): a member's reply goes out after its own copies, and
         # its next batch can start a read while the others' copies go on; a member others copy
@@ -279,6 +327,10 @@ class Hub:
         by_req: dict[int, list[tuple[_Request, int, int, list[tuple[int, int]], bool, bool]]] = {}
         last: set[int] = set()
         for e, src, _buf, ws in waiting:
+            if e.slot != NONE:  # in the arena: each member copies it itself
+                for req, i, _dst in ws:
+                    req.resolve(i, e.ok, e.slot)
+                continue
             for req, i, dst in ws:
                 own = bool(e.src) and len(dst) == 1 and dst[0][0] == e.src
                 by_req.setdefault(id(req), []).append((req, i, src, dst, e.ok and not own, e.ok))
@@ -316,17 +368,40 @@ class Hub:
             e.bytes = 0
         if e.done:
             e.buf = None  # the waiters were served; joiners to come read again
+            if e.slot != NONE and e.refs == 0:
+                self._free(e)
+            e.done_at = -1.0  # dropped: its slot goes with the last release
+
+    def _free(self, e: _Entry) -> None:  # under _lock
+        if self.arena is not None and self._slot_entry.get(e.slot) is e:
+            del self._slot_entry[e.slot]
+            self.arena.free.append(e.slot)
+
+    def release(self, slots: Sequence[int]) -> None:
+        """A member copied its pages out of these arena slots (or died: the server says so)."""
+        with self._lock:
+            for s in slots:
+                e = self._slot_entry.get(s)
+                if e is None or e.refs <= 0:
+                    continue
+                e.refs -= 1
+                if e.refs == 0 and e.done_at < 0:
+                    self._free(e)
 
     # -- puts -------------------------------------------------------------------------------------
     def put(
-        self, group: tuple[str, int, int], keys: Sequence[bytes], srcs: Segments, reply: Callable[[list[bool]], Any]
+        self,
+        group: tuple[str, int, int],
+        keys: Sequence[bytes],
+        srcs: Segments,
+        reply: Callable[[list[bool], list[int]], Any],
     ) -> None:
         """Writes key i's page from srcs[i], unless another member of the group has the same
         key's put in flight or completed within WINDOW (then its result)."""
         name, rank, size = group
         req = _Request(len(keys), reply)
         if not keys:
-            reply([])
+            reply([], [])
             return
         now_ready: list[tuple[bool, int]] = []
         write: list[int] = []
@@ -346,6 +421,8 @@ class Hub:
                     else:
                         e.waiters.append((req, i, []))
                     continue
+                if e is not None:  # this rank put it already: a new round
+                    self._drop(g.puts, k, e)
                 e = _Entry(rank, 0)
                 e.waiters.append((req, i, []))
                 g.puts[k] = e
@@ -438,6 +515,9 @@ class Hub:
             self._closed = True
             self._wake.notify_all()
             copiers, self._copiers = self._copiers, None
+            if self.arena is not None:
+                os.close(self.arena.fd)  # the map stays for the reads still in flight
+                self.arena.fd = -1
         if copiers is not None:
             copiers.shutdown(wait=False)
 

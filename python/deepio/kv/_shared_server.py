@@ -33,7 +33,10 @@ from typing import Any
 
 from . import _shared_fork as _fork
 from . import _shared_wire as w
-from ._shared_group import Hub, check_group
+from ._shared_group import NONE, Arena, Hub, check_group
+
+#: Bytes of the arena a group's reads land in (a memfd every member maps; docs/kv.md "Groups").
+ARENA_BYTES = 256 << 20
 
 _IO_TIMEOUT = 10.0  # seconds a client may take to send the rest of a message or take a reply
 
@@ -49,6 +52,7 @@ class _Client:
         self.page_bytes = 0
         self.group: tuple[str, int, int] | None = None  # (name, rank, size): docs/kv.md "Groups"
         self.left = False  # its group was told it left
+        self.held: dict[int, int] = {}  # arena slot -> pages this client has yet to release
         self.gone = False
 
     def send(self, data: bytes) -> None:
@@ -208,17 +212,27 @@ class Server:
                 group = check_group(tuple(hello["group"]))
                 self.hub.join(group[0], group[2])
                 c.group = group  # after the join: a refused member never leaves
+                if self.hub.arena is None:
+                    self.hub.arena = Arena(self.store.page_bytes, ARENA_BYTES)
             c.slots = int(hello["staging_slots"])
             c.page_bytes = page_bytes
             c.staging = mmap.mmap(fds[0], c.slots * page_bytes)
             c.base = ctypes.addressof(ctypes.c_char.from_buffer(c.staging))
         finally:
             os.close(fds[0]) if fds else None
-        c.send(w.message(w.OK, 0, json.dumps({"pid": os.getpid(), "page_bytes": page_bytes}).encode()))
+        reply = w.message(w.OK, 0, json.dumps({"pid": os.getpid(), "page_bytes": page_bytes}).encode())
+        arena = self.hub.arena if c.group is not None else None
+        if arena is None:
+            c.send(reply)
+            return
+        with c.send_lock:  # a member maps the arena: its memfd goes with the reply
+            socket.send_fds(c.sock, [reply], [arena.fd])
 
     def _hang_up(self, c: _Client) -> None:
         with c.send_lock:
             c.gone = True
+            held, c.held = c.held, {}
+        self.hub.release([s for s, n in held.items() for _ in range(n)])  # copied or not: gone
         if c.group is not None and not c.left:
             c.left = True
             self.hub.leave(c.group[0])
@@ -255,8 +269,18 @@ class Server:
                 segments.append([(c.base + s * c.page_bytes, n)])
             if c.group is not None:
 
-                def reply(ok: list[bool], c: _Client = c, rid: int = rid) -> None:  # c keeps the staging
-                    c.send(w.message(w.OK, rid, bytes(1 if x else 0 for x in ok)))
+                def reply(ok: list[bool], slots: list[int], c: _Client = c, rid: int = rid) -> None:
+                    body = bytes(1 if x else 0 for x in ok)  # c keeps the staging mapped
+                    if op == w.GET:  # and where each page is: an arena slot, or the staging
+                        body += struct.pack(f"<{len(slots)}I", *slots)
+                        with c.send_lock:
+                            if not c.gone:
+                                for s in slots:
+                                    if s != NONE:
+                                        c.held[s] = c.held.get(s, 0) + 1
+                                slots = []
+                        self.hub.release([s for s in slots if s != NONE])  # a member gone
+                    c.send(w.message(w.OK, rid, body))
 
                 (self.hub.put if op == w.PUT else self.hub.get)(c.group, keys, segments, reply)
                 return
@@ -274,6 +298,16 @@ class Server:
                 c.send(w.message(w.OK, rid, ok))
 
             fut.add_done_callback(done)
+            return
+        if op == w.RELEASE:  # a member copied its pages out of these arena slots: no reply
+            slots = list(struct.unpack(f"<{len(body) // 4}I", body))
+            with c.send_lock:
+                for s in slots:
+                    if c.held.get(s, 0) > 0:
+                        c.held[s] -= 1
+                        if not c.held[s]:
+                            del c.held[s]
+            self.hub.release(slots)
             return
         if op == w.CONTAINS:
             out = bytes(1 if x else 0 for x in store.contains(w.decode_keys(body)))
