@@ -6,6 +6,9 @@ sent to the owner) and starts a receiver thread. A put copies the caller's rows 
 staging slots and sends the request; a get sends it, and the receiver copies each verified
 page from staging into the caller's row when the reply comes. A batch larger than the free
 staging waits its turn on a dispatcher thread (FIFO), in pieces of at most the staging size.
+A group member (docs/kv.md "Groups") also maps the group's arena (a memfd with the hello's
+reply): a get's reply may say a page is in an arena slot; it is copied from there, and the
+slots are released to the owner (RELEASE) once copied.
 
 Failure strategy: the owner's end of the socket closing (its death or close) completes every
 request in flight and every one still waiting for staging as failed: False for each page of

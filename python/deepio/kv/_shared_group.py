@@ -6,23 +6,26 @@ of group ``name`` (``size`` members). A group lives in the owner (``Hub``, one p
 store): a member's get (a client's, or the owner's own) asks the hub, which, per key, either
 joins a read of that key the group already has (in flight, or done within ``WINDOW`` seconds
 and not yet taken by this rank), or starts one: the owner's store reads the page once (and
-verifies it: key, generation, CRC) into the hub's memory, and every member that joins gets a
-copy of those verified bytes in its destination (a client's staging, the owner's pool row).
-A key's read is dropped once all ``size`` members took it, or ``WINDOW`` seconds after it
-completed; a member that asks later reads it again (by itself; nobody waits on a member).
+verifies it: key, generation, CRC) into a slot of the ``Arena``, a memfd every member maps
+(the server sends it with the hello's reply). Each member is told the slot and copies the page
+into its own memory itself, then releases the slot; a slot is reused once its read is dropped
+and all it was given to released it. A key's read is dropped once all ``size`` members took
+it, or ``WINDOW`` seconds after it completed; a member that asks later reads it again (nobody
+waits on a member). With the arena full, the read goes straight into the first member's memory
+and the hub copies it to the others (and keeps a copy for members still to come).
 Puts: a member's put of a key that another member of the group has in flight, or completed
 within ``WINDOW`` seconds (and this rank has not put since), is not written again: it
 completes with that put's result (the members of a group put the same bytes: TP ranks of an
 MLA model). Any put, remove or clear drops the group reads of those keys.
 
 Failure strategy: a read belongs to the hub, not to the member that started it: a member that
-dies mid-batch costs the others nothing (its destination stays mapped until the copy, then is
-dropped). A read that fails or misses answers False to every member that joined it. Past
-``MAX_BYTES`` of pages held for groups, a key is read straight into the asking member's
-destination (not shared).
+dies mid-batch costs the others nothing; the server releases its slots at its hang-up. A read
+that fails or misses answers False to every member that joined it. Past ``MAX_BYTES`` of pages
+kept on the copying path, a key is not kept for members still to come (they read it again).
 
-Thread safety: ``_lock`` guards the tables; reads complete on the store's batch threads, where
-the copies run (ctypes.memmove, without the GIL) outside the lock.
+Thread safety: ``_lock`` guards the tables, the arena's free list and the slots' counts; reads
+complete on the store's batch threads, where the copies of the copying path run
+(ctypes.memmove, without the GIL, on up to COPY_THREADS more threads) outside the lock.
 """
 
 from __future__ import annotations
