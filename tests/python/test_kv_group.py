@@ -149,6 +149,7 @@ def test_a_late_member_reads_what_it_lacks_itself_and_the_first_waits_for_no_one
         assert got["ok"] == len(keys) and got["bad"] == []
         time.sleep(0.2 + 0.5)  # past the window: the group's read is dropped
         assert store.stats()["group_bytes_held"] == 0
+        assert store.stats()["group_arena_slots_used"] == 0
         ms[1].send("get", keys=keys)
         got = ms[1].read()
         assert got["ok"] == len(keys) and got["bad"] == []

@@ -186,6 +186,7 @@ class Hub:
                 "group_pages_shared": self.pages_shared,
                 "group_puts_deduped": self.puts_deduped,
                 "group_bytes_held": self._held,
+                "group_arena_slots_used": 0 if self.arena is None else self.arena.slots - len(self.arena.free),
             }
 
     # -- gets -------------------------------------------------------------------------------------
