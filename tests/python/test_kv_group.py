@@ -18,7 +18,7 @@ import pytest
 
 import deepio
 import deepio.kv
-from deepio.kv import _shared_group
+from deepio.kv import _shared_group, _shared_server
 
 np = pytest.importorskip("numpy")
 
@@ -273,3 +273,36 @@ def test_a_group_no_member_is_connected_to_may_come_back_with_another_size(tmp_d
         b.close()
     finally:
         owner.close()
+
+
+def test_with_the_arena_full_pages_go_through_the_owners_copies_and_wait_for_late_members(tmp_dir, monkeypatch):
+    # An arena of one slot: the other pages take the copying path (read into the first member's
+    # staging, copied by the owner to the others, kept for the member still to come).
+    monkeypatch.setattr(_shared_server, "ARENA_BYTES", 0)
+    keys = [f"full{i}" for i in range(48)]
+    store = open_shared(tmp_dir)
+    ms: list[Member] = []
+    try:
+        pool = np.zeros((48, PAGE), np.uint8)
+        store.register(pool)
+        put_pages(store, pool, keys)
+        ms = members(tmp_dir, "g", range(3), 3)
+        assert store._server.hub.arena.slots == 1
+        before = store.stats()
+        for m in ms[:2]:
+            m.send("get", keys=keys)
+        for m in ms[:2]:
+            got = m.read()
+            assert got["ok"] == len(keys) and got["bad"] == []
+        assert store.stats()["group_bytes_held"] > 0  # kept for rank 2, within the window
+        ms[2].send("get", keys=keys)
+        got = ms[2].read()
+        assert got["ok"] == len(keys) and got["bad"] == []
+        after = store.stats()
+        assert delta(after, before, "bytes_read") == len(keys) * PAGE
+        assert after["group_bytes_held"] == 0  # all three took every page
+        arena_all_free(store)
+    finally:
+        for m in ms:
+            m.stop()
+        store.close()
