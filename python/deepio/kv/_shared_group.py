@@ -217,7 +217,7 @@ class Hub:
                 if e is not None and rank not in e.ranks and e.length == length:
                     e.ranks.add(rank)
                     if e.done and e.slot != NONE:
-                        e.refs += 1
+                        e.refs += 1 if e.ok else 0  # (a miss is dropped when done: not found here)
                         now_ready.append((e, None, i))
                     elif e.done:
                         now_ready.append((e, e.buf, i))  # the map lives while we copy

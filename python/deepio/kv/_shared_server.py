@@ -300,14 +300,15 @@ class Server:
             fut.add_done_callback(done)
             return
         if op == w.RELEASE:  # a member copied its pages out of these arena slots: no reply
-            slots = list(struct.unpack(f"<{len(body) // 4}I", body))
+            mine = []  # only what it holds: a slot it was never given is not its to release
             with c.send_lock:
-                for s in slots:
+                for s in struct.unpack(f"<{len(body) // 4}I", body):
                     if c.held.get(s, 0) > 0:
                         c.held[s] -= 1
+                        mine.append(s)
                         if not c.held[s]:
                             del c.held[s]
-            self.hub.release(slots)
+            self.hub.release(mine)
             return
         if op == w.CONTAINS:
             out = bytes(1 if x else 0 for x in store.contains(w.decode_keys(body)))
