@@ -197,6 +197,10 @@ def test_a_put_another_member_made_is_not_written_again_and_a_put_drops_the_grou
     b = open_shared(tmp_dir, group=("g", 1, 2))
     try:
         assert a.is_owner and not b.is_owner
+        # The client maps the group's arena read-only (the owner: read-write).
+        lines = Path("/proc/self/maps").read_text().splitlines()
+        maps = [line.split()[1] for line in lines if "deepio-kv-group-arena" in line]
+        assert sorted(maps) == ["r--s", "rw-s"]
         pa, pb = np.zeros((16, PAGE), np.uint8), np.zeros((16, PAGE), np.uint8)
         a.register(pa)
         b.register(pb)

@@ -103,6 +103,29 @@ class _Unraisable:
         raise self.e
 
 
+class _ReadOnlyMap:
+    """A read-only shared map of a memfd (a group's arena: a member cannot write another's
+    pages), unmapped when dropped. Python's mmap gives no address for a read-only map."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._munmap = libc.munmap
+        self.size = size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, f"deepio.kv: cannot map the group's arena: {os.strerror(err)}")
+        self.addr = int(addr)
+
+    def __del__(self) -> None:
+        if getattr(self, "addr", 0):
+            self._munmap(self.addr, self.size)
+            self.addr = 0
+
+
 class _Piece:
     """Up to the staging's size of one batch: rows [at, at + n) of the future's keys."""
 
@@ -135,7 +158,7 @@ class Connection:
                 socket.send_fds(self.sock, [msg], [fd])
             finally:
                 os.close(fd)
-            self.arena: mmap.mmap | None = None  # a group's arena (docs/kv.md "Groups")
+            self.arena: _ReadOnlyMap | None = None  # a group's arena (docs/kv.md "Groups")
             self.arena_base = 0
             got = self._hello_reply() if hello.get("group") is not None else w.recv_message(self.sock)
             if got is None:
@@ -173,9 +196,8 @@ class Connection:
                 msg += more
             n, status, rid = w.HEADER.unpack_from(msg)
             if status == w.OK and fds:
-                size = os.fstat(fds[0]).st_size
-                self.arena = mmap.mmap(fds[0], size)
-                self.arena_base = ctypes.addressof(ctypes.c_char.from_buffer(self.arena))
+                self.arena = _ReadOnlyMap(fds[0], os.fstat(fds[0]).st_size)
+                self.arena_base = self.arena.addr
             return status, rid, msg[w.HEADER.size : w.HEADER.size + n]
         finally:
             for fd in fds:
