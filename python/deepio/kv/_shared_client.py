@@ -6,6 +6,9 @@ sent to the owner) and starts a receiver thread. A put copies the caller's rows 
 staging slots and sends the request; a get sends it, and the receiver copies each verified
 page from staging into the caller's row when the reply comes. A batch larger than the free
 staging waits its turn on a dispatcher thread (FIFO), in pieces of at most the staging size.
+A group member (docs/kv.md "Groups") also maps the group's arena (a memfd with the hello's
+reply): a get's reply may say a page is in an arena slot; it is copied from there, and the
+slots are released to the owner (RELEASE) once copied.
 
 Failure strategy: the owner's end of the socket closing (its death or close) completes every
 request in flight and every one still waiting for staging as failed: False for each page of
@@ -34,6 +37,7 @@ from typing import Any
 
 from . import _shared_fork as _fork
 from . import _shared_wire as w
+from ._shared_group import NONE
 
 _CALL_TIMEOUT = 60.0  # seconds a synchronous call (contains, stats, ...) waits for its reply
 
@@ -99,6 +103,29 @@ class _Unraisable:
         raise self.e
 
 
+class _ReadOnlyMap:
+    """A read-only shared map of a memfd (a group's arena: a member cannot write another's
+    pages), unmapped when dropped. Python's mmap gives no address for a read-only map."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._munmap = libc.munmap
+        self.size = size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, f"deepio.kv: cannot map the group's arena: {os.strerror(err)}")
+        self.addr = int(addr)
+
+    def __del__(self) -> None:
+        if getattr(self, "addr", 0):
+            self._munmap(self.addr, self.size)
+            self.addr = 0
+
+
 class _Piece:
     """Up to the staging's size of one batch: rows [at, at + n) of the future's keys."""
 
@@ -131,7 +158,9 @@ class Connection:
                 socket.send_fds(self.sock, [msg], [fd])
             finally:
                 os.close(fd)
-            got = w.recv_message(self.sock)
+            self.arena: _ReadOnlyMap | None = None  # a group's arena (docs/kv.md "Groups")
+            self.arena_base = 0
+            got = self._hello_reply() if hello.get("group") is not None else w.recv_message(self.sock)
             if got is None:
                 raise ConnectionError(f"deepio.kv: the shared store's owner (pid {pid}) hung up at connect")
             if got[0] != w.OK:
@@ -153,6 +182,26 @@ class Connection:
         self.receiver.start()
         self.dispatcher: threading.Thread | None = None
         _fork.track(self)
+
+    def _hello_reply(self) -> tuple[int, int, bytes] | None:
+        """The hello's reply to a group member, with the group's arena (a memfd) when OK."""
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
+        if not msg:
+            return None
+        try:
+            while len(msg) < w.HEADER.size or len(msg) < w.HEADER.size + w.HEADER.unpack_from(msg)[0]:
+                more = self.sock.recv(1 << 16)
+                if not more:
+                    return None
+                msg += more
+            n, status, rid = w.HEADER.unpack_from(msg)
+            if status == w.OK and fds:
+                self.arena = _ReadOnlyMap(fds[0], os.fstat(fds[0]).st_size)
+                self.arena_base = self.arena.addr
+            return status, rid, msg[w.HEADER.size : w.HEADER.size + n]
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def after_fork_in_child(self) -> None:
         """In a forked child: closes the child's copy of the socket (no shutdown), so that the
@@ -315,15 +364,27 @@ class Connection:
         self._lost()
 
     def _answer(self, p: _Piece, status: int, body: bytes) -> None:
-        ok = [b == 1 for b in body] if status == w.OK and len(body) == len(p.keys) else [False] * len(p.keys)
+        n_keys = len(p.keys)
+        where: Sequence[int] = ()
+        if self.arena is not None and p.op == w.GET and status == w.OK and len(body) == 5 * n_keys:
+            where = struct.unpack(f"<{n_keys}I", body[n_keys:])  # a group's arena slots
+            body = body[:n_keys]
+        ok = [b == 1 for b in body] if status == w.OK and len(body) == n_keys else [False] * n_keys
         if p.op == w.GET:
             pb = self.page_bytes
+            release = []
             for i, (slot, addr) in enumerate(zip(p.slots, p.addrs)):
+                if where and where[i] != NONE:
+                    release.append(where[i])
                 if ok[i]:
                     at = self.base + slot * pb
+                    if where and where[i] != NONE:
+                        at = self.arena_base + where[i] * pb
                     for dst, n in addr:
                         ctypes.memmove(dst, at, n)
                         at += n
+            if release:  # copied: the owner may reuse those slots
+                self._send(w.message(w.RELEASE, 0, struct.pack(f"<{len(release)}I", *release)))
         with self._lock:
             self._release(p.slots)
         p.fut._piece_done(p.at, ok)

@@ -11,7 +11,10 @@ the body. Requests:
 - HELLO (at connect, with the memfd): JSON ``{"page_bytes", "fingerprint", "folders",
   "staging_slots", "pid"}``; the reply (status OK/ERR, id 0) is JSON.
 - PUT, GET: ``<I`` n, then n pairs ``<II`` (staging slot, length), then the keys (below);
-  the reply: n bytes, 1 where the page was stored / read whole and verified.
+  the reply: n bytes, 1 where the page was stored / read whole and verified; a GET of a group
+  member's (docs/kv.md "Groups") adds n ``<I``: the slot of the group's arena (the memfd that
+  came with the hello's reply) that holds the page, or 0xFFFFFFFF where it is in the staging.
+- RELEASE (a group member, no reply): ``<I`` arena slots whose pages it copied out.
 - CONTAINS: keys; reply n bytes. EXISTS, REMOVE: keys; reply ``<q``. CLEAR, RETRY: no body;
   reply ``<q``. CHECKPOINT: no body, empty reply. STATS: no body, reply JSON.
 
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 HEADER = struct.Struct("<IIQ")
-HELLO, PUT, GET, CONTAINS, EXISTS, REMOVE, CLEAR, CHECKPOINT, RETRY, STATS = range(1, 11)
+HELLO, PUT, GET, CONTAINS, EXISTS, REMOVE, CLEAR, CHECKPOINT, RETRY, STATS, RELEASE = range(1, 12)
 OK, ERR = 0, 1
 #: The largest message body accepted (a batch of 1024-byte keys: 64 MiB of keys is far beyond).
 MAX_BODY = 64 << 20
