@@ -21,6 +21,7 @@ process here); each opens its own backend after the fork.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import traceback
@@ -49,6 +50,8 @@ from test_kv_backends import (  # noqa: F401 (engines is a fixture)
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.usefixtures("engines")
+
 TIMEOUT = 120.0
 
 
@@ -67,9 +70,40 @@ def _child(fn, rank: int, n: int, barrier, queue, args) -> None:
         os._exit(0)
 
 
+# What the processes import, imported here first (forked children then share it).
+_MODULES = {
+    "sglang": (
+        "sglang.srt.managers.cache_controller",
+        "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.mem_cache.pool_host.mla",
+        "sglang.srt.mem_cache.pool_host.mha",
+        "sglang.srt.mem_cache.storage.backend_factory",
+        "deepio.kv.sglang",
+    ),
+    "vllm": (
+        "vllm.v1.kv_offload.base",
+        "vllm.v1.kv_offload.config",
+        "vllm.v1.kv_offload.cpu.shared_offload_region",
+        "vllm.v1.kv_offload.tiering.base",
+        "vllm.v1.kv_offload.tiering.factory",
+        "deepio.kv.vllm",
+    ),
+    "lmcache": (
+        "lmcache.v1.distributed.api",
+        "lmcache.v1.distributed.l2_adapters.config",
+        "lmcache.v1.distributed.l2_adapters.factory",
+        "lmcache.v1.memory_management",
+        "deepio.kv.lmcache",
+    ),
+}
+
+
 def _run(fn, n: int, *args) -> list:
     """fn(rank, n, barrier, *args) in n forked processes at once; their results by rank. A
     process that raises fails the test with its traceback."""
+    engine = fn.__name__.split("_")[1]
+    for module in _MODULES[engine]:
+        importlib.import_module(module)
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(n, timeout=TIMEOUT), ctx.Queue()
     procs = [ctx.Process(target=_child, args=(fn, r, n, barrier, queue, args)) for r in range(n)]
@@ -167,8 +201,7 @@ def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, 
             assert HiCacheController._page_get_zero_copy(ctl, op, keys[s], dst) == per
             got.append(
                 all(
-                    torch.equal(w, g)
-                    for w, g in zip(expected[s * per : (s + 1) * per], _pages(pool, dst), strict=True)
+                    torch.equal(w, g) for w, g in zip(expected[s * per : (s + 1) * per], _pages(pool, dst), strict=True)
                 )
             )
             pool.free(dst)
@@ -194,7 +227,7 @@ def _keys(servers: int, per: int) -> list[list[str]]:
 
 @needs("sglang")
 @pytest.mark.parametrize("n", [2, 4])
-def test_sglang_mla_tp_ranks_share_one_store_rank0_writes_every_rank_reads(engines, tmp_dir, n):
+def test_sglang_mla_tp_ranks_share_one_store_rank0_writes_every_rank_reads(tmp_dir, n):
     folders = [tmp_dir / "a", tmp_dir / "b"]
     results = _run(_sglang_rank, n, folders, 1, True, _keys(1, 8))
     assert [r["writer"] for r in results] == [True] + [False] * (n - 1)  # as SGLang writes MLA
@@ -207,7 +240,7 @@ def test_sglang_mla_tp_ranks_share_one_store_rank0_writes_every_rank_reads(engin
 
 
 @needs("sglang")
-def test_sglang_two_mla_servers_share_each_others_prefixes(engines, tmp_dir):
+def test_sglang_two_mla_servers_share_each_others_prefixes(tmp_dir):
     """Two SGLang servers of one MLA model at TP 2 (4 processes): each server's rank 0 writes
     its prefix; every rank of both servers gets both."""
     results = _run(_sglang_rank, 4, [tmp_dir], 2, True, _keys(2, 6))
@@ -218,7 +251,7 @@ def test_sglang_two_mla_servers_share_each_others_prefixes(engines, tmp_dir):
 
 
 @needs("sglang")
-def test_sglang_non_mla_tp_ranks_keep_their_own_pages_shared_across_dp_groups(engines, tmp_dir):
+def test_sglang_non_mla_tp_ranks_keep_their_own_pages_shared_across_dp_groups(tmp_dir):
     """A non-MLA model at TP 2 in two DP-attention groups (4 processes): each TP rank's pages
     are its own bytes under the same keys; TP rank r of the second group gets rank r's pages
     (written by the first group's rank r), never rank 1-r's."""
@@ -292,12 +325,16 @@ def _vllm_rank(rank: int, n: int, barrier, folders: list[Path], keys: list[bytes
             barrier.wait()
             if rank == 0:
                 rows[:k] = pattern
-                job = TransferJob(job_id=1, keys=offload_keys, chunk_ids=np.arange(k), is_promotion=False, req_context=ctx)
+                job = TransferJob(
+                    job_id=1, keys=offload_keys, chunk_ids=np.arange(k), is_promotion=False, req_context=ctx
+                )
                 tier.submit_store(job)
                 assert _finished(tier, {1})[1].success is True
             barrier.wait()
             hits = [tier.lookup(key, ctx) == LookupResult.HIT for key in offload_keys]
-            job = TransferJob(job_id=2, keys=offload_keys, chunk_ids=np.arange(k, 2 * k), is_promotion=True, req_context=ctx)
+            job = TransferJob(
+                job_id=2, keys=offload_keys, chunk_ids=np.arange(k, 2 * k), is_promotion=True, req_context=ctx
+            )
             tier.submit_load(job)
             loaded = _finished(tier, {2})[2].success
             result = {
@@ -316,7 +353,7 @@ def _vllm_rank(rank: int, n: int, barrier, folders: list[Path], keys: list[bytes
 
 @needs("vllm")
 @pytest.mark.parametrize("n", [2, 4])
-def test_vllm_instances_share_one_store(engines, tmp_dir, n):
+def test_vllm_instances_share_one_store(tmp_dir, n):
     keys = [bytes([i]) * 16 for i in range(6)]
     results = _run(_vllm_rank, n, [tmp_dir / "a", tmp_dir / "b"], keys)
     assert all(r["hits"] == [True] * 6 and r["loaded"] and r["bytes_right"] for r in results), results
@@ -361,6 +398,6 @@ def _lmcache_rank(rank: int, n: int, barrier, folders: list[Path], count: int):
 
 @needs("lmcache")
 @pytest.mark.parametrize("n", [2, 4])
-def test_lmcache_servers_share_one_store(engines, tmp_dir, n):
+def test_lmcache_servers_share_one_store(tmp_dir, n):
     results = _run(_lmcache_rank, n, [tmp_dir / "a", tmp_dir / "b"], 5)
     assert all(r["found"] == [True] * 5 and r["loaded"] == [True] * 5 and r["bytes_right"] for r in results), results
