@@ -117,6 +117,10 @@ class Store:
     ``shared=True``: one store per node, for every process that opens these folders so: the
     first owns and serves it, the others are its clients with the same calls (docs/kv.md,
     "Sharing a store between processes"); False (default): a second open raises EBUSY.
+    ``group=(name, rank, size)`` (with ``shared=True`` only; ValueError otherwise): this
+    process is member ``rank`` of ``size`` that get the same keys: each page is read from the
+    drives about once for the group and copied to every member, and a member's put of a key
+    another member put within the group's window is not written again (docs/kv.md, "Groups").
     Keyword options: watermarks of the LRU eviction, slab file size (0: one file per folder;
     else files of that size, at most 4 per folder; kept by later opens), checkpoint interval in
     seconds (0: only at close), batch threads, the engine's queue depth and workers,
@@ -156,7 +160,10 @@ class Store:
         fingerprint: str = "",
         clear_on_mismatch: bool = False,
         shared: bool = False,
+        group: tuple[str, int, int] | None = None,
     ) -> None:
+        if group is not None:
+            raise ValueError("deepio.kv: group=(name, rank, size) needs shared=True")
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
         paths = [os.fsdecode(os.fspath(f)) for f in folders]

@@ -30,7 +30,8 @@ from deepio import _deepio
 
 from . import MAX_KEY_BYTES, Future, Key, Store
 from . import _shared_wire as w
-from ._shared_client import Connection, connect_refused
+from ._shared_client import Connection, SharedFuture, connect_refused
+from ._shared_group import check_group
 from ._shared_server import Server
 
 #: Seconds a process keeps trying to open or reach a store whose folders are locked while no
@@ -103,8 +104,11 @@ class SharedStore(Store):
         page_bytes: int = 2 << 20,
         *,
         shared: bool = True,
+        group: tuple[str, int, int] | None = None,
         **options: Any,
     ) -> None:
+        #: (name, rank, size) of this process's group (docs/kv.md, "Groups"), or None.
+        self.group = None if group is None else check_group(group)
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]
         self.folders = [os.fsdecode(os.fspath(f)) for f in folders]
@@ -119,6 +123,7 @@ class SharedStore(Store):
         self._conn: Connection | None = None
         self._pool: Any = None
         self._pool_at: tuple[int, int] = (0, 0)
+        self._pool_host = False  # the pool is CPU memory (a group's get in the owner copies into it)
         self._closed = False
         for f in self.folders:
             os.makedirs(f, exist_ok=True)
@@ -138,6 +143,8 @@ class SharedStore(Store):
         name, ids = w.socket_name(self.folders)
         capacity_bytes, page_bytes = self._args
         hello = {"page_bytes": page_bytes, "fingerprint": self.fingerprint, "folders": ids, "pid": os.getpid()}
+        if self.group is not None:
+            hello["group"] = list(self.group)
         deadline = time.monotonic() + OPEN_TIMEOUT
         delay = 0.005
         while True:
@@ -154,6 +161,8 @@ class SharedStore(Store):
                     store.close()
                     raise
                 self._owner, self._conn = store, None
+                if self.group is not None:
+                    self._server.hub.join(self.group[0], self.group[2])
                 if self._pool is not None:
                     store.register(self._pool)
                 return
@@ -212,8 +221,12 @@ class SharedStore(Store):
         owner, conn = self._live()
         if owner is not None:
             owner.register(pool)
+            try:
+                self._pool_at, self._pool_host = _pool_rows(pool, self._page_bytes), True
+            except ValueError:
+                self._pool_host = False  # a CUDA pool: the owner's gets do not go through the group
         else:
-            self._pool_at = _pool_rows(pool, self._page_bytes)
+            self._pool_at, self._pool_host = _pool_rows(pool, self._page_bytes), True
         self._pool = pool  # registered again with a store this process comes to own
 
     def _rows(self, slots: Iterable[int], n: int) -> list[list[tuple[int, int]]]:
@@ -235,9 +248,27 @@ class SharedStore(Store):
         # client's own completion (SharedFuture) instead of the store's native one.
         return Future(conn.pages(op, w.key_bytes(keys, MAX_KEY_BYTES), addrs))
 
+    def _grouped(self, put: bool, keys: Sequence[Key], addrs: list[list[tuple[int, int]]]) -> Future:
+        """A put or get of the owner's own, through its group (the hub, like its clients')."""
+        server = self._server
+        assert server is not None and self.group is not None
+        kb = w.key_bytes(keys, MAX_KEY_BYTES)
+        fut = SharedFuture(len(kb))
+        fut._left = 1
+        (server.hub.put if put else server.hub.get)(self.group, kb, addrs, lambda ok: fut._piece_done(0, ok))
+        return Future(fut)
+
+    def _changed(self, keys: Sequence[Key] | None, puts_too: bool = False) -> None:
+        server = self._server
+        if server is not None:
+            server.hub.changed(None if keys is None else w.key_bytes(keys, MAX_KEY_BYTES), puts_too)
+
     def put(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
         owner, conn = self._live()
         if owner is not None:
+            if self.group is not None and self._pool_host:
+                return self._grouped(True, keys, self._rows(slots, len(keys)))
+            self._changed(keys)
             return owner.put(keys, slots)
         assert conn is not None
         return self._pages(w.PUT, keys, self._rows(slots, len(keys)), conn)
@@ -245,6 +276,8 @@ class SharedStore(Store):
     def get(self, keys: Sequence[Key], slots: Iterable[int]) -> Future:
         owner, conn = self._live()
         if owner is not None:
+            if self.group is not None and self._pool_host:
+                return self._grouped(False, keys, self._rows(slots, len(keys)))
             return owner.get(keys, slots)
         assert conn is not None
         return self._pages(w.GET, keys, self._rows(slots, len(keys)), conn)
@@ -265,6 +298,9 @@ class SharedStore(Store):
     def put_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
         owner, conn = self._live()
         if owner is not None:
+            if self.group is not None:
+                return self._grouped(True, keys, self._segments(keys, segments))
+            self._changed(keys)
             return owner.put_segments(keys, segments)
         assert conn is not None
         return self._pages(w.PUT, keys, self._segments(keys, segments), conn)
@@ -272,6 +308,8 @@ class SharedStore(Store):
     def get_segments(self, keys: Sequence[Key], segments: Sequence[Sequence[tuple[int, int]]]) -> Future:
         owner, conn = self._live()
         if owner is not None:
+            if self.group is not None:
+                return self._grouped(False, keys, self._segments(keys, segments))
             return owner.get_segments(keys, segments)
         assert conn is not None
         return self._pages(w.GET, keys, self._segments(keys, segments), conn)
@@ -293,6 +331,7 @@ class SharedStore(Store):
     def remove(self, keys: Sequence[Key]) -> int:
         owner, _ = self._live()
         if owner is not None:
+            self._changed(keys, puts_too=True)
             return owner.remove(keys)
         return int.from_bytes(
             self._call(w.REMOVE, w.encode_keys(w.key_bytes(keys, MAX_KEY_BYTES))), "little", signed=True
@@ -301,6 +340,7 @@ class SharedStore(Store):
     def clear(self) -> int:
         owner, _ = self._live()
         if owner is not None:
+            self._changed(None, puts_too=True)
             return owner.clear()
         return int.from_bytes(self._call(w.CLEAR), "little", signed=True)
 
@@ -327,6 +367,7 @@ class SharedStore(Store):
             st = owner.stats()
             server = self._server
             st["shared_clients"] = server.client_count if server is not None else 0
+            st.update(server.hub.stats() if server is not None else {})
             st["shared_role"] = "owner"
             return st
         st = json.loads(self._call(w.STATS))

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import _shared_fork as _fork
 from . import _shared_wire as w
+from ._shared_group import Hub, check_group
 
 _IO_TIMEOUT = 10.0  # seconds a client may take to send the rest of a message or take a reply
 
@@ -46,6 +47,8 @@ class _Client:
         self.base = 0
         self.slots = 0
         self.page_bytes = 0
+        self.group: tuple[str, int, int] | None = None  # (name, rank, size): docs/kv.md "Groups"
+        self.left = False  # its group was told it left
         self.gone = False
 
     def send(self, data: bytes) -> None:
@@ -65,6 +68,7 @@ class _Client:
 class Server:
     def __init__(self, store: Any, folders: list[str], fingerprint: str) -> None:
         self.store = store  # a deepio.kv.Store (shared=False), owned by the caller
+        self.hub = Hub(store)  # the groups' coalesced gets and puts (_shared_group)
         self.fingerprint = fingerprint
         self.name, self.ids = w.socket_name(folders)
         self.uid = os.getuid()
@@ -106,6 +110,7 @@ class Server:
         if self.stopping:
             return
         self.stopping = True
+        self.hub.close()
         os.write(self.wake_w, b"x")
         if threading.current_thread() is not self.thread:
             self.thread.join()
@@ -199,6 +204,10 @@ class Server:
                     f"{hello['page_bytes']}, fingerprint={hello['fingerprint']!r}; the store's owner "
                     f"(pid {os.getpid()}) has page_bytes={page_bytes}, fingerprint={self.fingerprint!r}"
                 )
+            if hello.get("group") is not None:
+                group = check_group(tuple(hello["group"]))
+                self.hub.join(group[0], group[2])
+                c.group = group  # after the join: a refused member never leaves
             c.slots = int(hello["staging_slots"])
             c.page_bytes = page_bytes
             c.staging = mmap.mmap(fds[0], c.slots * page_bytes)
@@ -210,6 +219,9 @@ class Server:
     def _hang_up(self, c: _Client) -> None:
         with c.send_lock:
             c.gone = True
+        if c.group is not None and not c.left:
+            c.left = True
+            self.hub.leave(c.group[0])
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError, RuntimeError):
@@ -241,6 +253,15 @@ class Server:
                 if s >= c.slots or n > c.page_bytes:  # never outside the client's staging
                     raise ValueError(f"deepio.kv shared store: staging slot {s} ({n} bytes) out of range")
                 segments.append([(c.base + s * c.page_bytes, n)])
+            if c.group is not None:
+
+                def reply(ok: list[bool], c: _Client = c, rid: int = rid) -> None:  # c keeps the staging
+                    c.send(w.message(w.OK, rid, bytes(1 if x else 0 for x in ok)))
+
+                (self.hub.put if op == w.PUT else self.hub.get)(c.group, keys, segments, reply)
+                return
+            if op == w.PUT:
+                self.hub.changed(keys)
             call = store.put_segments if op == w.PUT else store.get_segments
             fut = call(keys, segments)
 
@@ -257,9 +278,13 @@ class Server:
         if op == w.CONTAINS:
             out = bytes(1 if x else 0 for x in store.contains(w.decode_keys(body)))
         elif op in (w.EXISTS, w.REMOVE):
-            call = store.exists if op == w.EXISTS else store.remove
-            out = struct.pack("<q", call(w.decode_keys(body)))
+            keys = w.decode_keys(body)
+            if op == w.REMOVE:
+                self.hub.changed(keys, puts_too=True)
+            out = struct.pack("<q", (store.exists if op == w.EXISTS else store.remove)(keys))
         elif op in (w.CLEAR, w.RETRY):
+            if op == w.CLEAR:
+                self.hub.changed(None, puts_too=True)
             out = struct.pack("<q", store.clear() if op == w.CLEAR else store.retry_failed())
         elif op == w.CHECKPOINT:
             store.checkpoint()
@@ -267,6 +292,7 @@ class Server:
         elif op == w.STATS:
             st = store.stats()
             st["shared_clients"] = self.client_count
+            st.update(self.hub.stats())
             out = json.dumps(st).encode()
         else:
             raise ValueError(f"deepio.kv shared store: unknown request {op}")
