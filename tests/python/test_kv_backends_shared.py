@@ -33,6 +33,7 @@ import pytest
 
 import kv_engines
 from conftest import needs
+from deepio.kv._backend import group_supported
 from test_kv_backends import (  # noqa: F401 (engines is a fixture)
     LM_PAGE,
     PAGE_TOKENS,
@@ -173,7 +174,9 @@ def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, 
 
     tp = n // servers
     server, tp_rank = divmod(rank, tp)
-    config = _sglang_config(folders, read_group=f"server{server}")
+    # One server: its read group named by default (the schedulers' parent, here this test's
+    # process); two: each named by "read_group" (as two servers' schedulers may share a parent).
+    config = _sglang_config(folders, **({"read_group": f"server{server}"} if servers > 1 else {}))
     config.is_mla_model, config.tp_rank, config.tp_size = mla, tp_rank, tp
     if not mla:
         config.dp_rank = server  # DP-attention groups: TP rank r of each holds the same heads
@@ -205,8 +208,10 @@ def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, 
                 )
             )
             pool.free(dst)
+        barrier.wait()  # every rank's gets are done: the group's counters are final
         stats = backend.store_stats()["kv"]
         result = {
+            "group_reads": (stats.get("group_pages_read"), stats.get("group_pages_shared")),
             "writer": writer,
             "bytes_right": got,
             "role": stats["shared_role"],
@@ -236,7 +241,11 @@ def test_sglang_mla_tp_ranks_share_one_store_rank0_writes_every_rank_reads(tmp_d
     assert {r["pages"] for r in results} == {8}  # written once, for every rank
     assert {r["folder"] for r in results} == {str(tmp_dir / "a" / "test-model_mla")}
     assert len({r["fingerprint"] for r in results}) == 1
-    assert [r["group"] for r in results] == [("sglang:test/model:server0:dp0:pp0:cp0:dcp0", i, n) for i in range(n)]
+    name = f"sglang:test/model:ppid{os.getpid()}:dp0:pp0:cp0:dcp0"
+    assert [r["group"] for r in results] == [(name, i, n) for i in range(n)]
+    if group_supported():  # the ranks' gets went through their group: each page read about once
+        read, shared = results[0]["group_reads"]
+        assert read + shared == n * 8 and read < n * 8, (read, shared)
 
 
 @needs("sglang")
@@ -248,6 +257,9 @@ def test_sglang_two_mla_servers_share_each_others_prefixes(tmp_dir):
     assert all(r["bytes_right"] == [True, True] for r in results)
     assert {r["pages"] for r in results} == {12} and len({r["folder"] for r in results}) == 1
     assert [r["group"][0].split(":")[2] for r in results] == ["server0", "server0", "server1", "server1"]
+    if group_supported():  # each server's group reads both prefixes for its two ranks
+        read, shared = results[0]["group_reads"]
+        assert read + shared == 2 * 2 * 12 and read < 2 * 2 * 12, (read, shared)
 
 
 @needs("sglang")
