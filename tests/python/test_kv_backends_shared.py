@@ -413,3 +413,28 @@ def _lmcache_rank(rank: int, n: int, barrier, folders: list[Path], count: int):
 def test_lmcache_servers_share_one_store(tmp_dir, n):
     results = _run(_lmcache_rank, n, [tmp_dir / "a", tmp_dir / "b"], 5)
     assert all(r["found"] == [True] * 5 and r["loaded"] == [True] * 5 and r["bytes_right"] for r in results), results
+
+
+@needs("sglang")
+def test_sglang_read_group_names_the_server_replica_and_dcp_shard(tmp_dir, monkeypatch):
+    """Who loads the same pages at once: an MLA model's TP ranks of one server, replica, DP
+    group and DCP shard; nobody else (a non-MLA model, TP 1, "read_group": false)."""
+    import sglang.srt.runtime_context as runtime
+
+    from deepio.kv.sglang import _read_group
+
+    config = _sglang_config([tmp_dir])
+    config.is_mla_model, config.tp_rank, config.tp_size = True, 3, 4
+    base = f"sglang:test/model:ppid{os.getppid()}:dp0:pp0:cp0:dcp0"
+    assert _read_group(config, None) == (base, 3, 4)
+    assert _read_group(config, "s1") == ("sglang:test/model:s1:dp0:pp0:cp0:dcp0", 3, 4)
+    assert _read_group(config, False) is None and _read_group(config, "false") is None
+    monkeypatch.setattr(runtime, "get_parallel", lambda: types.SimpleNamespace(dp_rank=1))
+    assert _read_group(config, None) == (base.replace(":dp0", ":replica1:dp0"), 3, 4)
+    config.dcp_size, config.dcp_rank = 2, 1  # TP 4 in DCP shards of 2: ranks 1 and 3 share shard 1
+    assert _read_group(config, "s")[1:] == (1, 2) and _read_group(config, "s")[0].endswith(":dcp1")
+    config.dcp_size, config.dcp_rank = 1, 0
+    config.tp_size, config.tp_rank = 1, 0
+    assert _read_group(config, None) is None
+    config.tp_size, config.is_mla_model = 4, False
+    assert _read_group(config, None) is None

@@ -105,15 +105,31 @@ def _read_group(config: HiCacheStorageConfig, setting: Any) -> tuple[str, int, i
     store's split reads: an MLA model's TP ranks of one DCP shard in one data-parallel group of
     one SGLang server. The server is named by ``"read_group"`` of the extra config, else by the
     parent process of the scheduler processes (the server's launcher spawns every TP rank on
-    the node); ``"read_group": false`` turns split reads off. None where there is no group."""
+    the node) and the data-parallel replica; ``"read_group": false`` turns split reads off.
+    None where there is no group."""
     if not config.is_mla_model or setting is False or str(setting).lower() in ("false", "0"):
         return None
     size = config.tp_size // max(config.dcp_size, 1)
     if size <= 1:
         return None
     server = str(setting) if setting not in (None, True) else f"ppid{os.getppid()}"
+    replica = _replica()  # data-parallel replicas (no DP attention) share their launcher
+    if replica is not None:
+        server += f":replica{replica}"
     name = f"sglang:{config.model_name}:{server}:dp{config.dp_rank}:pp{config.pp_rank}:cp{config.attn_cp_rank}"
     return f"{name}:dcp{config.dcp_rank}", config.tp_rank // max(config.dcp_size, 1), size
+
+
+def _replica() -> int | None:
+    """This process's data-parallel replica (SGLang's ``get_parallel().dp_rank``, set by its
+    data-parallel controller), or None (no controller, or no SGLang runtime context)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        replica = get_parallel().dp_rank
+    except Exception:
+        return None
+    return replica if isinstance(replica, int) and not isinstance(replica, bool) else None
 
 
 class DeepioHiCacheStorage(HiCacheStorage):
