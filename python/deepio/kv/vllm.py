@@ -21,7 +21,8 @@ rows of a job pinned until the job is reported finished.
 
 Calls (vLLM makes them under its tiering manager's lock; they never block on I/O):
 - ``lookup(key)``: HIT if the store holds the key, RETRY while a store of that key is still in
-  flight here, else MISS (``Store.contains``, an in-memory lookup).
+  flight here, else MISS (``Store.contains``, an in-memory lookup in the store's owner; a round
+  trip to the owner in the other processes).
 - ``submit_store(job)`` / ``submit_load(job)``: start the batch and return; the store future's
   ``add_done_callback`` queues a ``JobResult`` (success: every key stored durably / found whole
   with a matching CRC-32C; a partly failed load names the keys that did arrive).
