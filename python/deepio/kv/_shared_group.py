@@ -27,6 +27,7 @@ the copies run (ctypes.memmove, without the GIL) outside the lock.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import mmap
 import threading
@@ -36,6 +37,8 @@ from typing import Any
 
 #: Seconds a group's completed read (or put) stays for the members that have not taken it.
 WINDOW = 2.0
+#: Threads that copy a group's pages to its members in parallel (besides the batch thread).
+COPY_THREADS = 3
 #: Bytes of pages the hub holds for groups at most (over that, keys are not shared).
 MAX_BYTES = 1 << 30
 
@@ -80,10 +83,11 @@ class _Request:
 class _Entry:
     """One key's read (or put) for a group: who took it, who waits, its bytes once done."""
 
-    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes")
+    __slots__ = ("addr", "length", "buf", "ranks", "waiters", "done", "ok", "done_at", "bytes", "src")
 
     def __init__(self, rank: int, length: int) -> None:
-        self.addr = 0
+        self.addr = 0  # where the page's bytes are: the hub's map, or the first member's memory
+        self.src = 0  # read straight into the first member's memory (one piece) at this address
         self.length = length
         self.buf: Any = None  # keeps the pages' memory
         self.ranks = {rank}
@@ -122,6 +126,7 @@ class Hub:
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Condition(self._lock)
         self._closed = False
+        self._copiers: concurrent.futures.ThreadPoolExecutor | None = None
 
     def join(self, name: str, size: int) -> None:
         """A member of group ``name`` of ``size`` arrives: ValueError if its size differs from
@@ -183,13 +188,17 @@ class Hub:
                     if len(e.ranks) >= g.size and e.done:
                         self._drop(g.reads, k, e)
                     continue
-                if self._held + length > MAX_BYTES:
+                direct = len(dst) == 1
+                if not direct and self._held + length > MAX_BYTES:
                     straight.append(i)
                     continue
                 e = _Entry(rank, length)
                 e.waiters.append((req, i, dst))
-                e.bytes = length
-                self._held += length
+                if direct:  # read into this member's memory; kept in the hub only if needed
+                    e.src = e.addr = dst[0][0]
+                else:
+                    e.bytes = length
+                    self._held += length
                 g.reads[k] = e
                 read_keys.append(k)
                 read_entries.append(e)
@@ -203,18 +212,23 @@ class Hub:
         if read_keys:
             self._read(name, read_keys, read_entries)
 
-    def _read(self, name: str, keys: list[bytes], entries: list[_Entry]) -> None:
-        total = sum(e.length for e in entries)
-        buf = mmap.mmap(-1, max(total, 1))
+    @staticmethod
+    def _map(entries: list[_Entry]) -> tuple[Any, int]:
+        """A map for the entries' pages (released with the last entry that holds it)."""
+        buf = mmap.mmap(-1, max(sum(e.length for e in entries), 1))
         view = ctypes.c_char.from_buffer(buf)
         base = ctypes.addressof(view)
-        del view  # the map is released with the last entry that holds it
-        segs = []
-        at = base
-        for e in entries:
-            e.buf, e.addr = buf, at
-            segs.append([(at, e.length)])
-            at += e.length
+        del view
+        return buf, base
+
+    def _read(self, name: str, keys: list[bytes], entries: list[_Entry]) -> None:
+        mapped = [e for e in entries if not e.src]
+        if mapped:
+            buf, at = self._map(mapped)
+            for e in mapped:
+                e.buf, e.addr = buf, at
+                at += e.length
+        segs = [[(e.addr, e.length)] for e in entries]
         with self._lock:
             self.pages_read += len(keys)
         try:
@@ -225,22 +239,69 @@ class Hub:
         fut.add_done_callback(lambda f: self._read_done(name, keys, entries, _result(f, len(keys))))
 
     def _read_done(self, name: str, keys: list[bytes], entries: list[_Entry], ok: list[bool]) -> None:
+        # Pages read into the first member's memory that members still to come may want go into
+        # a map of the hub's first: that memory is the member's again once it is answered.
+        with self._lock:
+            g = self._groups.get(name)
+            keep = []
+            room = MAX_BYTES - self._held  # past it, members still to come read again
+            for k, e, good in zip(keys, entries, ok):
+                if good and e.src and g is not None and g.reads.get(k) is e and len(e.ranks) < g.size:
+                    if e.length <= room:
+                        keep.append((k, e))
+                        room -= e.length
+        kept: Any = None
+        addrs = []
+        if keep:
+            kept, at = self._map([e for _, e in keep])
+            for _, e in keep:
+                ctypes.memmove(at, e.src, e.length)
+                addrs.append(at)
+                at += e.length
         now = time.monotonic()
         waiting = []
         with self._lock:
             g = self._groups.get(name)
+            for (k, e), at in zip(keep, addrs):
+                if g is not None and g.reads.get(k) is e:  # not dropped meanwhile (a put)
+                    e.buf, e.addr, e.bytes = kept, at, e.length
+                    self._held += e.length
             for k, e, good in zip(keys, entries, ok):
                 e.done, e.ok, e.done_at = True, bool(good), now
-                waiting.append((e, e.buf, e.waiters))  # the map lives while we copy
+                waiting.append((e, e.addr, e.buf, e.waiters))  # the map lives while we copy
                 e.waiters = []
-                if g is not None and (len(e.ranks) >= g.size or not e.ok):
+                if g is not None and (len(e.ranks) >= g.size or not e.ok or (e.src and e.buf is None)):
                     self._drop(g.reads, k, e)  # a miss is not kept: a later get may find a put
             self._start_sweeper()
-        for e, _buf, ws in waiting:
+        # Member by member (not key by key): a member's reply goes out after its own copies, and
+        # its next batch can start a read while the others' copies go on; a member others copy
+        # from (its memory holds the read) is answered last.
+        by_req: dict[int, list[tuple[_Request, int, int, list[tuple[int, int]], bool, bool]]] = {}
+        last: set[int] = set()
+        for e, src, _buf, ws in waiting:
             for req, i, dst in ws:
-                if e.ok:
-                    _copy(e.addr, dst)
-                req.resolve(i, e.ok)
+                own = bool(e.src) and len(dst) == 1 and dst[0][0] == e.src
+                by_req.setdefault(id(req), []).append((req, i, src, dst, e.ok and not own, e.ok))
+                if own:
+                    last.add(id(req))
+
+        def serve(r: int) -> None:
+            for req, i, src, dst, copy, good in by_req[r]:
+                if copy:
+                    _copy(src, dst)
+                req.resolve(i, good)
+
+        first = [r for r in by_req if r not in last]
+        copier = self._copier() if len(first) > 1 else None
+        # The members' copies in parallel (memmove runs without the GIL), the last one here.
+        helped = [copier.submit(serve, r) for r in first[:-1]] if copier is not None else []
+        for r in first[len(helped) :]:
+            serve(r)
+        for f in helped:
+            f.result()
+        for r in last:
+            serve(r)
+        del kept, waiting  # the maps go with the last entry that holds them
 
     @staticmethod
     def _straight_done(req: _Request, idx: list[int], f: Any) -> None:
@@ -366,10 +427,19 @@ class Hub:
                     return
                 self._wake.wait(WINDOW / 4)
 
+    def _copier(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        with self._lock:
+            if self._copiers is None and not self._closed:
+                self._copiers = concurrent.futures.ThreadPoolExecutor(COPY_THREADS, "deepio-kv-group-copy")
+            return self._copiers
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
+            copiers, self._copiers = self._copiers, None
+        if copiers is not None:
+            copiers.shutdown(wait=False)
 
 
 def _result(f: Any, n: int) -> list[bool]:
