@@ -59,10 +59,10 @@ TIMEOUT = 120.0
 # ------------------------------------------------------------------------------ the processes
 
 
-def _child(fn, rank: int, n: int, barrier, queue, args) -> None:
+def _child(fn, rank: int, n: int, barrier, queue, args, kwargs) -> None:
     try:
         torch.set_num_threads(1)
-        queue.put((rank, True, fn(rank, n, barrier, *args)))
+        queue.put((rank, True, fn(rank, n, barrier, *args, **kwargs)))
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -99,15 +99,15 @@ _MODULES = {
 }
 
 
-def _run(fn, n: int, *args) -> list:
-    """fn(rank, n, barrier, *args) in n forked processes at once; their results by rank. A
+def _run(fn, n: int, *args, **kwargs) -> list:
+    """fn(rank, n, barrier, *args, **kwargs) in n forked processes at once; their results by rank. A
     process that raises fails the test with its traceback."""
     engine = fn.__name__.split("_")[1]
     for module in _MODULES[engine]:
         importlib.import_module(module)
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(n, timeout=TIMEOUT), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(fn, r, n, barrier, queue, args)) for r in range(n)]
+    procs = [ctx.Process(target=_child, args=(fn, r, n, barrier, queue, args, kwargs)) for r in range(n)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
@@ -163,7 +163,9 @@ def _mla_host_pool(seed: int):
     return pool
 
 
-def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, mla: bool, keys: list[list[str]]):
+def _sglang_rank(
+    rank: int, n: int, barrier, folders: list[Path], servers: int, mla: bool, keys: list[list[str]], **extra
+):
     """One scheduler process: server `rank // tp` (a data-parallel group when not `mla`), TP rank
     `rank % tp`. The writers of server s put the pages of keys[s]; then every rank gets every
     server's pages. Returns what the test checks."""
@@ -176,7 +178,7 @@ def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, 
     server, tp_rank = divmod(rank, tp)
     # One server: its read group named by default (the schedulers' parent, here this test's
     # process); two: each named by "read_group" (as two servers' schedulers may share a parent).
-    config = _sglang_config(folders, **({"read_group": f"server{server}"} if servers > 1 else {}))
+    config = _sglang_config(folders, **({"read_group": f"server{server}"} if servers > 1 else {}), **extra)
     config.is_mla_model, config.tp_rank, config.tp_size = mla, tp_rank, tp
     if not mla:
         config.dp_rank = server  # DP-attention groups: TP rank r of each holds the same heads
@@ -212,6 +214,8 @@ def _sglang_rank(rank: int, n: int, barrier, folders: list[Path], servers: int, 
         stats = backend.store_stats()["kv"]
         result = {
             "group_reads": (stats.get("group_pages_read"), stats.get("group_pages_shared")),
+            "bytes_read": stats["bytes_read"],
+            "page_bytes": backend._kv_page_bytes,
             "writer": writer,
             "bytes_right": got,
             "role": stats["shared_role"],
@@ -246,6 +250,20 @@ def test_sglang_mla_tp_ranks_share_one_store_rank0_writes_every_rank_reads(tmp_d
     if group_supported():  # the ranks' gets went through their group: each page read about once
         read, shared = results[0]["group_reads"]
         assert read + shared == n * 8 and read < n * 8, (read, shared)
+
+
+@needs("sglang")
+def test_sglang_mla_read_group_reads_each_page_once_without_it_each_rank_reads_all(tmp_dir):
+    """The bytes the store read from the drives for 2 MLA TP ranks getting 8 pages: with the
+    read group (the default) each page once (where the store takes groups), with
+    "read_group": false every rank its own (2x)."""
+    on = _run(_sglang_rank, 2, [tmp_dir / "on"], 1, True, _keys(1, 8))
+    off = _run(_sglang_rank, 2, [tmp_dir / "off"], 1, True, _keys(1, 8), read_group=False)
+    page = on[0]["page_bytes"]
+    assert all(r["bytes_right"] == [True] for r in on + off)
+    assert all(r["group"] is None for r in off) and off[0]["bytes_read"] == 2 * 8 * page
+    if group_supported():
+        assert on[0]["bytes_read"] < 2 * 8 * page, on[0]["bytes_read"] // page  # 8 when both came in time
 
 
 @needs("sglang")
