@@ -6,7 +6,9 @@ own classes at the pinned versions (as test_kv_backends.py drives one process):
   built from a CPU ``MLATokenToKVPool``) open one store; the rank SGLang's controller lets
   write (``HiCacheController.backup_skip``, i.e. ``is_storage_writer``) puts the pages through
   ``_page_set_zero_copy``, every rank gets them through ``_page_get_zero_copy``, bytes checked;
-  two servers share each other's prefixes; a non-MLA model's TP ranks keep their own pages
+  the ranks' gets go through their read group (``group=``): each page read from the drives
+  once, against once per rank with ``"read_group": false``; two servers share each other's
+  prefixes; a non-MLA model's TP ranks keep their own pages
   (rank r of a second data-parallel group gets rank r's bytes, never another rank's).
 - vLLM 0.33.0: N instances (each a scheduler with its own ``SharedOffloadRegion``, vLLM's CPU
   tier, and a ``DeepioTier`` built by ``SecondaryTierFactory``), as N data-parallel replicas of
