@@ -9,11 +9,17 @@
   ``kv.meta``): a missing capacity raises ValueError naming the folder and the setting to set,
   instead of letting the store refuse with its own message; a fingerprint mismatch keeps the
   store's error and adds a note naming the backend's ``clear_on_mismatch`` setting.
+  ``shared=True`` opens the node's one store on those folders (docs/kv.md, "Sharing a store
+  between processes"); ``group=(name, rank, size)`` names the ranks that load the same pages
+  together (an MLA model's TP ranks), passed on only where ``deepio.kv.Store`` takes it
+  (``group_supported()``): without it every rank reads its pages itself (correct, N x the bytes).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -41,6 +47,15 @@ def fingerprint(backend: str, fields: Mapping[str, Any]) -> str:
     return text
 
 
+@functools.cache
+def group_supported() -> bool:
+    """Whether this deepio's shared store takes ``group=(name, rank, size)`` (reads split across
+    the ranks that load the same pages; docs/kv.md, "Sharing a store between processes")."""
+    from deepio.kv import _shared
+
+    return any("group" in inspect.signature(f).parameters for f in (Store.__init__, _shared.SharedStore.__init__))
+
+
 def clear_setting(value: Any, where: str) -> bool:
     """The backends' ``clear_on_mismatch`` setting: a bool (JSON true/false), or the strings
     "true"/"false"/"1"/"0"."""
@@ -61,12 +76,14 @@ def open_store(
     fingerprint: str,
     clear_on_mismatch: bool,
     capacity_setting: str = '"capacity_bytes"',
+    group: tuple[str, int, int] | None = None,
     **options: Any,
 ) -> Store:
     """Opens the store of a backend. ``who`` names the backend in messages, ``where`` where its
     settings are given (e.g. "--hicache-storage-backend-extra-config"), ``capacity_setting``
     the setting that gives the capacity, as the user writes it. A capacity of 0 is accepted
-    only where every folder holds a store already (its layout is kept)."""
+    only where every folder holds a store already (its layout is kept). ``group`` is passed on
+    with a shared store of a size over 1, where the store takes it (``group_supported()``)."""
     if capacity_bytes <= 0:
         for folder in folders:
             if not os.path.exists(os.path.join(folder, "kv.meta")):
@@ -76,6 +93,8 @@ def open_store(
                     "store by the free space of a drive (a drive that failed to mount would fill "
                     "the file system below it)"
                 )
+    if group is not None and group[2] > 1 and options.get("shared") and group_supported():
+        options["group"] = group
     try:
         return Store(
             list(folders),

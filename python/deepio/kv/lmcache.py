@@ -17,6 +17,14 @@ chunk size and format); a store written under another one raises at construction
 ``"clear_on_mismatch": true``, starts empty with a warning: its objects are never served.
 A fresh folder needs ``capacity_bytes`` (the construction raises, naming the folder).
 
+Sharing (docs/kv.md, "LMCache"): the store is opened with ``shared=True`` (``"shared": false``
+in ``adapter_params`` opts out): every LMCache server on the node (its multiprocess mode runs
+one per node, or one per vLLM instance) that names the same folders, ``page_bytes`` and
+``fingerprint`` uses one store and hits the others' objects. LMCache's keys name the model and
+the KV rank, so whatever LMCache shares between ranks (or keeps per rank) it shares here too.
+The first to open the store owns it (objects move straight between the drives and its L1
+memory); the others' go through their staging region (one memory copy).
+
 LMCache constructs ``DeepioL2Connector(**adapter_params)`` and wraps it in its
 ``NativeConnectorL2Adapter``, which calls exactly the six methods below (its
 ``native_connector_l2_adapter.py`` names the protocol):
@@ -73,7 +81,8 @@ class DeepioL2Connector:
     create a store, not to reopen one), ``page_bytes`` (the largest object LMCache stores: its
     chunk size in bytes; default 2 MiB), ``fingerprint`` (what the objects' bytes are, beyond
     what the keys say: see the module comment), ``clear_on_mismatch`` (default false: a store
-    written under another fingerprint raises; true: it starts empty, with a warning), and any
+    written under another fingerprint raises; true: it starts empty, with a warning), ``shared``
+    (default true: one store per node for every process that opens these folders), and any
     further ``deepio.kv.Store`` keyword argument."""
 
     def __init__(
@@ -87,6 +96,7 @@ class DeepioL2Connector:
     ) -> None:
         if isinstance(folders, str):
             folders = [folders]
+        store_options.setdefault("shared", True)
         self._store = open_store(
             "deepio LMCache L2 connector",
             _WHERE,

@@ -13,19 +13,25 @@ staging page, then a copy into the host pool), which this class also serves.
 
 Lifecycle: SGLang's ``StorageBackendFactory`` constructs ``cls(storage_config, kwargs)``, then
 calls ``register_mem_pool_host(host_pool)``; only then is a page's size known, so the store
-of the KV pool opens there, in ``<folder>/<rank>/kv`` for each folder (``<rank>`` names the
-model and this process's tensor/pipeline/context/data-parallel ranks: two processes never share
-a store's slab files). Each further pool of the v2 interface (``register_mem_host_pool_v2``:
-Mamba state, SWA, indexer, ...) gets its own store in ``<folder>/<rank>/<pool name>``.
+of the KV pool opens there, in ``<folder>/<store>/kv`` for each folder. Each further pool of
+the v2 interface (``register_mem_host_pool_v2``: Mamba state, SWA, indexer, ...) gets its own
+store in ``<folder>/<store>/<pool name>``.
 
-What a page's bytes mean (the model, this process's ranks, the host pool's class, layout, dtype,
-page tokens, heads, layers and the sizes of a page's pieces: see ``_fingerprint``) is the
-store's fingerprint: a store written under another configuration raises at open, or, with
-``"clear_on_mismatch": true``, starts empty with a warning; its pages are never served.
-A fresh folder needs ``capacity_bytes`` (``pool_capacity_bytes`` for a v2 pool, else derived
-from ``capacity_bytes``): without it the open raises, naming the folder and the setting.
+Sharing (docs/kv.md, "SGLang"): every store is opened with ``shared=True``, one per node for
+the processes whose pages are the same bytes. ``<store>`` names the model and the ranks a
+page's bytes depend on: an MLA model's (``<model>_mla``, per pipeline stage, context rank and
+DCP shard) are the same on every TP rank and every data-parallel (DP-attention) rank, so all
+of them, and every other SGLang server of that model on the node, open one store: SGLang's
+cache controller writes from one rank (``is_storage_writer``: TP rank 0, or one per DCP
+shard) and every rank reads. Another model's pages differ by TP rank
+(``<model>_tp<rank>of<size>``): TP rank r of every DP group and every server shares the
+store of rank r. The TP ranks of an MLA model load the same pages at once; they are given to
+the store as one read group (``_read_group``) so that, where the store splits reads, each
+page is read from the drives once per node.
 
-Memory: a page moves straight between the drive and the host pool, no staging copy: the
+Memory: in the process that owns the shared store (the first to open it) a page moves
+straight between the drive and the host pool, no staging copy; in the others it goes through
+their staging region (one memory copy; docs/kv.md, "Sharing a store between processes"). The
 host pool's ``get_page_buffer_meta(indices)`` gives, per page, the addresses and sizes of its
 pieces (page_first: the K part and the V part; layer_first: one K and one V piece per layer),
 which become that key's segments of ``Store.put_segments`` / ``Store.get_segments``. The
@@ -37,7 +43,7 @@ with a matching CRC-32C (a get). A put skips keys already present (HiCache keys 
 of the page's tokens and its prefix: the same key is the same content), as SGLang's own file
 and Mooncake backends do. Errors from the store (a folder that failed, a bad argument) are
 per-key False for the batch calls, logged once per call with the reason; construction errors
-(no folder, MLA with tensor parallelism) raise.
+(no folder) raise.
 
 Thread safety: SGLang calls a backend from its prefetch and backup threads at once; the Store
 is thread-safe, and the only mutable state here (the stores of v2 pools, the per-call metrics
@@ -76,17 +82,54 @@ Segments = list[tuple[int, int]]
 Op = Literal["put", "get"]
 
 
-def _rank_folder(config: HiCacheStorageConfig) -> str:
-    """The subfolder that belongs to this process alone (see the module comment)."""
+def _store_folder(config: HiCacheStorageConfig) -> str:
+    """The subfolder of the store this process shares with every process whose pages are the
+    same bytes (see the module comment): an MLA model's pages are the same on every TP rank
+    and every data-parallel rank (one store per DCP shard), another model's differ by TP rank."""
     model = (config.model_name or "model").replace("/", "-")
-    name = f"{model}_tp{config.tp_rank}of{config.tp_size}"
+    if config.is_mla_model:
+        name = f"{model}_mla"
+        if config.dcp_size > 1:
+            name += f"_dcp{config.dcp_rank}of{config.dcp_size}_tp{config.tp_size}"
+    else:
+        name = f"{model}_tp{config.tp_rank}of{config.tp_size}"
     if config.pp_size > 1:
         name += f"_pp{config.pp_rank}of{config.pp_size}"
     if config.attn_cp_size > 1:
         name += f"_cp{config.attn_cp_rank}of{config.attn_cp_size}"
-    if config.dp_rank:
-        name += f"_dp{config.dp_rank}"
     return name
+
+
+def _read_group(config: HiCacheStorageConfig, setting: Any) -> tuple[str, int, int] | None:
+    """The ranks that load the same pages at once, as ``(name, rank, size)`` for the shared
+    store's split reads: an MLA model's TP ranks of one DCP shard in one data-parallel group of
+    one SGLang server. The server is named by ``"read_group"`` of the extra config, else by the
+    parent process of the scheduler processes (the server's launcher spawns every TP rank on
+    the node) and the data-parallel replica; ``"read_group": false`` turns split reads off.
+    None where there is no group."""
+    if not config.is_mla_model or setting is False or str(setting).lower() in ("false", "0"):
+        return None
+    size = config.tp_size // max(config.dcp_size, 1)
+    if size <= 1:
+        return None
+    server = str(setting) if setting not in (None, True) else f"ppid{os.getppid()}"
+    replica = _replica()  # data-parallel replicas (no DP attention) share their launcher
+    if replica is not None:
+        server += f":replica{replica}"
+    name = f"sglang:{config.model_name}:{server}:dp{config.dp_rank}:pp{config.pp_rank}:cp{config.attn_cp_rank}"
+    return f"{name}:dcp{config.dcp_rank}", config.tp_rank // max(config.dcp_size, 1), size
+
+
+def _replica() -> int | None:
+    """This process's data-parallel replica (SGLang's ``get_parallel().dp_rank``, set by its
+    data-parallel controller), or None (no controller, or no SGLang runtime context)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        replica = get_parallel().dp_rank
+    except Exception:
+        return None
+    return replica if isinstance(replica, int) and not isinstance(replica, bool) else None
 
 
 class DeepioHiCacheStorage(HiCacheStorage):
@@ -100,7 +143,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
     ``clear_on_mismatch`` (default false: a store written under another configuration raises;
     true: its pages are dropped and it starts empty, with a warning) and ``fingerprint`` (a
     string added to the store's fingerprint, for what SGLang's config does not say, e.g. the
-    weights' revision).
+    weights' revision), ``read_group`` (an MLA model's TP ranks read each page once per node
+    together: the name of this server, default the scheduler processes' parent; false: off).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -116,15 +160,9 @@ class DeepioHiCacheStorage(HiCacheStorage):
                 '"folders": [...] in --hicache-storage-backend-extra-config '
                 "or as DEEPIO_KV_FOLDERS"
             )
-        if storage_config.is_mla_model and storage_config.tp_size > 1:
-            # SGLang writes MLA pages from one rank only and lets every rank read them; the
-            # stores here are per process, so the other ranks would never hit.
-            raise NotImplementedError(
-                "deepio HiCache backend: MLA models with tensor parallelism need a store shared "
-                "by the ranks, which deepio.kv does not offer yet"
-            )
         self.storage_config = storage_config
-        self._folders = [os.path.join(str(f), _rank_folder(storage_config)) for f in folders]
+        self._folders = [os.path.join(str(f), _store_folder(storage_config)) for f in folders]
+        self._group = _read_group(storage_config, extra.get("read_group"))
         self._capacity_bytes = int(extra.get("capacity_bytes", 0))
         self._pool_capacity = {str(k): int(v) for k, v in dict(extra.get("pool_capacity_bytes", {})).items()}
         self._clear_on_mismatch = clear_setting(extra.get("clear_on_mismatch", False), _WHERE)
@@ -174,6 +212,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
                     fingerprint=_fingerprint(self.storage_config, name, pool, pieces, self._user_fingerprint),
                     clear_on_mismatch=self._clear_on_mismatch,
                     capacity_setting=setting,
+                    shared=True,
+                    group=None if self._group is None else (f"{self._group[0]}:{name}", *self._group[1:]),
                 )
                 self._stores[name] = store
             self._pools[name] = pool
@@ -328,8 +368,9 @@ class DeepioHiCacheStorage(HiCacheStorage):
 
     def clear(self) -> bool:
         """Removes every page of this process's stores (``Store.clear``, durable when it
-        returns). SGLang calls it for its ``/clear_hicache_storage_backend`` endpoint, e.g.
-        after new weights, when the stored pages must not be served again."""
+        returns), for every process that shares them. SGLang calls it for its
+        ``/clear_hicache_storage_backend`` endpoint, e.g. after new weights, when the stored
+        pages must not be served again."""
         with self._lock:
             stores = list(self._stores.values())
         removed = sum(store.clear() for store in stores)
@@ -398,21 +439,25 @@ _POOL_FIELDS = (
 
 
 def _fingerprint(config: HiCacheStorageConfig, name: str, pool: Any, pieces: list[int], user: str) -> str:
-    """What the pages of pool ``name`` mean: the model and this process's ranks (SGLang's
-    storage config), the host pool's class and geometry, and the sizes of a page's pieces in
-    the order they are stored (the byte layout on the drive)."""
+    """What the pages of pool ``name`` mean: the model and the ranks its pages' bytes depend on
+    (SGLang's storage config: an MLA page is the same on every TP and data-parallel rank, a
+    page of another model differs by TP rank; none of them by data-parallel rank), the host
+    pool's class and geometry, and the sizes of a page's pieces in the order they are stored
+    (the byte layout on the drive). Every process that shares the store has the same one."""
     fields: dict[str, Any] = {
         "pool": name,
         "model": config.model_name,
-        "tp": [config.tp_rank, config.tp_size],
         "pp": [config.pp_rank, config.pp_size],
         "cp": [config.attn_cp_rank, config.attn_cp_size],
-        "dp_rank": getattr(config, "dp_rank", 0),
         "mla": config.is_mla_model,
         "page_first": config.is_page_first_layout,
         "host_pool": type(pool).__name__,
         "pieces": pieces if len(pieces) <= 64 else [len(pieces), digest(pieces)],
     }
+    if not config.is_mla_model:
+        fields["tp"] = [config.tp_rank, config.tp_size]
+    elif config.dcp_size > 1:  # a DCP shard's bytes depend on the TP size (as HiCacheFile keys them)
+        fields["tp_size"] = config.tp_size
     for attr in _POOL_FIELDS:
         value = getattr(pool, attr, None)
         if value is not None:

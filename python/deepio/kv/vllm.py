@@ -21,15 +21,22 @@ rows of a job pinned until the job is reported finished.
 
 Calls (vLLM makes them under its tiering manager's lock; they never block on I/O):
 - ``lookup(key)``: HIT if the store holds the key, RETRY while a store of that key is still in
-  flight here, else MISS (``Store.contains``, an in-memory lookup).
+  flight here, else MISS (``Store.contains``, an in-memory lookup in the store's owner; a round
+  trip to the owner in the other processes).
 - ``submit_store(job)`` / ``submit_load(job)``: start the batch and return; the store future's
   ``add_done_callback`` queues a ``JobResult`` (success: every key stored durably / found whole
   with a matching CRC-32C; a partly failed load names the keys that did arrive).
 - ``get_finished_jobs()``: the results queued since the last call.
 - ``drain_jobs()``: waits for every job in flight; ``shutdown()`` drains, then closes the store.
 
-Keys are vLLM's ``OffloadKey`` bytes (block hash + group index); one folder set serves one
-vLLM instance (the store is not shared between processes).
+Keys are vLLM's ``OffloadKey`` bytes (block hash + group index). Sharing (docs/kv.md, "vLLM"):
+the tier lives in vLLM's scheduler process, one per instance (one per data-parallel replica);
+its store is opened with ``shared=True`` (the tier's ``"shared": false`` opts out), so every
+instance and replica on the node that opens the same folders with the same configuration uses
+one store and hits the others' chunks. The first to open it owns it (pages move straight
+between the drives and its CPU tier); the others' go through their staging region (one copy).
+An MLA model under vLLM's replicated layout (``replicated_layout``: pure MLA, single-node TP)
+has one copy of a chunk in the CPU tier for every TP worker: the tier loads it once.
 
 What the bytes mean (the model and its dtype, the parallel ranks and sizes, the KV groups'
 tokens per block and layers, the cache's tokens per hash and blocks per chunk, the worker's
@@ -76,7 +83,8 @@ class DeepioTier(SecondaryTierManager):
     store written under another configuration raises; true: it starts empty, with a warning),
     ``fingerprint`` (a string added to the fingerprint, for what vLLM's config does not say),
     ``locality`` ("LOCAL", the default, or "REMOTE": the events' and vLLM's backpressure
-    defaults'), ``enable_kv_events`` (default false: emit a "stored" ``OffloadingEvent`` per
+    defaults'), ``shared`` (default true: one store per node for every instance that opens
+    these folders; see the module comment), ``enable_kv_events`` (default false: emit a "stored" ``OffloadingEvent`` per
     successful store job, as vLLM's fs tier does, when vLLM's KV cache events are enabled),
     and any further ``deepio.kv.Store`` keyword."""
 
@@ -117,6 +125,7 @@ class DeepioTier(SecondaryTierManager):
             )
         pool = pool.view(np.uint8)
         self._pool = pool
+        store_options.setdefault("shared", True)
         self._store = open_store(
             "DeepioTier",
             _WHERE,
@@ -270,13 +279,19 @@ def _slots(job: TransferJob) -> list[int]:
 _WHERE = 'its entry of "secondary_tiers" in --kv-transfer-config'
 
 
+# OffloadingParallelConfig's fields that name the process, not the bytes: rank (0 on the
+# scheduler side, where the tier lives) and the data-parallel replica's index and sizes.
+_INSTANCE_FIELDS = ("rank", "data_parallel_index", "data_parallel_size", "data_parallel_rank_local")
+
+
 def _as_dict(value: Any) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
 
 
 def _fingerprint(spec: Any, chunk_bytes: int, user: str) -> str:
     """What a chunk's bytes mean, from the offloading spec's normalized config (vLLM's
-    ``OffloadingConfig``; absent fields are left out) and the chunk's size."""
+    ``OffloadingConfig``; absent fields are left out) and the chunk's size: the same in every
+    instance and data-parallel replica of one configuration, which share the store."""
     fields: dict[str, Any] = {"chunk_bytes": chunk_bytes}
     config = getattr(spec, "config", None)
     if config is not None:
@@ -284,9 +299,15 @@ def _fingerprint(spec: Any, chunk_bytes: int, user: str) -> str:
         if model is not None:
             fields["model"] = getattr(model, "name", None)
             fields["dtype"] = getattr(model, "dtype", None)
-        for name in ("parallel", "cache"):
-            if getattr(config, name, None) is not None:
-                fields[name] = _as_dict(getattr(config, name))
+        if getattr(config, "cache", None) is not None:
+            fields["cache"] = _as_dict(config.cache)
+        parallel = _as_dict(getattr(config, "parallel", None))
+        if isinstance(parallel, dict):
+            # What a chunk's bytes depend on; not which instance or data-parallel replica
+            # wrote it (they share the store: vLLM's fs tier keys its folders so too).
+            fields["parallel"] = {k: v for k, v in parallel.items() if k not in _INSTANCE_FIELDS}
+        elif parallel is not None:
+            fields["parallel"] = parallel
         groups = getattr(config, "groups", None)
         if groups is not None:
             fields["groups"] = [
