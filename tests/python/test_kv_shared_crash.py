@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -236,6 +237,53 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             if p.poll() is None:
                 p.kill()
                 p.wait(30)
+
+
+@pytest.mark.parametrize("call", ["contains", "remove", "checkpoint", "stats"])
+def test_a_client_whose_owner_dies_under_a_synchronous_call_takes_over_and_answers_it(tmp_dir, call):
+    """The owner dies while a client's call waits for its answer (the owner is stopped, then
+    SIGKILLed): the call's retry reopens, this process becomes the owner, and the retry is
+    answered here (it was an AssertionError, found by the kill points above)."""
+    owner = subprocess.Popen(
+        [sys.executable, str(PROGRAM.with_name("kv_shared_program.py")), ",".join(folders(tmp_dir)), str(PAGE)]
+        + [str(CAPACITY), ""],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=PROGRAM.parent,
+    )
+    try:
+        assert json.loads(owner.stdout.readline())["role"] == "owner"
+        with deepio.kv.Store(folders(tmp_dir), CAPACITY, PAGE, shared=True) as client:
+            assert not client.is_owner
+            pool = np.zeros((2, PAGE), np.uint8)
+            client.register(pool)
+            pool[0] = page_of("k", 9, 1, PAGE)
+            assert client.put(["k"], [0]).result(timeout=30) == [True]
+            os.kill(owner.pid, signal.SIGSTOP)
+            out: list[object] = []
+            t = threading.Thread(
+                target=lambda: out.append(getattr(client, call)(*([["k"]] if call in ("contains", "remove") else [])))
+            )
+            t.start()
+            conn = client._conn
+            deadline = time.monotonic() + 10
+            while not conn.pending and time.monotonic() < deadline:  # the request is sent
+                time.sleep(0.005)
+            assert conn.pending
+            os.kill(owner.pid, signal.SIGKILL)
+            owner.wait(30)
+            t.join(60)
+            assert out, "the call raised"
+            assert client.is_owner
+            want = {"contains": [True], "remove": 1, "checkpoint": None}
+            if call == "stats":
+                assert out[0]["shared_role"] == "owner" and out[0]["pages"] == 1
+            else:
+                assert out[0] == want[call]
+    finally:
+        owner.kill()
+        owner.wait(30)
 
 
 def seeds(count: int) -> list[int]:

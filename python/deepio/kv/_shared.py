@@ -191,10 +191,13 @@ class SharedStore(Store):
             return self._owner, self._conn
 
     def _call(self, op: int, body: bytes = b"") -> bytes:
-        """A synchronous request through the owner; once more after a reopen if the owner went."""
+        """A synchronous request through the owner; once more after a reopen if the owner went
+        (made here when that reopen made this process the owner)."""
         for attempt in (0, 1):
             owner, conn = self._live()
-            assert conn is not None
+            if conn is None:  # took the store over since the caller looked (or in the retry)
+                assert self._server is not None
+                return self._server.answer(op, body)
             try:
                 return conn.call(op, body)
             except ConnectionError:
@@ -330,7 +333,7 @@ class SharedStore(Store):
             st["shared_role"] = "owner"
             return st
         st = json.loads(self._call(w.STATS))
-        st["shared_role"] = "client"
+        st["shared_role"] = "owner" if self.is_owner else "client"
         return dict(st)
 
     @property
