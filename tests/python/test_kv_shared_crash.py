@@ -10,7 +10,7 @@ before it completed (or that failed with the owner) is whole or absent.
 
 DEEPIO_SHARED_CRASH_POINTS sets the kill points of the slow test (default 12;
 scripts/crash-fuzz.sh --shared-points N); DEEPIO_SHARED_CRASH_SEED=<seed> replays a point (a
-failure prints its seed).
+failure prints its seed; DEEPIO_SHARED_CRASH_KEEP=<folder> keeps a failed point's logs).
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ class History:
         ends = [t1 for t0, t1 in self.rms.get(key, []) if t0 < before]
         return max(ends, default=-INF)
 
-    def why_not(self, key: str, state: tuple[int, int] | None, at: float = INF) -> str | None:
+    def why_not(self, key: str, state: tuple[int, int] | None, at: float = INF, end: float = INF) -> str | None:
         """Why `state` ((writer, version) or None: absent) may not be key's page for a read
-        that began at `at` (INF: the end); None if it may."""
+        that ran from `at` to `end` (INF: the final state); None if it may."""
         puts = self.puts.get(key, [])
-        after_rm = self.last_remove_end(key, at)
+        after_rm = self.last_remove_end(key, end)  # a remove alongside the read may have won
         done = [p for p in puts if p["ok"] is True and p["t1"] < at and p["t0"] > after_rm]
         if state is None:
             if done:
@@ -125,9 +125,9 @@ def check_gets(h: History, first_kill: float) -> list[str]:
         errors += [f"writer {w}: get of {k}: wrong bytes: {why}" for k, why in g["bad"]]
         for k, gw, gv in g["got"]:
             if gv is None:
-                if g["t1"] < first_kill and (why := h.why_not(k, None, g["t0"])):
+                if g["t1"] < first_kill and (why := h.why_not(k, None, g["t0"], g["t1"])):
                     errors.append(f"writer {w}: get at {g['t0']:.3f} before any kill: {k} {why}")
-            elif why := h.why_not(k, (gw, gv), g["t0"]):
+            elif why := h.why_not(k, (gw, gv), g["t0"], g["t1"]):
                 errors.append(f"writer {w}: get at {g['t0']:.3f}: {k} {why}")
     return errors
 
@@ -229,6 +229,10 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             f"seed {seed}: {n} processes, killed {[(v, round(t - kills[0][1], 3)) for v, t in kills]}, "
             f"{acked} pages put, {len(h.puts)} keys, {len(h.gets)} gets"
         )
+        if errors and os.environ.get("DEEPIO_SHARED_CRASH_KEEP"):  # the logs, to look into
+            shutil.copytree(
+                d, Path(os.environ["DEEPIO_SHARED_CRASH_KEEP"]) / d.name, ignore=shutil.ignore_patterns("a", "b")
+            )
         assert not errors, f"{summary}\n" + "\n".join(errors[:20])
         shutil.rmtree(d, ignore_errors=True)
         return summary
@@ -237,6 +241,43 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             if p.poll() is None:
                 p.kill()
                 p.wait(30)
+
+
+def test_the_checks_catch_a_lost_put_a_replaced_page_and_a_version_never_put():
+    """The checks themselves, on made-up logs: each kind of failure is caught, and what the
+    store may legally do (an unacknowledged put whole or absent, a removed key back) is not."""
+    logs = {
+        0: [
+            {"op": "put", "t0": 1.0, "items": [["p0-0", 1], ["s1", 2]]},
+            {"op": "putdone", "t1": 2.0, "ok": [True, True]},
+            {"op": "put", "t0": 3.0, "items": [["p0-0", 3]]},
+            {"op": "putdone", "t1": 4.0, "ok": [True]},
+            {"op": "put", "t0": 5.0, "items": [["p0-1", 4]]},
+            {"op": "putdone", "t1": 6.0, "ok": [True]},
+            {"op": "rm", "t0": 7.0, "keys": ["p0-1"]},
+            {"op": "rmdone", "t1": 8.0, "n": 1},
+            {"op": "put", "t0": 9.0, "items": [["p0-2", 5]]},  # the kill: never acknowledged
+        ],
+        1: [
+            {"op": "put", "t0": 1.5, "items": [["s1", 1]]},  # alongside writer 0's
+            {"op": "putdone", "t1": 2.6, "ok": [True]},
+            {"op": "get", "t0": 2.7, "t1": 2.8, "got": [["p0-0", 0, 1], ["s1", None, None]], "bad": []},
+            {"op": "get", "t0": 4.5, "t1": 4.6, "got": [["p0-0", 0, 1], ["s1", 0, 2]], "bad": []},
+            {"op": "get", "t0": 4.7, "t1": 4.8, "got": [["p0-0", 1, 1]], "bad": [["s1", "torn"]]},
+        ],
+    }
+    h = History(logs)
+    assert h.why_not("p0-0", (0, 3)) is None and h.why_not("p0-0", None) is not None  # lost
+    assert "replaced" in h.why_not("p0-0", (0, 1))  # version 3 began after version 1 completed
+    assert h.why_not("s1", (0, 2)) is None and h.why_not("s1", (1, 1)) is None  # concurrent
+    assert h.why_not("p0-1", None) is None and h.why_not("p0-1", (0, 4)) is None  # removed: may come back
+    assert h.why_not("p0-2", None) is None and h.why_not("p0-2", (0, 5)) is None  # unacknowledged
+    assert "never put" in h.why_not("p0-2", (0, 6))
+    errors = check_gets(h, first_kill=8.5)
+    assert len(errors) == 4, errors
+    assert "before any kill" in errors[0] and "s1" in errors[0]  # a miss of a completed put
+    assert "replaced" in errors[1] and "p0-0" in errors[1]  # read after version 3 completed
+    assert "wrong bytes" in errors[2] and "never put" in errors[3]
 
 
 @pytest.mark.parametrize("call", ["contains", "remove", "checkpoint", "stats"])
