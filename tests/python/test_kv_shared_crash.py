@@ -8,7 +8,7 @@ every completed put not replaced or removed since is there and whole, through th
 store and again after every process closed and the store reopened. A put whose writer died
 before it completed (or that failed with the owner) is whole or absent.
 
-DEEPIO_SHARED_CRASH_POINTS sets the kill points of the slow test (default 12;
+DEEPIO_SHARED_CRASH_POINTS sets the kill points of the slow test (default 8;
 scripts/crash-fuzz.sh --shared-points N); DEEPIO_SHARED_CRASH_SEED=<seed> replays a point (a
 failure prints its seed; DEEPIO_SHARED_CRASH_KEEP=<folder> keeps a failed point's logs).
 """
@@ -38,7 +38,7 @@ from kv_shared_crash_program import named, page_of  # noqa: E402  (needs numpy)
 PAGE = 8192
 CAPACITY = 8192 * (4096 + PAGE)  # more than a point puts: nothing is evicted (checked)
 PROGRAM = Path(__file__).with_name("kv_shared_crash_program.py")
-POINTS = int(os.environ.get("DEEPIO_SHARED_CRASH_POINTS", "12"))
+POINTS = int(os.environ.get("DEEPIO_SHARED_CRASH_POINTS", "8"))
 INF = math.inf
 
 
@@ -195,7 +195,10 @@ def run_point(tmp_dir: Path, seed: int) -> str:
                 break
             if nth:
                 time.sleep(rng.uniform(0.0, 0.6))  # the second: often mid-takeover
-            victim = 0 if nth == 0 and rng.random() < 0.5 else rng.choice(alive)
+            victim = rng.choice(alive)
+            if rng.random() < 0.5:  # the owner: the first one, or the one that took over
+                owners = [i for i in alive if any(r.get("role") == "owner" for r in read_log(logs[i]))]
+                victim = owners[-1] if owners else victim
             t = time.monotonic()
             os.kill(procs[victim].pid, signal.SIGKILL)
             procs[victim].wait(30)
