@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --python-points) python_points=$2; shift 2 ;;
     --shared-points) shared_points=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "crash-fuzz: unknown argument $1" >&2; exit 2 ;;
   esac
 done
