@@ -1,12 +1,13 @@
 """The store's crash checks across several processes (issue 48): 3 or 4 real processes put,
-replace, remove and get at once on one deepio.kv.Store(..., shared=True) (kv_shared_crash_program.py,
-each logging every call), a SIGKILL hits one of them at a random point (the owner or a client,
-mid-put or mid-get), sometimes a second one later (the new owner, mid-takeover too), the others
-go on. Then, from the logs: no get ever returned bytes other than a page put under its key, nor
-one a later completed put had replaced, nor missed a completed put before the first kill; and
-every completed put not replaced or removed since is there and whole, through the surviving
-store and again after every process closed and the store reopened. A put whose writer died
-before it completed (or that failed with the owner) is whole or absent.
+replace, remove and get at once on one deepio.kv.Store(..., shared=True)
+(kv_shared_crash_program.py, each logging every call), a SIGKILL hits one of them at a random
+point (the owner or a client, mid-put or mid-get), sometimes a second one later (the new owner,
+mid-takeover too), the others go on, sometimes joined by one more process that opens the store
+after the kills. Then, from the logs: no get ever returned bytes other than a page put under
+its key, nor one a later completed put had replaced, nor missed a completed put before the
+first kill; and every completed put not replaced or removed since is there and whole, through
+the surviving store and again after every process closed and the store reopened. A put whose
+writer died before it completed (or that failed with the owner) is whole or absent.
 
 DEEPIO_SHARED_CRASH_POINTS sets the kill points of the slow test (default 8;
 scripts/crash-fuzz.sh --shared-points N); DEEPIO_SHARED_CRASH_SEED=<seed> replays a point (a
@@ -161,13 +162,14 @@ def run_point(tmp_dir: Path, seed: int) -> str:
     d.mkdir()
     stop = d / "stop"
     n = rng.choice([3, 4])
-    logs = [d / f"w{i}.log" for i in range(n)]
+    late = rng.random() < 0.4  # one more process opens the store after the kills
+    logs = [d / f"w{i}.log" for i in range(n + late)]
     procs: list[subprocess.Popen] = []
 
     def start(i: int) -> subprocess.Popen:
         args = [",".join(folders(d)), str(PAGE), str(CAPACITY), str(logs[i]), str(i), str(rng.getrandbits(32))]
         return subprocess.Popen(
-            [sys.executable, str(PROGRAM), *args, str(n), str(stop)], stdin=subprocess.PIPE, cwd=PROGRAM.parent
+            [sys.executable, str(PROGRAM), *args, str(n + late), str(stop)], stdin=subprocess.PIPE, cwd=PROGRAM.parent
         )
 
     def wait_for(i: int, op: str, timeout: float = 60) -> dict:
@@ -204,11 +206,15 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             procs[victim].wait(30)
             alive.remove(victim)
             kills.append((victim, t))
+        if late:  # joins while the others take over (or after)
+            procs.append(start(n))
+            alive.append(n)
+            wait_for(n, "open")
         time.sleep(rng.uniform(0.3, 0.8))
         stop.touch()
         for i in alive:
             wait_for(i, "stopped")
-        h = History({i: read_log(logs[i]) for i in range(n)})
+        h = History({i: read_log(logs[i]) for i in range(n + late)})
         last_kill = kills[-1][1]
         for i in alive:  # the survivors went on after the kills
             recs = read_log(logs[i])
@@ -228,8 +234,9 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             st = store.stats()
             assert st["evictions"] == 0, f"seed {seed}: the check assumes no eviction"
         acked = sum(p["ok"] is True for ps in h.puts.values() for p in ps)
+        killed = [(v, round(t - kills[0][1], 3)) for v, t in kills]
         summary = (
-            f"seed {seed}: {n} processes, killed {[(v, round(t - kills[0][1], 3)) for v, t in kills]}, "
+            f"seed {seed}: {n} processes{' and one late' if late else ''}, killed {killed}, "
             f"{acked} pages put, {len(h.puts)} keys, {len(h.gets)} gets"
         )
         if errors and os.environ.get("DEEPIO_SHARED_CRASH_KEEP"):  # the logs, to look into
