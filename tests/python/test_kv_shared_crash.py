@@ -183,6 +183,7 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             time.sleep(0.01)
         raise AssertionError(f"seed {seed}: worker {i} did not log {op!r} in {timeout} s")
 
+    ok = False
     try:
         procs.append(start(0))
         assert wait_for(0, "open")["role"] == "owner"
@@ -211,16 +212,19 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             alive.append(n)
             wait_for(n, "open")
         time.sleep(rng.uniform(0.3, 0.8))
+        last_kill = kills[-1][1]
+        deadline = time.monotonic() + 60
+        for i in alive:  # the survivors go on after the kills (each completes a call)
+            while not any(r["op"] in ("putdone", "rmdone", "get") and r["t1"] > last_kill for r in read_log(logs[i])):
+                assert time.monotonic() < deadline, (
+                    f"seed {seed}: survivor {i} completed nothing in 60 s after the kill"
+                )
+                assert procs[i].poll() is None, f"seed {seed}: survivor {i} ended (rc {procs[i].returncode})"
+                time.sleep(0.02)
         stop.touch()
         for i in alive:
             wait_for(i, "stopped")
         h = History({i: read_log(logs[i]) for i in range(n + late)})
-        last_kill = kills[-1][1]
-        for i in alive:  # the survivors went on after the kills
-            recs = read_log(logs[i])
-            assert any(r["op"] in ("putdone", "get") and r.get("t1", 0) > last_kill for r in recs), (
-                f"seed {seed}: survivor {i} completed nothing after the kill"
-            )
         errors = check_gets(h, kills[0][1])
         errors += [f"writer {w}: a put failed at {t:.3f} before any kill" for w, t in h.failed_puts if t < kills[0][1]]
         with deepio.kv.Store(folders(d), CAPACITY, PAGE, shared=True) as store:
@@ -239,14 +243,14 @@ def run_point(tmp_dir: Path, seed: int) -> str:
             f"seed {seed}: {n} processes{' and one late' if late else ''}, killed {killed}, "
             f"{acked} pages put, {len(h.puts)} keys, {len(h.gets)} gets"
         )
-        if errors and os.environ.get("DEEPIO_SHARED_CRASH_KEEP"):  # the logs, to look into
-            shutil.copytree(
-                d, Path(os.environ["DEEPIO_SHARED_CRASH_KEEP"]) / d.name, ignore=shutil.ignore_patterns("a", "b")
-            )
         assert not errors, f"{summary}\n" + "\n".join(errors[:20])
+        ok = True
         shutil.rmtree(d, ignore_errors=True)
         return summary
     finally:
+        if not ok and os.environ.get("DEEPIO_SHARED_CRASH_KEEP"):  # the logs, to look into
+            keep = Path(os.environ["DEEPIO_SHARED_CRASH_KEEP"]) / d.name
+            shutil.copytree(d, keep, ignore=shutil.ignore_patterns("a", "b"), dirs_exist_ok=True)
         for p in procs:
             if p.poll() is None:
                 p.kill()
