@@ -341,6 +341,63 @@ def test_a_client_whose_owner_dies_under_a_synchronous_call_takes_over_and_answe
         owner.wait(30)
 
 
+_UNSHARED = r"""
+import sys
+import deepio.kv
+store = deepio.kv.Store(sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]))
+print("ready", flush=True)
+sys.stdin.readline()
+store.close()
+"""
+
+
+def test_a_client_whose_reopen_failed_reopens_on_its_next_call(tmp_dir, monkeypatch):
+    """The owner died and the reopen failed (an unshared store held the folders past
+    OPEN_TIMEOUT: EBUSY to the caller); once they are free the next call reopens (it was an
+    AssertionError on every call from then on)."""
+    monkeypatch.setattr(deepio.kv._shared, "OPEN_TIMEOUT", 0.3)
+    program = str(PROGRAM.with_name("kv_shared_program.py"))
+    owner = subprocess.Popen(
+        [sys.executable, program, ",".join(folders(tmp_dir)), str(PAGE), str(CAPACITY), ""],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=PROGRAM.parent,
+    )
+    squatter = None
+    try:
+        assert json.loads(owner.stdout.readline())["role"] == "owner"
+        with deepio.kv.Store(folders(tmp_dir), CAPACITY, PAGE, shared=True) as client:
+            pool = np.zeros((2, PAGE), np.uint8)
+            client.register(pool)
+            pool[0] = page_of("k", 9, 1, PAGE)
+            assert client.put(["k"], [0]).result(timeout=30) == [True]
+            owner.kill()
+            owner.wait(30)
+            squatter = subprocess.Popen(
+                [sys.executable, "-c", _UNSHARED, ",".join(folders(tmp_dir)), str(CAPACITY), str(PAGE)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert squatter.stdout.readline().strip() == "ready"
+            with pytest.raises(OSError, match="shared=False"):
+                client.contains(["k"])
+            with pytest.raises(OSError, match="shared=False"):
+                client.get(["k"], [1])
+            squatter.stdin.write("\n")
+            squatter.stdin.flush()
+            assert squatter.wait(30) == 0
+            assert client.get(["k"], [1]).result(timeout=30) == [True]
+            assert client.is_owner and (pool[1] == pool[0]).all()
+            assert client.contains(["k"]) == [True]
+    finally:
+        for p in (owner, squatter):
+            if p is not None:
+                p.kill()
+                p.wait(30)
+
+
 def seeds(count: int) -> list[int]:
     fixed = os.environ.get("DEEPIO_SHARED_CRASH_SEED")
     if fixed:

@@ -184,10 +184,11 @@ class SharedStore(Store):
         with self._mode_lock:
             if self._closed:
                 raise ValueError("deepio.kv: operation on a closed store")
-            if self._conn is not None and self._conn.peer_gone():
-                self._conn._lost()  # what is in flight fails (the receiver may not know yet)
-                self._conn = None
-                self._attach()
+            if self._owner is None and (self._conn is None or self._conn.peer_gone()):
+                if self._conn is not None:
+                    self._conn._lost()  # what is in flight fails (the receiver may not know yet)
+                    self._conn = None
+                self._attach()  # (again, when an earlier reopen raised to its caller)
             return self._owner, self._conn
 
     def _call(self, op: int, body: bytes = b"") -> bytes:
