@@ -194,17 +194,21 @@ class SharedStore(Store):
         with self._mode_lock:
             if self._closed:
                 raise ValueError("deepio.kv: operation on a closed store")
-            if self._conn is not None and self._conn.peer_gone():
-                self._conn._lost()  # what is in flight fails (the receiver may not know yet)
-                self._conn = None
-                self._attach()
+            if self._owner is None and (self._conn is None or self._conn.peer_gone()):
+                if self._conn is not None:
+                    self._conn._lost()  # what is in flight fails (the receiver may not know yet)
+                    self._conn = None
+                self._attach()  # (again, when an earlier reopen raised to its caller)
             return self._owner, self._conn
 
     def _call(self, op: int, body: bytes = b"") -> bytes:
-        """A synchronous request through the owner; once more after a reopen if the owner went."""
+        """A synchronous request through the owner; once more after a reopen if the owner went
+        (made here when that reopen made this process the owner)."""
         for attempt in (0, 1):
             owner, conn = self._live()
-            assert conn is not None
+            if conn is None:  # took the store over since the caller looked (or in the retry)
+                assert self._server is not None
+                return self._server.answer(op, body)
             try:
                 return conn.call(op, body)
             except ConnectionError:
@@ -386,7 +390,7 @@ class SharedStore(Store):
             st["shared_role"] = "owner"
             return st
         st = json.loads(self._call(w.STATS))
-        st["shared_role"] = "client"
+        st["shared_role"] = "owner" if self.is_owner else "client"
         return dict(st)
 
     @property

@@ -310,6 +310,13 @@ class Server:
                             del c.held[s]
             self.hub.release(mine)
             return
+        c.send(w.message(w.OK, rid, self.answer(op, body)))
+
+    def answer(self, op: int, body: bytes) -> bytes:
+        """The reply's body of a synchronous request (not a put or get), made by the owner's
+        store: for a client's request, or the owner's own retry of one it had sent as a client
+        before it took the store over."""
+        store = self.store
         if op == w.CONTAINS:
             out = bytes(1 if x else 0 for x in store.contains(w.decode_keys(body)))
         elif op in (w.EXISTS, w.REMOVE):
@@ -331,4 +338,4 @@ class Server:
             out = json.dumps(st).encode()
         else:
             raise ValueError(f"deepio.kv shared store: unknown request {op}")
-        c.send(w.message(w.OK, rid, out))
+        return out
