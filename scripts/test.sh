@@ -181,7 +181,7 @@ if [ "$full" -eq 1 ]; then
   stage gpu-check-fake 480 gpu_check
 
   # The crash-point fuzzers beyond the test runs' few points (issue 47; docs/testing.md).
-  stage crash-fuzz 240 bash scripts/crash-fuzz.sh --points 2000 --python-points 16
+  stage crash-fuzz 240 bash scripts/crash-fuzz.sh --points 2000 --python-points 16 --shared-points 16
 
   # aarch64 (Grace) without Arm hardware: every C++ target cross-compiled, the CRC-32C tests
   # under qemu-user.
