@@ -90,7 +90,9 @@ std::vector<Slice> plan_request(const PlanInput& in);
 /// across every worker as a single request is; a smaller one goes whole to the worker whose
 /// share of the total bytes its place in the order falls in (consecutive ranges to the same
 /// worker; many small ranges end up evenly spread; the shares are counted from worker
-/// first_worker, so one-range operations spread too). Empty when no range has bytes.
+/// first_worker, so one-range operations spread too). An operation of at most two blocks in
+/// all goes whole to worker first_worker (as a single request of that size does). Empty when
+/// no range has bytes.
 std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ranges);
 
 }  // namespace deepio::detail

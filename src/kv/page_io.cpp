@@ -65,6 +65,8 @@ Staging::~Staging() {
 
 unsigned char* Staging::take(std::size_t n) {
   n = (n + kPage - 1) / kPage * kPage;
+  if (taken_ + n > kKeepBytes) return nullptr;
+  taken_ += n;
   if (blocks_.empty() || blocks_.back().size() - used_ < n) {
     KeptBlocks& k = kept();
     if (n <= kBlock && !k.blocks.empty()) {
@@ -102,9 +104,9 @@ void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segment
   }
   Chunk& c = *it;
   c.pages.push_back(i);
-  if (staged(segments)) {
-    const std::size_t len = page_bytes_of(segments);
-    unsigned char* at = staging_.take(len);
+  const std::size_t len = page_bytes_of(segments);
+  unsigned char* at = staged(segments) ? staging_.take(len) : nullptr;
+  if (at != nullptr) {
     if (write_) {
       unsigned char* to = at;
       for (const Segment& s : segments) {

@@ -15,8 +15,9 @@
 // I/O. Such a page is staged: it moves as one request through a contiguous piece of the batch
 // thread's staging memory (deepio's locked allocations: registered buffers, huge pages),
 // gathered from its segments before a write, scattered to them after a read (before settle()
-// hands it back). The rule (staged()): two or more segments, and either segments of under
-// kStageBelow bytes on average or one not a whole number of 4 KiB pages in size or address.
+// hands it back). A batch stages at most 64 MiB (what its thread keeps between batches); its
+// later pages go as before, a request per segment. The rule (staged()): two or more segments, and either segments of
+// under kStageBelow bytes on average or one not a whole number of 4 KiB pages in size or address.
 //
 // A chunk the engine refuses as a whole with InvalidArgument (two pages of a get into the
 // same memory: the ranges of one read may not overlap) goes as one operation per segment
@@ -61,14 +62,16 @@ class Staging {
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   ~Staging();
-  /// n bytes (rounded up to 4 KiB), valid until the Staging goes.
+  /// n bytes (rounded up to 4 KiB), valid until the Staging goes; nullptr once the batch took
+  /// kKeepBytes (the rest of its pages go unstaged: no block made and dropped per batch).
   unsigned char* take(std::size_t n);
 
  private:
   static constexpr std::size_t kBlock = std::size_t{4} << 20;
   static constexpr std::size_t kKeepBytes = std::size_t{64} << 20;
   std::vector<UniqueLockedBuffer> blocks_;
-  std::size_t used_ = 0;  // of the last block
+  std::size_t used_ = 0;   // of the last block
+  std::size_t taken_ = 0;  // by this batch
 };
 
 /// Whether a page with these segments is staged (see above).

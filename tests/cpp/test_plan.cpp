@@ -249,13 +249,27 @@ TEST(PlanRanges, SmallRangesGoWholeToWorkersInEqualSharesAndLargeOnesAreCut) {
   EXPECT_EQ(bytes[0] + bytes[1], 64u * 4096 + (8 << 20));
   EXPECT_EQ(small_on[0], 64u) << "the small ranges come first in the order: all in worker 0's share";
   EXPECT_EQ(bytes[1], 4u << 20) << "the large range is cut in two halves";
-  // Without the large range, the small ones split half and half, each worker's in order.
-  ranges.resize(64);
-  const auto halves = plan_ranges(in, ranges);
+  // Without the large range, 64 ranges of 64 KiB (4 MiB, more than two blocks) split half and
+  // half, each worker's in order.
+  std::vector<IoRange> mid;
+  for (std::size_t i = 0; i < 64; ++i) mid.push_back({(63 - i) * 65536, i * 65536, 65536});
+  const auto halves = plan_ranges(in, mid);
   ASSERT_EQ(halves.size(), 2u);
   EXPECT_EQ(halves[0].segments.size(), 32u);
   EXPECT_EQ(halves[1].segments.size(), 32u);
-  EXPECT_EQ(halves[1].segments.front().file_offset, 31u * 4096);
+  EXPECT_EQ(halves[1].segments.front().file_offset, 31u * 65536);
+  // The 64 small ones alone (256 KiB, at most two blocks): whole to worker first_worker, one
+  // wake-up and one completion for the op; the next op's first_worker takes it to the other.
+  ranges.resize(64);
+  const auto whole = plan_ranges(in, ranges);
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0].worker, 0u);
+  EXPECT_EQ(whole[0].segments.size(), 64u);
+  PlanInput next = in;
+  next.first_worker = 1;
+  const auto other = plan_ranges(next, ranges);
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].worker, 1u);
   // Nothing to move: no slices.
   EXPECT_TRUE(plan_ranges(in, std::vector<IoRange>{{0, 0, 0}}).empty());
   EXPECT_TRUE(plan_ranges(in, {}).empty());
