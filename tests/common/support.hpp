@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,6 +82,29 @@ inline std::vector<std::byte> pattern(std::size_t n, std::uint32_t seed) {
     std::memcpy(v.data() + i, &x, std::min<std::size_t>(8, n - i));
   }
   return v;
+}
+
+/// Whether the kernel has sparse registered-buffer tables (IORING_RSRC_REGISTER_SPARSE, Linux 5.19).
+inline bool kernel_has_sparse_buffers() {
+  utsname u{};
+  if (::uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 5 || (major == 5 && minor >= 19);
+}
+
+/// Pages pinned by this process through io_uring registrations (and RDMA), in KiB; -1 when
+/// /proc/self/status has no VmPin.
+inline long vm_pin_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, "VmPin:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+  }
+  std::fclose(f);
+  return kib;
 }
 
 /// The whole file as plain read() sees it.

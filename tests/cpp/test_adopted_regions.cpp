@@ -5,12 +5,10 @@
 // that its owner unmapped, and a forked child whose releases must not end the parent's
 // registrations (one io_uring instance is shared across fork).
 #include <sys/mman.h>
-#include <sys/utsname.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -21,24 +19,9 @@ namespace deepio {
 namespace {
 
 using test::in_child;
+using test::kernel_has_sparse_buffers;
 using test::pattern;
-
-bool kernel_has_sparse_buffers() {
-  utsname u{};
-  if (::uname(&u) != 0) return false;
-  int major = 0, minor = 0;
-  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
-  return major > 5 || (major == 5 && minor >= 19);
-}
-
-long vm_pin_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmPin:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
+using test::vm_pin_kib;
 
 // Anonymous memory of the caller's own (not deepio's): unmapped at scope exit.
 struct Mapping {

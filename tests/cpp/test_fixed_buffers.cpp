@@ -4,12 +4,10 @@
 // more allocations than table slots, a request crossing two registration pieces, a
 // registration refused by a real RLIMIT_MEMLOCK, and frees racing with I/O on other buffers.
 #include <sys/resource.h>
-#include <sys/utsname.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,27 +19,10 @@ namespace deepio {
 namespace {
 
 using test::in_child;
+using test::kernel_has_sparse_buffers;
 using test::pattern;
 using test::slurp;
-
-// Sparse registered-buffer tables (IORING_RSRC_REGISTER_SPARSE) arrived in Linux 5.19.
-bool kernel_has_sparse_buffers() {
-  utsname u{};
-  if (::uname(&u) != 0) return false;
-  int major = 0, minor = 0;
-  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
-  return major > 5 || (major == 5 && minor >= 19);
-}
-
-// Pages pinned by this process through io_uring registrations (and RDMA), in KiB.
-long vm_pin_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmPin:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
+using test::vm_pin_kib;
 
 // VmPin once it has stopped moving, for a baseline: rings of earlier tests are torn down
 // asynchronously by the kernel, and their pages are unpinned a little after the handle is gone.
