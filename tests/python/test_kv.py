@@ -329,14 +329,16 @@ def test_eio_on_one_folder(tmp_dir, fault):
         want = pool.copy()
         assert store.put(keys, range(16)).result() == [True] * 16
         fault("read", errno=5, count=1 << 30, path_contains=in_folder(tmp_dir, "bad"))
-        ok = store.get(keys, range(16)).result()
+        # The warning comes with the first call after the batch failed the folder: the get's own
+        # return when its batch was that quick, else the next call.
+        with pytest.warns(deepio.kv.FolderFailedWarning, match="bad"):
+            ok = store.get(keys, range(16)).result()
+            s = store.stats()
         deepio._deepio._clear_fault()
         assert 0 < sum(ok) < 16
         for i, g in enumerate(ok):
             if g:
                 assert (pool[i] == want[i]).all()
-        with pytest.warns(deepio.kv.FolderFailedWarning, match="bad"):
-            s = store.stats()
         bad, good = s["folders"]
         assert bad["state"] == "failed" and bad["last_errno"] == 5 and bad["errors"] >= 1
         assert good["state"] == "ok"
@@ -353,11 +355,11 @@ def test_write_failure_on_one_folder(tmp_dir, fault):
         store.register(pool)
         keys = [f"w{i}" for i in range(16)]
         fault("write", errno=28, count=1 << 30, path_contains=in_folder(tmp_dir, "full"))
-        ok = store.put(keys, range(16)).result()
+        with pytest.warns(deepio.kv.FolderFailedWarning, match="full"):  # the put's return or the next call
+            ok = store.put(keys, range(16)).result()
+            assert store.contains(keys) == ok
         deepio._deepio._clear_fault()
         assert ok == [True] * 16
-        with pytest.warns(deepio.kv.FolderFailedWarning, match="full"):
-            assert store.contains(keys) == ok  # the next call warns
         s = store.stats()
         assert s["folders"][0]["state"] == "failed" and s["folders"][0]["last_errno"] == 28
         assert s["folders"][1]["used"] == 16 and s["puts"] == 16 and s["puts_failed"] == 0
@@ -375,8 +377,8 @@ def fail_bad_folder(tmp_dir, store, fault, n=16):
         pool[i] = page(k)
     assert store.put(keys, range(n)).result() == [True] * n
     fault("read", errno=5, count=1 << 30, path_contains=in_folder(tmp_dir, "bad"))
-    assert 0 < sum(store.get(keys, range(n)).result()) < n
-    with pytest.warns(deepio.kv.FolderFailedWarning, match="bad"):
+    with pytest.warns(deepio.kv.FolderFailedWarning, match="bad"):  # the get's return or the next call
+        assert 0 < sum(store.get(keys, range(n)).result()) < n
         assert store.stats()["folders"][0]["state"] == "failed"
     return keys
 
@@ -482,10 +484,10 @@ def test_a_recovered_folder_does_not_bring_back_dropped_pages_after_a_crash(tmp_
         assert store.put(keys, range(8)).result() == [True] * 8
         store.checkpoint()
         fault("read", errno=5, count=1 << 30, path_contains=in_folder(tmp_dir, "bad"))
-        assert store.get(keys, range(8)).result() == [False] * 8
-        deepio._deepio._clear_fault()
-        with pytest.warns(deepio.kv.FolderFailedWarning):
+        with pytest.warns(deepio.kv.FolderFailedWarning):  # the get's return or the next call
+            assert store.get(keys, range(8)).result() == [False] * 8
             assert store.stats()["folders"][0]["state"] == "failed"
+        deepio._deepio._clear_fault()
         with pytest.warns(deepio.kv.FolderRecoveredWarning):
             assert store.retry_failed() == 1
         pool[8] = page("after")
