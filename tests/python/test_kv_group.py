@@ -7,10 +7,7 @@ reads, and an in-process client stands in for a second member where a process ad
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from deepio.kv import _shared_group, _shared_server
 np = pytest.importorskip("numpy")
 
 from kv_group_program import page_of  # noqa: E402  (needs numpy)
+from line_process import LineProcess  # noqa: E402
 
 PAGE = 64 << 10
 CAPACITY = 64 << 20
@@ -39,35 +37,12 @@ def open_shared(tmp_dir: Path, group=None, **kw) -> deepio.kv.Store:
     return deepio.kv.Store(folders(tmp_dir), CAPACITY, PAGE, shared=True, group=group, **kw)
 
 
-class Member:
+class Member(LineProcess):
     """A kv_group_program.py process: member ``rank`` of ``size`` in group ``name``."""
 
     def __init__(self, tmp_dir: Path, name: str, rank: int, size: int) -> None:
         args = [",".join(folders(tmp_dir)), str(PAGE), str(CAPACITY), name, str(rank), str(size)]
-        self.p = subprocess.Popen(
-            [sys.executable, str(PROGRAM), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-
-    def read(self, timeout: float = 60) -> dict:
-        got: list[str] = []
-        t = threading.Thread(target=lambda: got.append(self.p.stdout.readline()), daemon=True)
-        t.start()
-        t.join(timeout)
-        assert got and got[0], f"member {self.p.pid} said nothing in {timeout} s (rc {self.p.poll()})"
-        return json.loads(got[0])
-
-    def send(self, op: str, **kw) -> None:
-        self.p.stdin.write(json.dumps(dict(kw, op=op)) + "\n")
-        self.p.stdin.flush()
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.send("exit")
-                self.p.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.p.kill()
-                self.p.wait(30)
+        super().__init__([sys.executable, str(PROGRAM), *args], "member")
 
 
 def members(tmp_dir: Path, name: str, ranks: range, size: int) -> list[Member]:

@@ -10,12 +10,10 @@ import asyncio
 import concurrent.futures
 import errno
 import gc
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from deepio.kv import _shared, _shared_client, _shared_wire
 np = pytest.importorskip("numpy")
 
 from kv_shared_program import page_of  # noqa: E402  (needs numpy)
+from line_process import LineProcess  # noqa: E402
 
 PAGE = 8192
 CAPACITY = 512 * (4096 + PAGE)
@@ -44,46 +43,13 @@ def open_shared(tmp_dir: Path, **kw) -> deepio.kv.Store:
     return deepio.kv.Store(folders(tmp_dir), CAPACITY, kw.pop("page_bytes", PAGE), shared=True, **kw)
 
 
-class Worker:
+class Worker(LineProcess):
     """A kv_shared_program.py process: commands in, one JSON line out per command."""
 
     def __init__(self, tmp_dir: Path, fingerprint: str = "", wait: bool = True) -> None:
-        self.p = subprocess.Popen(
-            [sys.executable, str(PROGRAM), ",".join(folders(tmp_dir)), str(PAGE), str(CAPACITY), fingerprint],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).parent,
-        )
+        argv = [sys.executable, str(PROGRAM), ",".join(folders(tmp_dir)), str(PAGE), str(CAPACITY), fingerprint]
+        super().__init__(argv, "worker")
         self.hello = self.read() if wait else {}
-
-    def read(self, timeout: float = 60) -> dict:
-        got: list[str] = []
-        t = threading.Thread(target=lambda: got.append(self.p.stdout.readline()), daemon=True)
-        t.start()
-        t.join(timeout)
-        assert got and got[0], f"worker {self.p.pid} said nothing in {timeout} s (rc {self.p.poll()})"
-        return json.loads(got[0])
-
-    def ask(self, op: str, **kw) -> dict:
-        self.send(op, **kw)
-        return self.read()
-
-    def send(self, op: str, **kw) -> None:
-        self.p.stdin.write(json.dumps(dict(kw, op=op)) + "\n")
-        self.p.stdin.flush()
-
-    def kill(self) -> None:
-        self.p.kill()
-        self.p.wait(30)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.send("exit")
-                self.p.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.kill()
 
 
 def fill(pool, keys, start=0):
