@@ -120,23 +120,6 @@ std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ran
   std::uint64_t total = 0;
   for (const IoRange& r : ranges) total += r.nbytes;
   if (total == 0) return {};
-  if (workers > 1 && total <= split_threshold(in)) {
-    // Small enough to go whole to one worker, as a single request of that size does: one
-    // worker's wake-up and completion per op, not one per worker (ops spread round-robin).
-    std::vector<Slice> one(1);
-    one[0].worker = in.first_worker % workers;
-    for (const IoRange& r : ranges) {
-      if (r.nbytes == 0) continue;
-      PlanInput part = in;
-      part.buf = in.buf + r.buffer_offset;
-      part.nbytes = r.nbytes;
-      part.file_offset = r.file_offset;
-      plan_into(part, 1, [&](std::size_t, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
-        append(one[0], part, from, to, mode, chunk);
-      });
-    }
-    return one;
-  }
   // Large ranges are cut across every worker, as a single request is; the others go whole to
   // the worker whose share of the total their place in the order falls in.
   const std::uint64_t split_above = split_threshold(in);
@@ -154,7 +137,10 @@ std::vector<Slice> plan_ranges(const PlanInput& in, std::span<const IoRange> ran
                   append(slices[w], one, from, to, mode, chunk);
                 });
     } else {
-      const std::size_t w = (in.first_worker + std::min<std::uint64_t>(workers - 1, before / share)) % workers;
+      // An operation of at most two blocks in all goes whole to one worker, as a single
+      // request of that size does: one wake-up and one completion (ops spread round-robin).
+      const std::uint64_t place = total <= split_above ? 0 : std::min<std::uint64_t>(workers - 1, before / share);
+      const std::size_t w = (in.first_worker + place) % workers;
       plan_into(one, 1, [&](std::size_t, std::uint64_t from, std::uint64_t to, SegmentMode mode, std::size_t chunk) {
         append(slices[w], one, from, to, mode, chunk);
       });
