@@ -1,4 +1,4 @@
-"""N ranks loading the same P pages from one shared deepio.kv store (issue 48 item 4; docs/kv.md
+"""N ranks loading the same P pages from one shared deepio.kv store (issue 48 item 4; docs/kv-sharing.md
 "Groups"): bytes read from the drives and the time until every rank holds every page.
 
 This process owns the store (it is no rank): it puts P pages of page_bytes, drops them from the

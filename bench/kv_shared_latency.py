@@ -1,5 +1,5 @@
 """deepio.kv.Store(shared=True): a get in the owner process against the same get through a
-client process (docs/kv.md, "Sharing a store between processes").
+client process (docs/kv-sharing.md, "Sharing a store between processes").
 
 This process owns a store per page size and puts 64 pages; a child process opens the same
 folder as a client. Rounds alternate (owner, client, owner, ...); each round is the median of

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the three inference engines whose storage interfaces deepio.kv plugs into, at the
-# versions tests/python/test_kv_backends.py and bench/kv_bench.py drive (docs/kv.md, "Tested
+# versions tests/python/test_kv_backends.py and bench/kv_bench.py drive (docs/kv-backends.md, "Tested
 # versions"): SGLang 0.5.23, LMCache 0.5.6 and vLLM 0.33.0. Their full installs need CUDA, so each
 # is installed without its dependencies, with only the small packages its interface modules
 # import (found by importing them on a CPU-only machine with torch 2.13 CPU).

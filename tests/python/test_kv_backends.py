@@ -1,5 +1,5 @@
 """deepio.kv's three backends, each driven end to end through its engine's own interface code
-at the pinned versions of scripts/setup-kv-engines.sh (docs/kv.md, "Tested versions"):
+at the pinned versions of scripts/setup-kv-engines.sh (docs/kv-backends.md, "Tested versions"):
 
 - SGLang 0.5.23: the backend is built by SGLang's ``StorageBackendFactory`` from the
   ``dynamic`` config (as ``--hicache-storage-backend dynamic`` does), over a real CPU

@@ -1,6 +1,7 @@
-"""The three backends on the node-shared store (docs/kv.md, "Sharing a store between processes"
-and "The engines' backends"), with N = 2 and 4 real processes, each driven through its engine's
-own classes at the pinned versions (as test_kv_backends.py drives one process):
+"""The three backends on the node-shared store (docs/kv-sharing.md, "Sharing a store between
+processes", and docs/kv-backends.md, "The engines' backends"), with N = 2 and 4 real processes,
+each driven through its engine's own classes at the pinned versions (as test_kv_backends.py
+drives one process):
 
 - SGLang 0.5.23: the TP ranks of an MLA model (SGLang's ``MLATokenToKVPoolHost`` on the CPU,
   built from a CPU ``MLATokenToKVPool``) open one store; the rank SGLang's controller lets

@@ -1,5 +1,5 @@
 """deepio.kv.Store(..., shared=True, group=(name, rank, size)): a group's gets of the same keys
-read each page from the drives once, and each member gets every page right (docs/kv.md,
+read each page from the drives once, and each member gets every page right (docs/kv-sharing.md,
 "Groups"). Real member processes (kv_group_program.py under subprocess), real SIGKILLs; the
 pytest process owns the store (a member too where that is the point), so its stats count the
 reads, and an in-process client stands in for a second member where a process adds nothing.

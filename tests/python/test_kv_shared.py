@@ -1,4 +1,4 @@
-"""deepio.kv.Store(..., shared=True): one store for several processes (docs/kv.md, "Sharing a
+"""deepio.kv.Store(..., shared=True): one store for several processes (docs/kv-sharing.md, "Sharing a
 store between processes"). Real processes (kv_shared_program.py under subprocess), real
 sockets and real SIGKILLs; the pytest process is the owner or a client itself where that is
 the point.

@@ -115,12 +115,12 @@ class Store:
     folder and both, or, with ``clear_on_mismatch=True``, drops every page durably, keeps the
     new fingerprint and warns (StoreClearedWarning).
     ``shared=True``: one store per node, for every process that opens these folders so: the
-    first owns and serves it, the others are its clients with the same calls (docs/kv.md,
+    first owns and serves it, the others are its clients with the same calls (docs/kv-sharing.md,
     "Sharing a store between processes"); False (default): a second open raises EBUSY.
     ``group=(name, rank, size)`` (with ``shared=True`` only; ValueError otherwise): this
     process is member ``rank`` of ``size`` that get the same keys: each page is read from the
     drives about once for the group and copied to every member, and a member's put of a key
-    another member put within the group's window is not written again (docs/kv.md, "Groups").
+    another member put within the group's window is not written again (docs/kv-sharing.md, "Groups").
     Keyword options: watermarks of the LRU eviction, slab file size (0: one file per folder;
     else files of that size, at most 4 per folder; kept by later opens), checkpoint interval in
     seconds (0: only at close), batch threads, the engine's queue depth and workers,
@@ -135,7 +135,7 @@ class Store:
 
     def __new__(cls, *args: Any, shared: bool = False, **kwargs: Any) -> Store:
         # shared=True: this process owns the store and serves it, or is a client of the process
-        # that does (deepio/kv/_shared.py; docs/kv.md, "Sharing a store between processes").
+        # that does (deepio/kv/_shared.py; docs/kv-sharing.md, "Sharing a store between processes").
         if shared and cls is Store:
             from ._shared import SharedStore
 

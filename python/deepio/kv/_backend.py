@@ -9,7 +9,7 @@
   ``kv.meta``): a missing capacity raises ValueError naming the folder and the setting to set,
   instead of letting the store refuse with its own message; a fingerprint mismatch keeps the
   store's error and adds a note naming the backend's ``clear_on_mismatch`` setting.
-  ``shared=True`` opens the node's one store on those folders (docs/kv.md, "Sharing a store
+  ``shared=True`` opens the node's one store on those folders (docs/kv-sharing.md, "Sharing a store
   between processes"); ``group=(name, rank, size)`` names the ranks that load the same pages
   together (an MLA model's TP ranks), passed on only where ``deepio.kv.Store`` takes it
   (``group_supported()``): without it every rank reads its pages itself (correct, N x the bytes).
@@ -50,7 +50,7 @@ def fingerprint(backend: str, fields: Mapping[str, Any]) -> str:
 @functools.cache
 def group_supported() -> bool:
     """Whether this deepio's shared store takes ``group=(name, rank, size)`` (reads split across
-    the ranks that load the same pages; docs/kv.md, "Sharing a store between processes")."""
+    the ranks that load the same pages; docs/kv-sharing.md, "Sharing a store between processes")."""
     from deepio.kv import _shared
 
     return any("group" in inspect.signature(f).parameters for f in (Store.__init__, _shared.SharedStore.__init__))

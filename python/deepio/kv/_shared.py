@@ -1,5 +1,5 @@
 """``deepio.kv.Store(folders, ..., shared=True)``: one store per node, shared by its processes
-(docs/kv.md, "Sharing a store between processes").
+(docs/kv-sharing.md, "Sharing a store between processes").
 
 The first process to open the folders owns the store (it holds their ``kv.lock``, as an
 unshared store does) and serves it on an abstract Unix socket named from the folders
@@ -108,7 +108,7 @@ class SharedStore(Store):
         group: tuple[str, int, int] | None = None,
         **options: Any,
     ) -> None:
-        #: (name, rank, size) of this process's group (docs/kv.md, "Groups"), or None.
+        #: (name, rank, size) of this process's group (docs/kv-sharing.md, "Groups"), or None.
         self.group = None if group is None else check_group(group)
         if isinstance(folders, (str, bytes, os.PathLike)):
             folders = [folders]

@@ -6,7 +6,7 @@ sent to the owner) and starts a receiver thread. A put copies the caller's rows 
 staging slots and sends the request; a get sends it, and the receiver copies each verified
 page from staging into the caller's row when the reply comes. A batch larger than the free
 staging waits its turn on a dispatcher thread (FIFO), in pieces of at most the staging size.
-A group member (docs/kv.md "Groups") also maps the group's arena (a memfd with the hello's
+A group member (docs/kv-sharing.md "Groups") also maps the group's arena (a memfd with the hello's
 reply): a get's reply may say a page is in an arena slot; it is copied from there, and the
 slots are released to the owner (RELEASE) once copied.
 
@@ -158,7 +158,7 @@ class Connection:
                 socket.send_fds(self.sock, [msg], [fd])
             finally:
                 os.close(fd)
-            self.arena: _ReadOnlyMap | None = None  # a group's arena (docs/kv.md "Groups")
+            self.arena: _ReadOnlyMap | None = None  # a group's arena (docs/kv-sharing.md "Groups")
             self.arena_base = 0
             got = self._hello_reply() if hello.get("group") is not None else w.recv_message(self.sock)
             if got is None:

@@ -1,5 +1,5 @@
 """Groups of a shared deepio.kv store: the members' gets of the same keys are read once
-(docs/kv.md, "Groups: one read per node for the ranks that want the same pages").
+(docs/kv-sharing.md, "Groups: one read per node for the ranks that want the same pages").
 
 ``Store(folders, shared=True, group=(name, rank, size))`` makes this process member ``rank``
 of group ``name`` (``size`` members). A group lives in the owner (``Hub``, one per served

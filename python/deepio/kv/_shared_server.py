@@ -35,7 +35,7 @@ from . import _shared_fork as _fork
 from . import _shared_wire as w
 from ._shared_group import NONE, Arena, Hub, check_group
 
-#: Bytes of the arena a group's reads land in (a memfd every member maps; docs/kv.md "Groups").
+#: Bytes of the arena a group's reads land in (a memfd every member maps; docs/kv-sharing.md "Groups").
 ARENA_BYTES = 256 << 20
 
 _IO_TIMEOUT = 10.0  # seconds a client may take to send the rest of a message or take a reply
@@ -50,7 +50,7 @@ class _Client:
         self.base = 0
         self.slots = 0
         self.page_bytes = 0
-        self.group: tuple[str, int, int] | None = None  # (name, rank, size): docs/kv.md "Groups"
+        self.group: tuple[str, int, int] | None = None  # (name, rank, size): docs/kv-sharing.md "Groups"
         self.left = False  # its group was told it left
         self.held: dict[int, int] = {}  # arena slot -> pages this client has yet to release
         self.gone = False

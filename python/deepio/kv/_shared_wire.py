@@ -1,4 +1,4 @@
-"""The wire of a shared deepio.kv store (docs/kv.md, "Sharing a store between processes").
+"""The wire of a shared deepio.kv store (docs/kv-sharing.md, "Sharing a store between processes").
 
 One owner process holds the store's folders and serves them on a Unix stream socket in the
 abstract namespace, named from the folders' (device, inode) pairs; clients connect to it.
@@ -12,7 +12,7 @@ the body. Requests:
   "staging_slots", "pid"}``; the reply (status OK/ERR, id 0) is JSON.
 - PUT, GET: ``<I`` n, then n pairs ``<II`` (staging slot, length), then the keys (below);
   the reply: n bytes, 1 where the page was stored / read whole and verified; a GET of a group
-  member's (docs/kv.md "Groups") adds n ``<I``: the slot of the group's arena (the memfd that
+  member's (docs/kv-sharing.md "Groups") adds n ``<I``: the slot of the group's arena (the memfd that
   came with the hello's reply) that holds the page, or 0xFFFFFFFF where it is in the staging.
 - RELEASE (a group member, no reply): ``<I`` arena slots whose pages it copied out.
 - CONTAINS: keys; reply n bytes. EXISTS, REMOVE: keys; reply ``<q``. CLEAR, RETRY: no body;

@@ -1,6 +1,6 @@
 """deepio.kv.Store as an LMCache L2 tier, through LMCache's ``native_plugin`` L2 adapter.
 
-LMCache (multiprocess mode) loads it from its L2 adapter config (docs/kv.md has the whole
+LMCache (multiprocess mode) loads it from its L2 adapter config (docs/kv-backends.md has the whole
 command line)::
 
     --l2-adapter '{"type": "native_plugin", "module_path": "deepio.kv.lmcache",
@@ -17,7 +17,7 @@ chunk size and format); a store written under another one raises at construction
 ``"clear_on_mismatch": true``, starts empty with a warning: its objects are never served.
 A fresh folder needs ``capacity_bytes`` (the construction raises, naming the folder).
 
-Sharing (docs/kv.md, "LMCache"): the store is opened with ``shared=True`` (``"shared": false``
+Sharing (docs/kv-backends.md, "LMCache"): the store is opened with ``shared=True`` (``"shared": false``
 in ``adapter_params`` opts out): every LMCache server on the node (its multiprocess mode runs
 one per node, or one per vLLM instance) that names the same folders, ``page_bytes`` and
 ``fingerprint`` uses one store and hits the others' objects. LMCache's keys name the model and

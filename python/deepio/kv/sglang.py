@@ -1,6 +1,6 @@
 """deepio.kv.Store as SGLang's HiCache storage backend (the L3 tier below host memory).
 
-Load it with SGLang's dynamic backend (docs/kv.md has the whole command line)::
+Load it with SGLang's dynamic backend (docs/kv-backends.md has the whole command line)::
 
     --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
       '{"backend_name": "deepio", "module_path": "deepio.kv.sglang",
@@ -17,7 +17,7 @@ of the KV pool opens there, in ``<folder>/<store>/kv`` for each folder. Each fur
 the v2 interface (``register_mem_host_pool_v2``: Mamba state, SWA, indexer, ...) gets its own
 store in ``<folder>/<store>/<pool name>``.
 
-Sharing (docs/kv.md, "SGLang"): every store is opened with ``shared=True``, one per node for
+Sharing (docs/kv-backends.md, "SGLang"): every store is opened with ``shared=True``, one per node for
 the processes whose pages are the same bytes. ``<store>`` names the model and the ranks a
 page's bytes depend on: an MLA model's (``<model>_mla``, per pipeline stage, context rank and
 DCP shard) are the same on every TP rank and every data-parallel (DP-attention) rank, so all
@@ -31,7 +31,7 @@ page is read from the drives once per node.
 
 Memory: in the process that owns the shared store (the first to open it) a page moves
 straight between the drive and the host pool, no staging copy; in the others it goes through
-their staging region (one memory copy; docs/kv.md, "Sharing a store between processes"). The
+their staging region (one memory copy; docs/kv-sharing.md, "Sharing a store between processes"). The
 host pool's ``get_page_buffer_meta(indices)`` gives, per page, the addresses and sizes of its
 pieces (page_first: the K part and the V part; layer_first: one K and one V piece per layer),
 which become that key's segments of ``Store.put_segments`` / ``Store.get_segments``. The

@@ -1,7 +1,7 @@
 """deepio.kv.Store as a secondary tier of vLLM's KV offloading (``TieringOffloadingSpec``).
 
 vLLM loads an out-of-tree tier by class name and module path from the offloading
-connector's config (docs/kv.md has the whole command line)::
+connector's config (docs/kv-backends.md has the whole command line)::
 
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": ...,
@@ -29,7 +29,7 @@ Calls (vLLM makes them under its tiering manager's lock; they never block on I/O
 - ``get_finished_jobs()``: the results queued since the last call.
 - ``drain_jobs()``: waits for every job in flight; ``shutdown()`` drains, then closes the store.
 
-Keys are vLLM's ``OffloadKey`` bytes (block hash + group index). Sharing (docs/kv.md, "vLLM"):
+Keys are vLLM's ``OffloadKey`` bytes (block hash + group index). Sharing (docs/kv-backends.md, "vLLM"):
 the tier lives in vLLM's scheduler process, one per instance (one per data-parallel replica);
 its store is opened with ``shared=True`` (the tier's ``"shared": false`` opts out), so every
 instance and replica on the node that opens the same folders with the same configuration uses
