@@ -9,8 +9,6 @@
 
 namespace deepio::kv {
 
-using internal::aligned_buf;
-using internal::AlignedBuf;
 using internal::DeviceScratch;
 using internal::encode_header;
 using internal::errno_of;
@@ -39,7 +37,9 @@ class SlabHeaders {
   }
   SlabHeaders(const SlabHeaders&) = delete;
   SlabHeaders& operator=(const SlabHeaders&) = delete;
-  [[nodiscard]] unsigned char* at(std::size_t i) const { return buf_.get() + i * kHeaderBytes; }
+  [[nodiscard]] unsigned char* at(std::size_t i) const {
+    return static_cast<unsigned char*>(buf_.data()) + i * kHeaderBytes;
+  }
   /// Page i's header is that of slot `slot` of folder `fi` (f).
   void add(std::size_t i, std::uint32_t fi, const Folder& f, std::uint32_t slot, std::uint64_t slot_bytes) {
     Group& g = groups_[{fi, slot / f.per_slab}];
@@ -50,7 +50,7 @@ class SlabHeaders {
   void write(std::vector<Folder>& folders, PageErrors& errs) {
     for (auto& [where, g] : groups_) {
       start(g, errs,
-            [&] { return folders[where.first].slabs[where.second].pwrite_ranges(buf_.get(), bytes_, g.ranges); });
+            [&] { return folders[where.first].slabs[where.second].pwrite_ranges(buf_.data(), bytes_, g.ranges); });
     }
   }
   /// Starts one fdatasync of each slab whose pages have no error yet: a zero-byte write with
@@ -104,36 +104,33 @@ class SlabHeaders {
     }
   }
   // The batch thread keeps its last buffer (up to kKeep bytes) for the next batch: a new one
-  // of 512 KiB (128 pages) is an mmap and 128 zeroed page faults per batch.
+  // of 512 KiB (128 pages) is an mmap and 128 zeroed page faults per batch. Locked memory
+  // (deepio's allocation): the io_uring backend registers it, so a header's request pins
+  // nothing (the pages of a plain buffer are pinned by the kernel for every request).
   static constexpr std::size_t kKeep = std::size_t{4} << 20;
-  struct Kept {
-    AlignedBuf buf;
-    std::size_t bytes = 0;
-  };
-  static Kept& kept() {
-    thread_local Kept k;
+  static UniqueLockedBuffer& kept() {
+    thread_local UniqueLockedBuffer k;
     return k;
   }
   /// A buffer of at least *bytes; *bytes becomes its size.
-  static AlignedBuf borrow(std::size_t* bytes) {
-    Kept& k = kept();
-    if (k.buf && k.bytes >= *bytes) {
-      *bytes = k.bytes;
-      return std::move(k.buf);
+  static UniqueLockedBuffer borrow(std::size_t* bytes) {
+    UniqueLockedBuffer& k = kept();
+    if (k.data() != nullptr && k.size() >= *bytes) {
+      *bytes = k.size();
+      return std::move(k);
     }
-    return aligned_buf(*bytes);
+    UniqueLockedBuffer b(*bytes);
+    *bytes = b.size();
+    return b;
   }
-  static void give_back(AlignedBuf buf, std::size_t bytes) {
-    Kept& k = kept();
-    if (buf && bytes <= kKeep && (!k.buf || k.bytes < bytes)) {
-      k.buf = std::move(buf);
-      k.bytes = bytes;
-    }
+  static void give_back(UniqueLockedBuffer buf, std::size_t bytes) {
+    UniqueLockedBuffer& k = kept();
+    if (buf.data() != nullptr && bytes <= kKeep && (k.data() == nullptr || k.size() < bytes)) k = std::move(buf);
   }
   std::size_t bytes_;
   std::size_t cap_;  // buf_'s size (a kept buffer may be larger than bytes_)
   std::uint64_t ops_ = 0;
-  AlignedBuf buf_;  // before groups_: their futures go first
+  UniqueLockedBuffer buf_;  // before groups_: their futures go first
   std::map<std::pair<std::uint32_t, std::uint64_t>, Group> groups_;
 };
 

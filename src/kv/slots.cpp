@@ -9,15 +9,22 @@ namespace deepio::kv::internal {
 
 namespace {
 __extension__ using U128 = unsigned __int128;  // GCC and Clang: a 64 x 64 -> 128-bit product
-constexpr std::uint64_t kTagMask = 0xFFFF;
+// An entry: folder (bits 48-63), slot (16-47), 7 bits of the key's hash with bit 8 always 1
+// (0: empty) in bits 8-15, and in bits 0-7 how far the entry sits past its home position
+// (kFar: that far or farther, the home then found from the key), so that a deletion's backward
+// shift needs no key and no hash of the entries it moves.
+constexpr std::uint64_t kTagMask = 0xFF00;
+constexpr std::uint64_t kDistMask = 0xFF;
+constexpr std::uint64_t kFar = 0xFF;
 
-std::uint64_t pack(Place p, std::uint64_t h) noexcept {
-  return (std::uint64_t{p.folder} << 48) | (std::uint64_t{p.slot} << 16) | (h & kTagMask) | 1u;
+std::uint64_t pack(Place p, std::uint64_t h, std::uint64_t dist) noexcept {
+  return (std::uint64_t{p.folder} << 48) | (std::uint64_t{p.slot} << 16) | (h & kTagMask) | 0x100u |
+         std::min(dist, kFar);
 }
 Place unpack(std::uint64_t e) noexcept {
   return Place{static_cast<std::uint32_t>(e >> 48), static_cast<std::uint32_t>((e >> 16) & 0xFFFFFFFFu)};
 }
-bool tag_matches(std::uint64_t e, std::uint64_t h) noexcept { return (e & kTagMask) == ((h & kTagMask) | 1u); }
+bool tag_matches(std::uint64_t e, std::uint64_t h) noexcept { return (e & kTagMask) == ((h & kTagMask) | 0x100u); }
 
 std::unique_ptr<char[]> copy_key(std::string_view key) {
   auto k = std::make_unique_for_overwrite<char[]>(4 + key.size());
@@ -80,8 +87,20 @@ std::optional<Place> SlotModel::lookup(std::string_view key) const noexcept {
 void SlotModel::index_insert(std::uint64_t h, Place p) {
   const std::size_t n = table_.size();
   std::size_t i = home(h);
-  while (table_[i] != 0) i = i + 1 == n ? 0 : i + 1;
-  table_[i] = pack(p, h);
+  std::uint64_t dist = 0;
+  for (; table_[i] != 0; ++dist) i = i + 1 == n ? 0 : i + 1;
+  table_[i] = pack(p, h, dist);
+}
+
+std::size_t SlotModel::home_of(std::size_t pos) const noexcept {
+  const std::uint64_t e = table_[pos];
+  const std::uint64_t dist = e & kDistMask;
+  if (dist == kFar) {
+    const Place p = unpack(e);
+    return home(hash(key_of(folders_[p.folder].info[p.slot])));
+  }
+  const std::size_t n = table_.size();
+  return pos >= dist ? pos - dist : pos + n - dist;
 }
 
 void SlotModel::index_erase(std::size_t pos) {
@@ -90,11 +109,11 @@ void SlotModel::index_erase(std::size_t pos) {
   const std::size_t n = table_.size();
   std::size_t hole = pos;
   for (std::size_t j = pos + 1 == n ? 0 : pos + 1; table_[j] != 0; j = j + 1 == n ? 0 : j + 1) {
-    const Place p = unpack(table_[j]);
-    const std::size_t h = home(hash(key_of(folders_[p.folder].info[p.slot])));
+    const std::size_t h = home_of(j);
     const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
     if (stays) continue;
-    table_[hole] = table_[j];
+    const std::uint64_t dist = hole >= h ? hole - h : hole + n - h;
+    table_[hole] = (table_[j] & ~kDistMask) | std::min<std::uint64_t>(dist, kFar);
     hole = j;
   }
   table_[hole] = 0;
@@ -169,16 +188,19 @@ void SlotModel::release(Folder& f, std::uint32_t slot) {
 }
 
 void SlotModel::drop(Place p) {
+  const std::uint64_t h = hash(key_of(folders_[p.folder].info[p.slot]));
+  const std::size_t n = table_.size();
+  const std::uint64_t want = pack(p, h, 0);
+  std::size_t i = home(h);
+  while ((table_[i] & ~kDistMask) != want) i = i + 1 == n ? 0 : i + 1;  // the page's own entry: it is there
+  drop_at(p, i);
+}
+
+void SlotModel::drop_at(Place p, std::size_t pos) {
   Folder& f = folders_[p.folder];
   SlotInfo& s = f.info[p.slot];
   dropped_max_gen_ = std::max(dropped_max_gen_, s.gen);
-  const std::string_view key = key_of(s);
-  const std::uint64_t h = hash(key);
-  const std::size_t n = table_.size();
-  const std::uint64_t want = pack(p, h);
-  std::size_t i = home(h);
-  while (table_[i] != want) i = i + 1 == n ? 0 : i + 1;  // the page's own entry: it is there
-  index_erase(i);
+  index_erase(pos);
   lru_unlink(f, p.slot);
   --f.live;
   --pages_;
@@ -216,12 +238,14 @@ std::optional<Place> SlotModel::allocate(std::string_view key) {
 
 bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::uint64_t len, std::uint32_t crc) {
   Folder& f = folders_[p.folder];
-  if (auto old = lookup(key)) {
-    if (folders_[old->folder].info[old->slot].gen > gen) {
+  const std::uint64_t h = hash(key);
+  if (const std::size_t pos = position(key, h); pos != table_.size()) {
+    const Place old = unpack(table_[pos]);
+    if (folders_[old.folder].info[old.slot].gen > gen) {
       release(f, p.slot);  // a newer put of the key committed first
       return false;
     }
-    drop(*old);
+    drop_at(old, pos);
   }
   SlotInfo& s = f.info[p.slot];
   s.key = copy_key(key);
@@ -233,7 +257,7 @@ bool SlotModel::commit(const std::string& key, Place p, std::uint64_t gen, std::
   lru_append(f, p.slot);
   ++f.live;
   ++pages_;
-  index_insert(hash(key), p);
+  index_insert(h, p);
   dirty_ = true;
   return true;
 }
@@ -422,6 +446,9 @@ std::string SlotModel::check() const {
     const SlotInfo& s = folders_[p.folder].info[p.slot];
     if (s.state != SlotState::Live) return "index entry of a slot not Live";
     if (position(key_of(s), hash(key_of(s))) != i) return "index entry not found by its key";
+    const std::size_t h = home(hash(key_of(s)));
+    const std::uint64_t dist = i >= h ? i - h : i + table_.size() - h;
+    if ((e & 0xFF) != std::min<std::uint64_t>(dist, 0xFF)) return "index entry's distance from its home wrong";
   }
   if (entries != pages_) return "index size not the page count";
   for (std::uint32_t fi = 0; fi < folders_.size(); ++fi) {

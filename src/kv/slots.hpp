@@ -152,6 +152,8 @@ class SlotModel {
   [[nodiscard]] std::uint32_t pins(Place p) const { return folders_[p.folder].info[p.slot].pins; }
   [[nodiscard]] std::vector<std::string> lru_keys(std::uint32_t fi) const;
   [[nodiscard]] std::optional<Pinned> find(std::string_view key) const;
+  /// The index position where key's entry would sit with no collision.
+  [[nodiscard]] std::size_t home_of_key(std::string_view key) const noexcept { return home(hash(key)); }
   /// Checks I1-I3; the first violation in words, or "" when there is none.
   [[nodiscard]] std::string check() const;
 
@@ -186,14 +188,17 @@ class SlotModel {
   static std::uint64_t hash(std::string_view key) noexcept;
   // The index: open addressing with linear probing over table_, whose size is fixed at about
   // 1.25 x the slots of every folder (live pages never outnumber slots), backward-shift
-  // deletion (no tombstones). An entry packs folder (16 bits), slot (32) and 16 bits of the
-  // key's hash, the lowest always 1 (0: empty); a probe compares keys only where those match.
+  // deletion (no tombstones). An entry packs folder (16 bits), slot (32), 7 bits of the key's
+  // hash and a set bit (0: empty), and its distance from its home (8 bits, saturating); a probe
+  // compares keys only where the hash bits match, a deletion moves entries without their keys.
   [[nodiscard]] std::size_t home(std::uint64_t h) const noexcept;
   /// The table position of key's entry, or table_.size().
   [[nodiscard]] std::size_t position(std::string_view key, std::uint64_t h) const noexcept;
   [[nodiscard]] std::optional<Place> lookup(std::string_view key) const noexcept;
   void index_insert(std::uint64_t h, Place p);
   void index_erase(std::size_t pos);
+  /// The home position of the entry at pos.
+  [[nodiscard]] std::size_t home_of(std::size_t pos) const noexcept;
   void rebuild_table();
 
   static void push_free(Folder& f, std::uint32_t slot);
@@ -204,6 +209,8 @@ class SlotModel {
   void release(Folder& f, std::uint32_t slot);
   /// Drops the Live page at p from the index.
   void drop(Place p);
+  /// drop(p) where pos is p's index entry.
+  void drop_at(Place p, std::size_t pos);
   void evict(std::uint32_t fi);
 
   double high_;

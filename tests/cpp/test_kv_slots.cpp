@@ -232,6 +232,32 @@ TEST(KvSlots, RecordsAndLoadKeepTheLruOrder) {
 // Random operations over 3 folders of a few slots, with puts and pins held open across
 // steps; after each step the model's invariants hold, its index equals the reference's, and
 // every eviction took the least recently used pages of its folder.
+TEST(KvSlots, ARunOfEntriesLongerThanTheirStoredDistanceIsStillFoundAndShiftedRight) {
+  // 300 keys of one home position: most of them sit 255 or more past it, where an entry's
+  // stored distance saturates and a deletion finds the home from the key instead.
+  SlotModel m(1, 1.0, 1.0);
+  m.init_folder(0, 400);
+  std::vector<std::string> same;
+  for (int i = 0; same.size() < 300; ++i) {
+    std::string k = "h" + std::to_string(i);
+    if (m.home_of_key(k) == 7) same.push_back(std::move(k));
+  }
+  std::vector<std::string> keys = same;
+  for (int i = 0; i < 60; ++i) keys.push_back("other" + std::to_string(i));
+  std::mt19937 rng(46);
+  std::shuffle(keys.begin(), keys.end(), rng);
+  std::uint64_t gen = 0;
+  for (const std::string& k : keys) ASSERT_TRUE(put(m, k, ++gen));
+  ASSERT_EQ(m.check(), "");
+  std::shuffle(keys.begin(), keys.end(), rng);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(m.remove(keys[i]));
+    ASSERT_EQ(m.check(), "") << "after removing " << i + 1;
+    for (std::size_t j = i + 1; j < keys.size(); j += 17) ASSERT_TRUE(m.contains(keys[j])) << keys[j];
+  }
+  EXPECT_EQ(m.pages(), 0u);
+}
+
 TEST(KvSlots, RandomOperationsKeepTheInvariantsAndEvictInLruOrder) {
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     std::mt19937_64 rng(seed);
