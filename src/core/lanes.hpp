@@ -43,7 +43,8 @@
 // wait, table-tested as "no starvation"). A read may issue while the lane's requests plus the
 // part of that floor writes do not hold yet stay under the share (or the lane holds nothing).
 // While reads are active on the lane (waiting, in flight, or done within the worker's linger
-// of 5 ms, LaneLoad::read_recent) writes hold at most write_floor() of the lane, otherwise
+// of 5 ms; or, through another worker of the process, on the lane's device: both are
+// LaneLoad::read_recent, core/device_reads.hpp) writes hold at most write_floor() of the lane, otherwise
 // the whole share. So a read issued under saturating writes waits in the device behind at
 // most write_floor() writes, not behind the whole queue; the writes above the floor are not
 // refilled until the reads have been quiet for the linger.

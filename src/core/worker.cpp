@@ -41,6 +41,12 @@ Worker::Impl::Impl(Worker& worker)
 }
 
 Worker::Impl::~Impl() {
+  // Read slices never retired (a worker ended with work left) no longer hold the device's
+  // writes back in other workers.
+  for (Lane& l : lanes) {
+    if (l.shared != nullptr)
+      l.shared->active.fetch_sub(static_cast<std::int64_t>(l.run[0].size()), std::memory_order_relaxed);
+  }
   // Before the backend goes: enqueue() never wakes it afterwards.
   std::lock_guard lock(w.mutex_);
   w.waker_ = nullptr;
@@ -66,7 +72,10 @@ bool Worker::Impl::pull() {
     it->self = it;
     it->read = read;
     ++l.load.waiting;
-    if (read) ++l.load.reads_waiting;
+    if (read) {
+      ++l.load.reads_waiting;
+      if (l.shared != nullptr) l.shared->active.fetch_add(1, std::memory_order_relaxed);
+    }
     if (l.cursor[k] == l.run[k].end()) l.cursor[k] = it;
   }
   taken.clear();
@@ -79,6 +88,7 @@ Lane& Worker::Impl::lane_for(std::uint64_t key) {
   }
   Lane& l = lanes.emplace_back();
   l.key = key;
+  l.shared = device_reads(key);
   l.cursor[0] = l.run[0].end();
   l.cursor[1] = l.run[1].end();
   if (turn == lanes.end()) turn = std::prev(lanes.end());
@@ -109,6 +119,7 @@ void Worker::Impl::close(Active& a) {
 void Worker::Impl::retire(Active* a) {
   finished.push_back(std::move(a->task.op));
   Lane* l = a->lane;
+  if (a->read && l->shared != nullptr) l->shared->active.fetch_sub(1, std::memory_order_relaxed);
   l->run[a->read ? 0 : 1].erase(a->self);
   if (!l->empty()) return;
   for (auto it = lanes.begin(); it != lanes.end(); ++it) {
@@ -133,7 +144,10 @@ void Worker::Impl::release(std::uint32_t id) {
   Slot& s = slots[id];
   Active* a = s.owner;
   discharge(a->lane->load, s.len, s.bounce >= 0, a->read);
-  if (a->read) a->lane->last_read = Clock::now();
+  if (a->read) {
+    a->lane->last_read = Clock::now();
+    if (a->lane->shared != nullptr) a->lane->shared->ended(a->lane->last_read);
+  }
   if (s.bounce >= 0) staging.give_back(s.bounce);
   s = Slot{};
   free_slots.push_back(id);
@@ -180,15 +194,17 @@ bool Worker::Impl::reads_with_writes() const {
   });
 }
 
-// Sets each lane's read_recent: a read request of it ended within kReadLingerUs.
+// Sets each lane's read_recent: a read request of it ended within kReadLingerUs, or, through
+// any worker of the process, reads of its device are queued, in flight or ended that recently
+// (core/device_reads.hpp: the device's queue is every worker's).
 void Worker::Impl::mark_recent_reads() {
+  if (lanes.empty()) return;
   const Clock::time_point none{};
-  bool any = false;
-  for (const Lane& l : lanes) any = any || l.last_read != none;
-  if (!any) return;
   const auto now = Clock::now();
+  const auto linger = std::chrono::microseconds(kReadLingerUs);
   for (Lane& l : lanes) {
-    l.load.read_recent = l.last_read != none && now - l.last_read < std::chrono::microseconds(kReadLingerUs);
+    l.load.read_recent = (l.last_read != none && now - l.last_read < linger) ||
+                         (l.shared != nullptr && l.shared->recent(now, linger));
   }
 }
 

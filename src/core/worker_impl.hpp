@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/completion.hpp"
+#include "core/device_reads.hpp"
 #include "core/lanes.hpp"
 #include "core/staging.hpp"
 #include "core/worker.hpp"
@@ -50,6 +51,7 @@ struct Lane {
   std::list<Active>::iterator cursor[2];              // first slice not closed, or run[c].end()
   LaneLoad load;                                      // load.waiting: slices not closed
   std::chrono::steady_clock::time_point last_read{};  // when a read request of it last ended
+  DeviceReads* shared = nullptr;                      // the device's reads, all workers (null: table full)
   [[nodiscard]] bool empty() const { return run[0].empty() && run[1].empty(); }
 };
 
