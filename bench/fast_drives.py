@@ -451,7 +451,7 @@ def main() -> None:
         raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
     if a.file_size % 4096 or a.seq_bytes % SEQ_BS or a.bytes_4k % 4096:
         raise SystemExit("--file-size and --bytes-4k must be whole 4 KiB blocks, --seq-bytes whole MiB")
-    if a.seq_bytes > a.file_size:
+    if not a.no_seq and a.seq_bytes > a.file_size:
         raise SystemExit("--seq-bytes must be at most --file-size (the first drive's file is read and written)")
     skipped = {}
     if a.no_sglang:

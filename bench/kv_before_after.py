@@ -9,8 +9,9 @@ round to round, the page cache dropped before each (root):
                              --fixedbufs --registerfiles (as bench/fast_drives.py), randwrite
                              with --fdatasync=128, over one --bytes/drives file per drive
   NAME put / get             a fresh process of that Python: a deepio.kv.Store over a folder per
-                             drive (defaults but capacity), a pool of 128 pages registered;
-                             --bytes of pages put in 128-page batches (durable), then got back
+                             drive (defaults but capacity), a pool of one batch registered;
+                             --bytes of pages put in batches of 128 pages per drive (durable:
+                             each drive syncs once per 128 pages, as fio), then got back
                              cold, each call's .result() waited for (bench/kv_bench.py's
                              pattern); an untimed warm-up batch first; the last batch's bytes
                              checked. CPU seconds per GiB: the process's, every thread.
@@ -89,7 +90,10 @@ def size_arg(s):
 
 def main():
     if sys.argv[1:2] == ["--worker"]:
-        return worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+        folders = sys.argv[4:]
+        # 128 pages per drive a batch: each drive syncs once per 128 pages, as fio's
+        # --fdatasync=128 per job (bench/fast_drives.py does the same).
+        return worker(int(sys.argv[2]), int(sys.argv[3]), folders, batch=128 * len(folders))
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="64K,256K,2M")
     ap.add_argument("--rounds", type=int, default=3)
