@@ -343,9 +343,10 @@ TEST(KvCost, PagesOverTheSameMemoryFallBackToAnOperationEach) {
   EXPECT_EQ(s.stats().corrupt, 0u);
 }
 
-// The index's memory per page, besides the key's own bytes (docs/kv.md "Memory"): a model of
-// 200 000 slots, all live, with 64-byte keys (SGLang's hex SHA-256), measured by the heap's
-// own count. Printed, and bounded so that it does not grow unnoticed.
+// The index's memory per page, besides the key's own bytes (docs/kv.md "Cost per page",
+// "Memory, measured by ..."): a model of 200 000 slots, all live, with 64-byte keys (SGLang's
+// hex SHA-256), measured by the heap's own count. Printed, and bounded so that it does not
+// grow unnoticed.
 TEST(KvCost, TheIndexCostsAFixedNumberOfBytesPerPagePlusTheKey) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the sanitizers' allocators replace malloc: mallinfo2() does not see them";

@@ -327,6 +327,40 @@ def test_sglang_v2_pools_hit_policies_like_hicache_file(engines, tmp_dir):
 
 
 @needs("sglang")
+def test_sglang_shared_false_opens_the_processs_own_store(engines, tmp_dir):
+    """ "shared": false in the extra config: a plain Store of this process (no node-shared
+    server or client), whose folders a second backend cannot open meanwhile (the folder lock);
+    pages round-trip as with the shared store. A setting that is not true/false raises."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    import deepio.kv
+    from deepio.kv._shared import SharedStore
+
+    pool = _host_pool("page_first")
+    folders = [tmp_dir / "own-a", tmp_dir / "own-b"]
+    backend = _deepio_backend(folders, pool, shared=False)
+    try:
+        store = backend._store("kv")
+        assert type(store) is deepio.kv.Store and not isinstance(store, SharedStore)
+        n = 4
+        src = pool.alloc(n * PAGE_TOKENS)
+        keys = [uuid.uuid4().hex for _ in range(n)]
+        expected = _pages(pool, src)
+        ctl = _controller(backend, pool)
+        assert HiCacheController._page_set_zero_copy(ctl, keys, src) is True
+        dst = pool.alloc(n * PAGE_TOKENS)
+        assert HiCacheController._page_get_zero_copy(ctl, types.SimpleNamespace(request_id="r"), keys, dst) == n
+        for want, got in zip(expected, _pages(pool, dst), strict=True):
+            assert torch.equal(want, got)
+        with pytest.raises(Exception, match="EBUSY|busy|lock|in use"):
+            _deepio_backend(folders, pool, shared=False)
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match='"shared" in --hicache-storage-backend-extra-config'):
+        _deepio_backend([tmp_dir / "own-c"], pool, shared="maybe")
+
+
+@needs("sglang")
 def test_sglang_refuses_what_it_cannot_serve(engines, tmp_dir):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory

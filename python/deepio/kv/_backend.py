@@ -56,14 +56,19 @@ def group_supported() -> bool:
     return any("group" in inspect.signature(f).parameters for f in (Store.__init__, _shared.SharedStore.__init__))
 
 
-def clear_setting(value: Any, where: str) -> bool:
-    """The backends' ``clear_on_mismatch`` setting: a bool (JSON true/false), or the strings
-    "true"/"false"/"1"/"0"."""
+def bool_setting(value: Any, name: str, where: str) -> bool:
+    """A backend's true/false setting ``name``: a bool (JSON true/false), or the strings
+    "true"/"false"/"1"/"0"; anything else raises ValueError naming it and ``where``."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (str, int)) and str(value).lower() in ("true", "1", "false", "0"):
         return str(value).lower() in ("true", "1")
-    raise ValueError(f'"clear_on_mismatch" in {where} must be true or false, not {value!r}')
+    raise ValueError(f'"{name}" in {where} must be true or false, not {value!r}')
+
+
+def clear_setting(value: Any, where: str) -> bool:
+    """The backends' ``clear_on_mismatch`` setting (bool_setting)."""
+    return bool_setting(value, "clear_on_mismatch", where)
 
 
 def open_store(

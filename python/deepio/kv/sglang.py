@@ -17,17 +17,17 @@ of the KV pool opens there, in ``<folder>/<store>/kv`` for each folder. Each fur
 the v2 interface (``register_mem_host_pool_v2``: Mamba state, SWA, indexer, ...) gets its own
 store in ``<folder>/<store>/<pool name>``.
 
-Sharing (docs/kv-backends.md, "SGLang"): every store is opened with ``shared=True``, one per node for
-the processes whose pages are the same bytes. ``<store>`` names the model and the ranks a
-page's bytes depend on: an MLA model's (``<model>_mla``, per pipeline stage, context rank and
-DCP shard) are the same on every TP rank and every data-parallel (DP-attention) rank, so all
-of them, and every other SGLang server of that model on the node, open one store: SGLang's
-cache controller writes from one rank (``is_storage_writer``: TP rank 0, or one per DCP
-shard) and every rank reads. Another model's pages differ by TP rank
-(``<model>_tp<rank>of<size>``): TP rank r of every DP group and every server shares the
-store of rank r. The TP ranks of an MLA model load the same pages at once; they are given to
-the store as one read group (``_read_group``) so that, where the store splits reads, each
-page is read from the drives once per node.
+Sharing (docs/kv-backends.md, "SGLang"): every store is opened with ``shared=True``
+(``"shared": false`` in the extra config opts out), one per node for the processes whose pages
+are the same bytes. ``<store>`` names the model and the ranks a page's bytes depend on: an MLA
+model's (``<model>_mla``, per pipeline stage, context rank and DCP shard) are the same on every
+TP rank and every data-parallel (DP-attention) rank, so all of them, and every other SGLang
+server of that model on the node, open one store: SGLang's cache controller writes from one
+rank (``is_storage_writer``: TP rank 0, or one per DCP shard) and every rank reads. Another
+model's pages differ by TP rank (``<model>_tp<rank>of<size>``): TP rank r of every DP group and
+every server shares the store of rank r. The TP ranks of an MLA model load the same pages at
+once; they are given to the store as one read group (``_read_group``) so that, where the store
+splits reads, each page is read from the drives once per node.
 
 Memory: in the process that owns the shared store (the first to open it) a page moves
 straight between the drive and the host pool, no staging copy; in the others it goes through
@@ -74,7 +74,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from deepio.kv import Store
-from deepio.kv._backend import clear_setting, digest, fingerprint, open_store
+from deepio.kv._backend import bool_setting, clear_setting, digest, fingerprint, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,10 @@ class DeepioHiCacheStorage(HiCacheStorage):
     true: its pages are dropped and it starts empty, with a warning) and ``fingerprint`` (a
     string added to the store's fingerprint, for what SGLang's config does not say, e.g. the
     weights' revision), ``read_group`` (an MLA model's TP ranks read each page once per node
-    together: the name of this server, default the scheduler processes' parent; false: off).
+    together: the name of this server, default the scheduler processes' parent; false: off),
+    ``shared`` (default true: one store per node for the processes whose pages are the same
+    bytes; false: this process's own store, whose folders no other process may open
+    meanwhile, and no read group).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -162,7 +165,8 @@ class DeepioHiCacheStorage(HiCacheStorage):
             )
         self.storage_config = storage_config
         self._folders = [os.path.join(str(f), _store_folder(storage_config)) for f in folders]
-        self._group = _read_group(storage_config, extra.get("read_group"))
+        self._shared = bool_setting(extra.get("shared", True), "shared", _WHERE)
+        self._group = _read_group(storage_config, extra.get("read_group")) if self._shared else None
         self._capacity_bytes = int(extra.get("capacity_bytes", 0))
         self._pool_capacity = {str(k): int(v) for k, v in dict(extra.get("pool_capacity_bytes", {})).items()}
         self._clear_on_mismatch = clear_setting(extra.get("clear_on_mismatch", False), _WHERE)
@@ -212,7 +216,7 @@ class DeepioHiCacheStorage(HiCacheStorage):
                     fingerprint=_fingerprint(self.storage_config, name, pool, pieces, self._user_fingerprint),
                     clear_on_mismatch=self._clear_on_mismatch,
                     capacity_setting=setting,
-                    shared=True,
+                    shared=self._shared,
                     group=None if self._group is None else (f"{self._group[0]}:{name}", *self._group[1:]),
                 )
                 self._stores[name] = store
