@@ -46,9 +46,14 @@ class SlabHeaders {
     g.pages.push_back(i);
     g.ranges.push_back(IoRange{f.offset_of(slot, slot_bytes), i * kHeaderBytes, kHeaderBytes});
   }
+  /// Page i went with its header (PageOps::add_with_header): its slab is synced all the same.
+  void add_written(std::size_t i, std::uint32_t fi, const Folder& f, std::uint32_t slot) {
+    groups_[{fi, slot / f.per_slab}].pages.push_back(i);
+  }
   /// Starts the header writes (not synced); a call that throws marks its pages.
   void write(std::vector<Folder>& folders, PageErrors& errs) {
     for (auto& [where, g] : groups_) {
+      if (g.ranges.empty()) continue;  // every page of the slab went with its header
       start(g, errs,
             [&] { return folders[where.first].slabs[where.second].pwrite_ranges(buf_.data(), bytes_, g.ranges); });
     }
@@ -206,12 +211,14 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
   } on_exit{release_gens};
   // Phase 1: the data, unsynced; CRCs while it moves. A device page is copied into a host
   // buffer first (CRC there, written from there); with every buffer in use, the oldest
-  // device page's write is waited for, so copies overlap the writes before them.
+  // device page's write is waited for, so copies overlap the writes before them. A staged host
+  // page (page_io.hpp) is gathered after room for its header and goes with it, one request:
+  // its CRC and header are made in staging before its write starts.
   std::vector<std::vector<Future>> data(n);
   PageErrors errs(n);
   std::vector<int>& err = errs.err;
   std::vector<std::string>& what = errs.what;
-  std::vector<char> on_dev(n, 0), copy_failed(n, 0);
+  std::vector<char> on_dev(n, 0), copy_failed(n, 0), hdr_sent(n, 0);
   std::vector<int> buf(n, -1);
   std::deque<std::size_t> writing;                      // device pages whose write holds a buffer, oldest first
   PageOps host(/*write=*/true, opt.handle.block_size);  // host pages: a ranged write per chunk of a slab
@@ -261,23 +268,35 @@ std::vector<bool> Store::Impl::do_put(Job& job, DeviceScratch& scratch, std::vec
       }
       continue;
     }
-    host.add(i, slab, job.segments[i], off, errs);
+    // A staged page goes with its header, as one request (its CRC-32C made in staging).
+    hdr_sent[i] = host.add_with_header(i, slab, job.segments[i], off - kHeaderBytes, errs,
+                                       [&](unsigned char* h, const unsigned char* page, std::size_t len) {
+                                         pl[i].crc = crc32c(page, len);
+                                         encode_header(h, job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
+                                       })
+                      ? 1
+                      : 0;
   }
   host.flush(errs);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!pl[i].have || on_dev[i] != 0) continue;
+    if (!pl[i].have || on_dev[i] != 0 || hdr_sent[i] != 0) continue;
     std::uint32_t c = 0;
     for (const Segment& s : job.segments[i]) c = crc32c(s.data, s.nbytes, c);
     pl[i].crc = c;
   }
-  // Phase 2: the headers, one ranged write per slab, without waiting for the data: a header
-  // that lands before its page is caught by the page's CRC (at get and at open).
+  // Phase 2: the other pages' headers, one ranged write per slab, without waiting for the
+  // data: a header that lands before its page is caught by the page's CRC (at get and at open),
+  // as is a header and page written by one request and torn.
   SlabHeaders hdr(n);
   internal::JournalWrites journal;  // each slot's journal record (journal.hpp), synced with it
   for (std::size_t i = 0; i < n; ++i) {
     if (!pl[i].have || err[i] != 0 || copy_failed[i] != 0) continue;
-    encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
-    hdr.add(i, pl[i].folder, folders[pl[i].folder], pl[i].slot, slot_bytes);
+    if (hdr_sent[i] != 0) {
+      hdr.add_written(i, pl[i].folder, folders[pl[i].folder], pl[i].slot);
+    } else {
+      encode_header(hdr.at(i), job.keys[i], pl[i].gen, pl[i].len, pl[i].crc, opt.page_bytes);
+      hdr.add(i, pl[i].folder, folders[pl[i].folder], pl[i].slot, slot_bytes);
+    }
     journal.add(i, pl[i].folder, pl[i].slot, pl[i].gen);
   }
   hdr.write(folders, errs);

@@ -94,29 +94,42 @@ void PageOps::scatter(const Chunk& c, const PageErrors& errs) {
   }
 }
 
+std::size_t PageOps::open_chunk(File& slab) {
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const Chunk& c) { return c.slab == &slab; });
+  if (it != open_.end()) return static_cast<std::size_t>(it - open_.begin());
+  open_.emplace_back().slab = &slab;
+  return open_.size() - 1;
+}
+
+void PageOps::close_if_full(std::size_t k, PageErrors& errs) {
+  if (open_[k].bytes < chunk_bytes_) return;
+  start(open_[k], errs);
+  open_.erase(open_.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+void PageOps::gather(const std::vector<Segment>& segments, unsigned char* to) {
+  for (const Segment& s : segments) {
+    if (s.nbytes == 0) continue;
+    std::memcpy(to, s.data, s.nbytes);
+    to += s.nbytes;
+  }
+}
+
+std::size_t PageOps::page_bytes_of_segments(const std::vector<Segment>& segments) noexcept {
+  return static_cast<std::size_t>(page_bytes_of(segments));
+}
+
 void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
                   PageErrors& errs) {
-  auto it = std::find_if(open_.begin(), open_.end(), [&](const Chunk& c) { return c.slab == &slab; });
-  if (it == open_.end()) {
-    open_.emplace_back();
-    it = open_.end() - 1;
-    it->slab = &slab;
-  }
-  Chunk& c = *it;
+  const std::size_t k = open_chunk(slab);
+  Chunk& c = open_[k];
   c.pages.push_back(i);
   const std::size_t len = page_bytes_of(segments);
   unsigned char* at = staged(segments) ? staging_.take(len) : nullptr;
   if (at != nullptr) {
-    if (write_) {
-      unsigned char* to = at;
-      for (const Segment& s : segments) {
-        if (s.nbytes == 0) continue;
-        std::memcpy(to, s.data, s.nbytes);
-        to += s.nbytes;
-      }
-    }
+    if (write_) gather(segments, at);
     c.pieces.push_back(Chunk::Piece{at, file_offset, len, i});
-    c.staged.push_back(Chunk::Staged{i, &segments, at});
+    if (!write_) c.staged.push_back(Chunk::Staged{i, &segments, at});
     c.bytes += len;
     ++staged_pages_;
   } else {
@@ -127,10 +140,7 @@ void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segment
       c.bytes += s.nbytes;
     }
   }
-  if (c.bytes >= chunk_bytes_) {
-    start(c, errs);
-    open_.erase(it);
-  }
+  close_if_full(k, errs);
 }
 
 void PageOps::flush(PageErrors& errs) {

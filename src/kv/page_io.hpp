@@ -34,6 +34,7 @@
 #include "deepio/handle.hpp"
 #include "deepio/kv.hpp"
 #include "deepio/memory.hpp"
+#include "kv/layout.hpp"
 
 namespace deepio::kv::internal {
 
@@ -65,9 +66,11 @@ class Staging {
   /// n bytes (rounded up to 4 KiB), valid until the Staging goes; nullptr once the batch took
   /// kKeepBytes (the rest of its pages go unstaged: no block made and dropped per batch).
   unsigned char* take(std::size_t n);
+  /// The blocks' size: a take() that does not fit what is left of the last block starts a
+  /// new one (the rest of the old one unused).
+  static constexpr std::size_t kBlock = std::size_t{4} << 20;
 
  private:
-  static constexpr std::size_t kBlock = std::size_t{4} << 20;
   static constexpr std::size_t kKeepBytes = std::size_t{64} << 20;
   std::vector<UniqueLockedBuffer> blocks_;
   std::size_t used_ = 0;   // of the last block
@@ -89,6 +92,38 @@ class PageOps {
   /// Starts the slab's chunk once it holds chunk_bytes.
   void add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
            PageErrors& errs);
+  /// Page i of a put, whose slot starts at `slot_offset` of `slab` (its kHeaderBytes header,
+  /// then the page). A page that is staged, with its header at most half a staging block (up
+  /// to 2 MiB - 4 KiB), moves with its header as one request: its segments
+  /// are gathered into staging after room for the header, make_header(header, page, len) makes
+  /// the page's CRC-32C there and writes the header, and true is returned. Any other page goes
+  /// as add() sends it, at slot_offset + kHeaderBytes, and false is returned (its header is the
+  /// caller's to write). Only for a PageOps that writes.
+  template <typename Fn>
+  bool add_with_header(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t slot_offset,
+                       PageErrors& errs, Fn&& make_header) {
+    const std::size_t len = page_bytes_of_segments(segments);
+    // Header and page in at most half a block, so that two or more share one (a 2 MiB page
+    // with its header would leave most of a second block unused, and a batch would make and
+    // drop blocks: such a page is staged as add() does, its header written apart).
+    const bool with_header = write_ && staged(segments) && kHeaderBytes + len <= Staging::kBlock / 2;
+    unsigned char* at = with_header ? staging_.take(kHeaderBytes + len) : nullptr;
+    if (at == nullptr) {
+      add(i, slab, segments, slot_offset + kHeaderBytes, errs);
+      return false;
+    }
+    gather(segments, at + kHeaderBytes);
+    make_header(at, static_cast<const unsigned char*>(at + kHeaderBytes), len);
+    const std::size_t k = open_chunk(slab);
+    Chunk& c = open_[k];
+    c.pages.push_back(i);
+    c.pieces.push_back(Chunk::Piece{at, slot_offset, kHeaderBytes + len, i});
+    c.bytes += kHeaderBytes + len;
+    ++staged_pages_;
+    ++with_header_;
+    close_if_full(k, errs);
+    return true;
+  }
   /// Starts every chunk not yet started.
   void flush(PageErrors& errs);
   /// Waits for the started chunks in start order; after each, calls done(i) for each of its
@@ -105,6 +140,8 @@ class PageOps {
   }
   /// Pages that went through staging so far.
   [[nodiscard]] std::uint64_t staged_pages() const noexcept { return staged_pages_; }
+  /// Of them, puts that went with their header (add_with_header).
+  [[nodiscard]] std::uint64_t with_header() const noexcept { return with_header_; }
   /// Engine operations started so far (a chunk's one, or its fallback's per segment).
   [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
 
@@ -132,6 +169,13 @@ class PageOps {
     std::vector<std::pair<Future, std::size_t>> futs;
   };
   static constexpr std::size_t kAll = ~std::size_t{0};
+  /// The index in open_ of slab's filling chunk (made if there is none).
+  std::size_t open_chunk(File& slab);
+  /// Starts open_[k] if it holds chunk_bytes (and drops it from open_).
+  void close_if_full(std::size_t k, PageErrors& errs);
+  /// Copies the segments, one after another, to `to`.
+  static void gather(const std::vector<Segment>& segments, unsigned char* to);
+  static std::size_t page_bytes_of_segments(const std::vector<Segment>& segments) noexcept;
   void start(Chunk& c, PageErrors& errs);
   void settle_chunk(Chunk& c, PageErrors& errs);
   /// Copies each staged page of a settled read chunk that has no error to its segments.
@@ -144,6 +188,7 @@ class PageOps {
   std::vector<Chunk> open_;    // one filling chunk per slab
   std::uint64_t ops_ = 0;
   std::uint64_t staged_pages_ = 0;
+  std::uint64_t with_header_ = 0;
   Staging staging_;  // declared last: destroyed after ~PageOps waited for every operation
 };
 
