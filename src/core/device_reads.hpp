@@ -8,8 +8,9 @@
 // read slices of the device here while they are queued or in flight, and stamps when a read
 // request of it last ended; every worker's lane of that device sees both.
 //
-// The table is fixed (DeviceReadsTable::kMaxDevices entries, never freed: a process touches few devices); a
-// device that finds it full has no entry (nullptr), and its lanes see only their own reads.
+// The table is fixed (DeviceReadsTable::kMaxDevices entries, never freed: a process touches
+// few devices); a device that finds it full has no entry (nullptr), and its lanes see only
+// their own reads.
 // Thread-safe, lock-free: relaxed atomics (a hint for the issue policy, not a synchronisation).
 #pragma once
 

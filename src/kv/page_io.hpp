@@ -94,10 +94,10 @@ class PageOps {
            PageErrors& errs);
   /// Page i of a put, whose slot starts at `slot_offset` of `slab` (its kHeaderBytes header,
   /// then the page). A page that is staged, with its header at most half a staging block (up
-  /// to 2 MiB - 4 KiB), moves with its header as one request: its segments
-  /// are gathered into staging after room for the header, make_header(header, page, len) makes
-  /// the page's CRC-32C there and writes the header, and true is returned. Any other page goes
-  /// as add() sends it, at slot_offset + kHeaderBytes, and false is returned (its header is the
+  /// to 2 MiB - 4 KiB), moves with its header as one request: its segments are gathered into
+  /// staging after room for the header, make_header(header, page, len) makes the page's
+  /// CRC-32C there and writes the header, and true is returned. Any other page goes as add()
+  /// sends it, at slot_offset + kHeaderBytes, and false is returned (its header is the
   /// caller's to write). Only for a PageOps that writes.
   template <typename Fn>
   bool add_with_header(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t slot_offset,
@@ -120,7 +120,6 @@ class PageOps {
     c.pieces.push_back(Chunk::Piece{at, slot_offset, kHeaderBytes + len, i});
     c.bytes += kHeaderBytes + len;
     ++staged_pages_;
-    ++with_header_;
     close_if_full(k, errs);
     return true;
   }
@@ -140,8 +139,6 @@ class PageOps {
   }
   /// Pages that went through staging so far.
   [[nodiscard]] std::uint64_t staged_pages() const noexcept { return staged_pages_; }
-  /// Of them, puts that went with their header (add_with_header).
-  [[nodiscard]] std::uint64_t with_header() const noexcept { return with_header_; }
   /// Engine operations started so far (a chunk's one, or its fallback's per segment).
   [[nodiscard]] std::uint64_t ops() const noexcept { return ops_; }
 
@@ -188,7 +185,6 @@ class PageOps {
   std::vector<Chunk> open_;    // one filling chunk per slab
   std::uint64_t ops_ = 0;
   std::uint64_t staged_pages_ = 0;
-  std::uint64_t with_header_ = 0;
   Staging staging_;  // declared last: destroyed after ~PageOps waited for every operation
 };
 
