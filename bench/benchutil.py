@@ -13,6 +13,17 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+RAM_DRIVE_FOLDERS = ["/mnt/ramdrive0", "/mnt/ramdrive1"]  # bench/ram_drives.sh up 2
+
+
+def drive_folders(given: list[str]) -> list[str]:
+    """A program's --folder values (one per drive), or by default the RAM-backed drives of
+    bench/ram_drives.sh; exits naming those that are not folders."""
+    folders = given or RAM_DRIVE_FOLDERS
+    if missing := [f for f in folders if not os.path.isdir(f)]:
+        raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
+    return folders
+
 
 def drop_caches() -> bool:
     """Writes dirty pages back and empties the whole page cache (root only); False where

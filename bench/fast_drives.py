@@ -61,13 +61,12 @@ import numpy as np
 
 import deepio
 import deepio.kv
-from benchutil import block_device, cpu_seconds, drop_caches
+from benchutil import block_device, cpu_seconds, drive_folders, drop_caches
 from file_vs_fio import size_arg
 from kv_bench import aligned_pool, run_fio, run_store
 
 GIB = 1 << 30
 SEQ_BS = 1 << 20
-DEFAULT_FOLDERS = ["/mnt/ramdrive0", "/mnt/ramdrive1"]
 
 # (label, deepio's samples, the baseline's samples, which groups): a row of the report.
 ROWS = [
@@ -444,11 +443,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     a.sizes = [size_arg(s) for s in a.sizes.split(",") if s]
-    a.folder = a.folder or DEFAULT_FOLDERS
     if shutil.which("fio") is None:
         raise SystemExit("fio is not installed (apt-get install -y fio)")
-    if missing := [f for f in a.folder if not os.path.isdir(f)]:
-        raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
+    a.folder = drive_folders(a.folder)
     if a.file_size % 4096 or a.seq_bytes % SEQ_BS or a.bytes_4k % 4096:
         raise SystemExit("--file-size and --bytes-4k must be whole 4 KiB blocks, --seq-bytes whole MiB")
     if not a.no_seq and a.seq_bytes > a.file_size:

@@ -29,7 +29,7 @@ import numpy as np
 import deepio.kv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchutil import cpu_seconds, drop_caches  # noqa: E402
+from benchutil import cpu_seconds, drive_folders, drop_caches  # noqa: E402
 
 
 def main() -> None:
@@ -41,9 +41,7 @@ def main() -> None:
     ap.add_argument("--total", type=int, default=1 << 30, help="bytes of pages (default 1 GiB)")
     ap.add_argument("--folder", action="append", default=[], help="a folder per drive (repeat)")
     a = ap.parse_args()
-    bases = a.folder or ["/mnt/ramdrive0", "/mnt/ramdrive1"]
-    if missing := [f for f in bases if not os.path.isdir(f)]:
-        raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
+    bases = drive_folders(a.folder)
     dirs = [os.path.join(f, "kv-rounds") for f in bases]
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)

@@ -23,6 +23,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchutil import drive_folders  # noqa: E402
 from kv_bench import activate_engines, deepio_sglang_backend, run_sglang, sglang_pool  # noqa: E402
 
 
@@ -35,9 +36,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--folder", action="append", default=[], help="a folder per drive (repeat)")
     a = ap.parse_args()
-    bases = a.folder or ["/mnt/ramdrive0", "/mnt/ramdrive1"]
-    if missing := [f for f in bases if not os.path.isdir(f)]:
-        raise SystemExit(f"no folder {missing} (sudo bench/ram_drives.sh up, or name --folder DIR per drive)")
+    bases = drive_folders(a.folder)
     if a.rounds < 2:
         raise SystemExit("--rounds must be at least 2 (the first is a warm-up)")
     activate_engines()
