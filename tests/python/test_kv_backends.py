@@ -159,6 +159,19 @@ def _pages(pool, indices) -> list:
     ]
 
 
+def _store_pages(backend, pool, n: int):
+    """n new pages of the host pool stored through SGLang's zero-copy page function (its
+    success asserted): their host indices, keys and bytes, and the controller."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    src = pool.alloc(n * PAGE_TOKENS)
+    keys = [uuid.uuid4().hex for _ in range(n)]
+    expected = _pages(pool, src)
+    ctl = _controller(backend, pool)
+    assert HiCacheController._page_set_zero_copy(ctl, keys, src) is True
+    return src, keys, expected, ctl
+
+
 def _deepio_backend(folders: list[Path], pool, **kw):
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
@@ -177,11 +190,7 @@ def test_sglang_zero_copy_round_trip(engines, tmp_dir, layout):
     try:
         assert type(backend).__name__ == "DeepioHiCacheStorage"
         n = 12
-        src = pool.alloc(n * PAGE_TOKENS)
-        keys = [uuid.uuid4().hex for _ in range(n)]
-        expected = _pages(pool, src)
-        ctl = _controller(backend, pool)
-        assert HiCacheController._page_set_zero_copy(ctl, keys, src) is True
+        src, keys, expected, ctl = _store_pages(backend, pool, n)
         assert backend.batch_exists(keys) == n
         assert backend.batch_exists(keys[:5] + ["absent"] + keys[5:]) == 5
         assert backend.batch_exists(["absent", *keys]) == 0
@@ -343,11 +352,7 @@ def test_sglang_shared_false_opens_the_processs_own_store(engines, tmp_dir):
         store = backend._store("kv")
         assert type(store) is deepio.kv.Store and not isinstance(store, SharedStore)
         n = 4
-        src = pool.alloc(n * PAGE_TOKENS)
-        keys = [uuid.uuid4().hex for _ in range(n)]
-        expected = _pages(pool, src)
-        ctl = _controller(backend, pool)
-        assert HiCacheController._page_set_zero_copy(ctl, keys, src) is True
+        _, keys, expected, ctl = _store_pages(backend, pool, n)
         dst = pool.alloc(n * PAGE_TOKENS)
         assert HiCacheController._page_get_zero_copy(ctl, types.SimpleNamespace(request_id="r"), keys, dst) == n
         for want, got in zip(expected, _pages(pool, dst), strict=True):
