@@ -1,27 +1,25 @@
 // Read activity shared by every worker of a device (core/device_reads.hpp, issue 46 item 3):
 // the table alone, then on a real device two handles (two workers, one device queue): while a
 // read of one handle is in flight, the other handle refills its writes only up to their floor
-// (core/lanes.hpp), not the whole queue, so that the read does not wait behind them.
+// (core/lanes.hpp), not the whole queue, so that the read does not wait behind them. The
+// drive busy with writes and the read in flight are tests/cpp/write_gate.hpp.
 #include <chrono>
-#include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/support.hpp"
 #include "core/device_reads.hpp"
+#include "write_gate.hpp"
 
 namespace deepio {
 namespace {
 
 using detail::DeviceReads;
 using detail::DeviceReadsTable;
-using detail::FaultPoint;
-using detail::FaultSite;
 using test::eventually;
-using test::fd_path;
 using test::pattern;
+using test::WriteGate;
 using namespace std::chrono_literals;
 
 TEST(DeviceReads, OneEntryPerDeviceUntilTheTableIsFull) {
@@ -60,76 +58,15 @@ TEST(DeviceReads, RecentWhileReadsAreActiveOrEndedWithinTheLinger) {
   EXPECT_FALSE(d.recent(now + 6ms, 5ms));
 }
 
-// Holds the completions of writes to "/w-" files (until released, a token each, or opened) and
-// of reads of "/rh-" files (until reads_open()).
-class Gate {
- public:
-  std::optional<std::int64_t> operator()(const FaultSite& s) {
-    if (s.point != FaultPoint::Write && s.point != FaultPoint::Read) return std::nullopt;
-    const std::string path = fd_path(s.fd);
-    std::lock_guard lock(mutex_);
-    if (s.point == FaultPoint::Read) {
-      if (path.find("/rh-") == std::string::npos || reads_open_) return std::nullopt;
-      reads_held_ = true;
-      return detail::kFaultHold;
-    }
-    if (path.find("/w-") == std::string::npos) return std::nullopt;
-    const auto key = std::make_pair(path, s.offset);
-    if (open_ || tokens_ > 0) {
-      if (!open_ && held_.contains(key)) --tokens_;
-      held_.erase(key);
-      return std::nullopt;
-    }
-    held_.insert(key);
-    max_held_ = std::max(max_held_, held_.size());
-    return detail::kFaultHold;
-  }
-  void release(int n) {
-    std::lock_guard lock(mutex_);
-    tokens_ += n;
-  }
-  void open() {
-    std::lock_guard lock(mutex_);
-    open_ = reads_open_ = true;
-  }
-  void reads_open() {
-    std::lock_guard lock(mutex_);
-    reads_open_ = true;
-  }
-  std::size_t held() {
-    std::lock_guard lock(mutex_);
-    return held_.size();
-  }
-  bool reads_held() {
-    std::lock_guard lock(mutex_);
-    return reads_held_;
-  }
-  int tokens() {
-    std::lock_guard lock(mutex_);
-    return tokens_;
-  }
-  struct OpenAtExit {
-    Gate& gate;
-    ~OpenAtExit() { gate.open(); }
-  };
-
- private:
-  std::mutex mutex_;
-  std::set<std::pair<std::string, std::uint64_t>> held_;
-  std::size_t max_held_ = 0;
-  int tokens_ = 0;
-  bool open_ = false, reads_open_ = false, reads_held_ = false;
-};
-
-class SharedReadActivity : public test::GatedBackendTest<Gate> {};
+class SharedReadActivity : public test::GatedBackendTest<WriteGate> {};
 
 // Handle W's writes fill its queue (7 of 8 slots, held). A read through handle R, on the same
 // device, is held in flight. Then W's 7 writes come back: W refills only its writes' floor (1
 // slot of a depth of 8), since reads of the device are active in R's worker. Once R's read is
 // done and the linger has passed, W's writes fill the queue again; all bytes are right.
 TEST_P(SharedReadActivity, AnotherHandlesReadHoldsTheWritesOfTheDeviceToTheirFloor) {
-  Gate& gate = *gate_;
-  Gate::OpenAtExit open_at_exit{gate};
+  WriteGate& gate = *gate_;
+  WriteGate::OpenAtExit open_at_exit{gate};
   const std::string dir = dir_.path().string();
   constexpr std::size_t kBlock = 64 << 10, kWriteBytes = 4 * kBlock;
   Handle w(opts({.block_size = kBlock, .queue_depth = 8, .direct_io = DirectIo::Off}));

@@ -4,80 +4,23 @@
 // behind them. The read must be issued into the first slot a write gives back, before any of
 // the writes queued ahead of it; FIFO scheduling gives that slot to the next write. No clock
 // decides an outcome: the timeouts only bound how long a broken scheduler makes a test wait.
+// The hook is tests/cpp/write_gate.hpp.
 #include <chrono>
 #include <map>
-#include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "common/support.hpp"
+#include "write_gate.hpp"
 
 namespace deepio {
 namespace {
 
-using detail::FaultPoint;
-using detail::FaultSite;
 using test::eventually;
-using test::fd_path;
 using test::pattern;
+using test::WriteGate;
 
 constexpr std::size_t kBlock = 64 << 10;
-
-// Holds the completions of writes to files whose names contain "/w-" until released: counts
-// the writes held now, and those seen before the first read of an "/r-" file came back.
-class WriteGate {
- public:
-  std::optional<std::int64_t> operator()(const FaultSite& s) {
-    if (s.point != FaultPoint::Write && s.point != FaultPoint::Read) return std::nullopt;
-    const std::string path = fd_path(s.fd);
-    std::lock_guard lock(mutex_);
-    if (s.point == FaultPoint::Read) {
-      if (path.find("/r-") != std::string::npos && writes_before_read_ < 0) {
-        writes_before_read_ = static_cast<int>(seen_.size());
-      }
-      return std::nullopt;
-    }
-    if (path.find("/w-") == std::string::npos) return std::nullopt;
-    const auto key = std::make_pair(path, s.offset);
-    seen_.insert(key);
-    if (open_ || tokens_ > 0) {
-      if (!open_ && held_.contains(key)) --tokens_;
-      held_.erase(key);
-      return std::nullopt;
-    }
-    held_.insert(key);
-    return detail::kFaultHold;
-  }
-  void release(int n) {
-    std::lock_guard lock(mutex_);
-    tokens_ += n;
-  }
-  void open() {
-    std::lock_guard lock(mutex_);
-    open_ = true;
-  }
-  std::size_t held() {
-    std::lock_guard lock(mutex_);
-    return held_.size();
-  }
-  // Write requests that had come back (held or not) when the first read came back; -1 before.
-  int writes_before_read() {
-    std::lock_guard lock(mutex_);
-    return writes_before_read_;
-  }
-  struct OpenAtExit {
-    WriteGate& gate;
-    ~OpenAtExit() { gate.open(); }
-  };
-
- private:
-  std::mutex mutex_;
-  std::set<std::pair<std::string, std::uint64_t>> held_, seen_;
-  int writes_before_read_ = -1;
-  int tokens_ = 0;
-  bool open_ = false;
-};
 
 class ReadPriority : public test::GatedBackendTest<WriteGate> {};
 
