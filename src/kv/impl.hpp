@@ -88,6 +88,7 @@
 #include "kv/future.hpp"
 #include "kv/journal.hpp"
 #include "kv/layout.hpp"
+#include "kv/page_io.hpp"
 #include "kv/slots.hpp"
 #include "platform/process.hpp"
 
@@ -152,13 +153,6 @@ struct Job {
 };
 
 /// The errno a failed operation stands for (EIO where the error carries none).
-/// The bytes of one page: the sum of its segments.
-inline std::uint64_t page_bytes_of(const std::vector<Segment>& page) noexcept {
-  std::uint64_t n = 0;
-  for (const Segment& s : page) n += s.nbytes;
-  return n;
-}
-
 inline int errno_of(const Error& e) noexcept { return e.errnum() != 0 ? e.errnum() : EIO; }
 
 /// Waits for f and returns its errno (0 on success), with the message in *what.

@@ -115,10 +115,6 @@ void PageOps::gather(const std::vector<Segment>& segments, unsigned char* to) {
   }
 }
 
-std::size_t PageOps::page_bytes_of_segments(const std::vector<Segment>& segments) noexcept {
-  return static_cast<std::size_t>(page_bytes_of(segments));
-}
-
 void PageOps::add(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t file_offset,
                   PageErrors& errs) {
   const std::size_t k = open_chunk(slab);

@@ -77,6 +77,13 @@ class Staging {
   std::size_t taken_ = 0;  // by this batch
 };
 
+/// The bytes of one page: the sum of its segments.
+inline std::uint64_t page_bytes_of(const std::vector<Segment>& page) noexcept {
+  std::uint64_t n = 0;
+  for (const Segment& s : page) n += s.nbytes;
+  return n;
+}
+
 /// Whether a page with these segments is staged (see above).
 [[nodiscard]] bool staged(const std::vector<Segment>& segments) noexcept;
 
@@ -102,7 +109,7 @@ class PageOps {
   template <typename Fn>
   bool add_with_header(std::size_t i, File& slab, const std::vector<Segment>& segments, std::uint64_t slot_offset,
                        PageErrors& errs, Fn&& make_header) {
-    const std::size_t len = page_bytes_of_segments(segments);
+    const auto len = static_cast<std::size_t>(page_bytes_of(segments));
     // Header and page in at most half a block, so that two or more share one (a 2 MiB page
     // with its header would leave most of a second block unused, and a batch would make and
     // drop blocks: such a page is staged as add() does, its header written apart).
@@ -172,7 +179,6 @@ class PageOps {
   void close_if_full(std::size_t k, PageErrors& errs);
   /// Copies the segments, one after another, to `to`.
   static void gather(const std::vector<Segment>& segments, unsigned char* to);
-  static std::size_t page_bytes_of_segments(const std::vector<Segment>& segments) noexcept;
   void start(Chunk& c, PageErrors& errs);
   void settle_chunk(Chunk& c, PageErrors& errs);
   /// Copies each staged page of a settled read chunk that has no error to its segments.
